@@ -1,0 +1,536 @@
+#!/usr/bin/python3
+# The PyTorch fp32 eager baseline of one DFlash / DFlash 2 draft (spec/dflash.md §4-§6): what a
+# competent PyTorch user writes with nn.functional, batched over heads. It reads the same
+# checkpoints as tpdraft (safetensors parsed with numpy) so the two can be timed and cross-checked.
+"""Time (and optionally dump) one drafter draft in PyTorch fp32 eager.
+
+Example:
+  /usr/bin/python3 bench/torch_draft.py --drafter CKPT/drafter --target CKPT/target \
+      --ctx 1024 --anchor 17 --threads 2 --json
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", required=True, help="drafter directory (config.json + safetensors)")
+    p.add_argument("--target", required=True, help="target directory (embedding and head)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--taps", help="safetensors file with tensor 'taps' [N, T*H]")
+    src.add_argument("--ctx", type=int, help="settle N random tap rows (seeded)")
+    p.add_argument("--anchor", type=int, required=True, help="anchor token id")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random taps of --ctx")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--dump", help="write hidden / logits / tokens of one draft to this .npz")
+    a = p.parse_args(argv)
+    if a.threads < 1 or a.repeat < 1 or a.warmup < 0 or (a.ctx is not None and a.ctx < 0):
+        p.error("--threads and --repeat must be >= 1, --warmup and --ctx >= 0")
+    return a
+
+
+ARGS = parse_args(sys.argv[1:])
+# OpenBLAS sizes its pool at load time from the environment, and torch.set_num_threads does not
+# reach it, so the thread count must be fixed before numpy / torch are imported.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def fail(msg):
+    raise SystemExit("torch_draft: error: " + msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Safetensors (8-byte little-endian header length, JSON header, data area), converted to f32.
+
+_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4)}
+
+
+class SafetensorsFile:
+    def __init__(self, path):
+        self.path = path
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                fail(f"{path}: too short for a safetensors header")
+            n = int.from_bytes(raw, "little")
+            size = os.path.getsize(path)
+            if n <= 0 or 8 + n > size:
+                fail(f"{path}: header length {n} does not fit the file of {size} bytes")
+            header = json.loads(f.read(n))
+        self.base = 8 + n
+        header.pop("__metadata__", None)
+        self.tensors = header
+
+    def load(self, name, rows=None):
+        """Tensor `name` as an f32 numpy array; `rows` reads only the first rows of a 2-D tensor."""
+        info = self.tensors[name]
+        dtype = info["dtype"]
+        if dtype not in _DTYPES:
+            fail(f"{self.path}: tensor '{name}' has dtype {dtype}, expected BF16, F16 or F32")
+        np_type, width = _DTYPES[dtype]
+        shape = list(info["shape"])
+        begin, end = info["data_offsets"]
+        if (end - begin) != int(np.prod(shape, dtype=np.int64)) * width:
+            fail(f"{self.path}: tensor '{name}' byte range does not match shape {shape} x {dtype}")
+        if rows is not None:
+            shape[0] = min(rows, shape[0])
+        count = int(np.prod(shape, dtype=np.int64))
+        a = np.fromfile(self.path, dtype=np_type, count=count, offset=self.base + begin)
+        if dtype == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32, copy=False).reshape(shape)
+
+
+class TensorStore:
+    """The tensors of a model directory (index + shards, model.safetensors or one *.safetensors)."""
+
+    def __init__(self, path):
+        self.source = path
+        files = []
+        if os.path.isdir(path):
+            index = os.path.join(path, "model.safetensors.index.json")
+            single = os.path.join(path, "model.safetensors")
+            if os.path.exists(index):
+                with open(index) as f:
+                    shards = sorted(set(json.load(f)["weight_map"].values()))
+                files = [os.path.join(path, s) for s in shards]
+            elif os.path.exists(single):
+                files = [single]
+            else:
+                found = sorted(x for x in os.listdir(path) if x.endswith(".safetensors"))
+                if len(found) != 1:
+                    fail(f"{path}: expected model.safetensors, an index, or exactly one *.safetensors")
+                files = [os.path.join(path, found[0])]
+        else:
+            files = [path]
+        self.by_name = {}
+        for fp in files:
+            st = SafetensorsFile(fp)
+            for name in st.tensors:
+                canon = name[len("model."):] if name.startswith("model.") else name
+                self.by_name[name] = (st, name)
+                self.by_name.setdefault(canon, (st, name))
+
+    def has(self, name):
+        return name in self.by_name
+
+    def canonical_names(self):
+        return {n[len("model."):] if n.startswith("model.") else n for n in self.by_name}
+
+    def shape(self, name):
+        st, real = self.by_name[name]
+        return list(st.tensors[real]["shape"])
+
+    def get(self, name, shape, rows=None):
+        if name not in self.by_name:
+            fail(f"{self.source}: missing tensor '{name}' (expected shape {shape})")
+        have = self.shape(name)
+        if rows is None and have != list(shape):
+            fail(f"{self.source}: tensor '{name}' has shape {have}, expected {list(shape)}")
+        st, real = self.by_name[name]
+        return torch.from_numpy(st.load(real, rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# Config (spec §2, with the same fallbacks as the C++ reader).
+
+class Config:
+    def __init__(self, path):
+        with open(path) as f:
+            j = json.load(f)
+        dc = j.get("dflash_config") or {}
+
+        def nested(key, default=None):
+            if dc.get(key) is not None:
+                return dc[key]
+            return j[key] if j.get(key) is not None else default
+
+        def need(key, value):
+            if value is None:
+                fail(f"{path}: missing required key '{key}'")
+            return value
+
+        arch = (j.get("architectures") or [None])[0]
+        if arch not in ("DFlashDraftModel", "DFlash2DraftModel"):
+            fail(f"{path}: key 'architectures' names {arch!r}, expected DFlashDraftModel or DFlash2DraftModel")
+        self.dflash2 = arch == "DFlash2DraftModel"
+        self.H = int(need("hidden_size", j.get("hidden_size")))
+        self.L = int(need("num_hidden_layers", j.get("num_hidden_layers")))
+        self.Nq = int(need("num_attention_heads", j.get("num_attention_heads")))
+        self.Nk = int(j.get("num_key_value_heads") or self.Nq)
+        self.D = int(j.get("head_dim") or self.H // self.Nq)
+        self.F = int(need("intermediate_size", j.get("intermediate_size")))
+        self.V = int(need("vocab_size", j.get("vocab_size")))
+        self.eps = float(j.get("rms_norm_eps", 1e-6))
+        rp = j.get("rope_parameters") or {}
+        self.theta = float(j.get("rope_theta") or rp.get("rope_theta") or 10000.0)
+        for where, obj in (("rope_parameters", rp), ("rope_scaling", j.get("rope_scaling") or {})):
+            for key in ("rope_type", "type"):
+                if isinstance(obj, dict) and obj.get(key, "default") != "default":
+                    fail(f"{path}: key '{where}.{key}' is {obj[key]!r}; only 'default' RoPE is supported")
+        self.B = int(nested("block_size", 16))
+        taps = nested("target_layer_ids")
+        if taps is None and j.get("num_target_layers"):
+            lt = int(j["num_target_layers"])
+            taps = [lt // 2] if self.L == 1 else [round(1 + i * (lt - 4) / (self.L - 1)) for i in range(self.L)]
+        self.taps = [int(t) for t in need("target_layer_ids", taps)]
+        self.T = len(self.taps)
+        self.mask = int(need("mask_token_id", nested("mask_token_id")))
+        kinds = j.get("layer_types") or ["full_attention"] * self.L
+        if len(kinds) != self.L or any(k not in ("full_attention", "sliding_attention") for k in kinds):
+            fail(f"{path}: key 'layer_types' must list {self.L} of full_attention / sliding_attention")
+        self.sliding = [k == "sliding_attention" for k in kinds]
+        self.W = int(j.get("sliding_window") or 0)
+        if j.get("is_causal") is not None:
+            self.causal = [bool(j["is_causal"])] * self.L
+        else:
+            self.causal = list(self.sliding)
+        self.m_in = float(nested("input_embedding_scale", 1.0))
+        self.m_out = float(nested("output_multiplier", 1.0))
+        self.cap = float(nested("final_logit_softcapping", 0.0))
+        self.bias = bool(j.get("attention_bias", False))
+        if self.dflash2:
+            self.K = int(need("conv_kernel_size", nested("conv_kernel_size")))
+            self.gs = int(need("conv_group_size", nested("conv_group_size")))
+            self.R = int(need("selector_rank", nested("selector_rank")))
+            self.top_k = int(need("selector_top_k", nested("selector_top_k")))
+            if self.H % self.gs:
+                fail(f"{path}: hidden_size ({self.H}) must be a multiple of conv_group_size ({self.gs})")
+            self.G = self.H // self.gs
+        if self.Nq % self.Nk:
+            fail(f"{path}: num_attention_heads ({self.Nq}) must be a multiple of num_key_value_heads ({self.Nk})")
+        if not 0 <= self.mask < self.V:
+            fail(f"{path}: mask_token_id {self.mask} must lie in [0, vocab_size = {self.V})")
+        if any(self.sliding) and self.W <= 0:
+            fail(f"{path}: key 'sliding_window' must be positive when a layer is sliding_attention")
+
+
+def target_tied(target_dir):
+    path = os.path.join(target_dir, "config.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        j = json.load(f)
+    tied = bool(j.get("tie_word_embeddings", False))
+    tc = j.get("text_config")
+    if isinstance(tc, dict) and tc.get("tie_word_embeddings") is not None:
+        tied = bool(tc["tie_word_embeddings"])
+    return tied
+
+
+# ---------------------------------------------------------------------------------------------
+# The model.
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_tables(positions, D, theta):
+    """cos / sin [n, D] for absolute positions (angles in float64, then f32)."""
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.outer(positions.to(torch.float64), inv_freq)
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """x [n, heads, D]; NeoX rotate-half over the whole head."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+def dyn_conv(x, base, delta, gs):
+    """Grouped dynamic causal conv along the block rows (spec §5.1).
+    x [B, H], base [K, H], delta [B, K, G] -> [B, H]."""
+    coef = base.unsqueeze(0) + delta.repeat_interleave(gs, dim=-1)  # [B, K, H]
+    out = coef[:, 0] * x
+    for j in range(1, base.shape[0]):
+        if j < x.shape[0]:
+            out[j:] += coef[j:, j] * x[:-j]
+    return out
+
+
+class Drafter:
+    def __init__(self, drafter_dir, target_dir):
+        c = self.cfg = Config(os.path.join(drafter_dir, "config.json"))
+        st = TensorStore(drafter_dir)
+        H, D, Nq, Nk, F_ = c.H, c.D, c.Nq, c.Nk, c.F
+        used = set()
+
+        def get(name, shape):
+            used.add(name)
+            return st.get(name, shape)
+
+        self.fc = get("fc.weight", [H, c.T * H])
+        self.hidden_norm = get("hidden_norm.weight", [H])
+        self.norm = get("norm.weight", [H])
+        self.layers = []
+        for l in range(c.L):
+            p = f"layers.{l}."
+            w = {
+                "ln1": get(p + "input_layernorm.weight", [H]),
+                "ln2": get(p + "post_attention_layernorm.weight", [H]),
+                "q": get(p + "self_attn.q_proj.weight", [Nq * D, H]),
+                "k": get(p + "self_attn.k_proj.weight", [Nk * D, H]),
+                "v": get(p + "self_attn.v_proj.weight", [Nk * D, H]),
+                "o": get(p + "self_attn.o_proj.weight", [H, Nq * D]),
+                "qn": get(p + "self_attn.q_norm.weight", [D]),
+                "kn": get(p + "self_attn.k_norm.weight", [D]),
+                "gate": get(p + "mlp.gate_proj.weight", [F_, H]),
+                "up": get(p + "mlp.up_proj.weight", [F_, H]),
+                "down": get(p + "mlp.down_proj.weight", [H, F_]),
+            }
+            for n, rows in (("q", Nq * D), ("k", Nk * D), ("v", Nk * D), ("o", H)):
+                w[n + "b"] = get(p + f"self_attn.{n}_proj.bias", [rows]) if c.bias else None
+            if c.dflash2:
+                for side in ("attention_conv", "mlp_conv"):
+                    w[side + ".base"] = get(p + side + ".base_kernel", [2, c.K, H])
+                    w[side + ".proj"] = get(p + side + ".kernel_projection.weight", [2 * c.K * c.G, H])
+            self.layers.append(w)
+        if c.dflash2:
+            self.sel_proj = get("candidate_selector.hidden_projection.weight", [c.R, H])
+            books = []
+            for kind in ("predecessor", "successor"):
+                name = f"candidate_selector.{kind}_codebook"
+                if not st.has(name) and st.has(name + ".weight"):
+                    name += ".weight"
+                books.append(get(name, [c.V, c.R]))
+            self.pred_book, self.succ_book = books
+        unknown = sorted(st.canonical_names() - {n[len("model."):] if n.startswith("model.") else n for n in used})
+        if unknown:
+            print(f"torch_draft: warning: {drafter_dir}: unused tensors: {', '.join(unknown)}", file=sys.stderr)
+
+        tgt = TensorStore(target_dir)
+        emb_name = "model.embed_tokens.weight" if tgt.has("model.embed_tokens.weight") else "embed_tokens.weight"
+        if not tgt.has(emb_name):
+            fail(f"{target_dir}: missing tensor 'model.embed_tokens.weight'")
+        shape = tgt.shape(emb_name)
+        if len(shape) != 2 or shape[1] != H or shape[0] < c.V:
+            fail(f"{target_dir}: '{emb_name}' has shape {shape}, expected [>= {c.V}, {H}]")
+        # Only the first V rows are ever read (embedding of tokens < V, head width V).
+        self.embed = tgt.get(emb_name, shape, rows=c.V)
+        if target_tied(target_dir) or not tgt.has("lm_head.weight"):
+            self.head = self.embed
+        else:
+            hs = tgt.shape("lm_head.weight")
+            if len(hs) != 2 or hs[1] != H or hs[0] < c.V:
+                fail(f"{target_dir}: 'lm_head.weight' has shape {hs}, expected [>= {c.V}, {H}]")
+            self.head = tgt.get("lm_head.weight", hs, rows=c.V)
+        self.ctx_len = 0
+        self.kv = []
+
+    # --- settle (spec §4) -----------------------------------------------------------------
+    def settle(self, taps):
+        """Context rows for positions 0..n-1 from taps [n, T*H]; keeps per-layer K/V plus B free
+        slots at the end that each draft fills with its transient block K/V."""
+        c = self.cfg
+        n = taps.shape[0]
+        if taps.shape[1] != c.T * c.H:
+            fail(f"taps have {taps.shape[1]} columns, expected T*H = {c.T * c.H}")
+        ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, c.eps)
+        cos, sin = rope_tables(torch.arange(n), c.D, c.theta)
+        self.kv = []
+        for l, w in enumerate(self.layers):
+            keep = min(n, c.W) if c.sliding[l] else n  # a sliding layer reads at most the last W
+            x = ctx[n - keep:]
+            k = F.linear(x, w["k"], w["kb"]).view(keep, c.Nk, c.D)
+            k = apply_rope(rms_norm(k, w["kn"], c.eps), cos[n - keep:], sin[n - keep:])
+            v = F.linear(x, w["v"], w["vb"]).view(keep, c.Nk, c.D)
+            kbuf = torch.empty(c.Nk, keep + c.B, c.D)
+            vbuf = torch.empty(c.Nk, keep + c.B, c.D)
+            kbuf[:, :keep] = k.transpose(0, 1)
+            vbuf[:, :keep] = v.transpose(0, 1)
+            self.kv.append((kbuf, vbuf, keep))
+        self.ctx_len = n
+
+    # --- block forward (spec §5) ----------------------------------------------------------
+    def _mask(self, l, qpos, kpos):
+        c = self.cfg
+        dq, dk = qpos[:, None], kpos[None, :]
+        vis = torch.ones(len(qpos), len(kpos), dtype=torch.bool)
+        if c.causal[l]:
+            vis &= dk <= dq
+        if c.sliding[l]:
+            vis &= (dq - dk) < c.W
+            if not c.causal[l]:
+                vis &= (dk - dq) < c.W
+        if bool(vis.all()):
+            return None
+        return torch.zeros(vis.shape).masked_fill_(~vis, float("-inf"))
+
+    def _attention(self, l, w, x, cos, sin, mask):
+        c = self.cfg
+        B, g = x.shape[0], c.Nq // c.Nk
+        q = F.linear(x, w["q"], w["qb"]).view(B, c.Nq, c.D)
+        k = F.linear(x, w["k"], w["kb"]).view(B, c.Nk, c.D)
+        v = F.linear(x, w["v"], w["vb"]).view(B, c.Nk, c.D)
+        q = apply_rope(rms_norm(q, w["qn"], c.eps), cos, sin)
+        k = apply_rope(rms_norm(k, w["kn"], c.eps), cos, sin)
+        kbuf, vbuf, keep = self.kv[l]
+        kbuf[:, keep:] = k.transpose(0, 1)
+        vbuf[:, keep:] = v.transpose(0, 1)
+        # GQA without copying K/V: query heads h = kv*g + i share kv head `kv`, so group them
+        # as [Nk, g*B, D] and run one batched matmul per kv head.
+        qh = q.transpose(0, 1).reshape(c.Nk, g * B, c.D) * (c.D ** -0.5)
+        scores = torch.matmul(qh, kbuf.transpose(1, 2))  # [Nk, g*B, S]
+        if mask is not None:
+            scores = (scores.view(c.Nk, g, B, -1) + mask).view(c.Nk, g * B, -1)
+        out = torch.matmul(torch.softmax(scores, dim=-1), vbuf)  # [Nk, g*B, D]
+        out = out.view(c.Nq, B, c.D).transpose(0, 1).reshape(B, c.Nq * c.D)
+        return F.linear(out, w["o"], w["ob"])
+
+    def forward(self, anchor):
+        """Final-normed hidden rows [B, H] of the block [anchor, MASK x (B-1)] at a = ctx_len."""
+        c = self.cfg
+        a = self.ctx_len
+        tokens = torch.full((c.B,), c.mask, dtype=torch.long)
+        tokens[0] = anchor
+        h = F.embedding(tokens, self.embed)
+        if c.m_in != 1.0:
+            h = h * c.m_in
+        qpos = torch.arange(a, a + c.B)
+        cos, sin = rope_tables(qpos, c.D, c.theta)
+        for l, w in enumerate(self.layers):
+            keep = self.kv[l][2]
+            kpos = torch.cat((torch.arange(a - keep, a), qpos))
+            mask = self._mask(l, qpos, kpos)
+            x = rms_norm(h, w["ln1"], c.eps)
+            if c.dflash2:
+                delta = F.linear(x, w["attention_conv.proj"]).view(c.B, 2, c.K, c.G)
+                x = dyn_conv(x, w["attention_conv.base"][0], delta[:, 0], c.gs)
+            o = self._attention(l, w, x, cos, sin, mask)
+            if c.dflash2:
+                o = dyn_conv(o, w["attention_conv.base"][1], delta[:, 1], c.gs)
+            h = h + o
+            z = rms_norm(h, w["ln2"], c.eps)
+            if c.dflash2:
+                delta = F.linear(z, w["mlp_conv.proj"]).view(c.B, 2, c.K, c.G)
+                z = dyn_conv(z, w["mlp_conv.base"][0], delta[:, 0], c.gs)
+            m = F.linear(F.silu(F.linear(z, w["gate"])) * F.linear(z, w["up"]), w["down"])
+            if c.dflash2:
+                m = dyn_conv(m, w["mlp_conv.base"][1], delta[:, 1], c.gs)
+            h = h + m
+        return rms_norm(h, self.norm, c.eps)
+
+    def logits(self, hidden):
+        """Logits [B-1, V] of the draft rows, after m_out and the soft cap."""
+        c = self.cfg
+        z = F.linear(hidden[1:], self.head)
+        if c.m_out != 1.0:
+            z = z * c.m_out
+        if c.cap > 0:
+            z = torch.tanh(z / c.cap) * c.cap
+        return z
+
+    # --- greedy selection (spec §6) -------------------------------------------------------
+    def _candidates(self, logits):
+        """Top-k per row ordered by logit descending, ties to the lower id."""
+        k = self.cfg.top_k
+        vals, idx = torch.topk(logits, min(k + 1, logits.shape[1]), dim=-1)
+        # topk does not promise an order among equal values; rows with a tie at or inside the
+        # top k are redone with a stable sort (rare with real-valued logits).
+        for r in torch.nonzero((vals[:, 1:] == vals[:, :-1]).any(dim=-1)).flatten().tolist():
+            sv, si = torch.sort(logits[r], descending=True, stable=True)
+            vals[r, :k], idx[r, :k] = sv[:k], si[:k]
+        return vals[:, :k], idx[:, :k]
+
+    def select(self, hidden, logits, anchor):
+        c = self.cfg
+        if not c.dflash2:
+            return logits.argmax(dim=-1).tolist()  # argmax returns the first maximum
+        cand_val, cand_idx = self._candidates(logits)
+        s = F.linear(hidden[1:], self.sel_proj)                 # [B-1, R]
+        succ = self.succ_book[cand_idx] * s.unsqueeze(1)        # [B-1, k, R]
+        prev, out = anchor, []
+        for r in range(c.B - 1):
+            score = cand_val[r] + torch.mv(succ[r], self.pred_book[prev])
+            prev = int(cand_idx[r, int(score.argmax())])
+            out.append(prev)
+        return out
+
+    def draft(self, anchor):
+        hidden = self.forward(anchor)
+        logits = self.logits(hidden)
+        return self.select(hidden, logits, anchor), hidden, logits
+
+
+# ---------------------------------------------------------------------------------------------
+
+def load_taps(args, cfg):
+    if args.taps:
+        st = SafetensorsFile(args.taps)
+        if "taps" not in st.tensors:
+            fail(f"{args.taps}: missing tensor 'taps'")
+        u = st.load("taps")
+        if u.ndim != 2 or u.shape[1] != cfg.T * cfg.H:
+            fail(f"{args.taps}: tensor 'taps' has shape {list(u.shape)}, expected [N, {cfg.T * cfg.H}]")
+        return torch.from_numpy(np.ascontiguousarray(u))
+    rng = np.random.default_rng(args.seed)
+    return torch.from_numpy(rng.standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32))
+
+
+def main(args):
+    torch.set_num_threads(args.threads)
+    with torch.inference_mode():
+        model = Drafter(args.drafter, args.target)
+        cfg = model.cfg
+        if not 0 <= args.anchor < cfg.V:
+            fail(f"--anchor {args.anchor} must lie in [0, vocab_size = {cfg.V})")
+        taps = load_taps(args, cfg)
+        t0 = time.perf_counter()
+        model.settle(taps)
+        settle_s = time.perf_counter() - t0
+        rows = taps.shape[0]
+
+        for _ in range(args.warmup):
+            model.draft(args.anchor)
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            tokens, hidden, logits = model.draft(args.anchor)
+            times.append((time.perf_counter() - t0) * 1e3)
+
+        if args.dump:
+            np.savez(args.dump, hidden=hidden.numpy(), logits=logits.numpy(),
+                     tokens=np.asarray(tokens, dtype=np.int64))
+
+    result = {
+        "draft_ms_median": statistics.median(times),
+        "draft_ms_min": min(times),
+        "draft_ms_max": max(times),
+        "settle_rows_per_s": rows / settle_s if rows and settle_s > 0 else 0.0,
+        "tokens": tokens,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "arch": "DFlash2" if cfg.dflash2 else "DFlash",
+        "ctx": rows,
+        "block": cfg.B,
+        "repeat": args.repeat,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"torch {torch.__version__} fp32 eager, {args.threads} threads, {result['arch']}, "
+              f"context {rows} rows, block {cfg.B}")
+        print(f"settle: {rows} rows in {settle_s * 1e3:.1f} ms ({result['settle_rows_per_s']:.0f} rows/s)")
+        print(f"draft:  median {result['draft_ms_median']:.2f} ms  min {result['draft_ms_min']:.2f}  "
+              f"max {result['draft_ms_max']:.2f}  ({args.repeat} runs after {args.warmup} warm-up)")
+        print("tokens:", " ".join(map(str, tokens)))
+
+
+if __name__ == "__main__":
+    main(ARGS)

@@ -1,0 +1,228 @@
+// `tpdraft bench`: random weights in memory (or a checkpoint), N context rows settled, timed
+// drafts; reports the median and spread of one draft, settle throughput, and the achieved FLOP
+// and byte rates beside this machine's measured ceilings (read bandwidth, our GEMM rate).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "kernels/buffer.h"
+#include "kernels/ops.h"
+#include "model/cost.h"
+#include "model/drafter.h"
+#include "model/random_checkpoint.h"
+#include "model/safetensors.h"
+#include "parallel/communicator.h"
+
+namespace tpdraft::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct BenchOpts {
+  std::string config, drafter, target, dtype = "bf16";
+  int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
+  int threads = 0;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+struct Stats {
+  double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
+};
+
+Stats summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)]; };
+  const size_t n = v.size();
+  const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return {median, v.front(), v.back(), at(0.1), at(0.9)};
+}
+
+// Read bandwidth ceiling: the best of a few parallel passes summing a buffer far larger than
+// the caches (what streaming weights costs at best).
+double measure_read_gbps(int threads) {
+  const size_t n = size_t{1} << 27;  // 512 MiB of floats
+  std::vector<float> buf(n, 1.0f);
+  ThreadPool pool(threads);
+  double best = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<double> sums(static_cast<size_t>(pool.size()), 0.0);
+    const auto t0 = Clock::now();
+    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int w) {
+      float acc[16] = {0};
+      for (int64_t i = b; i + 16 <= e; i += 16)
+        for (int j = 0; j < 16; ++j) acc[j] += buf[static_cast<size_t>(i + j)];
+      double s = 0;
+      for (float a : acc) s += a;
+      sums[static_cast<size_t>(w)] = s;
+    }, 4096);
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / since(t0) / 1e9);
+    if (sums[0] < 0) std::printf(" ");  // keep the sums alive
+  }
+  return best;
+}
+
+// GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype.
+double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
+  const int64_t m = 256;
+  std::vector<float> wf(static_cast<size_t>(dim * dim), 0.01f);
+  std::vector<std::byte> wbytes(wf.size() * dtype_size(dtype));
+  convert_from_f32(dtype, wf.data(), wbytes.data(), wf.size());
+  kernels::Buffer w(ops, wbytes.size()), x(ops, static_cast<size_t>(m * dim) * 4), y(ops, static_cast<size_t>(m * dim) * 4);
+  ops.to_device(w.get(), wbytes.data(), wbytes.size());
+  std::vector<float> xf(static_cast<size_t>(m * dim), 0.5f);
+  ops.to_device(x.get(), xf.data(), xf.size() * 4);
+  const kernels::Matrix mat{dtype, dim, dim, w.get()};
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    ops.matmul(mat, x.f32(), m, y.f32());
+    ops.sync();
+    best = std::max(best, 2.0 * static_cast<double>(m * dim * dim) / since(t0) / 1e9);
+  }
+  return best;
+}
+
+std::shared_ptr<model::TensorStore> memory_store(const std::string& label, std::vector<model::OwnedTensor> t) {
+  return model::TensorStore::from_memory(label, std::move(t));
+}
+
+void run_bench(const BenchOpts& o) {
+  auto ops = kernels::make_cpu_ops(o.threads);
+  auto comm = parallel::make_single_rank();
+  std::shared_ptr<model::TensorStore> dstore, tstore;
+  model::DrafterConfig cfg;
+  const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  if (!o.drafter.empty()) {
+    TPDRAFT_CHECK(!o.target.empty(), "bench: --drafter needs --target too");
+    cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
+    dstore = model::TensorStore::open(o.drafter);
+    tstore = model::TensorStore::open(o.target);
+  } else {
+    TPDRAFT_CHECK(!o.config.empty(), "bench: give --config FILE (random weights) or --drafter/--target");
+    cfg = model::DrafterConfig::from_file(o.config);
+    model::RandomCheckpointOptions ro;
+    ro.seed = o.seed;
+    ro.dtype = dtype;
+    ro.threads = o.threads;
+    TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
+    dstore = memory_store(o.config, model::random_drafter_tensors(cfg, ro));
+    tstore = memory_store(o.config + " (target)", model::random_target_tensors(cfg, ro));
+  }
+  const auto plan = model::ShardPlan::make(cfg, comm->rank(), comm->size());
+  auto weights = std::make_shared<model::DrafterWeights>(cfg, dstore, tstore, plan, *ops);
+  const double wbytes = static_cast<double>(dtype_size(weights->head.dtype));
+  model::DrafterLimits limits;
+  limits.max_sessions = o.batch;
+  limits.max_context = std::max<int64_t>(1, o.ctx);
+  model::Drafter drafter(weights, *ops, *comm, limits);
+
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  std::vector<model::DraftRequest> reqs;
+  double settle_s = 0;
+  for (int64_t s = 0; s < o.batch; ++s) {
+    sessions.push_back(drafter.new_session());
+    const std::vector<float> taps = model::random_taps(cfg, o.ctx, o.seed + static_cast<uint64_t>(s));
+    const auto t0 = Clock::now();
+    drafter.settle(*sessions.back(), 0, taps.data(), o.ctx);
+    settle_s += since(t0);
+    reqs.push_back({sessions.back().get(), (17 + s) % cfg.vocab, {}});
+  }
+  TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
+  std::vector<double> times, layers, head, select;
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
+    const auto t0 = Clock::now();
+    const auto res = drafter.draft(reqs);
+    const double dt = since(t0);
+    if (i >= o.warmup) {
+      times.push_back(dt);
+      layers.push_back(drafter.last_times().layers);
+      head.push_back(drafter.last_times().head);
+      select.push_back(drafter.last_times().select);
+    }
+    tokens = res[0].tokens;
+  }
+  const Stats st = summarize(times);
+  const model::WorkCount work = model::draft_work(cfg, plan, o.batch, o.ctx, wbytes);
+  const model::WorkCount swork = model::settle_work(cfg, plan, o.ctx * o.batch, wbytes);
+  const double read_gbps = measure_read_gbps(o.threads);
+  const double gemm_gflops = measure_gemm_gflops(*ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  const double gflops = work.flops / st.median / 1e9, gbps = work.bytes() / st.median / 1e9;
+
+  nlohmann::json j;
+  j["config"] = o.drafter.empty() ? o.config : o.drafter;
+  j["architecture"] = cfg.arch_name;
+  j["backend"] = ops->name();
+  j["threads"] = o.threads;
+  j["sessions"] = o.batch;
+  j["context"] = o.ctx;
+  j["dtype"] = dtype_name(weights->head.dtype);
+  j["draft_ms"] = st.median * 1e3;
+  j["draft_ms_min"] = st.min * 1e3;
+  j["draft_ms_max"] = st.max * 1e3;
+  j["draft_ms_p10"] = st.p10 * 1e3;
+  j["draft_ms_p90"] = st.p90 * 1e3;
+  j["layers_ms"] = summarize(layers).median * 1e3;
+  j["head_ms"] = summarize(head).median * 1e3;
+  j["select_ms"] = summarize(select).median * 1e3;
+  j["settle_rows_per_s"] = static_cast<double>(o.ctx * o.batch) / settle_s;
+  j["settle_gflops"] = swork.flops / settle_s / 1e9;
+  j["draft_gflop"] = work.flops / 1e9;
+  j["draft_gbytes"] = work.bytes() / 1e9;
+  j["achieved_gflops"] = gflops;
+  j["achieved_gbps"] = gbps;
+  j["machine_read_gbps"] = read_gbps;
+  j["machine_gemm_gflops"] = gemm_gflops;
+  j["tokens"] = tokens;
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("tpdraft bench: %s, %s weights, %s backend, %d threads, %lld session(s) x %lld context rows\n",
+              cfg.arch_name.c_str(), dtype_name(weights->head.dtype), ops->name(), o.threads,
+              static_cast<long long>(o.batch), static_cast<long long>(o.ctx));
+  std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
+              st.median * 1e3, st.min * 1e3, st.max * 1e3, st.p10 * 1e3, st.p90 * 1e3,
+              static_cast<long long>(o.repeat));
+  std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians)\n",
+              summarize(layers).median * 1e3, summarize(head).median * 1e3, summarize(select).median * 1e3);
+  std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", work.flops / 1e9, work.bytes() / 1e9);
+  std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of read bandwidth %.1f)\n",
+              gflops, 100 * gflops / gemm_gflops, gemm_gflops, gbps, 100 * gbps / read_gbps, read_gbps);
+  std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", static_cast<double>(o.ctx * o.batch) / settle_s,
+              swork.flops / settle_s / 1e9);
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Time drafts on a geometry with random weights in memory (or on a checkpoint): median and spread of "
+               "one draft, settle rows/s, achieved GFLOP/s and GB/s against this machine's ceilings");
+  cmd->add_option("--config", o->config, "Drafter config.json for random weights, e.g. configs/bench-dflash2-2048.json");
+  cmd->add_option("--drafter", o->drafter, "Use this drafter checkpoint instead of random weights");
+  cmd->add_option("--target", o->target, "Target directory for --drafter");
+  cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace tpdraft::cli

@@ -1,0 +1,116 @@
+// `tpdraft draft`: settle a taps file, draft one block, print the tokens as JSON; --dump writes
+// every intermediate a reference needs to check the draft.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/ops.h"
+#include "model/drafter.h"
+#include "model/safetensors.h"
+#include "parallel/communicator.h"
+
+namespace tpdraft::cli {
+
+namespace {
+
+struct DraftOpts {
+  std::string drafter, target, taps, dump;
+  int64_t anchor = 0;
+  double temperature = 0, top_p = 1;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+std::vector<float> read_taps(const std::string& path, const model::DrafterConfig& cfg, int64_t* rows) {
+  auto store = model::TensorStore::open(path);
+  const model::TensorInfo* t = store->find("taps");
+  TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, cfg.n_taps() * cfg.hidden);
+  TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == cfg.n_taps() * cfg.hidden,
+                "{}: tensor 'taps' has shape {}, expected [N, T*H] = [N, {}] ({} taps x hidden {})", path,
+                t->shape_str(), cfg.n_taps() * cfg.hidden, cfg.n_taps(), cfg.hidden);
+  *rows = t->shape[0];
+  return model::to_f32(*t);
+}
+
+void run_draft(const DraftOpts& o) {
+  const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
+  int64_t n = 0;
+  const std::vector<float> taps = read_taps(o.taps, cfg, &n);
+  auto ops = kernels::make_cpu_ops(o.threads);
+  auto comm = parallel::make_single_rank();
+  const auto plan = model::ShardPlan::make(cfg, comm->rank(), comm->size());
+  auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(o.drafter),
+                                                         model::TensorStore::open(o.target), plan, *ops);
+  model::DrafterLimits limits;
+  limits.max_context = std::max<int64_t>(1, n);
+  limits.keep_all_positions = !o.dump.empty();
+  model::Drafter drafter(weights, *ops, *comm, limits);
+  auto session = drafter.new_session();
+  const auto t0 = std::chrono::steady_clock::now();
+  drafter.settle(*session, 0, taps.data(), n);
+  const double settle_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  model::DraftRequest req;
+  req.session = session.get();
+  req.anchor_token = o.anchor;
+  req.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
+  model::DraftDump dump;
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto results = drafter.draft({req}, o.dump.empty() ? nullptr : &dump);
+  const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  nlohmann::json out;
+  out["tokens"] = results[0].tokens;
+  out["probs"] = results[0].probs;
+  out["anchor"] = o.anchor;
+  out["anchor_position"] = n;
+  out["architecture"] = cfg.arch_name;
+  out["settle_ms"] = settle_s * 1e3;
+  out["draft_ms"] = draft_s * 1e3;
+  std::printf("%s\n", out.dump().c_str());
+
+  if (!o.dump.empty()) {
+    const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab, kvw = cfg.n_kv * cfg.head_dim;
+    model::SafetensorsWriter w;
+    w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
+    w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
+    w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
+    std::vector<float> k, v;
+    for (int64_t l = 0; l < cfg.layers; ++l) {
+      drafter.read_context(*session, l, &k, &v);
+      w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
+      w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
+      (void)kvw;
+    }
+    w.write(o.dump);
+    TPDRAFT_LOG_INFO("wrote {}", o.dump);
+  }
+}
+
+}  // namespace
+
+void add_draft(CLI::App& app) {
+  auto o = std::make_shared<DraftOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "draft", "Settle every row of a taps file at positions 0..n-1, draft one block with the anchor at position n, "
+               "print JSON {\"tokens\": [...], ...}");
+  cmd->add_option("--drafter", o->drafter, "Drafter directory (config.json + safetensors)")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--target", o->target, "Target model directory (embedding + head)")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--taps", o->taps, "Safetensors file with tensor 'taps' [n, T*H]")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")->required();
+  cmd->add_option("--temperature", o->temperature, "0: greedy; > 0: seeded sampling")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
+  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
+  cmd->callback([o] { run_draft(*o); });
+}
+
+}  // namespace tpdraft::cli

@@ -1,0 +1,43 @@
+// `tpdraft init`: a random-weight checkpoint in the real format, for any config.
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+
+namespace tpdraft::cli {
+
+void add_init(CLI::App& app) {
+  struct Opts {
+    std::string config, out, dtype = "bf16";
+    uint64_t seed = 0;
+    int64_t taps = 0, target_vocab = 0;
+    bool tie = false;
+  };
+  auto opts = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "init", "Write a random-weight checkpoint: OUT/drafter (config.json + model.safetensors), OUT/target "
+              "(embedding + head) and, with --taps, OUT/taps.safetensors");
+  cmd->add_option("--config", opts->config, "Drafter config.json (HF format), e.g. configs/tiny-dflash2.json")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", opts->out, "Output directory (created)")->required();
+  cmd->add_option("--seed", opts->seed, "Seed; the same seed gives the same bytes")->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  cmd->add_option("--taps", opts->taps, "Also write N random tap rows [N, T*H] to OUT/taps.safetensors")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--target-vocab", opts->target_vocab, "Rows of the target tables (>= vocab_size; default vocab_size)");
+  cmd->add_flag("--tie", opts->tie, "Tie the target head to its embedding (no lm_head.weight)");
+  cmd->callback([opts] {
+    const model::DrafterConfig cfg = model::DrafterConfig::from_file(opts->config);
+    model::RandomCheckpointOptions o;
+    o.seed = opts->seed;
+    o.dtype = opts->dtype == "bf16" ? DType::BF16 : opts->dtype == "f16" ? DType::F16 : DType::F32;
+    o.target_vocab = opts->target_vocab;
+    o.tie_embeddings = opts->tie;
+    model::write_random_checkpoint(cfg, opts->out, o, opts->taps);
+  });
+}
+
+}  // namespace tpdraft::cli

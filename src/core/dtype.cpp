@@ -1,0 +1,140 @@
+// dtype names, sizes and conversions (the scalar paths; kernels carry their own SIMD ones).
+#include "core/dtype.h"
+
+#include "core/error.h"
+
+namespace tpdraft {
+
+namespace {
+struct DTypeRow {
+  DType type;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeRow kDTypes[] = {
+    {DType::F64, "F64", 8}, {DType::F32, "F32", 4}, {DType::F16, "F16", 2}, {DType::BF16, "BF16", 2},
+    {DType::I64, "I64", 8}, {DType::I32, "I32", 4}, {DType::I16, "I16", 2}, {DType::I8, "I8", 1},
+    {DType::U8, "U8", 1},   {DType::BOOL, "BOOL", 1},
+};
+}  // namespace
+
+size_t dtype_size(DType t) {
+  for (const auto& r : kDTypes)
+    if (r.type == t) return r.size;
+  TPDRAFT_FAIL("unknown dtype code {}", static_cast<int>(t));
+}
+
+const char* dtype_name(DType t) {
+  for (const auto& r : kDTypes)
+    if (r.type == t) return r.name;
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType* out) {
+  for (const auto& r : kDTypes) {
+    if (s == r.name) {
+      *out = r.type;
+      return true;
+    }
+  }
+  return false;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      u = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (rounds to inf)
+  if (abs < 0x38800000u) {  // subnormal or zero in f16
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t exp = abs >> 23;
+    const uint32_t man = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14 + (112 - exp)
+    uint32_t half = man >> shift;
+    const uint32_t rem = man & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t v = abs - (112u << 23);  // rebias exponent
+  const uint32_t rem = v & 0x1fffu;
+  uint32_t half = v >> 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
+  switch (src_type) {
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::BF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::F16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::F64: {
+      const auto* s = static_cast<const double*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+    default:
+      TPDRAFT_FAIL("cannot convert dtype {} to F32 (expected F32, F16, BF16 or F64)", dtype_name(src_type));
+  }
+}
+
+void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
+  switch (dst_type) {
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::BF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::F16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    default:
+      TPDRAFT_FAIL("cannot convert F32 to dtype {} (expected F32, F16 or BF16)", dtype_name(dst_type));
+  }
+}
+
+}  // namespace tpdraft

@@ -1,0 +1,44 @@
+// Element types met in checkpoints and the exact conversions between the 16-bit floats and f32.
+// Weights stay in their checkpoint dtype in memory; kernels widen them to f32 as they stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace tpdraft {
+
+enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
+// Parses a safetensors dtype string; returns false for an unknown one.
+bool parse_dtype(const std::string& s, DType* out);
+inline bool is_float_weight(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+// Converts n elements of type `src_type` at src to f32 at dst.
+void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);
+// Converts n f32 values to `dst_type` (F32, F16 or BF16).
+void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n);
+
+}  // namespace tpdraft

@@ -1,0 +1,11 @@
+// Out-of-line raise so that the check macro stays small at every call site.
+#include "core/error.h"
+
+namespace tpdraft {
+
+[[noreturn]] void throw_error(const char* /*file*/, int /*line*/, const std::string& message) {
+  // The message is what a user acts on; file:line of the check adds nothing for them.
+  throw Error(message);
+}
+
+}  // namespace tpdraft

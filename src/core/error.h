@@ -1,0 +1,28 @@
+// The one exception type of tpdraft and the checks that raise it.
+// Every message names what is at fault (file, tensor, field, rank) and what was expected;
+// the library never exits the process: callers (the CLI's main) decide.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace tpdraft {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+
+}  // namespace tpdraft
+
+// TPDRAFT_CHECK(cond, "fmt {}", args...): throws tpdraft::Error with the message when cond is false.
+#define TPDRAFT_CHECK(cond, ...)                                              \
+  do {                                                                        \
+    if (!(cond)) ::tpdraft::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+#define TPDRAFT_FAIL(...) ::tpdraft::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__))

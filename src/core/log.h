@@ -1,0 +1,24 @@
+// Logging through spdlog: every line carries "rank r/w"; the level comes from TPDRAFT_LOG_LEVEL
+// (trace, debug, info, warn, error, off); everything goes to stderr so stdout stays for results.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+namespace tpdraft::log {
+
+// Sets the rank shown in every line; call again when the communicator is known.
+void set_rank(int rank, int world);
+int rank();
+spdlog::logger& logger();
+
+}  // namespace tpdraft::log
+
+#define TPDRAFT_LOG_DEBUG(...) ::tpdraft::log::logger().debug(__VA_ARGS__)
+#define TPDRAFT_LOG_INFO(...) ::tpdraft::log::logger().info(__VA_ARGS__)
+#define TPDRAFT_LOG_WARN(...) ::tpdraft::log::logger().warn(__VA_ARGS__)
+#define TPDRAFT_LOG_ERROR(...) ::tpdraft::log::logger().error(__VA_ARGS__)
+// Summaries: printed by rank 0 only.
+#define TPDRAFT_LOG_INFO_RANK0(...)                                      \
+  do {                                                                   \
+    if (::tpdraft::log::rank() == 0) ::tpdraft::log::logger().info(__VA_ARGS__); \
+  } while (0)

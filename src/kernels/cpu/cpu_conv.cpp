@@ -1,0 +1,63 @@
+// DFlash 2's grouped dynamic causal convolution along the rows of each session's block
+// (spec §5.1). Depthwise per channel: the inner loop runs over the channels of one group, whose
+// dynamic coefficient is a single scalar, and is compiled once per instruction set.
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
+
+namespace tpdraft::kernels::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 17;  // multiply-adds; below this one thread is faster
+
+// Output rows [row_begin, row_end) of the flattened [S*B] rows. Terms are added in tap order
+// j = 0, 1, ... to a zeroed row, the same order whatever the instruction set.
+TPDRAFT_INLINE void conv_rows_body(const ConvParams& p, int64_t row_begin, int64_t row_end) {
+  const int64_t h = p.hidden, gs = p.group_size, groups = p.hidden / p.group_size;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t t = row % p.block;  // position inside the session's block
+    float* o = p.out + row * h;
+    for (int64_t c = 0; c < h; ++c) o[c] = 0.0f;
+    const int64_t taps = t + 1 < p.kernel ? t + 1 : p.kernel;  // in_{t-j} = 0 before the block
+    for (int64_t j = 0; j < taps; ++j) {
+      const float* in = p.in + (row - j) * h;
+      const float* base = p.base + j * h;
+      const float* delta = p.delta + row * p.delta_stride + p.delta_offset + j * groups;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float dv = delta[g];
+        for (int64_t c = g * gs; c < (g + 1) * gs; ++c) o[c] += (base[c] + dv) * in[c];
+      }
+    }
+  }
+}
+
+TPDRAFT_TARGET_AVX512 void conv_rows512(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
+TPDRAFT_TARGET_AVX2 void conv_rows256(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
+void conv_rows_scalar(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
+
+void conv_rows(Isa isa, const ConvParams& p, int64_t b, int64_t e) {
+  if (isa >= Isa::Avx512) return conv_rows512(p, b, e);
+  if (isa == Isa::Avx2) return conv_rows256(p, b, e);
+  conv_rows_scalar(p, b, e);
+}
+
+}  // namespace
+
+void CpuOps::dyn_conv(const ConvParams& p) {
+  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.hidden > 0,
+                "dyn_conv: bad shape sessions {} block {} hidden {}", p.sessions, p.block, p.hidden);
+  TPDRAFT_CHECK(p.kernel > 0, "dyn_conv: kernel size must be > 0, got {}", p.kernel);
+  TPDRAFT_CHECK(p.group_size > 0 && p.hidden % p.group_size == 0,
+                "dyn_conv: group size {} must be > 0 and divide hidden {}", p.group_size, p.hidden);
+  TPDRAFT_CHECK(p.delta_offset >= 0 && p.delta_offset + p.kernel * (p.hidden / p.group_size) <= p.delta_stride,
+                "dyn_conv: delta offset {} + kernel {} x groups {} exceeds the delta row stride {}", p.delta_offset,
+                p.kernel, p.hidden / p.group_size, p.delta_stride);
+  TPDRAFT_CHECK(p.in != p.out, "dyn_conv: out must not alias in");
+  const Isa isa = active_isa();
+  const int64_t rows = p.sessions * p.block;
+  if (rows * p.hidden * p.kernel < kParallelMin) return conv_rows(isa, p, 0, rows);
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) { conv_rows(isa, p, b, e); });
+}
+
+}  // namespace tpdraft::kernels::cpu

@@ -1,0 +1,200 @@
+// Elementwise ops (silu_mul, add, store_rows) and the vector exp they share with attention's
+// softmax. These are memory bound and small (a draft's silu_mul is 16 x 6144 floats), so threads
+// are used only for large n; the exp is vectorised because expf per element would cost more than
+// the matmul it follows.
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
+
+namespace tpdraft::kernels::cpu {
+namespace {
+
+// Work below this many elements stays on the calling thread: waking a worker costs more.
+constexpr int64_t kParallelMin = 1 << 17;
+
+// exp(x) = 2^n * exp(r), n = round(x / ln2), r = x - n ln2 (ln2 split in two so n*ln2_hi is
+// exact), exp(r) by its degree-7 Taylor polynomial on |r| <= ln2/2 (truncation < 6e-9 relative,
+// below half an f32 ulp). Result within ~2 ulp of exp over the whole f32 range.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+
+TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE __m512 exp512(__m512 x) {
+  // Constant first: min/max return the second operand when one is NaN, so NaN propagates.
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  return _mm512_scalef_ps(p, n);  // p * 2^n, gradual underflow and overflow to inf handled
+}
+
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE __m256 exp256(__m256 x) {
+  // Clamped so that 2^n stays a normal float: below -87.3 the result is ~1e-38 instead of a
+  // subnormal or zero, an absolute difference far below anything a softmax or SiLU can see.
+  x = _mm256_max_ps(_mm256_set1_ps(-87.33f), _mm256_min_ps(_mm256_set1_ps(88.37f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[7]);
+  for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+TPDRAFT_TARGET_AVX512 float exp_sum512(float* x, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+TPDRAFT_TARGET_AVX2 float exp_sum256(float* x, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  if (i < n) {  // tail through a padded buffer; the padding's results are dropped
+    float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_storeu_ps(buf, exp256(_mm256_sub_ps(_mm256_loadu_ps(buf), s)));
+    std::memcpy(x + i, buf, static_cast<size_t>(n - i) * sizeof(float));
+    for (int64_t l = 0; l < n - i; ++l) lanes[l] += buf[l];
+  }
+  float sum = 0.0f;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
+TPDRAFT_TARGET_AVX512 void silu_mul512(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+TPDRAFT_TARGET_AVX2 void silu_mul256(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, u[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
+    std::memcpy(g, gate + i, static_cast<size_t>(n - i) * sizeof(float));
+    std::memcpy(u, up + i, static_cast<size_t>(n - i) * sizeof(float));
+    silu_mul256(g, u, o, 8);
+    std::memcpy(out + i, o, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void silu_mul_any(Isa isa, const float* gate, const float* up, float* out, int64_t n) {
+  if (isa >= Isa::Avx512) return silu_mul512(gate, up, out, n);
+  if (isa == Isa::Avx2) return silu_mul256(gate, up, out, n);
+  silu_mul_scalar(gate, up, out, n);
+}
+
+TPDRAFT_TARGET_AVX512 void axpy512(float a, const float* x, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+TPDRAFT_TARGET_AVX2 void axpy256(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+}  // namespace
+
+namespace detail {
+
+float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
+  if (n <= 0) return 0.0f;
+  if (isa >= Isa::Avx512) return exp_sum512(x, n, shift);
+  if (isa == Isa::Avx2) return exp_sum256(x, n, shift);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
+}
+
+void axpy(Isa isa, float a, const float* x, float* y, int64_t n) {
+  if (isa >= Isa::Avx512) return axpy512(a, x, y, n);
+  if (isa == Isa::Avx2) return axpy256(a, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace detail
+
+void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
+  const Isa isa = active_isa();
+  if (n < kParallelMin) return silu_mul_any(isa, gate, up, out, n);
+  // Chunks in multiples of 64 elements keep every thread's slice vector aligned in length.
+  pool_.parallel_for(
+      n, [&](int64_t b, int64_t e, int) { silu_mul_any(isa, gate + b, up + b, out + b, e - b); }, 64);
+}
+
+void CpuOps::add(float* y, const float* x, int64_t n) {
+  TPDRAFT_CHECK(n >= 0, "add: element count must be >= 0, got {}", n);
+  // A plain loop: the compiler vectorises it for the baseline ISA and it is bandwidth bound.
+  auto body = [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) y[i] += x[i];
+  };
+  if (n < kParallelMin) return body(0, n, 0);
+  pool_.parallel_for(n, body, 64);
+}
+
+void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                        int64_t first_pos) {
+  TPDRAFT_CHECK(capacity > 0, "store_rows: ring capacity must be > 0, got {}", capacity);
+  TPDRAFT_CHECK(first_pos >= 0, "store_rows: first position must be >= 0, got {}", first_pos);
+  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "store_rows: bad shape [{}, {}]", rows, row_len);
+  const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
+  for (int64_t j = 0; j < rows; ++j) {
+    const int64_t slot = (first_pos + j) % capacity;
+    std::memcpy(dst + slot * row_len, src + j * row_len, bytes);
+  }
+}
+
+}  // namespace tpdraft::kernels::cpu

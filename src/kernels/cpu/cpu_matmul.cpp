@@ -1,0 +1,364 @@
+// The dot-product engine (exact f32 dots of activation rows against weight rows in their storage
+// dtype) and the matmul op built on it. A draft's linear layers are 16 rows against 2048..6144
+// wide weights: 2 FLOPs per weight element per row, so the kernels are compute bound and keep an
+// MR x NR tile of accumulators in registers, widening each weight vector once for MR rows.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
+
+namespace tpdraft::kernels::cpu {
+namespace detail {
+
+int64_t packed_cols(int64_t cols) { return (cols + 31) / 32 * 32; }
+
+void pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m, int64_t cols, float* packed) {
+  const int64_t pc = packed_cols(cols);
+  // Lanes of the kernels that will read the packing (see exact_dots); 0: natural order.
+  const int64_t lanes = wtype != DType::BF16 ? 0 : isa >= Isa::Avx512 ? 16 : isa == Isa::Avx2 ? 8 : 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + i * x_stride;
+    float* dst = packed + i * pc;
+    if (lanes == 0) {
+      std::memcpy(dst, src, static_cast<size_t>(cols) * sizeof(float));
+      std::fill(dst + cols, dst + pc, 0.0f);
+      continue;
+    }
+    for (int64_t c = 0; c < pc; c += 2 * lanes) {
+      for (int64_t l = 0; l < lanes; ++l) {
+        const int64_t even = c + 2 * l, odd = even + 1;
+        dst[c + l] = even < cols ? src[even] : 0.0f;
+        dst[c + lanes + l] = odd < cols ? src[odd] : 0.0f;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::WeightRows;
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512. Per (x row, weight row) pair: one accumulator, fed chunk by chunk in column order,
+// then reduced by a fixed halving tree, whatever MR and NR are.
+
+TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE float hsum512(__m512 a) {
+  const __m256 lo = _mm512_castps512_ps256(a);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  return _mm_cvtss_f32(s4);
+}
+
+// Loads weights for one chunk: the bf16 kernels read 32 elements (as 16 even + 16 odd), the
+// others 16. The last partial chunk is copied into a zero-padded buffer first, so reads never
+// pass the end of a row and padding contributes exact zeros.
+struct Avx512Bf16 {
+  using Elem = uint16_t;
+  static constexpr int kChunk = 32, kMr = 4, kNr = 6;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                         const float* x, int64_t xs) {
+    const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    __m512i raw[NR];
+    for (int j = 0; j < NR; ++j) raw[j] = _mm512_loadu_si512(w[j] + off);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xe = _mm512_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(raw[j], 16)), xe, acc[i][j]);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xo = _mm512_loadu_ps(x + i * xs + 16);
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(raw[j], odd_mask)), xo, acc[i][j]);
+    }
+  }
+};
+
+struct Avx512F16 {
+  using Elem = uint16_t;
+  static constexpr int kChunk = 16, kMr = 4, kNr = 6;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                         const float* x, int64_t xs) {
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j)
+      wv[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off)));
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+    }
+  }
+};
+
+struct Avx512F32 {
+  using Elem = float;
+  static constexpr int kChunk = 16, kMr = 4, kNr = 6;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                         const float* x, int64_t xs) {
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + off);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+    }
+  }
+};
+
+template <class K, int MR>
+TPDRAFT_TARGET_AVX512 void tile512(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
+                                   float* out, int64_t os) {
+  constexpr int NR = K::kNr, C = K::kChunk;
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t full = cols / C * C;
+  for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  if (full < cols) {
+    alignas(64) typename K::Elem tail[NR][C];
+    const typename K::Elem* tw[NR];
+    for (int j = 0; j < NR; ++j) {
+      std::memset(tail[j], 0, sizeof(tail[j]));
+      std::memcpy(tail[j], w[j] + full, static_cast<size_t>(cols - full) * sizeof(typename K::Elem));
+      tw[j] = tail[j];
+    }
+    K::template step<MR, NR>(acc, tw, 0, x + full, xs);
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) out[i * os + j] = hsum512(acc[i][j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 + FMA + F16C: the same scheme on 8 lanes with a smaller tile (16 ymm registers).
+
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE float hsum256(__m256 a) {
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  return _mm_cvtss_f32(s4);
+}
+
+struct Avx2Bf16 {
+  using Elem = uint16_t;
+  static constexpr int kChunk = 16, kMr = 2, kNr = 4;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                       const float* x, int64_t xs) {
+    const __m256i odd_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    __m256i raw[NR];
+    for (int j = 0; j < NR; ++j) raw[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off));
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xe = _mm256_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(raw[j], 16)), xe, acc[i][j]);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xo = _mm256_loadu_ps(x + i * xs + 8);
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(raw[j], odd_mask)), xo, acc[i][j]);
+    }
+  }
+};
+
+struct Avx2F16 {
+  using Elem = uint16_t;
+  static constexpr int kChunk = 8, kMr = 2, kNr = 4;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                       const float* x, int64_t xs) {
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j)
+      wv[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + off)));
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+    }
+  }
+};
+
+struct Avx2F32 {
+  using Elem = float;
+  static constexpr int kChunk = 8, kMr = 2, kNr = 4;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                       const float* x, int64_t xs) {
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w[j] + off);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * xs);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+    }
+  }
+};
+
+template <class K, int MR>
+TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
+                                 float* out, int64_t os) {
+  constexpr int NR = K::kNr, C = K::kChunk;
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t full = cols / C * C;
+  for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  if (full < cols) {
+    alignas(32) typename K::Elem tail[NR][C];
+    const typename K::Elem* tw[NR];
+    for (int j = 0; j < NR; ++j) {
+      std::memset(tail[j], 0, sizeof(tail[j]));
+      std::memcpy(tail[j], w[j] + full, static_cast<size_t>(cols - full) * sizeof(typename K::Elem));
+      tw[j] = tail[j];
+    }
+    K::template step<MR, NR>(acc, tw, 0, x + full, xs);
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) out[i * os + j] = hsum256(acc[i][j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable: 8 partial sums per pair (so a baseline compiler can still use SSE), halving tree.
+
+template <typename Elem>
+float widen(Elem v, DType t) {
+  if constexpr (sizeof(Elem) == 4) {
+    return v;
+  } else {
+    return t == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+  }
+}
+
+template <typename Elem>
+float scalar_dot(const Elem* w, DType t, const float* x, int64_t cols) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t c = 0; c < cols; c += 8) {
+    for (int l = 0; l < 8; ++l) {
+      // Past the row end x is zero padding; the weight is read only inside the row.
+      const float wv = c + l < cols ? widen(w[c + l], t) : 0.0f;
+      lanes[l] = lanes[l] + wv * x[c + l];
+    }
+  }
+  for (int half = 4; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] = lanes[l] + lanes[l + half];
+  return lanes[0];
+}
+
+template <typename Elem>
+void scalar_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
+                 int64_t os) {
+  const int64_t xs = detail::packed_cols(w.cols);
+  const auto* base = static_cast<const Elem*>(w.data);
+  for (int64_t j = 0; j < nrows; ++j) {
+    const Elem* row = base + (row0 + j) * w.stride;
+    for (int64_t i = 0; i < m; ++i) out[i * os + j] = scalar_dot(row, w.dtype, packed + i * xs, w.cols);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiling driver. Rows of x are taken in blocks that fit in L2 (so a large-m call, e.g. settle
+// with m = 1024, does not stream x from memory once per weight tile); inside a block, each weight
+// tile of NR rows is read once from memory and reused from L1 for every MR-row group of x.
+
+template <class K>
+using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t);
+
+template <class K, bool Avx512>
+void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
+               int64_t os) {
+  using Elem = typename K::Elem;
+  constexpr int MRMAX = K::kMr, NR = K::kNr;
+  static_assert(MRMAX >= 1 && MRMAX <= 4, "tile heights 1..4 are instantiated");
+  TileFn<K> tiles[4];
+  if constexpr (Avx512) {
+    tiles[0] = &tile512<K, 1>;
+    tiles[1] = &tile512<K, MRMAX >= 2 ? 2 : 1>;
+    tiles[2] = &tile512<K, MRMAX >= 3 ? 3 : 1>;
+    tiles[3] = &tile512<K, MRMAX >= 4 ? 4 : 1>;
+  } else {
+    tiles[0] = &tile256<K, 1>;
+    tiles[1] = &tile256<K, MRMAX >= 2 ? 2 : 1>;
+    tiles[2] = &tile256<K, MRMAX >= 3 ? 3 : 1>;
+    tiles[3] = &tile256<K, MRMAX >= 4 ? 4 : 1>;
+  }
+  const int64_t xs = detail::packed_cols(w.cols);
+  const int64_t block_bytes = 512 * 1024;  // half of a 1 MiB L2, the rest for weight tiles
+  int64_t mc = std::max<int64_t>(MRMAX, block_bytes / (xs * 4) / MRMAX * MRMAX);
+  const auto* base = static_cast<const Elem*>(w.data);
+  float tmp[4 * NR];
+  for (int64_t mb = 0; mb < m; mb += mc) {
+    const int64_t me = std::min(m, mb + mc);
+    for (int64_t j0 = 0; j0 < nrows; j0 += NR) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR, nrows - j0));
+      const Elem* rows[NR];
+      // A short last tile repeats its last row; the repeats are computed and dropped.
+      for (int j = 0; j < NR; ++j) rows[j] = base + (row0 + j0 + std::min(j, nr - 1)) * w.stride;
+      for (int64_t i0 = mb; i0 < me; i0 += MRMAX) {
+        const int mr = static_cast<int>(std::min<int64_t>(MRMAX, me - i0));
+        const bool direct = nr == NR;
+        float* dst = direct ? out + i0 * os + j0 : tmp;
+        tiles[mr - 1](rows, w.cols, packed + i0 * xs, xs, dst, direct ? os : NR);
+        if (!direct)
+          for (int i = 0; i < mr; ++i)
+            for (int j = 0; j < nr; ++j) out[(i0 + i) * os + j0 + j] = tmp[i * NR + j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m,
+                float* out, int64_t out_stride) {
+  if (nrows <= 0 || m <= 0) return;
+  if (isa >= Isa::Avx512) {
+    if (w.dtype == DType::BF16) return simd_dots<Avx512Bf16, true>(w, row0, nrows, packed, m, out, out_stride);
+    if (w.dtype == DType::F16) return simd_dots<Avx512F16, true>(w, row0, nrows, packed, m, out, out_stride);
+    return simd_dots<Avx512F32, true>(w, row0, nrows, packed, m, out, out_stride);
+  }
+  if (isa == Isa::Avx2) {
+    if (w.dtype == DType::BF16) return simd_dots<Avx2Bf16, false>(w, row0, nrows, packed, m, out, out_stride);
+    if (w.dtype == DType::F16) return simd_dots<Avx2F16, false>(w, row0, nrows, packed, m, out, out_stride);
+    return simd_dots<Avx2F32, false>(w, row0, nrows, packed, m, out, out_stride);
+  }
+  if (w.dtype == DType::F32) return scalar_dots<float>(w, row0, nrows, packed, m, out, out_stride);
+  return scalar_dots<uint16_t>(w, row0, nrows, packed, m, out, out_stride);
+}
+
+}  // namespace detail
+
+void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
+  TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
+  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
+                w.cols);
+  TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+  if (m == 0) return;
+  const Isa isa = active_isa();
+  const int64_t pc = detail::packed_cols(w.cols);
+  float* packed = scratch(packed_, static_cast<size_t>(m * pc));
+  pool_.parallel_for(
+      m, [&](int64_t b, int64_t e, int) { detail::pack_rows(isa, w.dtype, x + b * w.cols, w.cols, e - b, w.cols,
+                                                            packed + b * pc); },
+      64);
+  const detail::WeightRows rows{w.dtype, w.data, w.cols, w.cols};
+  // Threads split the output columns in units of 48 weight rows (a multiple of every tile width).
+  const int64_t unit = 48;
+  pool_.parallel_for((w.rows + unit - 1) / unit, [&](int64_t b, int64_t e, int) {
+    const int64_t n0 = b * unit, n1 = std::min(w.rows, e * unit);
+    detail::exact_dots(isa, rows, n0, n1 - n0, packed, m, y + n0, w.rows);
+    if (bias == nullptr) return;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = n0; n < n1; ++n) y[i * w.rows + n] += bias[n];
+  });
+}
+
+}  // namespace tpdraft::kernels::cpu

@@ -1,0 +1,131 @@
+// RMSNorm over rows, and the per-head RMSNorm + NeoX rotate-half RoPE applied to q and k.
+// The bodies are plain loops over 16 fixed partial sums, compiled once per instruction set: every
+// variant performs the same f32 operations in the same order, so all give identical results.
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
+
+namespace tpdraft::kernels::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 16;  // elements; below this one thread is faster
+
+TPDRAFT_INLINE float inv_rms(const float* x, int64_t n, float eps) {
+  float lanes[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += x[c + l] * x[c + l];
+  for (int l = 0; c + l < n; ++l) lanes[l] += x[c + l] * x[c + l];
+  for (int half = 8; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  return 1.0f / std::sqrt(lanes[0] / static_cast<float>(n) + eps);
+}
+
+// y = w * (x * r), the order of PyTorch's Qwen RMSNorm (normalise, then weight).
+TPDRAFT_INLINE void rms_rows_body(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const float s = inv_rms(xr, n, eps);
+    for (int64_t c = 0; c < n; ++c) yr[c] = w[c] * (xr[c] * s);
+  }
+}
+
+TPDRAFT_TARGET_AVX512 void rms_rows512(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  rms_rows_body(x, w, y, rows, n, eps);
+}
+TPDRAFT_TARGET_AVX2 void rms_rows256(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  rms_rows_body(x, w, y, rows, n, eps);
+}
+void rms_rows_scalar(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  rms_rows_body(x, w, y, rows, n, eps);
+}
+
+void rms_rows(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  if (isa >= Isa::Avx512) return rms_rows512(x, w, y, rows, n, eps);
+  if (isa == Isa::Avx2) return rms_rows256(x, w, y, rows, n, eps);
+  rms_rows_scalar(x, w, y, rows, n, eps);
+}
+
+// One row of [heads, D]: RMSNorm each head with w[D], then rotate pairs (i, i + D/2) by the
+// angles whose cos/sin are in cs[0 .. D/2) and cs[D/2 .. D).
+TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, int64_t d, float eps,
+                                       const float* cs) {
+  const int64_t half = d / 2;
+  const float* cosv = cs;
+  const float* sinv = cs + half;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* xh = x + h * d;
+    const float s = inv_rms(xh, d, eps);
+    for (int64_t i = 0; i < d; ++i) xh[i] = w[i] * (xh[i] * s);
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = xh[i], b = xh[i + half];
+      xh[i] = a * cosv[i] - b * sinv[i];
+      xh[i + half] = b * cosv[i] + a * sinv[i];
+    }
+  }
+}
+
+TPDRAFT_TARGET_AVX512 void norm_rope_row512(float* x, const float* w, int64_t heads, int64_t d, float eps,
+                                            const float* cs) {
+  norm_rope_row_body(x, w, heads, d, eps, cs);
+}
+TPDRAFT_TARGET_AVX2 void norm_rope_row256(float* x, const float* w, int64_t heads, int64_t d, float eps,
+                                          const float* cs) {
+  norm_rope_row_body(x, w, heads, d, eps, cs);
+}
+void norm_rope_row_scalar(float* x, const float* w, int64_t heads, int64_t d, float eps, const float* cs) {
+  norm_rope_row_body(x, w, heads, d, eps, cs);
+}
+
+}  // namespace
+
+void CpuOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
+  const Isa isa = active_isa();
+  if (rows * n < kParallelMin) return rms_rows(isa, x, w, y, rows, n, eps);
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    rms_rows(isa, x + b * n, w, y + b * n, e - b, n, eps);
+  });
+}
+
+void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                            const int64_t* positions, double theta) {
+  TPDRAFT_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_norm_rope: head_dim must be even and > 0, got {}",
+                head_dim);
+  TPDRAFT_CHECK(rows >= 0 && heads > 0, "head_norm_rope: bad shape [{}, {}, {}]", rows, heads, head_dim);
+  TPDRAFT_CHECK(theta > 0.0, "head_norm_rope: rope theta must be > 0, got {}", theta);
+  const int64_t half = head_dim / 2;
+  if (rope_theta_ != theta || static_cast<int64_t>(rope_inv_freq_.size()) != half) {
+    rope_inv_freq_.resize(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i)
+      rope_inv_freq_[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    rope_theta_ = theta;
+  }
+  const Isa isa = active_isa();
+  auto body = [&](int64_t b, int64_t e, int worker) {
+    float* cs = scratch(per_worker_[worker], static_cast<size_t>(head_dim));
+    for (int64_t r = b; r < e; ++r) {
+      const double pos = static_cast<double>(positions[r]);
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = pos * rope_inv_freq_[i];
+        cs[i] = static_cast<float>(std::cos(angle));
+        cs[half + i] = static_cast<float>(std::sin(angle));
+      }
+      float* xr = x + r * heads * head_dim;
+      if (isa >= Isa::Avx512)
+        norm_rope_row512(xr, w, heads, head_dim, eps, cs);
+      else if (isa == Isa::Avx2)
+        norm_rope_row256(xr, w, heads, head_dim, eps, cs);
+      else
+        norm_rope_row_scalar(xr, w, heads, head_dim, eps, cs);
+    }
+  };
+  if (rows * heads * head_dim < kParallelMin) return body(0, rows, 0);
+  pool_.parallel_for(rows, body);
+}
+
+}  // namespace tpdraft::kernels::cpu

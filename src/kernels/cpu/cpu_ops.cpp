@@ -1,0 +1,101 @@
+// CpuOps construction, host memory and the run-time choice of kernel family.
+// The ops themselves live one family per file (cpu_matmul.cpp, cpu_attention.cpp, ...).
+#include "kernels/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tpdraft::kernels::cpu {
+
+namespace {
+
+Isa probe_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+  if (avx512) return __builtin_cpu_supports("avx512bf16") ? Isa::Avx512Bf16 : Isa::Avx512;
+  // F16C has no __builtin_cpu_supports name in every compiler; every AVX2 + FMA x86 part has it.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+#endif
+  return Isa::Scalar;
+}
+
+std::atomic<int>& active_level() {
+  static std::atomic<int> level{static_cast<int>(detected_isa())};
+  return level;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar:
+      return "scalar";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx512Bf16:
+      return "avx512-bf16";
+  }
+  return "?";
+}
+
+Isa detected_isa() {
+  static const Isa isa = probe_isa();
+  return isa;
+}
+
+Isa active_isa() { return static_cast<Isa>(active_level().load(std::memory_order_relaxed)); }
+
+Isa force_isa(Isa isa) {
+  const int level = std::min(static_cast<int>(isa), static_cast<int>(detected_isa()));
+  active_level().store(level, std::memory_order_relaxed);
+  return static_cast<Isa>(level);
+}
+
+CpuOps::CpuOps(int threads) : pool_(threads) {
+  per_worker_.resize(static_cast<size_t>(pool_.size()));
+  scans_.resize(static_cast<size_t>(pool_.size()));
+}
+
+CpuOps::~CpuOps() = default;
+
+void* CpuOps::alloc(size_t bytes) {
+  // 64 bytes: one cache line and one AVX-512 vector; aligned_alloc wants a multiple of it.
+  const size_t rounded = ((bytes + 63) / 64) * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  TPDRAFT_CHECK(p != nullptr, "cpu backend: cannot allocate {} bytes of host memory", bytes);
+  return p;
+}
+
+void CpuOps::release(void* p) { std::free(p); }
+
+void CpuOps::to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuOps::to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+float* CpuOps::scratch(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+}  // namespace tpdraft::kernels::cpu
+
+namespace tpdraft::kernels {
+
+std::unique_ptr<Ops> make_cpu_ops(int threads) {
+  TPDRAFT_CHECK(threads >= 0, "cpu backend: thread count must be >= 0 (0: all cores), got {}", threads);
+  return std::make_unique<cpu::CpuOps>(threads);
+}
+
+}  // namespace tpdraft::kernels

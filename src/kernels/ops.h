@@ -1,0 +1,115 @@
+// The ops interface: every computation the drafter performs, on buffers owned by one backend
+// (host memory for the CPU backend, device memory for CUDA). The model is written once against
+// this interface; cpu/ and cuda/ implement it, one op family per file.
+//
+// Conventions: activations are f32, row-major; weight matrices keep their checkpoint dtype and use
+// PyTorch's Linear layout [out, in]; "rows" of a block are session-major (S sessions x B rows).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace tpdraft::kernels {
+
+// A weight matrix [rows, cols] in its storage dtype (F32, F16 or BF16), row-major.
+struct Matrix {
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+};
+
+// One session's context for one layer and the local kv heads: a ring of `capacity` slots,
+// position p in slot p % capacity, valid positions [begin, end). Rows are [n_kv, head_dim] f32.
+struct ContextView {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t capacity = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Attention of the block's queries over [the session's context positions < anchor] U [block rows].
+// Query row r of session s sits at position anchor[s] + r. Query head h reads kv head
+// h / (n_q / n_kv). Visibility (spec §5 step 4): causal -> key pos <= query pos; window W > 0 ->
+// q - k < W, and when not causal also k - q < W.
+struct AttentionParams {
+  const float* q = nullptr;  // [S*B, n_q, D]   (normed, rotated)
+  const float* k = nullptr;  // [S*B, n_kv, D]  block keys (normed, rotated)
+  const float* v = nullptr;  // [S*B, n_kv, D]
+  float* out = nullptr;      // [S*B, n_q, D]
+  int64_t sessions = 0, block = 0, n_q = 0, n_kv = 0, head_dim = 0;
+  const int64_t* anchor = nullptr;     // [S] host pointer: position of row 0
+  const ContextView* context = nullptr;  // [S] host pointer
+  bool causal = false;
+  int64_t window = 0;  // 0: no window
+  float scale = 1.0f;
+};
+
+// DFlash 2 grouped dynamic causal convolution along the B rows of each session's block:
+// out_t[c] = sum_{j<K} (base[j][c] + delta_t[j][c / group_size]) * in_{t-j}[c], in_{t-j} = 0 for t-j < 0.
+// delta_t[j][g] = delta[t * delta_stride + delta_offset + j * G + g], G = hidden / group_size.
+struct ConvParams {
+  const float* in = nullptr;  // [S*B, H]
+  float* out = nullptr;       // [S*B, H], must not alias in
+  const float* base = nullptr;   // [K, H]
+  const float* delta = nullptr;  // [S*B, delta_stride]
+  int64_t delta_stride = 0, delta_offset = 0;
+  int64_t sessions = 0, block = 0, hidden = 0, kernel = 0, group_size = 0;
+};
+
+// Head over a vocabulary slice: logit[m][v] = post(scale * dot(head[v], g[m])) with
+// post(x) = cap > 0 ? cap * tanh(x / cap) : x.
+struct HeadParams {
+  Matrix head;                // [Vs, H] slice of the target head
+  const float* g = nullptr;   // [m, H] final-normed rows
+  int64_t m = 0;
+  int64_t valid_rows = 0;     // rows of the slice tokens may take (<= head.rows); others never win
+  float scale = 1.0f;
+  float cap = 0.0f;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual const char* name() const = 0;
+
+  // Memory of this backend.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void sync() = 0;
+
+  // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K].
+  virtual void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr) = 0;
+  // y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of length n; y may alias x.
+  virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
+  // In place on x [rows, heads, D]: per-head RMSNorm with w[D], then NeoX rotate-half RoPE at
+  // positions[row] (host pointer) with base theta.
+  virtual void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                              const int64_t* positions, double theta) = 0;
+  virtual void attention(const AttentionParams& p) = 0;
+  virtual void dyn_conv(const ConvParams& p) = 0;
+  // out[i] = silu(gate[i]) * up[i]
+  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // y[i] += x[i]
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  // Writes rows src[j] (row_len floats) to ring slot (first_pos + j) % capacity of dst.
+  virtual void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                          int64_t first_pos) = 0;
+
+  // Every logit of the slice: logits [m, valid_rows].
+  virtual void head_logits(const HeadParams& p, float* logits) = 0;
+  // The k best logits of each row over the slice's valid rows, ordered by value descending then
+  // id ascending; ids are slice row + id_base. Exact: equal to sorting head_logits' output.
+  virtual void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) = 0;
+};
+
+// The CPU backend with `threads` worker threads (0: all cores).
+std::unique_ptr<Ops> make_cpu_ops(int threads);
+
+}  // namespace tpdraft::kernels

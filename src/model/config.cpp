@@ -1,0 +1,293 @@
+// config.json parsing for DFlash / DFlash 2 drafters: key fallbacks of spec/dflash.md §2,
+// errors that name the file and the key.
+#include "model/config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tpdraft::model {
+
+namespace {
+
+using nlohmann::json;
+
+// Looks a key up in `dflash_config` first, then at the top level.
+const json* find_nested(const json& j, const char* key) {
+  auto dc = j.find("dflash_config");
+  if (dc != j.end() && dc->is_object()) {
+    auto it = dc->find(key);
+    if (it != dc->end() && !it->is_null()) return &*it;
+  }
+  auto it = j.find(key);
+  if (it != j.end() && !it->is_null()) return &*it;
+  return nullptr;
+}
+
+const json* find_top(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it != j.end() && !it->is_null()) return &*it;
+  return nullptr;
+}
+
+int64_t as_int(const json* v, const std::string& source, const char* key) {
+  TPDRAFT_CHECK(v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()),
+                "{}: key '{}' must be an integer, got {}", source, key, v->dump());
+  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+}
+
+double as_double(const json* v, const std::string& source, const char* key) {
+  TPDRAFT_CHECK(v->is_number(), "{}: key '{}' must be a number, got {}", source, key, v->dump());
+  return v->get<double>();
+}
+
+int64_t require_int(const json& j, const char* key, const std::string& source, bool nested = false) {
+  const json* v = nested ? find_nested(j, key) : find_top(j, key);
+  TPDRAFT_CHECK(v != nullptr, "{}: missing required key '{}'", source, key);
+  return as_int(v, source, key);
+}
+
+}  // namespace
+
+DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source) {
+  TPDRAFT_CHECK(j.is_object(), "{}: expected a JSON object at the top level", source);
+  DrafterConfig c;
+
+  const json* archs = find_top(j, "architectures");
+  TPDRAFT_CHECK(archs && archs->is_array() && !archs->empty() && (*archs)[0].is_string(),
+                "{}: key 'architectures' must be a non-empty list of strings", source);
+  c.arch_name = (*archs)[0].get<std::string>();
+  if (c.arch_name == "DFlashDraftModel") {
+    c.arch = Arch::DFlash;
+  } else if (c.arch_name == "DFlash2DraftModel") {
+    c.arch = Arch::DFlash2;
+  } else {
+    TPDRAFT_FAIL("{}: key 'architectures' names '{}', expected 'DFlashDraftModel' or 'DFlash2DraftModel'",
+                 source, c.arch_name);
+  }
+
+  c.hidden = require_int(j, "hidden_size", source);
+  c.layers = require_int(j, "num_hidden_layers", source);
+  c.n_q = require_int(j, "num_attention_heads", source);
+  c.n_kv = find_top(j, "num_key_value_heads") ? require_int(j, "num_key_value_heads", source) : c.n_q;
+  TPDRAFT_CHECK(c.n_q > 0, "{}: key 'num_attention_heads' must be positive, got {}", source, c.n_q);
+  c.head_dim = find_top(j, "head_dim") ? require_int(j, "head_dim", source) : c.hidden / c.n_q;
+  c.ffn = require_int(j, "intermediate_size", source);
+  c.vocab = require_int(j, "vocab_size", source);
+  if (const json* v = find_top(j, "rms_norm_eps")) c.eps = as_double(v, source, "rms_norm_eps");
+
+  // RoPE: rope_theta, else rope_parameters.rope_theta; scaling types other than default refused.
+  if (const json* v = find_top(j, "rope_theta")) {
+    c.rope_theta = as_double(v, source, "rope_theta");
+  } else if (const json* rp = find_top(j, "rope_parameters"); rp && rp->is_object() && rp->contains("rope_theta")) {
+    c.rope_theta = as_double(&(*rp)["rope_theta"], source, "rope_parameters.rope_theta");
+  }
+  auto check_rope_type = [&](const json* obj, const char* where) {
+    if (!obj || !obj->is_object()) return;
+    for (const char* key : {"rope_type", "type"}) {
+      auto it = obj->find(key);
+      if (it != obj->end() && it->is_string() && it->get<std::string>() != "default") {
+        TPDRAFT_FAIL("{}: key '{}.{}' is '{}'; only 'default' RoPE is supported", source, where, key,
+                     it->get<std::string>());
+      }
+    }
+  };
+  check_rope_type(find_top(j, "rope_parameters"), "rope_parameters");
+  check_rope_type(find_top(j, "rope_scaling"), "rope_scaling");
+
+  if (const json* v = find_nested(j, "block_size")) c.block = as_int(v, source, "block_size");
+
+  if (const json* v = find_nested(j, "target_layer_ids")) {
+    TPDRAFT_CHECK(v->is_array(), "{}: key 'target_layer_ids' must be a list of integers", source);
+    for (const auto& e : *v) c.taps.push_back(as_int(&e, source, "target_layer_ids"));
+  }
+  if (const json* v = find_top(j, "num_target_layers")) c.num_target_layers = as_int(v, source, "num_target_layers");
+  if (c.taps.empty() && c.num_target_layers > 0) {
+    const int64_t t = c.layers;
+    const int64_t lt = c.num_target_layers;
+    if (t == 1) {
+      c.taps.push_back(lt / 2);
+    } else {
+      for (int64_t i = 0; i < t; ++i) {
+        const double x = 1.0 + static_cast<double>(i) * static_cast<double>(lt - 4) / static_cast<double>(t - 1);
+        c.taps.push_back(static_cast<int64_t>(std::nearbyint(x)));
+      }
+    }
+  }
+
+  const json* mask = find_nested(j, "mask_token_id");
+  TPDRAFT_CHECK(mask != nullptr, "{}: missing required key 'mask_token_id' (top level or dflash_config)", source);
+  c.mask_token = as_int(mask, source, "mask_token_id");
+
+  // Layer kinds.
+  c.sliding.assign(static_cast<size_t>(std::max<int64_t>(c.layers, 0)), false);
+  if (const json* lt = find_top(j, "layer_types")) {
+    TPDRAFT_CHECK(lt->is_array(), "{}: key 'layer_types' must be a list of strings", source);
+    TPDRAFT_CHECK(static_cast<int64_t>(lt->size()) == c.layers,
+                  "{}: key 'layer_types' has {} entries, expected num_hidden_layers = {}", source, lt->size(),
+                  c.layers);
+    for (size_t l = 0; l < lt->size(); ++l) {
+      const json& e = (*lt)[l];
+      TPDRAFT_CHECK(e.is_string(), "{}: key 'layer_types[{}]' must be a string", source, l);
+      const std::string kind = e.get<std::string>();
+      if (kind == "sliding_attention") {
+        c.sliding[l] = true;
+      } else if (kind != "full_attention") {
+        TPDRAFT_FAIL("{}: key 'layer_types[{}]' is '{}', expected 'full_attention' or 'sliding_attention'", source,
+                     l, kind);
+      }
+    }
+  }
+  if (const json* v = find_top(j, "sliding_window")) c.window = as_int(v, source, "sliding_window");
+  c.causal = c.sliding;
+  if (const json* v = find_top(j, "is_causal")) {
+    TPDRAFT_CHECK(v->is_boolean(), "{}: key 'is_causal' must be true or false", source);
+    c.causal.assign(c.sliding.size(), v->get<bool>());
+  }
+
+  if (const json* v = find_nested(j, "input_embedding_scale")) c.in_scale = as_double(v, source, "input_embedding_scale");
+  if (const json* v = find_nested(j, "output_multiplier")) c.out_scale = as_double(v, source, "output_multiplier");
+  if (const json* v = find_nested(j, "final_logit_softcapping")) c.softcap = as_double(v, source, "final_logit_softcapping");
+  if (const json* v = find_top(j, "attention_bias")) {
+    TPDRAFT_CHECK(v->is_boolean(), "{}: key 'attention_bias' must be true or false", source);
+    c.bias = v->get<bool>();
+  }
+
+  if (c.arch == Arch::DFlash2) {
+    c.conv_kernel = require_int(j, "conv_kernel_size", source, true);
+    c.conv_group = require_int(j, "conv_group_size", source, true);
+    c.selector_rank = require_int(j, "selector_rank", source, true);
+    c.selector_topk = require_int(j, "selector_top_k", source, true);
+  }
+
+  c.validate(source);
+  return c;
+}
+
+void DrafterConfig::validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* key) {
+    TPDRAFT_CHECK(v > 0, "{}: key '{}' must be positive, got {}", source, key, v);
+  };
+  positive(hidden, "hidden_size");
+  positive(layers, "num_hidden_layers");
+  positive(n_q, "num_attention_heads");
+  positive(n_kv, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(ffn, "intermediate_size");
+  positive(vocab, "vocab_size");
+  TPDRAFT_CHECK(block >= 2, "{}: key 'block_size' must be at least 2 (1 anchor + drafts), got {}", source, block);
+  TPDRAFT_CHECK(n_q % n_kv == 0, "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                source, n_q, n_kv);
+  TPDRAFT_CHECK(head_dim % 2 == 0, "{}: key 'head_dim' must be even for RoPE, got {}", source, head_dim);
+  TPDRAFT_CHECK(!taps.empty(),
+                "{}: no target layers: give 'target_layer_ids' (top level or dflash_config) or 'num_target_layers'",
+                source);
+  for (int64_t t : taps) TPDRAFT_CHECK(t >= 0, "{}: key 'target_layer_ids' holds a negative layer id {}", source, t);
+  TPDRAFT_CHECK(mask_token >= 0 && mask_token < vocab, "{}: key 'mask_token_id' = {} must lie in [0, vocab_size = {})",
+                source, mask_token, vocab);
+  TPDRAFT_CHECK(eps > 0, "{}: key 'rms_norm_eps' must be positive", source);
+  TPDRAFT_CHECK(rope_theta > 0, "{}: key 'rope_theta' must be positive", source);
+  TPDRAFT_CHECK(softcap >= 0, "{}: key 'final_logit_softcapping' must be >= 0, got {}", source, softcap);
+  TPDRAFT_CHECK(out_scale > 0, "{}: key 'output_multiplier' must be positive, got {}", source, out_scale);
+  TPDRAFT_CHECK(static_cast<int64_t>(sliding.size()) == layers && static_cast<int64_t>(causal.size()) == layers,
+                "{}: per-layer attention kinds must cover all {} layers", source, layers);
+  bool any_sliding = false;
+  for (bool s : sliding) any_sliding = any_sliding || s;
+  if (any_sliding) {
+    TPDRAFT_CHECK(window > 0, "{}: key 'sliding_window' must be positive when a layer is 'sliding_attention'", source);
+  }
+  if (arch == Arch::DFlash2) {
+    positive(conv_kernel, "conv_kernel_size");
+    positive(conv_group, "conv_group_size");
+    positive(selector_rank, "selector_rank");
+    positive(selector_topk, "selector_top_k");
+    TPDRAFT_CHECK(hidden % conv_group == 0, "{}: hidden_size ({}) must be a multiple of conv_group_size ({})", source,
+                  hidden, conv_group);
+    TPDRAFT_CHECK(selector_topk <= vocab, "{}: selector_top_k ({}) exceeds vocab_size ({})", source, selector_topk,
+                  vocab);
+  }
+}
+
+DrafterConfig DrafterConfig::from_file(const std::string& path) {
+  std::ifstream in(path);
+  TPDRAFT_CHECK(in.good(), "{}: cannot open drafter config", path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
+  }
+  return from_json(j, path);
+}
+
+json DrafterConfig::to_json() const {
+  json j;
+  j["architectures"] = json::array({arch_name.empty() ? (arch == Arch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel")
+                                                       : arch_name});
+  j["hidden_size"] = hidden;
+  j["num_hidden_layers"] = layers;
+  j["num_attention_heads"] = n_q;
+  j["num_key_value_heads"] = n_kv;
+  j["head_dim"] = head_dim;
+  j["intermediate_size"] = ffn;
+  j["vocab_size"] = vocab;
+  j["rms_norm_eps"] = eps;
+  j["rope_theta"] = rope_theta;
+  j["attention_bias"] = bias;
+  json lt = json::array();
+  for (bool s : sliding) lt.push_back(s ? "sliding_attention" : "full_attention");
+  j["layer_types"] = lt;
+  if (window > 0) j["sliding_window"] = window;
+  // Written explicitly only when it differs from the per-layer default (causal == sliding).
+  if (causal != sliding) {
+    bool all_same = true;
+    for (bool cz : causal) all_same = all_same && (cz == causal.front());
+    if (all_same) j["is_causal"] = causal.front();
+  }
+  json dc;
+  dc["block_size"] = block;
+  dc["target_layer_ids"] = taps;
+  dc["mask_token_id"] = mask_token;
+  if (in_scale != 1.0) dc["input_embedding_scale"] = in_scale;
+  if (out_scale != 1.0) dc["output_multiplier"] = out_scale;
+  if (softcap > 0) dc["final_logit_softcapping"] = softcap;
+  if (arch == Arch::DFlash2) {
+    dc["conv_kernel_size"] = conv_kernel;
+    dc["conv_group_size"] = conv_group;
+    dc["selector_rank"] = selector_rank;
+    dc["selector_top_k"] = selector_topk;
+  }
+  j["dflash_config"] = dc;
+  if (num_target_layers > 0) j["num_target_layers"] = num_target_layers;
+  return j;
+}
+
+TargetConfig TargetConfig::from_dir(const std::string& dir) {
+  TargetConfig t;
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in.good()) return t;
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
+  }
+  // Multimodal targets nest the language model's config.
+  const json& tc = (j.contains("text_config") && j["text_config"].is_object()) ? j["text_config"] : j;
+  for (const json* src : {static_cast<const json*>(&j), &tc}) {
+    if (const json* v = find_top(*src, "tie_word_embeddings")) {
+      TPDRAFT_CHECK(v->is_boolean(), "{}: key 'tie_word_embeddings' must be true or false", path);
+      t.tie_word_embeddings = v->get<bool>();
+    }
+  }
+  if (const json* v = find_top(tc, "vocab_size")) t.vocab = as_int(v, path, "vocab_size");
+  if (const json* v = find_top(tc, "hidden_size")) t.hidden = as_int(v, path, "hidden_size");
+  return t;
+}
+
+}  // namespace tpdraft::model

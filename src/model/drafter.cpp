@@ -1,0 +1,403 @@
+// The drafter's forward passes (spec §4, §5) and the host-side selection (§6) on one rank.
+// Every matmul is the rank's shard; the two all-reduces per layer restore the full sums.
+#include "model/drafter.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+
+namespace tpdraft::model {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+
+// Codebook rows for the selector walk, straight from the host mapping.
+struct CodebookRows {
+  const DrafterWeights& w;
+  void predecessor(int64_t token, float* out) const { w.predecessor_row(token, out); }
+  void successor(int64_t token, float* out) const { w.successor_row(token, out); }
+};
+
+}  // namespace
+
+Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& ops, parallel::Communicator& comm,
+                 DrafterLimits limits)
+    : weights_(std::move(weights)), cfg_(weights_->config()), ops_(ops), comm_(comm), limits_(limits) {
+  TPDRAFT_CHECK(limits_.max_sessions >= 1, "max sessions must be at least 1, got {}", limits_.max_sessions);
+  TPDRAFT_CHECK(limits_.max_context >= 1, "max context must be at least 1, got {}", limits_.max_context);
+  TPDRAFT_CHECK(limits_.settle_chunk >= 1, "settle chunk must be at least 1, got {}", limits_.settle_chunk);
+  const ShardPlan& plan = weights_->plan();
+  nq_local_ = plan.q_heads.size();
+  nkv_local_ = plan.kv_heads.size();
+  ffn_local_ = plan.ffn.size();
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block;
+  const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1);
+  h_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  x_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  xc_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  o_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  g_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  g_draft_ = kernels::Buffer(ops_, f32_bytes(Md * H));
+  q_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
+  attn_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
+  k_ = kernels::Buffer(ops_, f32_bytes(M * nkv_local_ * D));
+  v_ = kernels::Buffer(ops_, f32_bytes(M * nkv_local_ * D));
+  gate_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
+  up_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
+  if (cfg_.is_dflash2()) {
+    delta_ = kernels::Buffer(ops_, f32_bytes(M * 2 * cfg_.conv_kernel * cfg_.conv_groups()));
+    sel_ = kernels::Buffer(ops_, f32_bytes(Md * cfg_.selector_rank));
+  }
+  const int64_t kmax = std::max<int64_t>(1, cfg_.selector_topk);
+  topv_ = kernels::Buffer(ops_, f32_bytes(Md * kmax));
+  topi_ = kernels::Buffer(ops_, static_cast<size_t>(Md * kmax) * sizeof(int64_t));
+  const int64_t C = limits_.settle_chunk;
+  settle_u_ = kernels::Buffer(ops_, f32_bytes(C * cfg_.n_taps() * H));
+  settle_c_ = kernels::Buffer(ops_, f32_bytes(C * H));
+  settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
+  settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
+  positions_.resize(static_cast<size_t>(std::max(M, C)));
+}
+
+Drafter::~Drafter() = default;
+
+size_t Drafter::context_bytes_per_position() const {
+  return static_cast<size_t>(cfg_.layers) * 2 * static_cast<size_t>(nkv_local_ * cfg_.head_dim) * sizeof(float);
+}
+
+size_t Session::bytes() const {
+  size_t b = 0;
+  for (const auto& l : layers_) b += l.k.bytes() + l.v.bytes();
+  return b;
+}
+
+std::unique_ptr<Session> Drafter::new_session() {
+  auto s = std::unique_ptr<Session>(new Session());
+  s->max_context_ = limits_.max_context;
+  s->id_ = next_session_id_++;
+  const size_t row = f32_bytes(nkv_local_ * cfg_.head_dim);
+  s->layers_.resize(static_cast<size_t>(cfg_.layers));
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    auto& lc = s->layers_[static_cast<size_t>(l)];
+    // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
+    // positions so that a rollback after a draft never needs a row the ring has dropped.
+    lc.capacity = cfg_.sliding[static_cast<size_t>(l)] && !limits_.keep_all_positions ? std::min(limits_.max_context, cfg_.window + cfg_.block)
+                                                        : limits_.max_context;
+    lc.k = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
+    lc.v = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
+  }
+  return s;
+}
+
+void Drafter::check_rollback(const Session& s, int64_t length) const {
+  TPDRAFT_CHECK(length >= 0 && length <= s.end_, "cannot roll back a session of length {} to {}: expected 0..{}",
+                s.end_, length, s.end_);
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    const auto& lc = s.layers_[static_cast<size_t>(l)];
+    const int64_t needed = cfg_.sliding[static_cast<size_t>(l)] ? std::max<int64_t>(0, length - cfg_.window + 1) : 0;
+    TPDRAFT_CHECK(lc.begin <= needed,
+                  "cannot roll back to length {}: layer {} keeps positions from {} on (window {} + block {}), "
+                  "but a draft there needs position {}",
+                  length, l, lc.begin, cfg_.window, cfg_.block, needed);
+  }
+}
+
+void Drafter::read_context(const Session& s, int64_t layer, std::vector<float>* k, std::vector<float>* v) const {
+  TPDRAFT_CHECK(layer >= 0 && layer < cfg_.layers, "read_context: layer {} outside [0, {})", layer, cfg_.layers);
+  const auto& lc = s.layers_[static_cast<size_t>(layer)];
+  TPDRAFT_CHECK(lc.begin == 0, "read_context: layer {} no longer holds positions below {}", layer, lc.begin);
+  const int64_t row = nkv_local_ * cfg_.head_dim;
+  k->resize(static_cast<size_t>(s.end_ * row));
+  v->resize(static_cast<size_t>(s.end_ * row));
+  ops_.to_host(k->data(), lc.k.get(), k->size() * sizeof(float));
+  ops_.to_host(v->data(), lc.v.get(), v->size() * sizeof(float));
+}
+
+void Drafter::rollback(Session& session, int64_t length) {
+  check_rollback(session, length);
+  session.end_ = length;
+}
+
+void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
+  TPDRAFT_CHECK(s.layers_.size() == static_cast<size_t>(cfg_.layers), "settle: the session belongs to another drafter");
+  TPDRAFT_CHECK(n >= 0, "settle: row count must be >= 0, got {}", n);
+  TPDRAFT_CHECK(p0 >= 0 && p0 <= s.end_, "settle at position {}: expected 0..{} (the session's length; no gaps)", p0,
+                s.end_);
+  TPDRAFT_CHECK(p0 + n <= s.max_context_, "settle of {} rows at position {} exceeds the session's max context {}", n,
+                p0, s.max_context_);
+  TPDRAFT_CHECK(n == 0 || taps != nullptr, "settle: no tap rows given");
+  check_rollback(s, p0);
+
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim, TH = cfg_.n_taps() * H, kvw = nkv_local_ * D;
+  const float eps = static_cast<float>(cfg_.eps);
+  for (int64_t j0 = 0; j0 < n; j0 += limits_.settle_chunk) {
+    const int64_t rows = std::min(limits_.settle_chunk, n - j0);
+    const int64_t first = p0 + j0;
+    ops_.to_device(settle_u_.get(), taps + j0 * TH, f32_bytes(rows * TH));
+    ops_.matmul(weights_->fc, settle_u_.f32(), rows, settle_c_.f32());
+    ops_.rms_norm(settle_c_.f32(), weights_->hidden_norm, settle_c_.f32(), rows, H, eps);
+    for (int64_t j = 0; j < rows; ++j) positions_[static_cast<size_t>(j)] = first + j;
+    for (int64_t l = 0; l < cfg_.layers; ++l) {
+      const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
+      auto& lc = s.layers_[static_cast<size_t>(l)];
+      ops_.matmul(w.k, settle_c_.f32(), rows, settle_k_.f32(), w.k_bias);
+      ops_.head_norm_rope(settle_k_.f32(), w.k_norm, rows, nkv_local_, D, eps, positions_.data(), cfg_.rope_theta);
+      ops_.matmul(w.v, settle_c_.f32(), rows, settle_v_.f32(), w.v_bias);
+      // Only the last `capacity` rows of a chunk can survive in the ring; writing just those
+      // keeps every slot written once.
+      const int64_t skip = std::max<int64_t>(0, rows - lc.capacity);
+      ops_.store_rows(settle_k_.f32() + skip * kvw, rows - skip, kvw, lc.k.f32(), lc.capacity, first + skip);
+      ops_.store_rows(settle_v_.f32() + skip * kvw, rows - skip, kvw, lc.v.f32(), lc.capacity, first + skip);
+    }
+  }
+  ops_.sync();
+  s.end_ = p0 + n;
+  for (auto& lc : s.layers_) lc.begin = std::max(lc.begin, s.end_ - lc.capacity);
+}
+
+void Drafter::conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t rows,
+                   int64_t sessions) {
+  const int64_t K = cfg_.conv_kernel, G = cfg_.conv_groups();
+  kernels::ConvParams p;
+  p.in = in;
+  p.out = out;
+  p.base = base + side * K * cfg_.hidden;
+  p.delta = delta;
+  p.delta_stride = 2 * K * G;
+  p.delta_offset = side * K * G;
+  p.sessions = sessions;
+  p.block = cfg_.block;
+  p.hidden = cfg_.hidden;
+  p.kernel = K;
+  p.group_size = cfg_.conv_group;
+  (void)rows;
+  ops_.dyn_conv(p);
+}
+
+
+void Drafter::run_layers(int64_t S, const std::vector<DraftRequest>& requests) {
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block, M = S * B;
+  const float eps = static_cast<float>(cfg_.eps);
+  const bool v2 = cfg_.is_dflash2();
+  std::vector<int64_t> anchors(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    anchors[static_cast<size_t>(s)] = requests[static_cast<size_t>(s)].session->end_;
+    for (int64_t r = 0; r < B; ++r) positions_[static_cast<size_t>(s * B + r)] = anchors[static_cast<size_t>(s)] + r;
+  }
+  std::vector<kernels::ContextView> views(static_cast<size_t>(S));
+  float* h = h_.f32();
+  float* x = x_.f32();
+  float* xc = xc_.f32();
+  float* o = o_.f32();
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
+    // Attention sublayer.
+    ops_.rms_norm(h, w.input_norm, x, M, H, eps);
+    const float* xin = x;
+    if (v2) {
+      ops_.matmul(w.attn_conv_proj, x, M, delta_.f32());
+      conv(x, xc, w.attn_conv_base, delta_.f32(), 0, M, S);
+      xin = xc;
+    }
+    ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
+    ops_.matmul(w.k, xin, M, k_.f32(), w.k_bias);
+    ops_.matmul(w.v, xin, M, v_.f32(), w.v_bias);
+    ops_.head_norm_rope(q_.f32(), w.q_norm, M, nq_local_, D, eps, positions_.data(), cfg_.rope_theta);
+    ops_.head_norm_rope(k_.f32(), w.k_norm, M, nkv_local_, D, eps, positions_.data(), cfg_.rope_theta);
+    for (int64_t s = 0; s < S; ++s) {
+      const Session& sess = *requests[static_cast<size_t>(s)].session;
+      const auto& lc = sess.layers_[static_cast<size_t>(l)];
+      views[static_cast<size_t>(s)] = {lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
+    }
+    kernels::AttentionParams ap;
+    ap.q = q_.f32();
+    ap.k = k_.f32();
+    ap.v = v_.f32();
+    ap.out = attn_.f32();
+    ap.sessions = S;
+    ap.block = B;
+    ap.n_q = nq_local_;
+    ap.n_kv = nkv_local_;
+    ap.head_dim = D;
+    ap.anchor = anchors.data();
+    ap.context = views.data();
+    ap.causal = cfg_.causal[static_cast<size_t>(l)];
+    ap.window = cfg_.sliding[static_cast<size_t>(l)] ? cfg_.window : 0;
+    ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    ops_.attention(ap);
+    // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
+    ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
+    comm_.all_reduce_sum(o, static_cast<size_t>(M * H));
+    if (v2) {
+      conv(o, xc, w.attn_conv_base, delta_.f32(), 1, M, S);
+      ops_.add(h, xc, M * H);
+    } else {
+      ops_.add(h, o, M * H);
+    }
+    // MLP sublayer.
+    ops_.rms_norm(h, w.post_norm, x, M, H, eps);
+    xin = x;
+    if (v2) {
+      ops_.matmul(w.mlp_conv_proj, x, M, delta_.f32());
+      conv(x, xc, w.mlp_conv_base, delta_.f32(), 0, M, S);
+      xin = xc;
+    }
+    ops_.matmul(w.gate, xin, M, gate_.f32());
+    ops_.matmul(w.up, xin, M, up_.f32());
+    ops_.silu_mul(gate_.f32(), up_.f32(), gate_.f32(), M * ffn_local_);
+    ops_.matmul(w.down, gate_.f32(), M, o);
+    comm_.all_reduce_sum(o, static_cast<size_t>(M * H));
+    if (v2) {
+      conv(o, xc, w.mlp_conv_base, delta_.f32(), 1, M, S);
+      ops_.add(h, xc, M * H);
+    } else {
+      ops_.add(h, o, M * H);
+    }
+  }
+  ops_.rms_norm(h, weights_->final_norm, g_.f32(), M, H, eps);
+  // The draft rows (1..B-1 of each session) side by side for the head.
+  for (int64_t s = 0; s < S; ++s)
+    ops_.store_rows(g_.f32() + (s * B + 1) * H, B - 1, H, g_draft_.f32() + s * (B - 1) * H, B - 1, 0);
+}
+
+std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& requests, DraftDump* dump) {
+  const int64_t S = static_cast<int64_t>(requests.size());
+  TPDRAFT_CHECK(S >= 1 && S <= limits_.max_sessions, "draft: {} sessions requested, expected 1..{} (max sessions)", S,
+                limits_.max_sessions);
+  std::set<const Session*> seen;
+  for (const auto& r : requests) {
+    TPDRAFT_CHECK(r.session != nullptr, "draft: a request has no session");
+    TPDRAFT_CHECK(seen.insert(r.session).second, "draft: a session appears twice in one batch");
+    TPDRAFT_CHECK(r.session->layers_.size() == static_cast<size_t>(cfg_.layers),
+                  "draft: the session belongs to another drafter");
+    TPDRAFT_CHECK(r.anchor_token >= 0 && r.anchor_token < cfg_.vocab, "draft: anchor token {} outside [0, {})",
+                  r.anchor_token, cfg_.vocab);
+    const SamplingParams& sp = r.sampling;
+    TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
+                  sp.temperature);
+    TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
+    TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
+    TPDRAFT_CHECK(!cfg_.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),
+                  "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
+                  cfg_.selector_topk);
+  }
+  const auto t0 = Clock::now();
+  // Block inputs: m_in * E[anchor] for row 0, m_in * E[mask] for the others (host lookups).
+  const int64_t H = cfg_.hidden, B = cfg_.block;
+  std::vector<float> rows(static_cast<size_t>(S * B * H));
+  std::vector<float> mask_row(static_cast<size_t>(H));
+  weights_->embedding_row(cfg_.mask_token, mask_row.data());
+  const float m_in = static_cast<float>(cfg_.in_scale);
+  for (auto& v : mask_row) v *= m_in;
+  for (int64_t s = 0; s < S; ++s) {
+    float* base = rows.data() + s * B * H;
+    weights_->embedding_row(requests[static_cast<size_t>(s)].anchor_token, base);
+    for (int64_t i = 0; i < H; ++i) base[i] *= m_in;
+    for (int64_t r = 1; r < B; ++r) std::copy(mask_row.begin(), mask_row.end(), base + r * H);
+  }
+  ops_.to_device(h_.get(), rows.data(), rows.size() * sizeof(float));
+  run_layers(S, requests);
+  ops_.sync();
+  times_.layers = seconds_since(t0);
+  return select(requests, dump);
+}
+
+std::vector<DraftResult> Drafter::select(const std::vector<DraftRequest>& requests, DraftDump* dump) {
+  const int64_t S = static_cast<int64_t>(requests.size());
+  const int64_t H = cfg_.hidden, B = cfg_.block, V = cfg_.vocab, Md = S * (B - 1);
+  const auto t0 = Clock::now();
+  bool need_logits = dump != nullptr;
+  for (const auto& r : requests) need_logits = need_logits || (!cfg_.is_dflash2() && !r.sampling.greedy());
+
+  kernels::HeadParams hp;
+  hp.head = weights_->head;
+  hp.g = g_draft_.f32();
+  hp.m = Md;
+  hp.valid_rows = weights_->head.rows;
+  hp.scale = static_cast<float>(cfg_.out_scale);
+  hp.cap = static_cast<float>(cfg_.softcap);
+  const int64_t k = cfg_.is_dflash2() ? cfg_.selector_topk : 1;
+  const int64_t id_base = weights_->plan().vocab.begin;
+
+  // Candidates per draft row: from the full logits when those are needed anyway, else top-k.
+  std::vector<std::vector<Candidate>> cands(static_cast<size_t>(Md));
+  std::vector<float> logits;
+  if (need_logits) {
+    TPDRAFT_CHECK(comm_.size() == 1, "full logits across ranks need the logits gather (not available here)");
+    logits.resize(static_cast<size_t>(Md * V));
+    kernels::Buffer dev(ops_, logits.size() * sizeof(float));
+    ops_.head_logits(hp, dev.f32());
+    ops_.to_host(logits.data(), dev.get(), logits.size() * sizeof(float));
+    for (int64_t m = 0; m < Md; ++m) {
+      const float* row = logits.data() + m * V;
+      std::vector<Candidate> all(static_cast<size_t>(V));
+      for (int64_t v = 0; v < V; ++v) all[static_cast<size_t>(v)] = {row[v], v};
+      std::partial_sort(all.begin(), all.begin() + k, all.end(), candidate_before);
+      all.resize(static_cast<size_t>(k));
+      cands[static_cast<size_t>(m)] = std::move(all);
+    }
+  } else {
+    ops_.head_topk(hp, static_cast<int>(k), id_base, topv_.f32(), static_cast<int64_t*>(topi_.get()));
+    std::vector<float> vals(static_cast<size_t>(Md * k));
+    std::vector<int64_t> ids(static_cast<size_t>(Md * k));
+    ops_.to_host(vals.data(), topv_.get(), vals.size() * sizeof(float));
+    ops_.to_host(ids.data(), topi_.get(), ids.size() * sizeof(int64_t));
+    for (int64_t m = 0; m < Md; ++m)
+      for (int64_t j = 0; j < k; ++j)
+        cands[static_cast<size_t>(m)].push_back({vals[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
+  }
+  std::vector<float> proj;
+  if (cfg_.is_dflash2()) {
+    proj.resize(static_cast<size_t>(Md * cfg_.selector_rank));
+    ops_.matmul(weights_->selector_proj, g_draft_.f32(), Md, sel_.f32());
+    ops_.to_host(proj.data(), sel_.get(), proj.size() * sizeof(float));
+  }
+  ops_.sync();
+  times_.head = seconds_since(t0);
+  const auto t1 = Clock::now();
+
+  std::vector<DraftResult> results(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    const DraftRequest& req = requests[static_cast<size_t>(s)];
+    DraftResult& res = results[static_cast<size_t>(s)];
+    if (cfg_.is_dflash2()) {
+      const int64_t R = cfg_.selector_rank;
+      std::vector<std::vector<Candidate>> c(cands.begin() + s * (B - 1), cands.begin() + (s + 1) * (B - 1));
+      std::vector<std::vector<float>> p(static_cast<size_t>(B - 1));
+      for (int64_t r = 0; r < B - 1; ++r)
+        p[static_cast<size_t>(r)].assign(proj.begin() + (s * (B - 1) + r) * R, proj.begin() + (s * (B - 1) + r + 1) * R);
+      for (const Pick& pick : selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling)) {
+        res.tokens.push_back(pick.token);
+        res.probs.push_back(pick.prob);
+      }
+    } else {
+      for (int64_t r = 1; r < B; ++r) {
+        const int64_t m = s * (B - 1) + (r - 1);
+        Pick pick;
+        if (req.sampling.greedy()) {
+          pick = {cands[static_cast<size_t>(m)].front().id, 1.0f};
+        } else {
+          pick = sample_from_logits(logits.data() + m * V, V, r, req.sampling);
+        }
+        res.tokens.push_back(pick.token);
+        res.probs.push_back(pick.prob);
+      }
+    }
+  }
+  times_.select = seconds_since(t1);
+  if (dump != nullptr) {
+    dump->hidden.resize(static_cast<size_t>(S * B * H));
+    ops_.to_host(dump->hidden.data(), g_.get(), dump->hidden.size() * sizeof(float));
+    dump->logits = std::move(logits);
+  }
+  return results;
+}
+
+}  // namespace tpdraft::model

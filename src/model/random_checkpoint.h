@@ -1,0 +1,39 @@
+// Random-weight checkpoints in the real on-disk format (HF config.json + safetensors for the
+// drafter; embedding + head for the target; a taps file), deterministic by seed, so that users
+// and tests can run tpdraft without downloading anything. Scales keep activations O(1).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace tpdraft::model {
+
+struct RandomCheckpointOptions {
+  uint64_t seed = 0;
+  DType dtype = DType::BF16;  // BF16, F16 or F32
+  int64_t target_vocab = 0;   // Vt >= V rows of the target tables; 0: V
+  bool tie_embeddings = false;
+  int threads = 0;
+};
+
+// Tensors of a drafter checkpoint (names as spec §3, no prefix) / a target (HF names with the
+// "model." prefix), generated in parallel; `progress(done, total)` is called as tensors finish.
+std::vector<OwnedTensor> random_drafter_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
+                                                const std::function<void(size_t, size_t)>& progress = {});
+std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
+                                               const std::function<void(size_t, size_t)>& progress = {});
+// Random tap rows [n, T*H] (f32), deterministic by seed.
+std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed);
+
+// Writes DIR/drafter/{config.json, model.safetensors}, DIR/target/{config.json, model.safetensors}
+// and, when taps_rows > 0, DIR/taps.safetensors (tensor "taps" [n, T*H] f32).
+void write_random_checkpoint(const DrafterConfig& cfg, const std::string& dir, const RandomCheckpointOptions& opt,
+                             int64_t taps_rows);
+
+}  // namespace tpdraft::model

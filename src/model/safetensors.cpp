@@ -1,0 +1,543 @@
+// Safetensors reading and writing: a mapped file whose header is validated in full before any
+// tensor byte is touched, the store that resolves a model directory (index + shards, one file) and
+// the `model.` prefix, row / column slicing with dtype conversion, and an atomic writer.
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tpdraft::model {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// The reference implementation refuses headers above this size; so do we (a corrupt length field
+// would otherwise make us parse gigabytes).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kModelPrefix = "model.";
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string canonical_name(const std::string& name) {
+  return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
+}
+
+// numel x element size, refusing shapes whose byte count does not fit in 64 bits.
+bool checked_nbytes(const std::vector<int64_t>& shape, size_t elem, uint64_t* out) {
+  uint64_t n = elem;
+  for (int64_t d : shape) {
+    const auto ud = static_cast<uint64_t>(d);
+    if (ud != 0 && n > std::numeric_limits<uint64_t>::max() / ud) return false;
+    n *= ud;
+  }
+  *out = n;
+  return true;
+}
+
+bool convertible(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64;
+}
+
+// Converts n elements from the (possibly unaligned) src to dst. Goes through small aligned
+// buffers, since safetensors does not promise that a tensor's bytes are aligned to its dtype.
+void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std::byte* dst, size_t n) {
+  const size_t ss = dtype_size(t.dtype);
+  if (t.dtype == dst_type) {
+    std::memcpy(dst, src, n * ss);
+    return;
+  }
+  TPDRAFT_CHECK(convertible(t.dtype) && convertible(dst_type),
+                "{}: tensor '{}' has dtype {}, cannot convert it to {} (float dtypes only)", t.file, t.name,
+                dtype_name(t.dtype), dtype_name(dst_type));
+  const size_t ds = dtype_size(dst_type);
+  constexpr size_t kChunk = 1024;
+  alignas(8) std::byte in[kChunk * 8];
+  alignas(8) std::byte out[kChunk * 8];
+  float f32[kChunk];
+  for (size_t off = 0; off < n; off += kChunk) {
+    const size_t m = std::min(kChunk, n - off);
+    std::memcpy(in, src + off * ss, m * ss);
+    convert_to_f32(t.dtype, in, f32, m);
+    if (dst_type == DType::F64) {
+      for (size_t i = 0; i < m; ++i) {
+        const double d = f32[i];
+        std::memcpy(out + i * 8, &d, 8);
+      }
+    } else {
+      convert_from_f32(dst_type, f32, out, m);
+    }
+    std::memcpy(dst + off * ds, out, m * ds);
+  }
+}
+
+const ojson& require_key(const ojson& entry, const char* key, const std::string& path, const std::string& name) {
+  auto it = entry.find(key);
+  TPDRAFT_CHECK(it != entry.end(), "{}: tensor '{}' has no '{}' in the header", path, name, key);
+  return *it;
+}
+
+}  // namespace
+
+// ---- TensorInfo ------------------------------------------------------------------------------
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t TensorInfo::rows() const { return shape.size() >= 2 ? shape[0] : 1; }
+
+int64_t TensorInfo::cols() const {
+  if (shape.empty()) return 1;
+  if (shape.size() == 1) return shape[0];
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::string TensorInfo::shape_str() const { return shape_to_string(shape); }
+
+// ---- SafetensorsFile -------------------------------------------------------------------------
+
+namespace {
+
+struct Range {
+  uint64_t begin, end;
+  const std::string* name;
+};
+
+// Parses one tensor entry of the header into `info` (data pointer left for the caller).
+Range parse_entry(const std::string& path, const std::string& name, const ojson& entry, uint64_t data_size,
+                  TensorInfo* info) {
+  TPDRAFT_CHECK(entry.is_object(), "{}: header entry '{}' is not an object", path, name);
+  const ojson& dt = require_key(entry, "dtype", path, name);
+  const ojson& shape = require_key(entry, "shape", path, name);
+  const ojson& offs = require_key(entry, "data_offsets", path, name);
+
+  TPDRAFT_CHECK(dt.is_string(), "{}: tensor '{}' has a non-string dtype {}", path, name, dt.dump());
+  TPDRAFT_CHECK(parse_dtype(dt.get<std::string>(), &info->dtype), "{}: tensor '{}' has unknown dtype '{}'", path,
+                name, dt.get<std::string>());
+
+  TPDRAFT_CHECK(shape.is_array(), "{}: tensor '{}' has a shape that is not a list: {}", path, name, shape.dump());
+  for (const auto& d : shape) {
+    TPDRAFT_CHECK(d.is_number_integer(), "{}: tensor '{}' has a non-integer dimension in shape {}", path, name,
+                  shape.dump());
+    TPDRAFT_CHECK(d.get<int64_t>() >= 0, "{}: tensor '{}' has a negative dimension in shape {}", path, name,
+                  shape.dump());
+    info->shape.push_back(d.get<int64_t>());
+  }
+
+  TPDRAFT_CHECK(offs.is_array() && offs.size() == 2 && offs[0].is_number_integer() && offs[1].is_number_integer() &&
+                    offs[0].get<int64_t>() >= 0 && offs[1].get<int64_t>() >= 0,
+                "{}: tensor '{}' has data_offsets {}, expected [begin, end] with non-negative integers", path, name,
+                offs.dump());
+  const auto begin = offs[0].get<uint64_t>();
+  const auto end = offs[1].get<uint64_t>();
+  TPDRAFT_CHECK(begin <= end, "{}: tensor '{}' has data_offsets [{}, {}] with begin > end", path, name, begin, end);
+  TPDRAFT_CHECK(end <= data_size,
+                "{}: tensor '{}' has data_offsets [{}, {}] past the end of the data area ({} bytes)", path, name,
+                begin, end, data_size);
+
+  uint64_t expected = 0;
+  TPDRAFT_CHECK(checked_nbytes(info->shape, dtype_size(info->dtype), &expected),
+                "{}: tensor '{}' has shape {} whose byte size overflows", path, name, shape_to_string(info->shape));
+  TPDRAFT_CHECK(expected == end - begin,
+                "{}: tensor '{}' with shape {} and dtype {} needs {} bytes, but its data_offsets span {} bytes", path,
+                name, shape_to_string(info->shape), dtype_name(info->dtype), expected, end - begin);
+  info->name = name;
+  info->nbytes = static_cast<size_t>(expected);
+  info->file = path;
+  return Range{begin, end, nullptr};
+}
+
+void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Range* last = nullptr;  // the non-empty range reaching furthest so far
+  for (const Range& r : ranges) {
+    if (r.begin == r.end) continue;  // empty tensors occupy no bytes
+    if (last && r.begin < last->end) {
+      TPDRAFT_FAIL("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] have overlapping byte ranges", path, *last->name,
+                   last->begin, last->end, *r.name, r.begin, r.end);
+    }
+    if (!last || r.end > last->end) last = &r;
+  }
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TPDRAFT_CHECK(fd >= 0, "{}: cannot open safetensors file ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    TPDRAFT_FAIL("{}: not a regular file", path);
+  }
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    TPDRAFT_FAIL("{}: file is {} bytes, shorter than the 8-byte header length of a safetensors file", path,
+                 file_size);
+  }
+  void* m = ::mmap(nullptr, static_cast<size_t>(file_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  TPDRAFT_CHECK(m != MAP_FAILED, "{}: mmap of {} bytes failed ({})", path, file_size, std::strerror(map_errno));
+  map_ = m;
+  map_size_ = static_cast<size_t>(file_size);
+
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+    TPDRAFT_CHECK(header_len > 0, "{}: header length is 0", path);
+    TPDRAFT_CHECK(header_len <= kMaxHeaderBytes, "{}: header length {} is larger than the {} byte limit", path,
+                  header_len, kMaxHeaderBytes);
+    TPDRAFT_CHECK(header_len <= file_size - 8, "{}: header length {} runs past the end of the file ({} bytes)", path,
+                  header_len, file_size);
+    const uint64_t data_size = file_size - 8 - header_len;
+
+    ojson header;
+    try {
+      header = ojson::parse(bytes + 8, bytes + 8 + header_len);
+    } catch (const nlohmann::json::exception& e) {
+      TPDRAFT_FAIL("{}: header is not valid JSON ({})", path, e.what());
+    }
+    TPDRAFT_CHECK(header.is_object(), "{}: header is not a JSON object", path);
+
+    std::vector<Range> ranges;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        TPDRAFT_CHECK(entry.is_object(), "{}: '__metadata__' is not an object", path);
+        for (const auto& [k, v] : entry.items()) {
+          TPDRAFT_CHECK(v.is_string(), "{}: '__metadata__' value for '{}' is not a string", path, k);
+          metadata_[k] = v.get<std::string>();
+        }
+        continue;
+      }
+      TensorInfo info;
+      Range r = parse_entry(path, name, entry, data_size, &info);
+      auto [it, inserted] = tensors_.emplace(name, std::move(info));
+      TPDRAFT_CHECK(inserted, "{}: tensor '{}' is listed twice in the header", path, name);
+      r.name = &it->first;
+      ranges.push_back(r);
+      names_.push_back(name);
+    }
+    check_no_overlap(path, ranges);
+
+    // Only now, with every range known to be inside the file, do we form data pointers.
+    const std::byte* data = static_cast<const std::byte*>(map_) + 8 + header_len;
+    for (const Range& r : ranges) tensors_[*r.name].data = data + r.begin;
+  } catch (...) {
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+// ---- TensorStore -----------------------------------------------------------------------------
+
+namespace {
+
+struct IndexEntry {
+  std::string tensor, shard;
+};
+
+// Reads weight_map of an index file, in file order.
+std::vector<IndexEntry> read_index(const std::string& index_path) {
+  std::ifstream in(index_path, std::ios::binary);
+  TPDRAFT_CHECK(in.good(), "{}: cannot open index file", index_path);
+  ojson j;
+  try {
+    j = ojson::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    TPDRAFT_FAIL("{}: index is not valid JSON ({})", index_path, e.what());
+  }
+  TPDRAFT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                "{}: index has no 'weight_map' object", index_path);
+  std::vector<IndexEntry> out;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    TPDRAFT_CHECK(shard.is_string(), "{}: weight_map entry for tensor '{}' is not a file name", index_path, tensor);
+    out.push_back({tensor, shard.get<std::string>()});
+  }
+  TPDRAFT_CHECK(!out.empty(), "{}: index has an empty 'weight_map'", index_path);
+  return out;
+}
+
+// The *.safetensors files directly inside dir, sorted.
+std::vector<std::string> safetensors_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Opens the shards an index names (each once), checking every mapped tensor is really there.
+std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::string& index_path) {
+  const std::vector<IndexEntry> entries = read_index(index_path);
+  const fs::path dir = fs::path(index_path).parent_path();
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsFile*> shards;  // shard name as written -> opened file
+  for (const auto& e : entries) {
+    if (shards.count(e.shard)) continue;
+    const std::string shard_path = (dir / e.shard).string();
+    std::error_code ec;
+    TPDRAFT_CHECK(fs::is_regular_file(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",
+                  index_path, e.shard, e.tensor, shard_path);
+    files.push_back(std::make_unique<SafetensorsFile>(shard_path));
+    shards[e.shard] = files.back().get();
+  }
+  for (const auto& e : entries) {
+    TPDRAFT_CHECK(shards.at(e.shard)->find(e.tensor) != nullptr,
+                  "{}: maps tensor '{}' to shard '{}', but that shard has no such tensor", index_path, e.tensor,
+                  e.shard);
+  }
+  return files;
+}
+
+// What a path names: an index file, or the safetensors files to open.
+struct Resolved {
+  std::string index_path;
+  std::vector<std::string> files;
+};
+
+Resolved resolve(const std::string& path) {
+  std::error_code ec;
+  TPDRAFT_CHECK(fs::exists(path, ec), "{}: no such file or directory (expected a model directory, a .safetensors "
+                                      "file or a .safetensors.index.json file)", path);
+  Resolved r;
+  if (!fs::is_directory(path, ec)) {
+    if (ends_with(path, ".index.json")) {
+      r.index_path = path;
+    } else if (ends_with(path, ".safetensors")) {
+      r.files.push_back(path);
+    } else {
+      TPDRAFT_FAIL("{}: expected a model directory, a .safetensors file or a .safetensors.index.json file", path);
+    }
+    return r;
+  }
+  const fs::path dir(path);
+  if (fs::exists(dir / "model.safetensors.index.json", ec)) {
+    r.index_path = (dir / "model.safetensors.index.json").string();
+  } else if (fs::exists(dir / "model.safetensors", ec)) {
+    r.files.push_back((dir / "model.safetensors").string());
+  } else {
+    r.files = safetensors_in(dir);
+    TPDRAFT_CHECK(!r.files.empty(), "{}: no model.safetensors.index.json, model.safetensors or *.safetensors file",
+                  path);
+    if (r.files.size() > 1) {
+      std::string list;
+      for (const auto& f : r.files) list += (list.empty() ? "" : ", ") + fs::path(f).filename().string();
+      TPDRAFT_FAIL("{}: several .safetensors files ({}) and no model.safetensors.index.json to say which to use",
+                   path, list);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
+  auto store = std::make_shared<TensorStore>();
+  store->source_ = path;
+  Resolved r = resolve(path);
+  if (!r.index_path.empty()) {
+    store->files_ = open_index_shards(r.index_path);
+  } else {
+    for (const auto& f : r.files) store->files_.push_back(std::make_unique<SafetensorsFile>(f));
+  }
+  for (const auto& file : store->files_) {
+    for (const auto& name : file->names()) {
+      const TensorInfo* info = file->find(name);
+      const std::string canon = canonical_name(name);
+      auto [it, inserted] = store->by_name_.emplace(canon, info);
+      TPDRAFT_CHECK(inserted, "{}: tensor '{}' appears twice: as '{}' in {} and as '{}' in {}", path, canon,
+                    it->second->name, it->second->file, name, file->path());
+      store->prefix_of_[canon] = name;
+    }
+  }
+  return store;
+}
+
+const TensorInfo* TensorStore::find(const std::string& name) const {
+  // The spelling stored in the file wins, then a canonical match, then the name without `model.`.
+  const std::string canon = canonical_name(name);
+  auto it = by_name_.find(canon);
+  if (it != by_name_.end() && prefix_of_.at(canon) == name) return it->second;
+  if (auto exact = by_name_.find(name); exact != by_name_.end()) return exact->second;
+  return it != by_name_.end() ? it->second : nullptr;
+}
+
+const TensorInfo& TensorStore::require(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorInfo* t = find(name);
+  TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", source_, name,
+                shape_to_string(shape));
+  TPDRAFT_CHECK(t->shape == shape, "{}: tensor '{}' has shape {}, expected {}", t->file, name, t->shape_str(),
+                shape_to_string(shape));
+  TPDRAFT_CHECK(is_float_weight(t->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", t->file, name,
+                dtype_name(t->dtype));
+  return *t;
+}
+
+std::vector<std::string> TensorStore::names() const {
+  std::vector<std::string> out;
+  out.reserve(by_name_.size());
+  for (const auto& kv : by_name_) out.push_back(kv.first);
+  return out;
+}
+
+// ---- slicing ---------------------------------------------------------------------------------
+
+void copy_rows(const TensorInfo& t, int64_t row0, int64_t nrows, DType dst_type, void* dst) {
+  TPDRAFT_CHECK(!t.shape.empty(), "{}: tensor '{}' is a scalar; it has no rows to copy", t.file, t.name);
+  // A 1-D tensor's rows are its elements; an N-D tensor's rows are its slices along dim 0.
+  const int64_t total = t.shape[0];
+  const int64_t width = t.shape.size() == 1 ? 1 : t.cols();
+  TPDRAFT_CHECK(row0 >= 0 && nrows >= 0 && row0 <= total && nrows <= total - row0,
+                "{}: tensor '{}' with shape {}: rows [{}, {}) are out of range [0, {})", t.file, t.name,
+                t.shape_str(), row0, row0 + nrows, total);
+  const size_t ss = dtype_size(t.dtype);
+  const auto first = static_cast<size_t>(row0 * width);
+  convert_span(t, t.data + first * ss, dst_type, static_cast<std::byte*>(dst), static_cast<size_t>(nrows * width));
+}
+
+void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type, void* dst) {
+  TPDRAFT_CHECK(t.shape.size() == 1 || t.shape.size() == 2,
+                "{}: tensor '{}' has shape {}; column slices need a 1-D or 2-D tensor", t.file, t.name, t.shape_str());
+  const int64_t rows = t.rows();
+  const int64_t cols = t.cols();
+  TPDRAFT_CHECK(col0 >= 0 && ncols >= 0 && col0 <= cols && ncols <= cols - col0,
+                "{}: tensor '{}' with shape {}: columns [{}, {}) are out of range [0, {})", t.file, t.name,
+                t.shape_str(), col0, col0 + ncols, cols);
+  const size_t ss = dtype_size(t.dtype);
+  const size_t ds = dtype_size(dst_type);
+  auto* out = static_cast<std::byte*>(dst);
+  // One strided read per row: only ncols * ss bytes of each row are touched.
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::byte* src = t.data + static_cast<size_t>(r * cols + col0) * ss;
+    convert_span(t, src, dst_type, out + static_cast<size_t>(r * ncols) * ds, static_cast<size_t>(ncols));
+  }
+}
+
+std::vector<float> to_f32(const TensorInfo& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, DType::F32, reinterpret_cast<std::byte*>(out.data()), out.size());
+  return out;
+}
+
+std::vector<double> to_f64(const TensorInfo& t) {
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, DType::F64, reinterpret_cast<std::byte*>(out.data()), out.size());
+  return out;
+}
+
+// ---- SafetensorsWriter -----------------------------------------------------------------------
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const void* data, size_t nbytes) {
+  TPDRAFT_CHECK(!name.empty() && name != "__metadata__", "safetensors writer: invalid tensor name '{}'", name);
+  for (const auto& e : entries_) TPDRAFT_CHECK(e.name != name, "safetensors writer: tensor '{}' added twice", name);
+  for (int64_t d : shape) {
+    TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
+                  shape_to_string(shape));
+  }
+  uint64_t expected = 0;
+  TPDRAFT_CHECK(checked_nbytes(shape, dtype_size(dtype), &expected) && expected == nbytes,
+                "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
+                shape_to_string(shape), dtype_name(dtype), expected, nbytes);
+  Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
+  if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
+  entries_.push_back(std::move(e));
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                const float* data) {
+  TPDRAFT_CHECK(is_float_weight(dtype), "safetensors writer: tensor '{}': cannot store f32 values as {}", name,
+                dtype_name(dtype));
+  uint64_t n = 0;
+  TPDRAFT_CHECK(checked_nbytes(shape, 1, &n), "safetensors writer: tensor '{}' shape {} overflows", name,
+                shape_to_string(shape));
+  std::vector<std::byte> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  convert_from_f32(dtype, data, bytes.data(), static_cast<size_t>(n));
+  add(name, dtype, shape, bytes.data(), bytes.size());
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  ojson header = ojson::object();
+  if (!metadata_.empty()) {
+    ojson meta = ojson::object();
+    for (const auto& [k, v] : metadata_) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  uint64_t offset = 0;
+  for (const auto& e : entries_) {
+    header[e.name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data area starts at a multiple of 8
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  TPDRAFT_CHECK(f != nullptr, "{}: cannot create file for writing ({})", tmp, std::strerror(errno));
+  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  for (const auto& e : entries_) {
+    if (!ok) break;
+    ok = e.bytes.empty() || std::fwrite(e.bytes.data(), 1, e.bytes.size(), f) == e.bytes.size();
+  }
+  const int write_errno = errno;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    TPDRAFT_FAIL("{}: writing failed ({})", tmp, std::strerror(write_errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rename_errno = errno;
+    std::remove(tmp.c_str());
+    TPDRAFT_FAIL("{}: cannot rename {} into place ({})", path, tmp, std::strerror(rename_errno));
+  }
+}
+
+}  // namespace tpdraft::model

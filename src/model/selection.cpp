@@ -1,0 +1,87 @@
+// Seeded sampling for DFlash drafts (docs/sampling.md): kept set by top-k / top-p, the exact
+// q_r of the pick, and the Gumbel-max draw with counter-based noise.
+#include "model/selection.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace tpdraft::model {
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id) {
+  const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ row) ^ id);
+  return (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // 2^53
+}
+
+double gumbel_noise(uint64_t seed, uint64_t row, uint64_t id) { return -std::log(-std::log(sampling_uniform(seed, row, id))); }
+
+Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s) {
+  TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
+  TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
+  TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
+  const double inv_t = 1.0 / s.temperature;
+  // The kept set, as ids in candidate order when filtered; all ids otherwise.
+  std::vector<int64_t> kept;
+  const bool filtered = s.top_k > 0 || s.top_p < 1.0;
+  if (filtered) {
+    kept.resize(static_cast<size_t>(vocab));
+    std::iota(kept.begin(), kept.end(), int64_t{0});
+    auto before = [&](int64_t a, int64_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    const int64_t k = s.top_k > 0 ? std::min(s.top_k, vocab) : vocab;
+    if (k < vocab) {
+      std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
+      kept.resize(static_cast<size_t>(k));
+    } else {
+      std::sort(kept.begin(), kept.end(), before);
+    }
+    if (s.top_p < 1.0) {
+      const double mx = logits[kept.front()] * inv_t;
+      double z = 0;
+      for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
+      double mass = 0;
+      size_t n = 0;
+      while (n < kept.size()) {
+        mass += std::exp(logits[kept[n]] * inv_t - mx) / z;
+        ++n;
+        if (mass >= s.top_p) break;
+      }
+      kept.resize(n);
+    }
+  }
+  auto for_each_kept = [&](auto&& fn) {
+    if (filtered) {
+      for (int64_t id : kept) fn(id);
+    } else {
+      for (int64_t id = 0; id < vocab; ++id) fn(id);
+    }
+  };
+  double mx = -INFINITY, best_key = -INFINITY;
+  int64_t best = -1;
+  for_each_kept([&](int64_t id) {
+    const double z = logits[id] * inv_t;
+    mx = std::max(mx, z);
+    const double key = z + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id));
+    if (key > best_key || (key == best_key && id < best)) {
+      best_key = key;
+      best = id;
+    }
+  });
+  double z = 0;
+  for_each_kept([&](int64_t id) { z += std::exp(logits[id] * inv_t - mx); });
+  return {best, static_cast<float>(std::exp(logits[best] * inv_t - mx) / z)};
+}
+
+}  // namespace tpdraft::model

@@ -1,0 +1,51 @@
+// Choosing draft tokens on the host from the head's results (spec §6, docs/sampling.md):
+// candidate merging, greedy / sampled DFlash picks, and the DFlash 2 selector walk. Every rank
+// runs this on identical inputs, so every rank proposes the same tokens.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tpdraft::model {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: off
+  double top_p = 1.0;        // 1: off
+  uint64_t seed = 0;
+  bool greedy() const { return temperature <= 0.0; }
+};
+
+struct Candidate {
+  float value;
+  int64_t id;
+};
+
+// Ordering of candidates everywhere: value descending, then id ascending.
+inline bool candidate_before(const Candidate& a, const Candidate& b) {
+  return a.value > b.value || (a.value == b.value && a.id < b.id);
+}
+
+// The counter-based uniform in (0, 1) and Gumbel noise keyed by (seed, row, id).
+double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id);
+double gumbel_noise(uint64_t seed, uint64_t row, uint64_t id);
+
+struct Pick {
+  int64_t token = 0;
+  float prob = 1.0f;
+};
+
+// DFlash sampling over one row's full logits [V] (ids 0..V-1), docs/sampling.md.
+Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s);
+
+// The DFlash 2 selector walk over rows r = 1..B-1 of one block.
+// cands[r-1]: the k_top candidates of row r in candidate order; proj[r-1]: s_r [R];
+// pred(token, out[R]) / succ(token, out[R]) fetch codebook rows.
+template <typename Rows>
+std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Candidate>>& cands,
+                                const std::vector<std::vector<float>>& proj, const Rows& rows, int64_t rank,
+                                const SamplingParams& s);
+
+}  // namespace tpdraft::model
+
+#include "model/selection_impl.h"

@@ -1,0 +1,58 @@
+// The selector walk, a template over the codebook row source so that both host tables and test
+// fixtures can feed it. Included by selection.h.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+namespace tpdraft::model {
+
+template <typename Rows>
+std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Candidate>>& cands,
+                                const std::vector<std::vector<float>>& proj, const Rows& rows, int64_t rank,
+                                const SamplingParams& s) {
+  std::vector<Pick> picks;
+  picks.reserve(cands.size());
+  std::vector<float> prev_row(static_cast<size_t>(rank)), succ_row(static_cast<size_t>(rank));
+  std::vector<double> weighted(static_cast<size_t>(rank)), score;
+  int64_t prev = anchor;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const int64_t row = static_cast<int64_t>(i) + 1;
+    rows.predecessor(prev, prev_row.data());
+    for (int64_t k = 0; k < rank; ++k)
+      weighted[static_cast<size_t>(k)] = static_cast<double>(prev_row[static_cast<size_t>(k)]) * proj[i][static_cast<size_t>(k)];
+    const auto& c = cands[i];
+    score.assign(c.size(), 0.0);
+    for (size_t j = 0; j < c.size(); ++j) {
+      rows.successor(c[j].id, succ_row.data());
+      double pair = 0;
+      for (int64_t k = 0; k < rank; ++k) pair += weighted[static_cast<size_t>(k)] * succ_row[static_cast<size_t>(k)];
+      score[j] = static_cast<double>(c[j].value) + pair;
+    }
+    size_t best = 0;
+    Pick pick;
+    if (s.greedy()) {
+      for (size_t j = 1; j < c.size(); ++j)
+        if (score[j] > score[best]) best = j;
+      pick = {c[best].id, 1.0f};
+    } else {
+      double best_key = -INFINITY, mx = -INFINITY;
+      for (size_t j = 0; j < c.size(); ++j) {
+        const double key = score[j] / s.temperature + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(c[j].id));
+        if (key > best_key) {
+          best_key = key;
+          best = j;
+        }
+        mx = std::max(mx, score[j] / s.temperature);
+      }
+      double z = 0;
+      for (size_t j = 0; j < c.size(); ++j) z += std::exp(score[j] / s.temperature - mx);
+      pick = {c[best].id, static_cast<float>(std::exp(score[best] / s.temperature - mx) / z)};
+    }
+    picks.push_back(pick);
+    prev = pick.token;
+  }
+  return picks;
+}
+
+}  // namespace tpdraft::model

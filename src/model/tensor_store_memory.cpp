@@ -1,0 +1,31 @@
+// TensorStore over in-memory tensors: the same lookups and checks as for files, so the drafter
+// loads random benchmark weights through exactly the path real checkpoints take.
+#include "core/error.h"
+#include "model/safetensors.h"
+
+namespace tpdraft::model {
+
+std::shared_ptr<TensorStore> TensorStore::from_memory(const std::string& label, std::vector<OwnedTensor> tensors) {
+  auto store = std::make_shared<TensorStore>();
+  store->source_ = label;
+  store->owned_ = std::move(tensors);
+  for (const OwnedTensor& t : store->owned_) {
+    auto info = std::make_unique<TensorInfo>();
+    info->name = t.name;
+    info->dtype = t.dtype;
+    info->shape = t.shape;
+    info->data = t.bytes.data();
+    info->nbytes = t.bytes.size();
+    info->file = label;
+    TPDRAFT_CHECK(static_cast<size_t>(info->numel()) * dtype_size(t.dtype) == t.bytes.size(),
+                  "{}: tensor '{}' holds {} bytes, expected {} for shape {}", label, t.name, t.bytes.size(),
+                  static_cast<size_t>(info->numel()) * dtype_size(t.dtype), info->shape_str());
+    const std::string canon = t.name.rfind("model.", 0) == 0 ? t.name.substr(6) : t.name;
+    TPDRAFT_CHECK(store->by_name_.emplace(canon, info.get()).second, "{}: tensor '{}' appears twice", label, canon);
+    store->prefix_of_[canon] = t.name;
+    store->owned_info_.push_back(std::move(info));
+  }
+  return store;
+}
+
+}  // namespace tpdraft::model

@@ -1,0 +1,231 @@
+// Loading a rank's share of the drafter: every tensor checked against spec §3's shape, only the
+// rank's rows / columns copied (in chunks of ~64 MiB, so a rank never stages a whole matrix).
+#include "model/weights.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace tpdraft::model {
+
+namespace {
+
+constexpr size_t kStageBytes = 64u << 20;
+
+std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
+
+// A view of rows [row0, row0 + n) of a 2-D tensor, for chunked copies.
+TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
+  TensorInfo v = t;
+  const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
+  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
+  v.shape = {n, t.cols()};
+  v.nbytes = static_cast<size_t>(n) * row_bytes;
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
+  const int64_t H = c.hidden, D = c.head_dim, T = c.n_taps();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
+      {"fc.weight", {H, T * H}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    auto add = [&](const std::string& n, std::vector<int64_t> s) { out.emplace_back(layer_name(l, n), std::move(s)); };
+    add("input_layernorm.weight", {H});
+    add("post_attention_layernorm.weight", {H});
+    add("self_attn.q_proj.weight", {c.n_q * D, H});
+    add("self_attn.k_proj.weight", {c.n_kv * D, H});
+    add("self_attn.v_proj.weight", {c.n_kv * D, H});
+    add("self_attn.o_proj.weight", {H, c.n_q * D});
+    add("self_attn.q_norm.weight", {D});
+    add("self_attn.k_norm.weight", {D});
+    if (c.bias) {
+      add("self_attn.q_proj.bias", {c.n_q * D});
+      add("self_attn.k_proj.bias", {c.n_kv * D});
+      add("self_attn.v_proj.bias", {c.n_kv * D});
+      add("self_attn.o_proj.bias", {H});
+    }
+    add("mlp.gate_proj.weight", {c.ffn, H});
+    add("mlp.up_proj.weight", {c.ffn, H});
+    add("mlp.down_proj.weight", {H, c.ffn});
+    if (c.is_dflash2()) {
+      const int64_t KG2 = 2 * c.conv_kernel * c.conv_groups();
+      add("attention_conv.base_kernel", {2, c.conv_kernel, H});
+      add("mlp_conv.base_kernel", {2, c.conv_kernel, H});
+      add("attention_conv.kernel_projection.weight", {KG2, H});
+      add("mlp_conv.kernel_projection.weight", {KG2, H});
+    }
+  }
+  if (c.is_dflash2()) {
+    out.push_back({"candidate_selector.hidden_projection.weight", {c.selector_rank, H}});
+    out.push_back({"candidate_selector.predecessor_codebook", {c.vocab, c.selector_rank}});
+    out.push_back({"candidate_selector.successor_codebook", {c.vocab, c.selector_rank}});
+  }
+  return out;
+}
+
+DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const TensorStore> drafter,
+                               std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops)
+    : cfg_(cfg), plan_(plan), ops_(ops), drafter_(std::move(drafter)), target_(std::move(target)) {
+  const int64_t H = cfg.hidden, D = cfg.head_dim, T = cfg.n_taps();
+  const TensorStore& d = *drafter_;
+
+  // Unknown tensors are reported, never silently used or ignored.
+  std::set<std::string> known;
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg)) known.insert(name);
+  std::vector<std::string> unknown;
+  for (const auto& n : d.names()) {
+    if (!known.count(n) && !(n.size() > 7 && known.count(n.substr(0, n.size() - 7)) && n.substr(n.size() - 7) == ".weight"))
+      unknown.push_back(n);
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
+    TPDRAFT_LOG_WARN("{}: {} tensor(s) not used by a {} drafter: {}{}", d.source(), unknown.size(), cfg.arch_name,
+                     list, unknown.size() > 8 ? ", ..." : "");
+  }
+
+  const Range all_h{0, H};
+  const Range q_rows{plan.q_heads.begin * D, plan.q_heads.end * D};
+  const Range kv_rows{plan.kv_heads.begin * D, plan.kv_heads.end * D};
+  fc = load_matrix(d, "fc.weight", {H, T * H}, {0, H}, {0, T * H});
+  hidden_norm = load_vector(d, "hidden_norm.weight", {H}, all_h);
+  final_norm = load_vector(d, "norm.weight", {H}, all_h);
+
+  layers.resize(static_cast<size_t>(cfg.layers));
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    LayerWeights& w = layers[static_cast<size_t>(l)];
+    auto n = [&](const std::string& rest) { return layer_name(l, rest); };
+    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H}, all_h);
+    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H}, all_h);
+    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H}, q_rows, all_h);
+    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
+    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
+    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D}, all_h, q_rows);
+    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D}, {0, D});
+    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D}, {0, D});
+    if (cfg.bias) {
+      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D}, q_rows);
+      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D}, kv_rows);
+      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D}, kv_rows);
+      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H}, all_h);
+    }
+    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
+    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
+    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn}, all_h, plan.ffn);
+    if (cfg.is_dflash2()) {
+      const int64_t K = cfg.conv_kernel, KG2 = 2 * K * cfg.conv_groups();
+      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
+      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
+      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
+      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
+    }
+  }
+
+  // Target tables: embedding always host-mapped; the head's vocab slice copied in.
+  const TensorStore& t = *target_;
+  embed_ = t.find("embed_tokens.weight");
+  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
+                t.source(), cfg.vocab, H);
+  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg.vocab,
+                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                embed_->file, embed_->shape_str(), cfg.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(embed_->dtype), "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16",
+                embed_->file, dtype_name(embed_->dtype));
+  target_vocab_ = embed_->shape[0];
+  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
+  const TensorInfo* head_info = t.find("lm_head.weight");
+  std::string head_name = "lm_head.weight";
+  if (tcfg.tie_word_embeddings || head_info == nullptr) {
+    head_info = embed_;
+    head_name = "embed_tokens.weight";
+  }
+  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg.vocab,
+                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                head_info->file, head_info->shape_str(), cfg.vocab, H);
+  head = load_matrix(t, head_name, head_info->shape, plan.vocab, all_h);
+
+  if (cfg.is_dflash2()) {
+    selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H},
+                                {0, cfg.selector_rank}, all_h);
+    pred_ = &codebook("candidate_selector.predecessor_codebook");
+    succ_ = &codebook("candidate_selector.successor_codebook");
+  }
+}
+
+const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
+  const TensorInfo* info = drafter_->find(base);
+  if (info == nullptr) info = drafter_->find(base + ".weight");
+  TPDRAFT_CHECK(info != nullptr, "{}: tensor '{}' (or '{}.weight') is missing, expected [{}, {}]", drafter_->source(),
+                base, base, cfg_.vocab, cfg_.selector_rank);
+  TPDRAFT_CHECK(info->shape == std::vector<int64_t>({cfg_.vocab, cfg_.selector_rank}),
+                "{}: tensor '{}' has shape {}, expected [{}, {}]", info->file, base, info->shape_str(), cfg_.vocab,
+                cfg_.selector_rank);
+  TPDRAFT_CHECK(is_float_weight(info->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", info->file,
+                base, dtype_name(info->dtype));
+  return *info;
+}
+
+kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
+                                            const std::vector<int64_t>& shape, Range rows, Range cols) {
+  const TensorInfo& info = store.require(name, shape);
+  const size_t esize = dtype_size(info.dtype);
+  const int64_t full_cols = info.cols();
+  kernels::Matrix m;
+  m.dtype = info.dtype;
+  m.rows = rows.size();
+  m.cols = cols.size();
+  const size_t out_row_bytes = static_cast<size_t>(m.cols) * esize;
+  kernels::Buffer buf(ops_, static_cast<size_t>(m.rows) * out_row_bytes);
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / std::max<size_t>(1, out_row_bytes)));
+  std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * out_row_bytes);
+  for (int64_t r = 0; r < m.rows; r += chunk) {
+    const int64_t n = std::min(chunk, m.rows - r);
+    if (cols.begin == 0 && cols.end == full_cols) {
+      copy_rows(info, rows.begin + r, n, info.dtype, stage.data());
+    } else {
+      copy_cols(row_view(info, rows.begin + r, n), cols.begin, cols.size(), info.dtype, stage.data());
+    }
+    ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * out_row_bytes, stage.data(),
+                   static_cast<size_t>(n) * out_row_bytes);
+  }
+  m.data = buf.get();
+  backend_bytes_ += buf.bytes();
+  buffers_.push_back(std::move(buf));
+  return m;
+}
+
+const float* DrafterWeights::load_vector(const TensorStore& store, const std::string& name,
+                                         const std::vector<int64_t>& shape, Range part) {
+  const TensorInfo& info = store.require(name, shape);
+  std::vector<float> all = to_f32(info);
+  kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
+  ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());
+  const float* p = buf.f32();
+  backend_bytes_ += buf.bytes();
+  buffers_.push_back(std::move(buf));
+  return p;
+}
+
+namespace {
+void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
+  TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
+  const size_t esize = dtype_size(t.dtype);
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(t.cols()) * esize, out,
+                 static_cast<size_t>(t.cols()));
+}
+}  // namespace
+
+void DrafterWeights::embedding_row(int64_t token, float* out) const {
+  TPDRAFT_CHECK(token >= 0 && token < cfg_.vocab, "token id {} outside [0, vocab_size = {})", token, cfg_.vocab);
+  row_to_f32(*embed_, token, out, "target embedding");
+}
+void DrafterWeights::predecessor_row(int64_t token, float* out) const {
+  row_to_f32(*pred_, token, out, "predecessor codebook");
+}
+void DrafterWeights::successor_row(int64_t token, float* out) const { row_to_f32(*succ_, token, out, "successor codebook"); }
+
+}  // namespace tpdraft::model

@@ -1,0 +1,82 @@
+// The drafter's weights on one rank: the rank's shard of every matrix, kept in its checkpoint
+// dtype in backend memory, norms and small vectors as f32; plus the host-mapped target embedding
+// and selector codebooks, whose rows are looked up on demand.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/buffer.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/shard_plan.h"
+
+namespace tpdraft::model {
+
+struct LayerWeights {
+  kernels::Matrix q, k, v, o, gate, up, down;  // local shards
+  const float* q_bias = nullptr;  // local rows; nullptr without attention_bias
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* o_bias = nullptr;  // full [H]: added once, by rank 0's partial sum only
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  // DFlash 2 (replicated).
+  const float* attn_conv_base = nullptr;  // [2, K, H]
+  const float* mlp_conv_base = nullptr;   // [2, K, H]
+  kernels::Matrix attn_conv_proj, mlp_conv_proj;  // [2*K*G, H]
+};
+
+class DrafterWeights {
+ public:
+  // Loads this rank's share. `drafter` and `target` stay referenced for the host-mapped tables.
+  DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const TensorStore> drafter,
+                 std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops);
+
+  const DrafterConfig& config() const { return cfg_; }
+  const ShardPlan& plan() const { return plan_; }
+
+  kernels::Matrix fc;                // [H, T*H]
+  const float* hidden_norm = nullptr;
+  const float* final_norm = nullptr;
+  std::vector<LayerWeights> layers;
+  kernels::Matrix head;              // local vocab rows [plan.vocab.size(), H]
+  kernels::Matrix selector_proj;     // [R, H] (DFlash 2)
+
+  // Host lookups (f32 out): target embedding row, selector codebook rows.
+  void embedding_row(int64_t token, float* out) const;
+  void predecessor_row(int64_t token, float* out) const;
+  void successor_row(int64_t token, float* out) const;
+
+  size_t backend_bytes() const { return backend_bytes_; }  // everything this rank copied in
+  int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
+
+ private:
+  kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
+                              Range rows, Range cols);
+  const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
+                           Range part);
+  const TensorInfo& codebook(const std::string& base) const;
+
+  DrafterConfig cfg_;
+  ShardPlan plan_;
+  kernels::Ops& ops_;
+  std::shared_ptr<const TensorStore> drafter_;
+  std::shared_ptr<const TensorStore> target_;
+  std::vector<kernels::Buffer> buffers_;
+  size_t backend_bytes_ = 0;
+  const TensorInfo* embed_ = nullptr;
+  const TensorInfo* pred_ = nullptr;
+  const TensorInfo* succ_ = nullptr;
+  int64_t target_vocab_ = 0;
+};
+
+// Every tensor name a drafter checkpoint must hold, with its full shape (spec §3).
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& cfg);
+
+}  // namespace tpdraft::model

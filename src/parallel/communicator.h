@@ -1,0 +1,49 @@
+// The communicator interface the drafter is written against: the collectives tensor
+// parallelism needs, with byte and call counters. Implementations: single rank (here), and the
+// in-process, MPI and NCCL ones. Buffers are of the backend the drafter runs on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace tpdraft::parallel {
+
+// Per-operation counters: calls made and payload bytes this rank contributed.
+struct CommStats {
+  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  uint64_t all_gather_calls = 0, all_gather_bytes = 0;
+  uint64_t broadcast_calls = 0, broadcast_bytes = 0;
+  uint64_t barrier_calls = 0;
+  double seconds = 0;  // wall time spent inside collectives
+  uint64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + broadcast_bytes; }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+
+  // In place: data[i] = sum over ranks of data[i].
+  virtual void all_reduce_sum(float* data, size_t count) = 0;
+  // recv holds size() blocks of `bytes` each, block r from rank r.
+  virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Tells the peers to give up (a failing rank calls this before exiting).
+  virtual void abort(const std::string& reason) = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+ protected:
+  CommStats stats_;
+};
+
+// tp = 1: every collective is the identity (counted, nothing moves).
+std::unique_ptr<Communicator> make_single_rank();
+
+}  // namespace tpdraft::parallel

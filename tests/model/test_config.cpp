@@ -1,0 +1,549 @@
+// Drafter config parsing (spec/dflash.md §2): the tiny configs shipped in configs/, each key
+// fallback, the to_json() round trip, and one test per error a user can meet, checking that the
+// message names the file and the key at fault.
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "support/test_support.h"
+
+namespace tpdraft::model {
+namespace {
+
+using nlohmann::json;
+
+const char* kSource = "drafter/config.json";
+
+// Runs f, expects a tpdraft::Error whose message holds every one of `parts`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
+}
+
+// A minimal valid DFlash config; tests change one thing at a time.
+json base() {
+  return json{{"architectures", {"DFlashDraftModel"}},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 96},
+              {"vocab_size", 300},
+              {"dflash_config", {{"block_size", 8}, {"target_layer_ids", {1, 3}}, {"mask_token_id", 299}}}};
+}
+
+json base2() {
+  json j = base();
+  j["architectures"] = {"DFlash2DraftModel"};
+  j["dflash_config"]["conv_kernel_size"] = 2;
+  j["dflash_config"]["conv_group_size"] = 16;
+  j["dflash_config"]["selector_rank"] = 8;
+  j["dflash_config"]["selector_top_k"] = 4;
+  return j;
+}
+
+DrafterConfig parse(const json& j) { return DrafterConfig::from_json(j, kSource); }
+
+void expect_config_error(const json& j, const std::vector<std::string>& parts) {
+  std::vector<std::string> all = parts;
+  all.push_back(kSource);
+  expect_error([&] { parse(j); }, all);
+}
+
+void expect_same(const DrafterConfig& a, const DrafterConfig& b) {
+  EXPECT_EQ(a.arch, b.arch);
+  EXPECT_EQ(a.arch_name, b.arch_name);
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.layers, b.layers);
+  EXPECT_EQ(a.n_q, b.n_q);
+  EXPECT_EQ(a.n_kv, b.n_kv);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.ffn, b.ffn);
+  EXPECT_EQ(a.vocab, b.vocab);
+  EXPECT_EQ(a.block, b.block);
+  EXPECT_EQ(a.mask_token, b.mask_token);
+  EXPECT_EQ(a.eps, b.eps);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.taps, b.taps);
+  EXPECT_EQ(a.num_target_layers, b.num_target_layers);
+  EXPECT_EQ(a.sliding, b.sliding);
+  EXPECT_EQ(a.causal, b.causal);
+  EXPECT_EQ(a.window, b.window);
+  EXPECT_EQ(a.in_scale, b.in_scale);
+  EXPECT_EQ(a.out_scale, b.out_scale);
+  EXPECT_EQ(a.softcap, b.softcap);
+  EXPECT_EQ(a.bias, b.bias);
+  EXPECT_EQ(a.conv_kernel, b.conv_kernel);
+  EXPECT_EQ(a.conv_group, b.conv_group);
+  EXPECT_EQ(a.selector_rank, b.selector_rank);
+  EXPECT_EQ(a.selector_topk, b.selector_topk);
+}
+
+// ---- the shipped tiny configs ----------------------------------------------------------------
+
+TEST(Config, TinyDFlash) {
+  const auto c = DrafterConfig::from_file(testing::source_path("configs/tiny-dflash.json"));
+  EXPECT_EQ(c.arch, Arch::DFlash);
+  EXPECT_FALSE(c.is_dflash2());
+  EXPECT_EQ(c.arch_name, "DFlashDraftModel");
+  EXPECT_EQ(c.hidden, 64);
+  EXPECT_EQ(c.layers, 2);
+  EXPECT_EQ(c.n_q, 4);
+  EXPECT_EQ(c.n_kv, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.ffn, 96);
+  EXPECT_EQ(c.vocab, 300);
+  EXPECT_EQ(c.eps, 1e-6);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_FALSE(c.bias);
+  EXPECT_EQ(c.block, 8);
+  EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(c.n_taps(), 2);
+  EXPECT_EQ(c.mask_token, 299);
+  EXPECT_EQ(c.sliding, (std::vector<bool>{false, false}));
+  EXPECT_EQ(c.causal, (std::vector<bool>{false, false}));
+  EXPECT_EQ(c.window, 0);
+  EXPECT_EQ(c.in_scale, 1.0);
+  EXPECT_EQ(c.out_scale, 1.0);
+  EXPECT_EQ(c.softcap, 0.0);
+  EXPECT_EQ(c.num_target_layers, 0);
+  EXPECT_EQ(c.conv_kernel, 0);
+  EXPECT_EQ(c.conv_groups(), 0);
+}
+
+TEST(Config, TinyDFlash2) {
+  const auto c = DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
+  EXPECT_EQ(c.arch, Arch::DFlash2);
+  EXPECT_TRUE(c.is_dflash2());
+  EXPECT_EQ(c.hidden, 64);
+  EXPECT_EQ(c.layers, 2);
+  EXPECT_EQ(c.n_q, 4);
+  EXPECT_EQ(c.n_kv, 1);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.ffn, 80);
+  EXPECT_EQ(c.vocab, 257);
+  EXPECT_EQ(c.eps, 1e-5);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(c.sliding, (std::vector<bool>{true, false}));
+  EXPECT_EQ(c.causal, (std::vector<bool>{true, false}));  // causal exactly where sliding
+  EXPECT_EQ(c.window, 6);
+  EXPECT_EQ(c.block, 8);
+  EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_EQ(c.mask_token, 250);
+  EXPECT_EQ(c.conv_kernel, 2);
+  EXPECT_EQ(c.conv_group, 16);
+  EXPECT_EQ(c.conv_groups(), 4);
+  EXPECT_EQ(c.selector_rank, 8);
+  EXPECT_EQ(c.selector_topk, 4);
+  EXPECT_EQ(c.softcap, 20.0);
+  EXPECT_EQ(c.out_scale, 0.5);
+  EXPECT_EQ(c.in_scale, 1.0);
+}
+
+// ---- fallbacks of spec §2 --------------------------------------------------------------------
+
+TEST(ConfigFallbacks, BlockSize) {
+  json j = base();
+  j["block_size"] = 4;
+  EXPECT_EQ(parse(j).block, 8);  // dflash_config wins
+  j["dflash_config"].erase("block_size");
+  EXPECT_EQ(parse(j).block, 4);  // then the top level
+  j.erase("block_size");
+  EXPECT_EQ(parse(j).block, 16);  // then the default
+}
+
+TEST(ConfigFallbacks, TargetLayerIds) {
+  json j = base();
+  j["target_layer_ids"] = {5, 6, 7};
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{1, 3}));
+  j["dflash_config"].erase("target_layer_ids");
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{5, 6, 7}));
+  j["num_target_layers"] = 36;  // explicit ids still win over the formula
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{5, 6, 7}));
+  EXPECT_EQ(parse(j).num_target_layers, 36);
+}
+
+TEST(ConfigFallbacks, MaskTokenId) {
+  json j = base();
+  j["mask_token_id"] = 7;
+  EXPECT_EQ(parse(j).mask_token, 299);
+  j["dflash_config"].erase("mask_token_id");
+  EXPECT_EQ(parse(j).mask_token, 7);
+}
+
+TEST(ConfigFallbacks, Multipliers) {
+  const char* keys[] = {"input_embedding_scale", "output_multiplier", "final_logit_softcapping"};
+  for (const char* key : keys) {
+    SCOPED_TRACE(key);
+    auto value = [&](const DrafterConfig& c) {
+      return std::string(key) == "input_embedding_scale" ? c.in_scale
+             : std::string(key) == "output_multiplier"   ? c.out_scale
+                                                         : c.softcap;
+    };
+    json j = base();
+    const double dflt = std::string(key) == "final_logit_softcapping" ? 0.0 : 1.0;
+    EXPECT_EQ(value(parse(j)), dflt);
+    j[key] = 3.5;
+    EXPECT_EQ(value(parse(j)), 3.5);  // top level
+    j["dflash_config"][key] = 0.25;
+    EXPECT_EQ(value(parse(j)), 0.25);  // dflash_config wins
+  }
+}
+
+TEST(ConfigFallbacks, RopeTheta) {
+  json j = base();
+  EXPECT_EQ(parse(j).rope_theta, 10000.0);  // default
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  EXPECT_EQ(parse(j).rope_theta, 1e6);
+  j["rope_theta"] = 5e5;
+  EXPECT_EQ(parse(j).rope_theta, 5e5);  // the top-level key wins
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(parse(j).rope_theta, 5e5);  // "default" scaling is accepted
+}
+
+TEST(ConfigFallbacks, HeadDimAndKvHeads) {
+  json j = base();
+  EXPECT_EQ(parse(j).head_dim, 16);  // H / Nq = 64 / 4
+  j["head_dim"] = 32;
+  EXPECT_EQ(parse(j).head_dim, 32);
+  j.erase("num_key_value_heads");
+  EXPECT_EQ(parse(j).n_kv, 4);  // defaults to Nq
+}
+
+TEST(ConfigFallbacks, NumTargetLayersFormula) {
+  json j = base();
+  j["dflash_config"].erase("target_layer_ids");
+  j["num_target_layers"] = 36;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{1, 33}));  // round(1 + i * 32 / 1)
+  j["num_hidden_layers"] = 3;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{1, 17, 33}));
+  j["num_hidden_layers"] = 5;
+  j["num_target_layers"] = 28;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{1, 7, 13, 19, 25}));
+  // 1 + i * 26 / 4 = 1, 7.5, 14, 20.5, 27: halves round to even, as Python's round() does.
+  j["num_target_layers"] = 30;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{1, 8, 14, 20, 27}));
+  EXPECT_EQ(parse(j).n_taps(), 5);
+  // T = 1: the middle layer, Lt / 2 (integer division).
+  j["num_hidden_layers"] = 1;
+  j["num_target_layers"] = 36;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{18}));
+  j["num_target_layers"] = 35;
+  EXPECT_EQ(parse(j).taps, (std::vector<int64_t>{17}));
+}
+
+TEST(ConfigFallbacks, LayerTypesAndSlidingWindow) {
+  json j = base();
+  j["num_hidden_layers"] = 3;
+  auto c = parse(j);
+  EXPECT_EQ(c.sliding, (std::vector<bool>{false, false, false}));  // absent: all full
+  j["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+  j["sliding_window"] = 128;
+  c = parse(j);
+  EXPECT_EQ(c.sliding, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.causal, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(c.window, 128);
+}
+
+TEST(ConfigFallbacks, IsCausalOverridesEveryLayer) {
+  json j = base();
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  j["sliding_window"] = 4;
+  j["is_causal"] = true;
+  auto c = parse(j);
+  EXPECT_EQ(c.causal, (std::vector<bool>{true, true}));
+  EXPECT_EQ(c.sliding, (std::vector<bool>{true, false}));
+  j["is_causal"] = false;
+  c = parse(j);
+  EXPECT_EQ(c.causal, (std::vector<bool>{false, false}));
+  EXPECT_EQ(c.sliding, (std::vector<bool>{true, false}));
+}
+
+TEST(ConfigFallbacks, AttentionBiasAndEps) {
+  json j = base();
+  EXPECT_FALSE(parse(j).bias);
+  EXPECT_EQ(parse(j).eps, 1e-6);  // default
+  j["attention_bias"] = true;
+  j["rms_norm_eps"] = 1e-5;
+  EXPECT_TRUE(parse(j).bias);
+  EXPECT_EQ(parse(j).eps, 1e-5);
+}
+
+TEST(ConfigFallbacks, IntegerValuedFloatsAreAccepted) {
+  json j = base();
+  j["hidden_size"] = 64.0;
+  EXPECT_EQ(parse(j).hidden, 64);
+}
+
+TEST(ConfigFallbacks, DFlash2FieldsAtTopLevel) {
+  json j = base2();
+  for (const char* key : {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}) {
+    j[key] = j["dflash_config"][key];
+    j["dflash_config"].erase(key);
+  }
+  const auto c = parse(j);
+  EXPECT_EQ(c.conv_kernel, 2);
+  EXPECT_EQ(c.conv_group, 16);
+  EXPECT_EQ(c.selector_rank, 8);
+  EXPECT_EQ(c.selector_topk, 4);
+}
+
+// ---- to_json round trip ----------------------------------------------------------------------
+
+TEST(Config, ToJsonRoundTrip) {
+  for (const char* file : {"configs/tiny-dflash.json", "configs/tiny-dflash2.json"}) {
+    SCOPED_TRACE(file);
+    const auto c = DrafterConfig::from_file(testing::source_path(file));
+    expect_same(DrafterConfig::from_json(c.to_json(), "round-trip"), c);
+  }
+  // Everything away from its default.
+  json j = base2();
+  j["num_hidden_layers"] = 3;
+  j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+  j["sliding_window"] = 5;
+  j["is_causal"] = true;
+  j["attention_bias"] = true;
+  j["rms_norm_eps"] = 1e-5;
+  j["rope_parameters"] = {{"rope_theta", 123456.0}};
+  j["head_dim"] = 8;
+  j["num_target_layers"] = 12;
+  j["dflash_config"]["input_embedding_scale"] = 1.25;
+  j["dflash_config"]["output_multiplier"] = 0.3;
+  j["dflash_config"]["final_logit_softcapping"] = 30.0;
+  j["dflash_config"].erase("target_layer_ids");
+  const auto c = parse(j);
+  EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 5, 9}));
+  const auto back = DrafterConfig::from_json(c.to_json(), "round-trip");
+  expect_same(back, c);
+  // And through a file, as `tpdraft init` writes it.
+  testing::TempDir dir;
+  testing::write_text(dir.file("config.json"), c.to_json().dump(2));
+  expect_same(DrafterConfig::from_file(dir.file("config.json")), c);
+}
+
+// ---- errors a user can meet ------------------------------------------------------------------
+
+TEST(ConfigErrors, UnknownArchitecture) {
+  json j = base();
+  j["architectures"] = {"LlamaForCausalLM"};
+  expect_config_error(j, {"architectures", "LlamaForCausalLM", "DFlashDraftModel"});
+  j.erase("architectures");
+  expect_config_error(j, {"architectures"});
+  j["architectures"] = json::array();
+  expect_config_error(j, {"architectures"});
+}
+
+TEST(ConfigErrors, UnsupportedRopeType) {
+  json j = base();
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}};
+  expect_config_error(j, {"rope_parameters.rope_type", "yarn"});
+  j = base();
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  expect_config_error(j, {"rope_scaling.type", "linear"});
+  j = base();
+  j["rope_scaling"] = {{"rope_type", "llama3"}};
+  expect_config_error(j, {"rope_scaling.rope_type", "llama3"});
+}
+
+TEST(ConfigErrors, HeadsNotDivisible) {
+  json j = base();
+  j["num_key_value_heads"] = 3;
+  expect_config_error(j, {"num_attention_heads", "num_key_value_heads", "(3)"});
+}
+
+TEST(ConfigErrors, MaskOutsideVocab) {
+  json j = base();
+  j["dflash_config"]["mask_token_id"] = 300;
+  expect_config_error(j, {"mask_token_id", "300", "vocab_size"});
+  j["dflash_config"]["mask_token_id"] = -1;
+  expect_config_error(j, {"mask_token_id"});
+}
+
+TEST(ConfigErrors, MissingMask) {
+  json j = base();
+  j["dflash_config"].erase("mask_token_id");
+  expect_config_error(j, {"missing", "mask_token_id"});
+}
+
+TEST(ConfigErrors, NoTaps) {
+  json j = base();
+  j["dflash_config"].erase("target_layer_ids");
+  expect_config_error(j, {"target_layer_ids", "num_target_layers"});
+  j["target_layer_ids"] = json::array();
+  expect_config_error(j, {"target_layer_ids"});
+}
+
+TEST(ConfigErrors, NegativeTap) {
+  json j = base();
+  j["dflash_config"]["target_layer_ids"] = {1, -2};
+  expect_config_error(j, {"target_layer_ids", "-2"});
+}
+
+TEST(ConfigErrors, MissingRequiredKeys) {
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                          "vocab_size"}) {
+    json j = base();
+    j.erase(key);
+    expect_config_error(j, {"missing", key});
+  }
+}
+
+TEST(ConfigErrors, WrongValueTypes) {
+  json j = base();
+  j["hidden_size"] = "64";
+  expect_config_error(j, {"hidden_size", "integer"});
+  j = base();
+  j["intermediate_size"] = 95.5;
+  expect_config_error(j, {"intermediate_size", "integer"});
+  j = base();
+  j["is_causal"] = "yes";
+  expect_config_error(j, {"is_causal"});
+  j = base();
+  j["attention_bias"] = 1;
+  expect_config_error(j, {"attention_bias"});
+  j = base();
+  j["rms_norm_eps"] = "small";
+  expect_config_error(j, {"rms_norm_eps", "number"});
+  j = base();
+  j["dflash_config"]["target_layer_ids"] = 3;
+  expect_config_error(j, {"target_layer_ids", "list"});
+  expect_error([] { DrafterConfig::from_json(json::array(), kSource); }, {kSource, "object"});
+}
+
+TEST(ConfigErrors, NonPositiveSizes) {
+  json j = base();
+  j["num_key_value_heads"] = 0;
+  expect_config_error(j, {"num_key_value_heads", "positive"});
+  j = base();
+  j["num_attention_heads"] = 0;
+  expect_config_error(j, {"num_attention_heads", "positive"});
+  j = base();
+  j["vocab_size"] = -5;
+  expect_config_error(j, {"vocab_size"});
+  j = base();
+  j["dflash_config"]["block_size"] = 1;
+  expect_config_error(j, {"block_size", "at least 2"});
+  j = base();
+  j["head_dim"] = 15;
+  expect_config_error(j, {"head_dim", "even"});
+}
+
+TEST(ConfigErrors, LayerTypes) {
+  json j = base();
+  j["layer_types"] = {"full_attention"};
+  expect_config_error(j, {"layer_types", "1 entries", "num_hidden_layers"});
+  j["layer_types"] = {"full_attention", "linear_attention"};
+  expect_config_error(j, {"layer_types[1]", "linear_attention"});
+  j["layer_types"] = {"full_attention", 3};
+  expect_config_error(j, {"layer_types[1]"});
+  j["layer_types"] = "full_attention";
+  expect_config_error(j, {"layer_types", "list"});
+}
+
+TEST(ConfigErrors, SlidingWithoutWindow) {
+  json j = base();
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  expect_config_error(j, {"sliding_window"});
+  j["sliding_window"] = 0;
+  expect_config_error(j, {"sliding_window", "positive"});
+}
+
+TEST(ConfigErrors, DFlash2MissingConvFields) {
+  for (const char* key : {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"}) {
+    json j = base2();
+    j["dflash_config"].erase(key);
+    expect_config_error(j, {"missing", key});
+  }
+}
+
+TEST(ConfigErrors, DFlash2GroupDoesNotDivideHidden) {
+  json j = base2();
+  j["dflash_config"]["conv_group_size"] = 24;
+  expect_config_error(j, {"hidden_size", "conv_group_size", "(24)"});
+  j = base2();
+  j["dflash_config"]["selector_top_k"] = 301;
+  expect_config_error(j, {"selector_top_k", "vocab_size"});
+}
+
+TEST(ConfigErrors, BadSoftcapAndMultiplier) {
+  json j = base();
+  j["dflash_config"]["final_logit_softcapping"] = -1.0;
+  expect_config_error(j, {"final_logit_softcapping"});
+  j = base();
+  j["output_multiplier"] = 0.0;
+  expect_config_error(j, {"output_multiplier"});
+}
+
+TEST(ConfigErrors, BadJsonFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("config.json");
+  testing::write_text(path, "{\"hidden_size\": 64,");
+  expect_error([&] { DrafterConfig::from_file(path); }, {path, "not valid JSON"});
+}
+
+TEST(ConfigErrors, MissingFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("nope.json");
+  expect_error([&] { DrafterConfig::from_file(path); }, {path, "cannot open"});
+}
+
+TEST(ConfigErrors, ValidateProgrammaticConfig) {
+  auto c = parse(base());
+  c.n_kv = 3;
+  expect_error([&] { c.validate("made-in-code"); }, {"made-in-code", "num_key_value_heads"});
+  c = parse(base());
+  c.sliding.pop_back();
+  expect_error([&] { c.validate("made-in-code"); }, {"made-in-code", "2 layers"});
+}
+
+// ---- the target model's config ---------------------------------------------------------------
+
+TEST(TargetConfig, Defaults) {
+  testing::TempDir dir;
+  const auto t = TargetConfig::from_dir(dir.path());
+  EXPECT_FALSE(t.tie_word_embeddings);
+  EXPECT_EQ(t.vocab, 0);
+  EXPECT_EQ(t.hidden, 0);
+}
+
+TEST(TargetConfig, TopLevelAndNestedTextConfig) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("config.json"),
+                      R"({"tie_word_embeddings": true, "vocab_size": 1000, "hidden_size": 64})");
+  auto t = TargetConfig::from_dir(dir.path());
+  EXPECT_TRUE(t.tie_word_embeddings);
+  EXPECT_EQ(t.vocab, 1000);
+  EXPECT_EQ(t.hidden, 64);
+  // Multimodal: the language model's sizes live under text_config, which wins for the tie flag.
+  testing::write_text(dir.file("config.json"),
+                      R"({"tie_word_embeddings": true, "vocab_size": 5,
+                          "text_config": {"tie_word_embeddings": false, "vocab_size": 2000, "hidden_size": 32}})");
+  t = TargetConfig::from_dir(dir.path());
+  EXPECT_FALSE(t.tie_word_embeddings);
+  EXPECT_EQ(t.vocab, 2000);
+  EXPECT_EQ(t.hidden, 32);
+}
+
+TEST(TargetConfig, Errors) {
+  testing::TempDir dir;
+  testing::write_text(dir.file("config.json"), "not json");
+  expect_error([&] { TargetConfig::from_dir(dir.path()); }, {"config.json", "not valid JSON"});
+  testing::write_text(dir.file("config.json"), R"({"tie_word_embeddings": "yes"})");
+  expect_error([&] { TargetConfig::from_dir(dir.path()); }, {"config.json", "tie_word_embeddings"});
+}
+
+}  // namespace
+}  // namespace tpdraft::model

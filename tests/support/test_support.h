@@ -1,0 +1,30 @@
+// Helpers shared by the tests: scratch directories, config fixtures, error comparisons.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tpdraft::testing {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Path of a file in the source tree (e.g. "configs/tiny-dflash.json").
+std::string source_path(const std::string& relative);
+
+// ||a - b|| / ||b|| over the two vectors (b the reference).
+double relative_error(const std::vector<float>& a, const std::vector<double>& b);
+
+void write_text(const std::string& path, const std::string& text);
+
+}  // namespace tpdraft::testing
