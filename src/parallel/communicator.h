@@ -3,6 +3,7 @@
 // in-process, MPI and NCCL ones. Buffers are of the backend the drafter runs on.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -10,9 +11,10 @@
 
 namespace tpdraft::parallel {
 
-// Per-operation counters: calls made and payload bytes this rank contributed.
+// Per-operation counters: calls made and payload bytes this rank passed in (all-reduce: the
+// buffer; all-gather: its own block; broadcast: the buffer, on the root and the receivers alike).
 struct CommStats {
-  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;  // f32 and bf16 together
   uint64_t all_gather_calls = 0, all_gather_bytes = 0;
   uint64_t broadcast_calls = 0, broadcast_bytes = 0;
   uint64_t barrier_calls = 0;
@@ -29,6 +31,9 @@ class Communicator {
 
   // In place: data[i] = sum over ranks of data[i].
   virtual void all_reduce_sum(float* data, size_t count) = 0;
+  // In place on bf16 bits: the sum is formed in f32 and rounded to bf16 once at the end, so the
+  // result does not depend on how many partial sums were rounded on the way; identical on all ranks.
+  virtual void all_reduce_sum_bf16(uint16_t* data, size_t count) = 0;
   // recv holds size() blocks of `bytes` each, block r from rank r.
   virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
@@ -40,6 +45,22 @@ class Communicator {
   void reset_stats() { stats_ = CommStats{}; }
 
  protected:
+  // Adds the wall time of one collective to stats_.seconds; a scope guard, so a collective that
+  // throws is timed too.
+  class Timed {
+   public:
+    explicit Timed(CommStats& stats) : stats_(stats), start_(std::chrono::steady_clock::now()) {}
+    ~Timed() {
+      stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CommStats& stats_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
   CommStats stats_;
 };
 

@@ -2,7 +2,13 @@
 // softmax. These are memory bound and small (a draft's silu_mul is 16 x 6144 floats), so threads
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
+// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
+// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cmath>
 #include <cstring>

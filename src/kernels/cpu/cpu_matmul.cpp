@@ -2,10 +2,17 @@
 // dtype) and the matmul op built on it. A draft's linear layers are 16 rows against 2048..6144
 // wide weights: 2 FLOPs per weight element per row, so the kernels are compute bound and keep an
 // MR x NR tile of accumulators in registers, widening each weight vector once for MR rows.
+// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
+// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -68,18 +75,19 @@ struct Avx512Bf16 {
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
                                                          const float* x, int64_t xs) {
+    // Even elements: the bf16 bits shifted into the high half; odd ones: the high half masked.
     const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-    __m512i raw[NR];
-    for (int j = 0; j < NR; ++j) raw[j] = _mm512_loadu_si512(w[j] + off);
+    __m512 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(w[j] + off), 16));
     for (int i = 0; i < MR; ++i) {
       const __m512 xe = _mm512_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(raw[j], 16)), xe, acc[i][j]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xe, acc[i][j]);
     }
+    for (int j = 0; j < NR; ++j)
+      wv[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(w[j] + off), odd_mask));
     for (int i = 0; i < MR; ++i) {
       const __m512 xo = _mm512_loadu_ps(x + i * xs + 16);
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(raw[j], odd_mask)), xo, acc[i][j]);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xo, acc[i][j]);
     }
   }
 };
@@ -117,13 +125,22 @@ struct Avx512F32 {
 
 template <class K, int MR>
 TPDRAFT_TARGET_AVX512 void tile512(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                   float* out, int64_t os) {
+                                   float* out, int64_t os, int64_t prefetch) {
   constexpr int NR = K::kNr, C = K::kChunk;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   const int64_t full = cols / C * C;
-  for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  if (prefetch != 0) {
+    // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
+    // tile's rows (prefetch elements further on) one cache line per row per step.
+    for (int64_t c = 0; c < full; c += C) {
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
+      K::template step<MR, NR>(acc, w, c, x + c, xs);
+    }
+  } else {
+    for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  }
   if (full < cols) {
     alignas(64) typename K::Elem tail[NR][C];
     const typename K::Elem* tw[NR];
@@ -203,13 +220,22 @@ struct Avx2F32 {
 
 template <class K, int MR>
 TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                 float* out, int64_t os) {
+                                 float* out, int64_t os, int64_t prefetch) {
   constexpr int NR = K::kNr, C = K::kChunk;
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   const int64_t full = cols / C * C;
-  for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  if (prefetch != 0) {
+    // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
+    // tile's rows (prefetch elements further on) one cache line per row per step.
+    for (int64_t c = 0; c < full; c += C) {
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
+      K::template step<MR, NR>(acc, w, c, x + c, xs);
+    }
+  } else {
+    for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+  }
   if (full < cols) {
     alignas(32) typename K::Elem tail[NR][C];
     const typename K::Elem* tw[NR];
@@ -268,31 +294,31 @@ void scalar_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* 
 // tile of NR rows is read once from memory and reused from L1 for every MR-row group of x.
 
 template <class K>
-using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t);
+using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+
+template <class K, bool Avx512, size_t... I>
+const TileFn<K>* tile_table(std::index_sequence<I...>) {
+  if constexpr (Avx512) {
+    static constexpr TileFn<K> table[] = {&tile512<K, static_cast<int>(I) + 1>...};
+    return table;
+  } else {
+    static constexpr TileFn<K> table[] = {&tile256<K, static_cast<int>(I) + 1>...};
+    return table;
+  }
+}
 
 template <class K, bool Avx512>
 void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
                int64_t os) {
   using Elem = typename K::Elem;
   constexpr int MRMAX = K::kMr, NR = K::kNr;
-  static_assert(MRMAX >= 1 && MRMAX <= 4, "tile heights 1..4 are instantiated");
-  TileFn<K> tiles[4];
-  if constexpr (Avx512) {
-    tiles[0] = &tile512<K, 1>;
-    tiles[1] = &tile512<K, MRMAX >= 2 ? 2 : 1>;
-    tiles[2] = &tile512<K, MRMAX >= 3 ? 3 : 1>;
-    tiles[3] = &tile512<K, MRMAX >= 4 ? 4 : 1>;
-  } else {
-    tiles[0] = &tile256<K, 1>;
-    tiles[1] = &tile256<K, MRMAX >= 2 ? 2 : 1>;
-    tiles[2] = &tile256<K, MRMAX >= 3 ? 3 : 1>;
-    tiles[3] = &tile256<K, MRMAX >= 4 ? 4 : 1>;
-  }
+  static_assert(MRMAX >= 1 && MRMAX <= 8, "tile heights 1..8 are instantiated");
+  const TileFn<K>* tiles = tile_table<K, Avx512>(std::make_index_sequence<MRMAX>{});
   const int64_t xs = detail::packed_cols(w.cols);
   const int64_t block_bytes = 512 * 1024;  // half of a 1 MiB L2, the rest for weight tiles
   int64_t mc = std::max<int64_t>(MRMAX, block_bytes / (xs * 4) / MRMAX * MRMAX);
   const auto* base = static_cast<const Elem*>(w.data);
-  float tmp[4 * NR];
+  float tmp[MRMAX * NR];
   for (int64_t mb = 0; mb < m; mb += mc) {
     const int64_t me = std::min(m, mb + mc);
     for (int64_t j0 = 0; j0 < nrows; j0 += NR) {
@@ -304,7 +330,9 @@ void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* pa
         const int mr = static_cast<int>(std::min<int64_t>(MRMAX, me - i0));
         const bool direct = nr == NR;
         float* dst = direct ? out + i0 * os + j0 : tmp;
-        tiles[mr - 1](rows, w.cols, packed + i0 * xs, xs, dst, direct ? os : NR);
+        // The first row group streams the weight tile from memory and prefetches the next one.
+        const int64_t pf = i0 == mb ? NR * w.stride : 0;
+        tiles[mr - 1](rows, w.cols, packed + i0 * xs, xs, dst, direct ? os : NR, pf);
         if (!direct)
           for (int i = 0; i < mr; ++i)
             for (int j = 0; j < nr; ++j) out[(i0 + i) * os + j0 + j] = tmp[i * NR + j];
@@ -344,7 +372,7 @@ void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const 
   if (m == 0) return;
   const Isa isa = active_isa();
   const int64_t pc = detail::packed_cols(w.cols);
-  float* packed = scratch(packed_, static_cast<size_t>(m * pc));
+  float* packed = packed_.get(static_cast<size_t>(m * pc));
   pool_.parallel_for(
       m, [&](int64_t b, int64_t e, int) { detail::pack_rows(isa, w.dtype, x + b * w.cols, w.cols, e - b, w.cols,
                                                             packed + b * pc); },

@@ -107,7 +107,7 @@ void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t head
   }
   const Isa isa = active_isa();
   auto body = [&](int64_t b, int64_t e, int worker) {
-    float* cs = scratch(per_worker_[worker], static_cast<size_t>(head_dim));
+    float* cs = workers_[worker].buf.get(static_cast<size_t>(head_dim));
     for (int64_t r = b; r < e; ++r) {
       const double pos = static_cast<double>(positions[r]);
       for (int64_t i = 0; i < half; ++i) {

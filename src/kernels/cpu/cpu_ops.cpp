@@ -60,8 +60,7 @@ Isa force_isa(Isa isa) {
 }
 
 CpuOps::CpuOps(int threads) : pool_(threads) {
-  per_worker_.resize(static_cast<size_t>(pool_.size()));
-  scans_.resize(static_cast<size_t>(pool_.size()));
+  workers_.resize(static_cast<size_t>(pool_.size()));
 }
 
 CpuOps::~CpuOps() = default;
@@ -82,11 +81,6 @@ void CpuOps::to_device(void* dst, const void* src, size_t bytes) {
 
 void CpuOps::to_host(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
-}
-
-float* CpuOps::scratch(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
 }
 
 }  // namespace tpdraft::kernels::cpu

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/ops.h"
 
@@ -62,6 +64,30 @@ void axpy(Isa isa, float a, const float* x, float* y, int64_t n);
 
 }  // namespace detail
 
+// A grow-only, 64-byte aligned buffer (SIMD loads then never straddle cache lines). Growing
+// discards the contents: it holds per-call scratch only.
+template <typename T>
+class Scratch {
+ public:
+  T* get(size_t n) {
+    if (n > capacity_) {
+      const size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
+      data_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+      TPDRAFT_CHECK(data_ != nullptr, "cpu backend: cannot allocate {} bytes of scratch", bytes);
+      capacity_ = bytes / sizeof(T);
+    }
+    return data_.get();
+  }
+  T* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  size_t capacity_ = 0;
+};
+
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(int threads);
@@ -90,38 +116,55 @@ class CpuOps final : public Ops {
   ThreadPool& pool() { return pool_; }
 
  private:
-  // Per-call scratch, grown on demand and kept: a draft issues the same shapes every step, so
-  // after the first step no op allocates. An instance serves one calling thread at a time.
-  float* scratch(std::vector<float>& buf, size_t n);
-  // L2 norms of the rows of a head matrix, computed once per (data, rows, cols) and cached.
+  // L2 norms of the rows of a bf16 head matrix, computed once per (data, rows, cols) and cached.
   const std::vector<float>& head_row_norms(const Matrix& head);
-  void head_screen_bf16(const HeadParams& p, int k);
-  void head_scan_exact(const HeadParams& p, int k);
+  // head_topk's two passes: every valid row against a running per-row threshold, then the
+  // surviving candidates recomputed exactly and sorted.
+  void head_scan(const HeadParams& p, int k, bool screen, const float* norms);
   void head_finish(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids);
 
-  ThreadPool pool_;
-  std::vector<float> packed_;                   // packed activation rows
-  std::vector<std::vector<float>> per_worker_;  // one scratch buffer per pool worker
-  std::vector<uint16_t> packed_bf16_;           // head rows rounded to bf16
-  std::vector<double> rope_inv_freq_;           // theta^(-2i/D), kept while theta and D repeat
-  double rope_theta_ = 0.0;
-
-  // Head top-k state: per worker and output row, the k best lower bounds seen and the candidates.
+  // Head top-k scan state of one output row: the k largest lower bounds seen (a min-heap), the
+  // raw value below which a vocabulary row can no longer reach the k-th logit, the candidates.
   struct Candidate {
     int64_t row;
     float upper;
   };
   struct RowScan {
-    std::vector<float> best;  // min-heap of the k largest lower bounds
-    float cutoff = 0.0f;      // raw value below which a row cannot reach the current k-th logit
+    std::vector<float> best;
+    float cutoff = 0.0f;
     std::vector<Candidate> candidates;
   };
-  std::vector<std::vector<RowScan>> scans_;  // [worker][m]
-  std::vector<float> bound_scale_;           // per output row: bound = norm(w) * scale + slack
-  std::vector<float> bound_slack_;
+  struct Pick {
+    float value;
+    int64_t row;
+  };
+  // Scratch is grown on demand and kept: a draft issues the same shapes every step, so after the
+  // first step no op allocates. An instance serves one calling thread at a time.
+  // Scratch owned by one pool worker (index = the worker argument of parallel_for).
+  struct Worker {
+    Scratch<float> buf;
+    std::vector<RowScan> scans;  // [m]
+    std::vector<float> lower;    // merge space
+    std::vector<Pick> picks;
+  };
 
+  ThreadPool pool_;
+  std::vector<Worker> workers_;
+  Scratch<float> packed_;              // packed activation rows
+  Scratch<uint16_t> packed_bf16_;      // head input rows rounded to bf16
+  std::vector<float> bound_scale_;     // per head input row: bound = norm(w) * scale + slack
+  std::vector<float> bound_slack_;
+  std::vector<double> rope_inv_freq_;  // theta^(-2i/D), kept while theta and D repeat
+  double rope_theta_ = 0.0;
+
+  // Row norms per head matrix, keyed by (data, rows, cols) and checked against a fingerprint of
+  // sampled elements, so a different matrix later placed at the same address is not mistaken.
+  struct RowNorms {
+    uint64_t fingerprint = 0;
+    std::vector<float> norms;
+  };
   std::mutex norms_mutex_;
-  std::map<std::tuple<const void*, int64_t, int64_t>, std::vector<float>> norms_;
+  std::map<std::tuple<const void*, int64_t, int64_t>, RowNorms> norms_;
 };
 
 }  // namespace tpdraft::kernels::cpu

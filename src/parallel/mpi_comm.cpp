@@ -1,0 +1,193 @@
+// The MPI communicator. MPI counts are ints, so all-reduces and broadcasts of more than 2^30
+// elements move in chunks; an all-gather block that large is refused (the head gathers a few
+// KiB per rank). Built only with TPDRAFT_HAVE_MPI, except for mpi_launched().
+#include "parallel/mpi_comm.h"
+
+#include <cstdlib>
+
+namespace tpdraft::parallel {
+
+bool mpi_launched() {
+  // Open MPI's launcher, and the process-management interfaces of MPICH / Slurm / PMIx.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+}  // namespace tpdraft::parallel
+
+#ifdef TPDRAFT_HAVE_MPI
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace tpdraft::parallel {
+
+namespace {
+
+constexpr size_t kMaxChunk = size_t{1} << 30;  // elements per MPI call, well inside int
+
+bool mpi_usable() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+int world_rank() {
+  int rank = -1;
+  if (mpi_usable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+}  // namespace
+
+void mpi_fail(const char* call, int code, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  const char* base = std::strrchr(file, '/');
+  TPDRAFT_FAIL("rank {}: {} failed at {}:{}: {} (MPI error {})", world_rank(), call, base ? base + 1 : file, line,
+               std::string(text, static_cast<size_t>(length)), code);
+}
+
+void mpi_init(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  }
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  log::set_rank(rank, size);
+}
+
+void mpi_finalize() {
+  if (mpi_usable()) MPI_Finalize();
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  try {
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  } catch (...) {
+    MPI_Comm_free(&comm_);
+    throw;
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_reduce_sum(float* data, size_t count) {
+  Timed timed(stats_);
+  ++stats_.all_reduce_calls;
+  stats_.all_reduce_bytes += count * sizeof(float);
+  for (size_t done = 0; done < count; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_));
+  }
+}
+
+void MpiCommunicator::all_reduce_sum_bf16(uint16_t* data, size_t count) {
+  Timed timed(stats_);
+  ++stats_.all_reduce_calls;
+  stats_.all_reduce_bytes += count * sizeof(uint16_t);
+  if (widened_.size() < count) widened_.resize(count);
+  float* wide = widened_.data();
+  for (size_t i = 0; i < count; ++i) wide[i] = bf16_to_f32(data[i]);
+  for (size_t done = 0; done < count; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, count - done));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide + done, n, MPI_FLOAT, MPI_SUM, comm_));
+  }
+  for (size_t i = 0; i < count; ++i) data[i] = f32_to_bf16(wide[i]);
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
+  Timed timed(stats_);
+  ++stats_.all_gather_calls;
+  stats_.all_gather_bytes += bytes;
+  TPDRAFT_CHECK(bytes <= kMaxChunk, "rank {}: all_gather block of {} bytes is over the {}-byte limit of one MPI call",
+                rank_, bytes, kMaxChunk);
+  if (bytes == 0) return;
+  // MPI forbids aliased buffers; a rank whose block already sits in place says so explicitly.
+  const bool in_place = send == static_cast<const uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes;
+  const int n = static_cast<int>(bytes);
+  MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
+}
+
+void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
+  Timed timed(stats_);
+  ++stats_.broadcast_calls;
+  stats_.broadcast_bytes += bytes;
+  TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
+                size_);
+  auto* bytes_ptr = static_cast<uint8_t*>(data);
+  for (size_t done = 0; done < bytes; done += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
+    MPI_CHECK(MPI_Bcast(bytes_ptr + done, n, MPI_BYTE, root, comm_));
+  }
+}
+
+void MpiCommunicator::barrier() {
+  Timed timed(stats_);
+  ++stats_.barrier_calls;
+  MPI_CHECK(MPI_Barrier(comm_));
+}
+
+void MpiCommunicator::abort(const std::string& reason) {
+  TPDRAFT_LOG_ERROR("rank {}: aborting the job: {}", world_rank(), reason);
+  log::logger().flush();
+  std::fflush(stderr);
+  if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; without MPI up there are no peers to stop
+}
+
+std::unique_ptr<Communicator> make_mpi(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
+
+ReplicaGroup split_groups(int tp) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  TPDRAFT_CHECK(tp >= 1 && size % tp == 0,
+                "rank {}: tensor-parallel size {} does not split the {} MPI ranks into whole replicas", rank, tp, size);
+  MPI_Comm split = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / tp, rank, &split));
+  ReplicaGroup group;
+  group.replica = rank / tp;
+  group.replicas = size / tp;
+  try {
+    group.comm = std::make_unique<MpiCommunicator>(split);
+  } catch (...) {
+    MPI_Comm_free(&split);
+    throw;
+  }
+  MPI_Comm_free(&split);
+  return group;
+}
+
+NodeLocal node_local(MPI_Comm comm) {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm shared = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  NodeLocal local;
+  MPI_Comm_rank(shared, &local.rank);
+  MPI_Comm_size(shared, &local.size);
+  MPI_Comm_free(&shared);
+  return local;
+}
+
+}  // namespace tpdraft::parallel
+
+#endif  // TPDRAFT_HAVE_MPI

@@ -1,0 +1,89 @@
+// The MPI communicator (host buffers): CPU ranks on one or many machines, and the bootstrap the
+// NCCL communicator needs. Everything but mpi_launched() exists only in builds with MPI
+// (TPDRAFT_HAVE_MPI, set by CMake when TPDRAFT_MPI is on and MPI is found).
+#pragma once
+
+#include "parallel/communicator.h"
+
+namespace tpdraft::parallel {
+
+// True when this process was started by an MPI launcher (mpirun / mpiexec / srun with PMI or
+// PMIx), whether or not this build has MPI: lets the CLI refuse a launch it cannot honour.
+bool mpi_launched();
+
+}  // namespace tpdraft::parallel
+
+#ifdef TPDRAFT_HAVE_MPI
+
+#include <mpi.h>
+
+#include <vector>
+
+// MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
+// file:line, the world rank and MPI's own description of the error.
+#define MPI_CHECK(call)                                                                  \
+  do {                                                                                   \
+    const int mpi_check_rc_ = (call);                                                    \
+    if (mpi_check_rc_ != MPI_SUCCESS)                                                    \
+      ::tpdraft::parallel::mpi_fail(#call, mpi_check_rc_, __FILE__, __LINE__);           \
+  } while (0)
+
+namespace tpdraft::parallel {
+
+[[noreturn]] void mpi_fail(const char* call, int code, const char* file, int line);
+
+// Initialises MPI (funneled threading: collectives come from one thread) unless it already is,
+// and tags the log with the world rank. mpi_finalize() is a no-op unless MPI is up.
+void mpi_init(int* argc, char*** argv);
+void mpi_finalize();
+
+// Collectives over a duplicate of an MPI communicator (so its traffic cannot meet the caller's),
+// with errors returned to MPI_CHECK instead of killing the job. Free it before mpi_finalize().
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+  MPI_Comm handle() const { return comm_; }
+
+  void all_reduce_sum(float* data, size_t count) override;
+  // Widened to f32, summed by MPI in f32, rounded to bf16 once.
+  void all_reduce_sum_bf16(uint16_t* data, size_t count) override;
+  void all_gather(const void* send, void* recv, size_t bytes) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void barrier() override;
+  // Logs the reason with the rank, then MPI_Abort on MPI_COMM_WORLD: the launcher ends every rank.
+  void abort(const std::string& reason) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<float> widened_;  // bf16 all-reduce scratch, grown once to the largest call
+};
+
+std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);
+
+// The world cut into consecutive groups of tp ranks, one per model replica: world ranks
+// [g·tp, (g+1)·tp) form replica g. Throws when the world size is not a multiple of tp.
+struct ReplicaGroup {
+  std::unique_ptr<MpiCommunicator> comm;  // this rank's replica; rank in it = world rank % tp
+  int replica = 0;                        // g
+  int replicas = 1;                       // world size / tp
+};
+ReplicaGroup split_groups(int tp);
+
+// This rank's place among the ranks of comm sharing its machine (its GPU index on that machine).
+struct NodeLocal {
+  int rank = 0;
+  int size = 1;
+};
+NodeLocal node_local(MPI_Comm comm = MPI_COMM_WORLD);
+
+}  // namespace tpdraft::parallel
+
+#endif  // TPDRAFT_HAVE_MPI

@@ -1,0 +1,165 @@
+// The `tpdraft` program as a user runs it: init a checkpoint it has never seen, draft with
+// --dump, and compare every dumped tensor with the float64 reference; plus the errors a user
+// meets on the command line, each produced here.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <sys/wait.h>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "reference/reference.h"
+#include "support/test_support.h"
+
+namespace tpdraft {
+namespace {
+
+struct Result {
+  int status = 0;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(TPDRAFT_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    r.status = -1;
+    return r;
+  }
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string last_line(const std::string& s) {
+  const size_t end = s.find_last_not_of('\n');
+  const size_t start = s.rfind('\n', end);
+  return s.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+std::vector<double> f64(const model::TensorInfo& t) { return model::to_f64(t); }
+
+double rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return a.size() == b.size() ? std::sqrt(num / std::max(den, 1e-300)) : 1e9;
+}
+
+// An odd geometry the program has never seen, with a padded head, written as a config file.
+std::string write_odd_config(const testing::TempDir& dir, bool dflash2) {
+  model::DrafterConfig c = model::DrafterConfig::from_file(
+      testing::source_path(dflash2 ? "configs/tiny-dflash2.json" : "configs/tiny-dflash.json"));
+  c.hidden = 80;
+  c.n_q = 5;
+  c.n_kv = dflash2 ? 1 : 5;
+  c.head_dim = 14;
+  c.ffn = 72;
+  c.vocab = 233;
+  c.mask_token = 231;
+  if (dflash2) c.conv_group = 20;
+  const std::string path = dir.file(dflash2 ? "odd2.json" : "odd1.json");
+  testing::write_text(path, c.to_json().dump(2));
+  return path;
+}
+
+void check_against_reference(bool dflash2, const std::string& dtype) {
+  testing::TempDir dir;
+  const std::string config = write_odd_config(dir, dflash2);
+  const std::string ck = dir.file("ck");
+  Result init = run("init --config " + config + " --out " + ck + " --seed 3 --dtype " + dtype +
+                 " --taps 37 --target-vocab 250");
+  ASSERT_EQ(init.status, 0) << init.out;
+  const std::string dump = dir.file("dump.safetensors");
+  Result draft = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
+                  "/taps.safetensors --anchor 19 --threads 2 --dump " + dump);
+  ASSERT_EQ(draft.status, 0) << draft.out;
+  const auto json = nlohmann::json::parse(last_line(draft.out));
+
+  reference::RefModel ref(ck + "/drafter", ck + "/target");
+  const auto& cfg = ref.config();
+  auto taps_store = model::TensorStore::open(ck + "/taps.safetensors");
+  const std::vector<double> taps = f64(*taps_store->find("taps"));
+  reference::RefContext ctx;
+  ref.settle(ctx, 0, taps, 37);
+  const reference::RefDraft want = ref.draft(ctx, 19, {});
+
+  auto got = model::TensorStore::open(dump);
+  EXPECT_LT(rel(f64(got->require("hidden", {cfg.block, cfg.hidden})), want.hidden), 2e-3);
+  EXPECT_LT(rel(f64(got->require("logits", {cfg.block - 1, cfg.vocab})), want.logits), 2e-3);
+  const model::TensorInfo* tokens = got->find("tokens");
+  ASSERT_NE(tokens, nullptr);
+  std::vector<int64_t> dumped(static_cast<size_t>(tokens->numel()));
+  std::memcpy(dumped.data(), tokens->data, tokens->nbytes);
+  EXPECT_EQ(dumped, want.tokens);
+  EXPECT_EQ(json["tokens"].get<std::vector<int64_t>>(), want.tokens);
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    std::vector<double> k, v;
+    for (const auto& row : ctx.k[static_cast<size_t>(l)]) k.insert(k.end(), row.begin(), row.end());
+    for (const auto& row : ctx.v[static_cast<size_t>(l)]) v.insert(v.end(), row.begin(), row.end());
+    const std::string ln = std::to_string(l);
+    EXPECT_LT(rel(model::to_f64(*got->find("context_k." + ln)), k), 2e-3) << "layer " << l;
+    EXPECT_LT(rel(model::to_f64(*got->find("context_v." + ln)), v), 2e-3) << "layer " << l;
+    EXPECT_EQ(got->find("context_k." + ln)->shape, (std::vector<int64_t>{37, cfg.n_kv, cfg.head_dim}));
+  }
+}
+
+TEST(Cli, DraftOnUnseenDFlashCheckpointMatchesReference) { check_against_reference(false, "bf16"); }
+TEST(Cli, DraftOnUnseenDFlash2CheckpointMatchesReference) { check_against_reference(true, "bf16"); }
+TEST(Cli, DraftOnF32CheckpointMatchesReference) { check_against_reference(true, "f32"); }
+
+TEST(Cli, EveryCommandAnswersHelp) {
+  for (const char* c : {"", "init ", "info ", "draft ", "bench "}) {
+    Result r = run(std::string(c) + "--help");
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, UserErrorsNameWhatIsWrong) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  const std::string d = " --drafter " + ck + "/drafter --target " + ck + "/target";
+  struct Case {
+    std::string args, needle;
+  };
+  testing::write_text(dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
+  // Taps of the wrong width: written with the other tiny config.
+  const std::string other = dir.file("other");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash2.json") + " --out " + other + " --taps 3").status, 0);
+  const Case cases[] = {
+      {"init --config " + dir.file("bad.json") + " --out " + dir.file("x"), "LlamaForCausalLM"},
+      {"init --config " + dir.file("missing.json") + " --out " + dir.file("x"), "missing.json"},
+      {"draft" + d + " --taps " + ck + "/taps.safetensors --anchor 100000", "anchor token 100000"},
+      {"draft" + d + " --taps " + other + "/taps.safetensors --anchor 1", "tensor 'taps' has shape [3, 192]"},
+      {"draft" + d + " --taps " + ck + "/drafter/model.safetensors --anchor 1", "no tensor 'taps'"},
+      {"draft --drafter " + ck + "/drafter --target " + other + "/target --taps " + ck + "/taps.safetensors --anchor 1",
+       "expected [Vt >= vocab_size 300, hidden 64]"},
+      {"draft" + d + " --taps " + ck + "/taps.safetensors --anchor 1 --temperature 1 --top-p 0", "top_p"},
+      {"info --drafter " + dir.path(), "config.json"},
+      {"init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("y") + " --dtype f64",
+       "dtype"},
+  };
+  for (const Case& c : cases) {
+    Result r = run(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace tpdraft

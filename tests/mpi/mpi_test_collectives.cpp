@@ -1,0 +1,228 @@
+// The MPI communicator under mpirun (2 and 4 ranks): the exact-value collective checks of the
+// in-process tests, results bit-identical across ranks on random floats, exact counters, the
+// replica split (consecutive groups of tp ranks) and the node-local rank.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "parallel/mpi_comm.h"
+
+namespace tpdraft::parallel {
+namespace {
+
+uint16_t bf16_exact(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  EXPECT_EQ(u & 0xffffu, 0u) << f << " is not exactly a bf16";
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint8_t pattern_byte(int rank, size_t j) { return static_cast<uint8_t>(rank * 37 + j * 11 + 5); }
+
+// Assertions here are EXPECTs only: a rank that left a test early would leave its peers waiting
+// in the next collective.
+class MpiCollectives : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+    r_ = comm_->rank();
+    n_ = comm_->size();
+  }
+  std::unique_ptr<MpiCommunicator> comm_;
+  int r_ = 0, n_ = 1;
+};
+
+TEST_F(MpiCollectives, AllReduceF32ExactIntegers) {
+  for (size_t count : {0, 1, 7, 1000, 4099}) {
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>((i % 2 ? -1.0 : 1.0) * (r_ * 1000.0 + i));
+    comm_->all_reduce_sum(x.data(), count);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const double expect = (i % 2 ? -1.0 : 1.0) * (1000.0 * n_ * (n_ - 1) / 2 + double(n_) * i);
+      bad += static_cast<double>(x[i]) != expect;
+    }
+    EXPECT_EQ(bad, 0u) << "rank " << r_ << " count " << count;
+  }
+}
+
+TEST_F(MpiCollectives, AllReduceBf16ExactValues) {
+  auto scale = [](size_t i) { return std::ldexp(i % 2 ? -1.0 : 1.0, static_cast<int>(i % 9) - 4); };
+  for (size_t count : {0, 1, 9, 1001}) {
+    std::vector<uint16_t> x(count);
+    for (size_t i = 0; i < count; ++i) x[i] = bf16_exact(static_cast<float>((r_ + 1) * scale(i)));
+    comm_->all_reduce_sum_bf16(x.data(), count);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += static_cast<double>(bf16_to_f32(x[i])) != n_ * (n_ + 1) / 2.0 * scale(i);
+    EXPECT_EQ(bad, 0u) << "rank " << r_ << " count " << count;
+  }
+}
+
+// 256 + (n - 1) ones: one rounding of the exact sum (ties to even), not one per addition.
+TEST_F(MpiCollectives, AllReduceBf16RoundsOnceAtTheEnd) {
+  const int sum = 255 + n_;
+  int half = sum / 2;
+  if (sum % 2 == 1 && half % 2 == 1) ++half;
+  std::vector<uint16_t> x(5, bf16_exact(r_ == 0 ? 256.0f : 1.0f));
+  comm_->all_reduce_sum_bf16(x.data(), x.size());
+  for (uint16_t v : x) EXPECT_EQ(bf16_to_f32(v), static_cast<float>(2 * half)) << "rank " << r_;
+}
+
+TEST_F(MpiCollectives, AllGatherDistinctBlocks) {
+  for (size_t bytes : {0, 1, 3, 17, 4097}) {
+    for (bool in_place : {false, true}) {
+      std::vector<uint8_t> recv(bytes * n_, 0xee), send(bytes);
+      for (size_t j = 0; j < bytes; ++j) send[j] = pattern_byte(r_, j);
+      const void* src = send.data();
+      if (in_place) {
+        std::memcpy(recv.data() + bytes * r_, send.data(), bytes);
+        src = recv.data() + bytes * r_;
+      }
+      comm_->all_gather(src, recv.data(), bytes);
+      size_t bad = 0;
+      for (int k = 0; k < n_; ++k)
+        for (size_t j = 0; j < bytes; ++j) bad += recv[k * bytes + j] != pattern_byte(k, j);
+      EXPECT_EQ(bad, 0u) << "rank " << r_ << " bytes " << bytes << " in place " << in_place;
+    }
+  }
+}
+
+TEST_F(MpiCollectives, BroadcastFromEveryRoot) {
+  for (size_t bytes : {0, 1, 13, 1000}) {
+    for (int root = 0; root < n_; ++root) {
+      std::vector<uint8_t> data(bytes);
+      for (size_t j = 0; j < bytes; ++j) data[j] = pattern_byte(r_, j);
+      comm_->broadcast(data.data(), bytes, root);
+      size_t bad = 0;
+      for (size_t j = 0; j < bytes; ++j) bad += data[j] != pattern_byte(root, j);
+      EXPECT_EQ(bad, 0u) << "rank " << r_ << " root " << root << " bytes " << bytes;
+    }
+  }
+}
+
+TEST_F(MpiCollectives, BroadcastRootOutOfRangeIsRefusedOnEveryRank) {
+  uint8_t b = 0;
+  try {
+    comm_->broadcast(&b, 1, n_);
+    ADD_FAILURE() << "rank " << r_ << ": broadcast from a missing root returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "rank " + std::to_string(r_) + ": broadcast root " + std::to_string(n_) +
+                                         " is not a rank of a group of " + std::to_string(n_));
+  }
+}
+
+TEST_F(MpiCollectives, CountersAreExact) {
+  std::vector<float> f(10);
+  std::vector<uint16_t> h(6);
+  std::vector<uint8_t> block(5), gathered(5 * n_), bytes(7);
+  comm_->all_reduce_sum(f.data(), f.size());
+  comm_->all_reduce_sum_bf16(h.data(), h.size());
+  comm_->all_reduce_sum(f.data(), 3);
+  comm_->all_gather(block.data(), gathered.data(), block.size());
+  comm_->broadcast(bytes.data(), bytes.size(), n_ - 1);
+  comm_->broadcast(bytes.data(), 2, 0);
+  for (int i = 0; i < 3; ++i) comm_->barrier();
+  const CommStats& s = comm_->stats();
+  EXPECT_EQ(s.all_reduce_calls, 3u);
+  EXPECT_EQ(s.all_reduce_bytes, 10u * 4 + 6u * 2 + 3u * 4);
+  EXPECT_EQ(s.all_gather_calls, 1u);
+  EXPECT_EQ(s.all_gather_bytes, 5u);
+  EXPECT_EQ(s.broadcast_calls, 2u);
+  EXPECT_EQ(s.broadcast_bytes, 9u);
+  EXPECT_EQ(s.barrier_calls, 3u);
+  EXPECT_GE(s.seconds, 0.0);
+  EXPECT_EQ(comm_->name(), "mpi");
+}
+
+// Random non-integer floats: every rank must end with the same bits (checked by gathering them),
+// close to the float64 sum.
+TEST_F(MpiCollectives, RandomSumsAreBitIdenticalAcrossRanks) {
+  const size_t count = 1001;
+  std::vector<std::vector<float>> in(n_);
+  for (int k = 0; k < n_; ++k) {
+    std::mt19937 gen(1234 + k);
+    std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+    for (size_t i = 0; i < count; ++i) in[k].push_back(dist(gen));
+  }
+  std::vector<float> x = in[r_];
+  std::vector<uint16_t> x16(count);
+  for (size_t i = 0; i < count; ++i) x16[i] = f32_to_bf16(x[i]);
+  comm_->all_reduce_sum(x.data(), count);
+  comm_->all_reduce_sum_bf16(x16.data(), count);
+
+  std::vector<float> all(count * n_);
+  std::vector<uint16_t> all16(count * n_);
+  comm_->all_gather(x.data(), all.data(), count * sizeof(float));
+  comm_->all_gather(x16.data(), all16.data(), count * sizeof(uint16_t));
+  for (int k = 1; k < n_; ++k) {
+    EXPECT_EQ(std::memcmp(all.data(), all.data() + k * count, count * sizeof(float)), 0) << "rank " << k << " f32";
+    EXPECT_EQ(std::memcmp(all16.data(), all16.data() + k * count, count * 2), 0) << "rank " << k << " bf16";
+  }
+  for (size_t i = 0; i < count; ++i) {
+    double sum = 0;
+    for (int k = 0; k < n_; ++k) sum += in[k][i];
+    EXPECT_NEAR(x[i], sum, 1e-5) << "[" << i << "]";
+  }
+}
+
+TEST_F(MpiCollectives, SplitGroupsOfTwoAreConsecutiveReplicas) {
+  if (n_ % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  ReplicaGroup g = split_groups(2);
+  EXPECT_EQ(g.replica, r_ / 2);
+  EXPECT_EQ(g.replicas, n_ / 2);
+  EXPECT_EQ(g.comm->size(), 2);
+  EXPECT_EQ(g.comm->rank(), r_ % 2);
+  // A sum inside the replica sees only its two world ranks: 2g + (2g + 1).
+  float v = static_cast<float>(r_);
+  g.comm->all_reduce_sum(&v, 1);
+  EXPECT_EQ(v, static_cast<float>(4 * g.replica + 1)) << "rank " << r_;
+  // The world communicator saw none of it.
+  EXPECT_EQ(comm_->stats().all_reduce_calls, 0u);
+
+  ReplicaGroup whole = split_groups(n_);
+  EXPECT_EQ(whole.replicas, 1);
+  EXPECT_EQ(whole.comm->rank(), r_);
+  ReplicaGroup single = split_groups(1);
+  EXPECT_EQ(single.replica, r_);
+  EXPECT_EQ(single.comm->size(), 1);
+}
+
+TEST_F(MpiCollectives, SplitGroupsRefusesATpThatDoesNotDivideTheRanks) {
+  const int tp = n_ + 1;
+  try {
+    split_groups(tp);
+    ADD_FAILURE() << "rank " << r_ << ": split_groups(" << tp << ") returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor-parallel size " + std::to_string(tp) + " does not split the " +
+                                         std::to_string(n_) + " MPI ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(MpiCollectives, NodeLocalRankIsAPlaceOnThisMachine) {
+  const NodeLocal local = node_local();
+  EXPECT_GE(local.rank, 0);
+  EXPECT_LT(local.rank, local.size);
+  EXPECT_LE(local.size, n_);
+  // Ranks on one machine are numbered in world order; the node-local ranks on it are 0..size-1.
+  std::vector<int> all(static_cast<size_t>(n_));
+  comm_->all_gather(&local.rank, all.data(), sizeof(int));
+  int zeros = 0;
+  for (int v : all) zeros += v == 0;
+  EXPECT_GE(zeros, 1);
+  if (local.size == n_) {
+    EXPECT_EQ(local.rank, r_);
+  }
+}
+
+TEST(MpiEnvironment, LaunchedUnderMpirun) { EXPECT_TRUE(mpi_launched()); }
+
+}  // namespace
+}  // namespace tpdraft::parallel
