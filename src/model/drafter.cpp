@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "model/sharded_head.h"
 
 namespace tpdraft::model {
 
@@ -311,11 +312,13 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
 
 std::vector<DraftResult> Drafter::select(const std::vector<DraftRequest>& requests, DraftDump* dump) {
   const int64_t S = static_cast<int64_t>(requests.size());
-  const int64_t H = cfg_.hidden, B = cfg_.block, V = cfg_.vocab, Md = S * (B - 1);
+  const int64_t H = cfg_.hidden, B = cfg_.block, Md = S * (B - 1);
+  const bool v2 = cfg_.is_dflash2();
   const auto t0 = Clock::now();
-  bool need_logits = dump != nullptr;
-  for (const auto& r : requests) need_logits = need_logits || (!cfg_.is_dflash2() && !r.sampling.greedy());
+  bool any_sampling = false;
+  for (const auto& r : requests) any_sampling = any_sampling || (!v2 && !r.sampling.greedy());
 
+  const ShardPlan& plan = weights_->plan();
   kernels::HeadParams hp;
   hp.head = weights_->head;
   hp.g = g_draft_.f32();
@@ -323,38 +326,34 @@ std::vector<DraftResult> Drafter::select(const std::vector<DraftRequest>& reques
   hp.valid_rows = weights_->head.rows;
   hp.scale = static_cast<float>(cfg_.out_scale);
   hp.cap = static_cast<float>(cfg_.softcap);
-  const int64_t k = cfg_.is_dflash2() ? cfg_.selector_topk : 1;
-  const int64_t id_base = weights_->plan().vocab.begin;
+  const VocabSlice slice{plan.vocab.begin, plan.vocab.size(), plan.vocab_padded / plan.tp, cfg_.vocab};
+  const int64_t k = v2 ? cfg_.selector_topk : 1;
+  const int64_t vl = slice.width;
 
-  // Candidates per draft row: from the full logits when those are needed anyway, else top-k.
-  std::vector<std::vector<Candidate>> cands(static_cast<size_t>(Md));
-  std::vector<float> logits;
-  if (need_logits) {
-    TPDRAFT_CHECK(comm_.size() == 1, "full logits across ranks need the logits gather (not available here)");
-    logits.resize(static_cast<size_t>(Md * V));
-    kernels::Buffer dev(ops_, logits.size() * sizeof(float));
-    ops_.head_logits(hp, dev.f32());
-    ops_.to_host(logits.data(), dev.get(), logits.size() * sizeof(float));
-    for (int64_t m = 0; m < Md; ++m) {
-      const float* row = logits.data() + m * V;
-      std::vector<Candidate> all(static_cast<size_t>(V));
-      for (int64_t v = 0; v < V; ++v) all[static_cast<size_t>(v)] = {row[v], v};
-      std::partial_sort(all.begin(), all.begin() + k, all.end(), candidate_before);
-      all.resize(static_cast<size_t>(k));
-      cands[static_cast<size_t>(m)] = std::move(all);
-    }
+  // Local candidates of every draft row: from this rank's logits when those are needed anyway
+  // (sampling, dumps), else straight from the head's top-k.
+  std::vector<std::vector<Candidate>> local(static_cast<size_t>(Md));
+  std::vector<float> logits;  // [Md, vl] on the host
+  if (dump != nullptr || any_sampling) {
+    if (!logits_dev_.get()) logits_dev_ = kernels::Buffer(ops_, f32_bytes(limits_.max_sessions * (B - 1) * vl));
+    logits.resize(static_cast<size_t>(Md * vl));
+    ops_.head_logits(hp, logits_dev_.f32());
+    ops_.to_host(logits.data(), logits_dev_.get(), logits.size() * sizeof(float));
+    for (int64_t m = 0; m < Md; ++m) local[static_cast<size_t>(m)] = local_top(logits.data() + m * vl, vl, slice.id_base, k);
   } else {
-    ops_.head_topk(hp, static_cast<int>(k), id_base, topv_.f32(), static_cast<int64_t*>(topi_.get()));
+    ops_.head_topk(hp, static_cast<int>(k), slice.id_base, topv_.f32(), static_cast<int64_t*>(topi_.get()));
     std::vector<float> vals(static_cast<size_t>(Md * k));
     std::vector<int64_t> ids(static_cast<size_t>(Md * k));
     ops_.to_host(vals.data(), topv_.get(), vals.size() * sizeof(float));
     ops_.to_host(ids.data(), topi_.get(), ids.size() * sizeof(int64_t));
+    const int64_t kk = std::min(k, vl);
     for (int64_t m = 0; m < Md; ++m)
-      for (int64_t j = 0; j < k; ++j)
-        cands[static_cast<size_t>(m)].push_back({vals[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
+      for (int64_t j = 0; j < kk; ++j)
+        local[static_cast<size_t>(m)].push_back({vals[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
   }
+  const std::vector<std::vector<Candidate>> cands = merge_candidates(local, k, comm_);
   std::vector<float> proj;
-  if (cfg_.is_dflash2()) {
+  if (v2) {
     proj.resize(static_cast<size_t>(Md * cfg_.selector_rank));
     ops_.matmul(weights_->selector_proj, g_draft_.f32(), Md, sel_.f32());
     ops_.to_host(proj.data(), sel_.get(), proj.size() * sizeof(float));
@@ -363,39 +362,44 @@ std::vector<DraftResult> Drafter::select(const std::vector<DraftRequest>& reques
   times_.head = seconds_since(t0);
   const auto t1 = Clock::now();
 
-  std::vector<DraftResult> results(static_cast<size_t>(S));
+  std::vector<int64_t> tokens(static_cast<size_t>(Md));
+  std::vector<float> probs(static_cast<size_t>(Md));
   for (int64_t s = 0; s < S; ++s) {
     const DraftRequest& req = requests[static_cast<size_t>(s)];
-    DraftResult& res = results[static_cast<size_t>(s)];
-    if (cfg_.is_dflash2()) {
+    std::vector<Pick> picks;
+    if (v2) {
       const int64_t R = cfg_.selector_rank;
       std::vector<std::vector<Candidate>> c(cands.begin() + s * (B - 1), cands.begin() + (s + 1) * (B - 1));
       std::vector<std::vector<float>> p(static_cast<size_t>(B - 1));
       for (int64_t r = 0; r < B - 1; ++r)
         p[static_cast<size_t>(r)].assign(proj.begin() + (s * (B - 1) + r) * R, proj.begin() + (s * (B - 1) + r + 1) * R);
-      for (const Pick& pick : selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling)) {
-        res.tokens.push_back(pick.token);
-        res.probs.push_back(pick.prob);
-      }
+      picks = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling);
+    } else if (req.sampling.greedy()) {
+      for (int64_t r = 0; r < B - 1; ++r) picks.push_back({cands[static_cast<size_t>(s * (B - 1) + r)].front().id, 1.0f});
     } else {
-      for (int64_t r = 1; r < B; ++r) {
-        const int64_t m = s * (B - 1) + (r - 1);
-        Pick pick;
-        if (req.sampling.greedy()) {
-          pick = {cands[static_cast<size_t>(m)].front().id, 1.0f};
-        } else {
-          pick = sample_from_logits(logits.data() + m * V, V, r, req.sampling);
-        }
-        res.tokens.push_back(pick.token);
-        res.probs.push_back(pick.prob);
-      }
+      picks = sample_sharded(logits.data() + s * (B - 1) * vl, B - 1, 1, slice, req.sampling, comm_);
     }
+    for (int64_t r = 0; r < B - 1; ++r) {
+      tokens[static_cast<size_t>(s * (B - 1) + r)] = picks[static_cast<size_t>(r)].token;
+      probs[static_cast<size_t>(s * (B - 1) + r)] = picks[static_cast<size_t>(r)].prob;
+    }
+  }
+  // Every rank took the same decisions on identical inputs; rank 0's tokens are broadcast anyway
+  // (a few bytes) so that no rounding difference can ever split the ranks.
+  if (comm_.size() > 1) {
+    comm_.broadcast(tokens.data(), tokens.size() * sizeof(int64_t), 0);
+    comm_.broadcast(probs.data(), probs.size() * sizeof(float), 0);
+  }
+  std::vector<DraftResult> results(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    results[static_cast<size_t>(s)].tokens.assign(tokens.begin() + s * (B - 1), tokens.begin() + (s + 1) * (B - 1));
+    results[static_cast<size_t>(s)].probs.assign(probs.begin() + s * (B - 1), probs.begin() + (s + 1) * (B - 1));
   }
   times_.select = seconds_since(t1);
   if (dump != nullptr) {
     dump->hidden.resize(static_cast<size_t>(S * B * H));
     ops_.to_host(dump->hidden.data(), g_.get(), dump->hidden.size() * sizeof(float));
-    dump->logits = std::move(logits);
+    dump->logits = gather_logits(logits.data(), Md, slice, comm_);
   }
   return results;
 }

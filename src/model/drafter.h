@@ -92,6 +92,7 @@ class Drafter {
   kernels::Buffer h_, x_, xc_, q_, k_, v_, attn_, o_, gate_, up_, delta_, g_, g_draft_, sel_;
   kernels::Buffer topv_, settle_u_, settle_c_, settle_k_, settle_v_;
   kernels::Buffer topi_;
+  kernels::Buffer logits_dev_;  // [max_sessions * (B-1), local vocab], made on first need (sampling, dumps)
   std::vector<int64_t> positions_;
 };
 

@@ -1,0 +1,191 @@
+// Vocabulary-parallel head exchanges. What crosses the wire per row: k (value, id) pairs for the
+// candidates, one max and one sum for sampling; O(V) only for an explicit full-logits gather or
+// the rare top-p pool overflow (a top-p without top-k whose mass needs more than kTopPPool tokens).
+#include "model/sharded_head.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+
+namespace tpdraft::model {
+
+namespace {
+
+// A candidate as it travels: fixed layout, 16 bytes.
+struct WireCandidate {
+  float value;
+  uint32_t valid;
+  int64_t id;
+};
+static_assert(sizeof(WireCandidate) == 16, "wire layout");
+
+// A rank's best Gumbel key of one row, with the logit behind it.
+struct WireDraw {
+  double key = 0;
+  int64_t id = 0;
+  float logit = 0;
+  uint32_t valid = 0;
+};
+static_assert(sizeof(WireDraw) == 24, "wire layout");
+
+// Tokens a top-p draw without top-k may need before falling back to the full gather.
+constexpr int64_t kTopPPool = 256;
+
+}  // namespace
+
+std::vector<Candidate> local_top(const float* logits, int64_t width, int64_t id_base, int64_t k) {
+  k = std::min(k, width);
+  std::vector<Candidate> all(static_cast<size_t>(width));
+  for (int64_t v = 0; v < width; ++v) all[static_cast<size_t>(v)] = {logits[v], id_base + v};
+  std::partial_sort(all.begin(), all.begin() + k, all.end(), candidate_before);
+  all.resize(static_cast<size_t>(k));
+  return all;
+}
+
+std::vector<std::vector<Candidate>> merge_candidates(const std::vector<std::vector<Candidate>>& local, int64_t k,
+                                                     parallel::Communicator& comm) {
+  const int tp = comm.size();
+  const size_t rows = local.size();
+  if (tp == 1) return local;
+  std::vector<WireCandidate> send(rows * static_cast<size_t>(k), WireCandidate{0.0f, 0, 0});
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t j = 0; j < local[r].size() && j < static_cast<size_t>(k); ++j)
+      send[r * static_cast<size_t>(k) + j] = {local[r][j].value, 1, local[r][j].id};
+  std::vector<WireCandidate> recv(send.size() * static_cast<size_t>(tp));
+  comm.all_gather(send.data(), recv.data(), send.size() * sizeof(WireCandidate));
+  std::vector<std::vector<Candidate>> merged(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    std::vector<Candidate> all;
+    for (int q = 0; q < tp; ++q)
+      for (int64_t j = 0; j < k; ++j) {
+        const WireCandidate& w = recv[(static_cast<size_t>(q) * rows + r) * static_cast<size_t>(k) + static_cast<size_t>(j)];
+        if (w.valid) all.push_back({w.value, w.id});
+      }
+    const size_t keep = std::min(all.size(), static_cast<size_t>(k));
+    std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep), all.end(), candidate_before);
+    all.resize(keep);
+    merged[r] = std::move(all);
+  }
+  return merged;
+}
+
+std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSlice& s, parallel::Communicator& comm) {
+  const int tp = comm.size();
+  const size_t stride = static_cast<size_t>(s.slice_stride);
+  std::vector<float> send(static_cast<size_t>(rows) * stride, -std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(send.data() + static_cast<size_t>(r) * stride, local + r * s.width, static_cast<size_t>(s.width) * sizeof(float));
+  std::vector<float> recv(send.size() * static_cast<size_t>(tp));
+  comm.all_gather(send.data(), recv.data(), send.size() * sizeof(float));
+  std::vector<float> full(static_cast<size_t>(rows * s.vocab));
+  for (int q = 0; q < tp; ++q) {
+    const int64_t base = static_cast<int64_t>(q) * s.slice_stride;
+    const int64_t width = std::max<int64_t>(0, std::min(s.slice_stride, s.vocab - base));
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(full.data() + r * s.vocab + base, recv.data() + (static_cast<size_t>(q) * static_cast<size_t>(rows) + static_cast<size_t>(r)) * stride,
+                  static_cast<size_t>(width) * sizeof(float));
+  }
+  return full;
+}
+
+std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
+                                 const SamplingParams& s, parallel::Communicator& comm) {
+  TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
+  const double inv_t = 1.0 / s.temperature;
+  const int64_t w = slice.width;
+  const bool filtered = s.top_k > 0 || s.top_p < 1.0;
+  const int64_t pool = s.top_k > 0 ? std::min(s.top_k, slice.vocab) : std::min(kTopPPool, slice.vocab);
+
+  // Exchange 1: the global max of every row (and, when filtered, the candidate pool).
+  std::vector<std::vector<Candidate>> tops(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) tops[static_cast<size_t>(r)] = local_top(local + r * w, w, slice.id_base, filtered ? pool : 1);
+  const auto merged = merge_candidates(tops, filtered ? pool : 1, comm);
+  // Exchange 2: sum of exp((l - max) / T) over the whole vocabulary (needed unless top-k bounds the set).
+  std::vector<float> sums(static_cast<size_t>(rows), 0.0f);
+  const bool need_z = s.top_k == 0;
+  if (need_z) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const double mx = merged[static_cast<size_t>(r)].front().value * inv_t;
+      double z = 0;
+      for (int64_t v = 0; v < w; ++v) z += std::exp(local[r * w + v] * inv_t - mx);
+      sums[static_cast<size_t>(r)] = static_cast<float>(z);
+    }
+    comm.all_reduce_sum(sums.data(), sums.size());
+  }
+
+  std::vector<Pick> picks(static_cast<size_t>(rows));
+  if (!filtered) {
+    // Gumbel-max over each rank's slice, then the best key across ranks (ties to the lower id):
+    // one exchange of (key, id, logit) per row.
+    std::vector<WireDraw> mine(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t row = static_cast<uint64_t>(first_row + r);
+      WireDraw& d = mine[static_cast<size_t>(r)];
+      for (int64_t v = 0; v < w; ++v) {
+        const double key = local[r * w + v] * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(slice.id_base + v));
+        if (!d.valid || key > d.key) d = {key, slice.id_base + v, local[r * w + v], 1};
+      }
+    }
+    std::vector<WireDraw> all(mine.size() * static_cast<size_t>(comm.size()));
+    comm.all_gather(mine.data(), all.data(), mine.size() * sizeof(WireDraw));
+    for (int64_t r = 0; r < rows; ++r) {
+      const WireDraw* best = nullptr;
+      for (int q = 0; q < comm.size(); ++q) {
+        const WireDraw& d = all[static_cast<size_t>(q) * mine.size() + static_cast<size_t>(r)];
+        if (d.valid && (best == nullptr || d.key > best->key || (d.key == best->key && d.id < best->id))) best = &d;
+      }
+      const double mx = merged[static_cast<size_t>(r)].front().value * inv_t;
+      picks[static_cast<size_t>(r)] = {best->id, static_cast<float>(std::exp(best->logit * inv_t - mx) / sums[static_cast<size_t>(r)])};
+    }
+    return picks;
+  }
+  std::vector<int64_t> overflow;  // rows whose top-p mass needs more than the pool
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto& cand = merged[static_cast<size_t>(r)];
+    const uint64_t row = static_cast<uint64_t>(first_row + r);
+    const double mx = cand.front().value * inv_t;
+    // The kept set from the merged pool: top-k, then the top-p prefix.
+    size_t keep = cand.size();
+    double z = 0;
+    for (const Candidate& c : cand) z += std::exp(c.value * inv_t - mx);
+    if (s.top_p < 1.0) {
+      const double norm = s.top_k > 0 ? z : static_cast<double>(sums[static_cast<size_t>(r)]);
+      double mass = 0;
+      size_t n = 0;
+      while (n < cand.size()) {
+        mass += std::exp(cand[n].value * inv_t - mx) / norm;
+        ++n;
+        if (mass >= s.top_p) break;
+      }
+      if (mass < s.top_p && s.top_k == 0 && static_cast<int64_t>(cand.size()) < slice.vocab) {
+        overflow.push_back(r);
+        continue;
+      }
+      keep = n;
+      z = 0;
+      for (size_t i = 0; i < keep; ++i) z += std::exp(cand[i].value * inv_t - mx);
+    }
+    double best_key = -INFINITY;
+    size_t best = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      const double key = cand[i].value * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(cand[i].id));
+      if (key > best_key || (key == best_key && cand[i].id < cand[best].id)) {
+        best_key = key;
+        best = i;
+      }
+    }
+    picks[static_cast<size_t>(r)] = {cand[best].id, static_cast<float>(std::exp(cand[best].value * inv_t - mx) / z)};
+  }
+  // Rows whose nucleus is wider than the pool: every rank saw the same overflow, so all gather.
+  if (!overflow.empty()) {
+    const std::vector<float> full = gather_logits(local, rows, slice, comm);
+    for (int64_t r : overflow)
+      picks[static_cast<size_t>(r)] = sample_from_logits(full.data() + r * slice.vocab, slice.vocab, first_row + r, s);
+  }
+  return picks;
+}
+
+}  // namespace tpdraft::model

@@ -1,0 +1,41 @@
+// Head results when the vocabulary is split across ranks (spec/parallel.md §3): merging local
+// top-k candidates into the same global list on every rank, exact sampling without gathering
+// the distribution (a max and a sum-of-exp exchange give the exact normaliser; the draw is a
+// Gumbel-max over keyed noise), and the full-logits gather for dumps. With one rank every
+// exchange is the identity, so tp = 1 takes the same path.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/selection.h"
+#include "parallel/communicator.h"
+
+namespace tpdraft::model {
+
+// This rank's slice of the vocabulary: ids [id_base, id_base + width) of the first `vocab`;
+// `slice_stride` = Vp / tp, the widest slice (narrower ones are padded in exchanges).
+struct VocabSlice {
+  int64_t id_base = 0;
+  int64_t width = 0;
+  int64_t slice_stride = 0;
+  int64_t vocab = 0;
+};
+
+// Local candidates [rows][<= k] (ordered) -> the global top-k of every row, identical on every rank.
+std::vector<std::vector<Candidate>> merge_candidates(const std::vector<std::vector<Candidate>>& local, int64_t k,
+                                                     parallel::Communicator& comm);
+
+// The k best of a local logits row (candidate order), ids offset by id_base.
+std::vector<Candidate> local_top(const float* logits, int64_t width, int64_t id_base, int64_t k);
+
+// All ranks' logits for `rows` rows assembled into [rows, vocab] on every rank.
+std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSlice& slice,
+                                 parallel::Communicator& comm);
+
+// Samples one draft per row r = first_row .. first_row + rows - 1 from vocabulary-sharded logits
+// (local: [rows, slice.width]) following docs/sampling.md exactly; identical on every rank.
+std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
+                                 const SamplingParams& s, parallel::Communicator& comm);
+
+}  // namespace tpdraft::model
