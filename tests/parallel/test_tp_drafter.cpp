@@ -1,0 +1,157 @@
+// Tensor-parallel drafts in one process (one thread per rank, the in-process communicator):
+// tp = 2, 4, 8 and tp > Nk must give the tp = 1 tokens, with hidden rows and logits within f32
+// rounding, for DFlash and DFlash 2, sliding windows, seeded sampling, several sessions and
+// settle + rollback; and the wire carries only what spec/parallel.md says.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/drafter.h"
+#include "model/random_checkpoint.h"
+#include "parallel/thread_comm.h"
+#include "support/test_support.h"
+
+namespace tpdraft {
+namespace {
+
+using model::DrafterConfig;
+
+// Geometries with 8 query heads and 2 kv heads, so tp = 4 and 8 replicate kv heads.
+DrafterConfig wide(const std::string& file) {
+  DrafterConfig c = DrafterConfig::from_file(testing::source_path("configs/" + file));
+  c.n_q = 8;
+  c.n_kv = 2;
+  c.head_dim = 8;
+  c.ffn = 96;
+  return c;
+}
+
+struct RankOutput {
+  std::vector<model::DraftResult> results;
+  model::DraftDump dump;
+  parallel::CommStats stats;
+};
+
+struct Scenario {
+  std::vector<int64_t> contexts = {40};
+  std::vector<model::SamplingParams> sampling = {{}};
+  bool rollback = false;
+  bool dump = true;
+};
+
+// Runs the scenario at tp ranks; returns every rank's output.
+std::vector<RankOutput> run_tp(const std::string& ckpt, const DrafterConfig& cfg, int tp, const Scenario& sc) {
+  std::vector<RankOutput> out(static_cast<size_t>(tp));
+  parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
+    auto ops = kernels::make_cpu_ops(1);
+    auto weights = std::make_shared<model::DrafterWeights>(
+        cfg, model::TensorStore::open(ckpt + "/drafter"), model::TensorStore::open(ckpt + "/target"),
+        model::ShardPlan::make(cfg, comm.rank(), tp), *ops);
+    model::DrafterLimits limits;
+    limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
+    limits.max_context = 128;
+    limits.settle_chunk = 32;
+    model::Drafter drafter(weights, *ops, comm, limits);
+    std::vector<std::unique_ptr<model::Session>> sessions;
+    std::vector<model::DraftRequest> reqs;
+    for (size_t s = 0; s < sc.contexts.size(); ++s) {
+      const auto taps = model::random_taps(cfg, sc.contexts[s] + 10, 50 + s);
+      sessions.push_back(drafter.new_session());
+      if (sc.rollback) {
+        // A round whose last 7 rows were rejected (within the ring's one-block slack).
+        drafter.settle(*sessions.back(), 0, taps.data(), sc.contexts[s] + 3);
+        drafter.rollback(*sessions.back(), sc.contexts[s] - 4);
+        drafter.settle(*sessions.back(), sc.contexts[s] - 4, taps.data() + (sc.contexts[s] - 4) * cfg.n_taps() * cfg.hidden, 4);
+      } else {
+        drafter.settle(*sessions.back(), 0, taps.data(), sc.contexts[s]);
+      }
+      reqs.push_back({sessions.back().get(), static_cast<int64_t>(7 + 31 * s) % cfg.vocab, sc.sampling[s % sc.sampling.size()]});
+    }
+    comm.reset_stats();
+    RankOutput& o = out[static_cast<size_t>(comm.rank())];
+    o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
+    o.stats = comm.stats();
+  });
+  return out;
+}
+
+void expect_same_draft(const std::vector<RankOutput>& base, const std::vector<RankOutput>& got, const std::string& what) {
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].results.size(), base[0].results.size()) << what;
+    for (size_t s = 0; s < got[r].results.size(); ++s) {
+      EXPECT_EQ(got[r].results[s].tokens, base[0].results[s].tokens) << what << " rank " << r << " session " << s;
+      for (size_t i = 0; i < got[r].results[s].probs.size(); ++i)
+        EXPECT_NEAR(got[r].results[s].probs[i], base[0].results[s].probs[i], 1e-5) << what;
+    }
+    if (!base[0].dump.hidden.empty()) {
+      const std::vector<double> h(base[0].dump.hidden.begin(), base[0].dump.hidden.end());
+      const std::vector<double> l(base[0].dump.logits.begin(), base[0].dump.logits.end());
+      EXPECT_LT(testing::relative_error(got[r].dump.hidden, h), 1e-5) << what << " rank " << r;
+      EXPECT_LT(testing::relative_error(got[r].dump.logits, l), 1e-5) << what << " rank " << r;
+    }
+  }
+}
+
+void check_sizes(const std::string& config, const Scenario& sc, std::vector<int> sizes = {2, 4, 8}) {
+  const DrafterConfig cfg = wide(config);
+  testing::TempDir dir;
+  model::RandomCheckpointOptions o;
+  o.seed = 5;
+  o.target_vocab = cfg.vocab + 13;  // a padded head; V is not a multiple of 8 either
+  model::write_random_checkpoint(cfg, dir.path(), o, 0);
+  const auto base = run_tp(dir.path(), cfg, 1, sc);
+  for (int tp : sizes) expect_same_draft(base, run_tp(dir.path(), cfg, tp, sc), config + " tp " + std::to_string(tp));
+}
+
+TEST(TensorParallel, DFlashGreedyAtEverySize) { check_sizes("tiny-dflash.json", {}); }
+
+TEST(TensorParallel, DFlash2SlidingGreedyAtEverySize) { check_sizes("tiny-dflash2.json", {}); }
+
+TEST(TensorParallel, SeededSamplingAtEverySize) {
+  Scenario sc;
+  sc.contexts = {40, 12, 0};
+  sc.sampling = {{0.9, 0, 1.0, 17}, {1.2, 25, 0.8, 3}, {0.7, 0, 0.95, 8}};
+  sc.dump = false;  // the sampled path without the full-logits gather
+  check_sizes("tiny-dflash.json", sc);
+  Scenario sel;
+  sel.sampling = {{0.8, 0, 1.0, 4}};
+  check_sizes("tiny-dflash2.json", sel);
+}
+
+TEST(TensorParallel, SeveralSessionsWithRollback) {
+  Scenario sc;
+  sc.contexts = {30, 45};
+  sc.rollback = true;
+  check_sizes("tiny-dflash2.json", sc, {2, 4});
+}
+
+// One greedy draft moves 2 L all-reduces of [M, H] f32, one gather of k candidates per draft row
+// and the broadcast of the tokens: nothing that grows with the vocabulary.
+TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
+  DrafterConfig cfg = wide("tiny-dflash2.json");
+  cfg.vocab = 40000;  // large enough that any O(V) exchange would dwarf the rest
+  testing::TempDir dir;
+  model::write_random_checkpoint(cfg, dir.path(), {}, 0);
+  Scenario sc;
+  sc.dump = false;
+  for (int tp : {2, 4}) {
+    const auto out = run_tp(dir.path(), cfg, tp, sc);
+    const uint64_t M = static_cast<uint64_t>(cfg.block), Md = M - 1, H = static_cast<uint64_t>(cfg.hidden);
+    const uint64_t k = static_cast<uint64_t>(cfg.selector_topk), L = static_cast<uint64_t>(cfg.layers);
+    for (const RankOutput& r : out) {
+      EXPECT_EQ(r.stats.all_reduce_calls, 2 * L);
+      EXPECT_EQ(r.stats.all_reduce_bytes, 2 * L * M * H * 4);
+      EXPECT_EQ(r.stats.all_gather_calls, 1u);
+      EXPECT_EQ(r.stats.all_gather_bytes, Md * k * 16);
+      EXPECT_EQ(r.stats.broadcast_bytes, Md * (8 + 4));
+      EXPECT_LT(r.stats.total_bytes(), static_cast<uint64_t>(cfg.vocab) * 4) << "an O(V) transfer slipped in";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpdraft
