@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -32,6 +33,7 @@ struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
   int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
   int threads = 0;
+  int tp = 0;
   uint64_t seed = 0;
   bool json = false;
 };
@@ -97,9 +99,9 @@ std::shared_ptr<model::TensorStore> memory_store(const std::string& label, std::
   return model::TensorStore::from_memory(label, std::move(t));
 }
 
-void run_bench(const BenchOpts& o) {
-  auto ops = kernels::make_cpu_ops(o.threads);
-  auto comm = parallel::make_single_rank();
+void run_bench(const BenchOpts& o, const RankContext& ctx) {
+  auto ops = kernels::make_cpu_ops(ctx.threads);
+  parallel::Communicator* comm = &ctx.comm;
   std::shared_ptr<model::TensorStore> dstore, tstore;
   model::DrafterConfig cfg;
   const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
@@ -114,8 +116,8 @@ void run_bench(const BenchOpts& o) {
     model::RandomCheckpointOptions ro;
     ro.seed = o.seed;
     ro.dtype = dtype;
-    ro.threads = o.threads;
-    TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
+    ro.threads = ctx.threads;
+    if (ctx.leader()) TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
     dstore = memory_store(o.config, model::random_drafter_tensors(cfg, ro));
     tstore = memory_store(o.config + " (target)", model::random_target_tensors(cfg, ro));
   }
@@ -138,10 +140,13 @@ void run_bench(const BenchOpts& o) {
     settle_s += since(t0);
     reqs.push_back({sessions.back().get(), (17 + s) % cfg.vocab, {}});
   }
-  TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
+  if (ctx.leader())
+    TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
   std::vector<double> times, layers, head, select;
   std::vector<int64_t> tokens;
+  parallel::CommStats comm_stats;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
+    if (i == o.warmup) comm->reset_stats();
     const auto t0 = Clock::now();
     const auto res = drafter.draft(reqs);
     const double dt = since(t0);
@@ -153,10 +158,14 @@ void run_bench(const BenchOpts& o) {
     }
     tokens = res[0].tokens;
   }
+  comm_stats = comm->stats();
+  const double per = 1.0 / static_cast<double>(o.repeat);
   const Stats st = summarize(times);
   const model::WorkCount work = model::draft_work(cfg, plan, o.batch, o.ctx, wbytes);
   const model::WorkCount swork = model::settle_work(cfg, plan, o.ctx * o.batch, wbytes);
-  const double read_gbps = measure_read_gbps(o.threads);
+  comm->barrier();
+  if (!ctx.leader()) return;  // the ceilings and the report come from one rank
+  const double read_gbps = measure_read_gbps(ctx.threads);
   const double gemm_gflops = measure_gemm_gflops(*ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   const double gflops = work.flops / st.median / 1e9, gbps = work.bytes() / st.median / 1e9;
 
@@ -164,7 +173,19 @@ void run_bench(const BenchOpts& o) {
   j["config"] = o.drafter.empty() ? o.config : o.drafter;
   j["architecture"] = cfg.arch_name;
   j["backend"] = ops->name();
-  j["threads"] = o.threads;
+  j["threads"] = ctx.threads;
+  j["tp"] = comm->size();
+  j["replicas"] = ctx.replicas;
+  j["communicator"] = comm->name();
+  j["comm_ms"] = comm_stats.seconds * per * 1e3;
+  j["all_reduce_calls"] = static_cast<double>(comm_stats.all_reduce_calls) * per;
+  j["all_reduce_bytes"] = static_cast<double>(comm_stats.all_reduce_bytes) * per;
+  j["all_gather_calls"] = static_cast<double>(comm_stats.all_gather_calls) * per;
+  j["all_gather_bytes"] = static_cast<double>(comm_stats.all_gather_bytes) * per;
+  j["broadcast_calls"] = static_cast<double>(comm_stats.broadcast_calls) * per;
+  j["broadcast_bytes"] = static_cast<double>(comm_stats.broadcast_bytes) * per;
+  j["weights_bytes_per_rank"] = static_cast<double>(weights->backend_bytes());
+  j["context_bytes_per_rank"] = static_cast<double>(drafter.context_bytes_per_position() * static_cast<size_t>(o.ctx * o.batch));
   j["sessions"] = o.batch;
   j["context"] = o.ctx;
   j["dtype"] = dtype_name(weights->head.dtype);
@@ -189,14 +210,21 @@ void run_bench(const BenchOpts& o) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  std::printf("tpdraft bench: %s, %s weights, %s backend, %d threads, %lld session(s) x %lld context rows\n",
-              cfg.arch_name.c_str(), dtype_name(weights->head.dtype), ops->name(), o.threads,
+  std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld context rows\n",
+              cfg.arch_name.c_str(), dtype_name(weights->head.dtype), ops->name(), comm->size(), comm->name().c_str(), ctx.threads,
               static_cast<long long>(o.batch), static_cast<long long>(o.ctx));
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
               st.median * 1e3, st.min * 1e3, st.max * 1e3, st.p10 * 1e3, st.p90 * 1e3,
               static_cast<long long>(o.repeat));
   std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians)\n",
               summarize(layers).median * 1e3, summarize(head).median * 1e3, summarize(select).median * 1e3);
+  std::printf("  comm       %.3f ms per draft: all-reduce %.0f x %.0f B, all-gather %.0f x %.0f B, broadcast %.0f x %.0f B\n",
+              comm_stats.seconds * per * 1e3, static_cast<double>(comm_stats.all_reduce_calls) * per,
+              comm_stats.all_reduce_calls ? static_cast<double>(comm_stats.all_reduce_bytes) / static_cast<double>(comm_stats.all_reduce_calls) : 0.0,
+              static_cast<double>(comm_stats.all_gather_calls) * per,
+              comm_stats.all_gather_calls ? static_cast<double>(comm_stats.all_gather_bytes) / static_cast<double>(comm_stats.all_gather_calls) : 0.0,
+              static_cast<double>(comm_stats.broadcast_calls) * per,
+              comm_stats.broadcast_calls ? static_cast<double>(comm_stats.broadcast_bytes) / static_cast<double>(comm_stats.broadcast_calls) : 0.0);
   std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", work.flops / 1e9, work.bytes() / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of read bandwidth %.1f)\n",
               gflops, 100 * gflops / gemm_gflops, gemm_gflops, gbps, 100 * gbps / read_gbps, read_gbps);
@@ -216,13 +244,15 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--target", o->target, "Target directory for --drafter");
   cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
-  cmd->callback([o] { run_bench(*o); });
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
+                              "(default: all of them)")->check(CLI::NonNegativeNumber);
+  cmd->callback([o] { run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_bench(*o, ctx); }); });
 }
 
 }  // namespace tpdraft::cli

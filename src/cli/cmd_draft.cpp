@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/ops.h"
@@ -25,6 +26,7 @@ struct DraftOpts {
   int64_t top_k = 0;
   uint64_t seed = 0;
   int threads = 0;
+  int tp = 0;
 };
 
 std::vector<float> read_taps(const std::string& path, const model::DrafterConfig& cfg, int64_t* rows) {
@@ -38,19 +40,43 @@ std::vector<float> read_taps(const std::string& path, const model::DrafterConfig
   return model::to_f32(*t);
 }
 
-void run_draft(const DraftOpts& o) {
+// Layer l's context of every kv head, [n, Nk, D], assembled from the ranks' slices (collective).
+void gather_context(const model::Drafter& drafter, const model::Session& session, int64_t layer,
+                    parallel::Communicator& comm, std::vector<float>* k, std::vector<float>* v) {
+  const model::DrafterConfig& cfg = drafter.config();
+  std::vector<float> lk, lv;
+  drafter.read_context(session, layer, &lk, &lv);
+  const int tp = comm.size();
+  const int64_t n = session.length(), D = cfg.head_dim;
+  std::vector<float> ak(lk.size() * static_cast<size_t>(tp)), av(lv.size() * static_cast<size_t>(tp));
+  comm.all_gather(lk.data(), ak.data(), lk.size() * sizeof(float));
+  comm.all_gather(lv.data(), av.data(), lv.size() * sizeof(float));
+  k->assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
+  v->assign(k->size(), 0.0f);
+  for (int q = 0; q < tp; ++q) {
+    const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
+    const int64_t w = heads.size() * D;
+    for (int64_t p = 0; p < n; ++p) {
+      const size_t src = static_cast<size_t>(q) * lk.size() + static_cast<size_t>(p * w);
+      const size_t dst = static_cast<size_t>((p * cfg.n_kv + heads.begin) * D);
+      std::copy(ak.begin() + static_cast<std::ptrdiff_t>(src), ak.begin() + static_cast<std::ptrdiff_t>(src + w), k->begin() + static_cast<std::ptrdiff_t>(dst));
+      std::copy(av.begin() + static_cast<std::ptrdiff_t>(src), av.begin() + static_cast<std::ptrdiff_t>(src + w), v->begin() + static_cast<std::ptrdiff_t>(dst));
+    }
+  }
+}
+
+void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
   int64_t n = 0;
   const std::vector<float> taps = read_taps(o.taps, cfg, &n);
-  auto ops = kernels::make_cpu_ops(o.threads);
-  auto comm = parallel::make_single_rank();
-  const auto plan = model::ShardPlan::make(cfg, comm->rank(), comm->size());
+  auto ops = kernels::make_cpu_ops(ctx.threads);
+  const auto plan = model::ShardPlan::make(cfg, ctx.comm.rank(), ctx.comm.size());
   auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(o.drafter),
                                                          model::TensorStore::open(o.target), plan, *ops);
   model::DrafterLimits limits;
   limits.max_context = std::max<int64_t>(1, n);
   limits.keep_all_positions = !o.dump.empty();
-  model::Drafter drafter(weights, *ops, *comm, limits);
+  model::Drafter drafter(weights, *ops, ctx.comm, limits);
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
   drafter.settle(*session, 0, taps.data(), n);
@@ -65,29 +91,32 @@ void run_draft(const DraftOpts& o) {
   const auto results = drafter.draft({req}, o.dump.empty() ? nullptr : &dump);
   const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 
-  nlohmann::json out;
-  out["tokens"] = results[0].tokens;
-  out["probs"] = results[0].probs;
-  out["anchor"] = o.anchor;
-  out["anchor_position"] = n;
-  out["architecture"] = cfg.arch_name;
-  out["settle_ms"] = settle_s * 1e3;
-  out["draft_ms"] = draft_s * 1e3;
-  std::printf("%s\n", out.dump().c_str());
-
-  if (!o.dump.empty()) {
-    const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab, kvw = cfg.n_kv * cfg.head_dim;
-    model::SafetensorsWriter w;
-    w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
-    w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
-    w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
-    std::vector<float> k, v;
-    for (int64_t l = 0; l < cfg.layers; ++l) {
-      drafter.read_context(*session, l, &k, &v);
-      w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
-      w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
-      (void)kvw;
-    }
+  if (ctx.leader()) {
+    nlohmann::json out;
+    out["tokens"] = results[0].tokens;
+    out["probs"] = results[0].probs;
+    out["anchor"] = o.anchor;
+    out["anchor_position"] = n;
+    out["architecture"] = cfg.arch_name;
+    out["tp"] = ctx.comm.size();
+    out["settle_ms"] = settle_s * 1e3;
+    out["draft_ms"] = draft_s * 1e3;
+    std::printf("%s\n", out.dump().c_str());
+    std::fflush(stdout);
+  }
+  if (o.dump.empty()) return;
+  const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab;
+  model::SafetensorsWriter w;
+  w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
+  w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
+  w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
+  std::vector<float> k, v;
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    gather_context(drafter, *session, l, ctx.comm, &k, &v);
+    w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
+    w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
+  }
+  if (ctx.leader()) {
     w.write(o.dump);
     TPDRAFT_LOG_INFO("wrote {}", o.dump);
   }
@@ -110,7 +139,9 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
   cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
-  cmd->callback([o] { run_draft(*o); });
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
+                              "(default: all of them)")->check(CLI::NonNegativeNumber);
+  cmd->callback([o] { run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); }); });
 }
 
 }  // namespace tpdraft::cli

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -18,16 +19,18 @@ int main(int argc, char** argv) {
   tpdraft::cli::add_info(app);
   tpdraft::cli::add_draft(app);
   tpdraft::cli::add_bench(app);
+  int status = 0;
   try {
+    tpdraft::cli::init_launch(&argc, &argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const tpdraft::Error& e) {
-    TPDRAFT_LOG_ERROR("{}", e.what());
-    return 1;
+    status = app.exit(e);
   } catch (const std::exception& e) {
-    TPDRAFT_LOG_ERROR("unexpected error: {}", e.what());
+    TPDRAFT_LOG_ERROR("{}", e.what());
+    // Under mpirun the peers may sit in a collective: end the whole job now.
+    tpdraft::cli::abort_launch(e.what());
     return 1;
   }
-  return 0;
+  tpdraft::cli::finish_launch();
+  return status;
 }

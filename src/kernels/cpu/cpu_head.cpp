@@ -86,16 +86,17 @@ constexpr int kDpNr = 4, kDpMr = 5;
 
 template <int MR>
 TPDRAFT_TARGET_AVX512BF16 void dp_tile(const uint16_t* const* w, int64_t cols, const uint16_t* g, int64_t gs,
-                                       float* out, int64_t os, int64_t prefetch) {
+                                       float* out, int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
   __m512 acc[MR][kDpNr];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < kDpNr; ++j) acc[i][j] = _mm512_setzero_ps();
   const int64_t full = cols / 32 * 32;
-  for (int64_t c = 0; c < full; c += 32) {
+  for (int64_t c = 0, s = 0; c < full; c += 32, ++s) {
     __m512bh wv[kDpNr];
     for (int j = 0; j < kDpNr; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w[j] + c);
-    // A 2048-column row is one 4 KiB page, where hardware prefetch stops: fetch the next tile.
-    if (prefetch != 0)
+    // A 2048-column row is one 4 KiB page, where hardware prefetch stops: fetch the next tile,
+    // the input row groups taking turns.
+    if (s % pf_period == pf_phase)
       for (int j = 0; j < kDpNr; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
     for (int i = 0; i < MR; ++i) {
       const __m512bh gv = (__m512bh)_mm512_loadu_si512(g + i * gs + c);
@@ -115,7 +116,7 @@ TPDRAFT_TARGET_AVX512BF16 void dp_tile(const uint16_t* const* w, int64_t cols, c
     for (int j = 0; j < kDpNr; ++j) out[i * os + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-using DpFn = void (*)(const uint16_t* const*, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
+using DpFn = void (*)(const uint16_t* const*, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t, int, int);
 
 void screen_dots(const detail::WeightRows& w, int64_t row0, int64_t nrows, const uint16_t* g, int64_t m, float* out,
                  int64_t os) {
@@ -123,13 +124,14 @@ void screen_dots(const detail::WeightRows& w, int64_t row0, int64_t nrows, const
   const int64_t gs = detail::packed_cols(w.cols);
   const auto* base = static_cast<const uint16_t*>(w.data);
   float tmp[kDpMr * kDpNr];
+  const int groups = static_cast<int>((m + kDpMr - 1) / kDpMr);
   for (int64_t j0 = 0; j0 < nrows; j0 += kDpNr) {
     const int nr = static_cast<int>(std::min<int64_t>(kDpNr, nrows - j0));
     const uint16_t* rows[kDpNr];
     for (int j = 0; j < kDpNr; ++j) rows[j] = base + (row0 + j0 + std::min(j, nr - 1)) * w.stride;
     for (int64_t i0 = 0; i0 < m; i0 += kDpMr) {
       const int mr = static_cast<int>(std::min<int64_t>(kDpMr, m - i0));
-      tiles[mr - 1](rows, w.cols, g + i0 * gs, gs, tmp, kDpNr, i0 == 0 ? kDpNr * w.stride : 0);
+      tiles[mr - 1](rows, w.cols, g + i0 * gs, gs, tmp, kDpNr, kDpNr * w.stride, static_cast<int>(i0 / kDpMr), groups);
       for (int i = 0; i < mr; ++i)
         for (int j = 0; j < nr; ++j) out[(i0 + i) * os + j0 + j] = tmp[i * kDpNr + j];
     }

@@ -125,7 +125,7 @@ struct Avx512F32 {
 
 template <class K, int MR>
 TPDRAFT_TARGET_AVX512 void tile512(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                   float* out, int64_t os, int64_t prefetch) {
+                                   float* out, int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
   constexpr int NR = K::kNr, C = K::kChunk;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -133,9 +133,10 @@ TPDRAFT_TARGET_AVX512 void tile512(const typename K::Elem* const* w, int64_t col
   const int64_t full = cols / C * C;
   if (prefetch != 0) {
     // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
-    // tile's rows (prefetch elements further on) one cache line per row per step.
-    for (int64_t c = 0; c < full; c += C) {
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
+    // tile's rows (prefetch elements further on); the row groups of a block take turns.
+    for (int64_t c = 0, s = 0; c < full; c += C, ++s) {
+      if (s % pf_period == pf_phase)
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
       K::template step<MR, NR>(acc, w, c, x + c, xs);
     }
   } else {
@@ -220,7 +221,7 @@ struct Avx2F32 {
 
 template <class K, int MR>
 TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                 float* out, int64_t os, int64_t prefetch) {
+                                 float* out, int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
   constexpr int NR = K::kNr, C = K::kChunk;
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -228,9 +229,10 @@ TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols,
   const int64_t full = cols / C * C;
   if (prefetch != 0) {
     // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
-    // tile's rows (prefetch elements further on) one cache line per row per step.
-    for (int64_t c = 0; c < full; c += C) {
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
+    // tile's rows (prefetch elements further on); the row groups of a block take turns.
+    for (int64_t c = 0, s = 0; c < full; c += C, ++s) {
+      if (s % pf_period == pf_phase)
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
       K::template step<MR, NR>(acc, w, c, x + c, xs);
     }
   } else {
@@ -294,7 +296,8 @@ void scalar_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* 
 // tile of NR rows is read once from memory and reused from L1 for every MR-row group of x.
 
 template <class K>
-using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int,
+                        int);
 
 template <class K, bool Avx512, size_t... I>
 const TileFn<K>* tile_table(std::index_sequence<I...>) {
@@ -321,6 +324,7 @@ void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* pa
   float tmp[MRMAX * NR];
   for (int64_t mb = 0; mb < m; mb += mc) {
     const int64_t me = std::min(m, mb + mc);
+    const int groups = static_cast<int>(std::min<int64_t>(4, (me - mb + MRMAX - 1) / MRMAX));
     for (int64_t j0 = 0; j0 < nrows; j0 += NR) {
       const int nr = static_cast<int>(std::min<int64_t>(NR, nrows - j0));
       const Elem* rows[NR];
@@ -330,9 +334,10 @@ void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* pa
         const int mr = static_cast<int>(std::min<int64_t>(MRMAX, me - i0));
         const bool direct = nr == NR;
         float* dst = direct ? out + i0 * os + j0 : tmp;
-        // The first row group streams the weight tile from memory and prefetches the next one.
-        const int64_t pf = i0 == mb ? NR * w.stride : 0;
-        tiles[mr - 1](rows, w.cols, packed + i0 * xs, xs, dst, direct ? os : NR, pf);
+        // Every row group of the block prefetches a share of the next weight tile.
+        const int group = static_cast<int>((i0 - mb) / MRMAX);
+        tiles[mr - 1](rows, w.cols, packed + i0 * xs, xs, dst, direct ? os : NR, group < groups ? NR * w.stride : 0,
+                      group, groups);
         if (!direct)
           for (int i = 0; i < mr; ++i)
             for (int j = 0; j < nr; ++j) out[(i0 + i) * os + j0 + j] = tmp[i * NR + j];

@@ -1,0 +1,75 @@
+// Rank set-up for the CLI: in-process thread groups or MPI replica groups, and the job-wide
+// abort that makes a failure on one rank end every rank.
+#include "cli/ranks.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/thread_comm.h"
+
+namespace tpdraft::cli {
+
+namespace {
+bool g_mpi = false;
+
+int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+}  // namespace
+
+bool under_mpi() { return g_mpi; }
+
+void init_launch(int* argc, char*** argv) {
+#ifdef TPDRAFT_HAVE_MPI
+  if (parallel::mpi_launched()) {
+    parallel::mpi_init(argc, argv);
+    g_mpi = true;
+  }
+#else
+  (void)argc;
+  (void)argv;
+  TPDRAFT_CHECK(!parallel::mpi_launched(), "launched under mpirun, but this tpdraft was built without MPI");
+#endif
+}
+
+void finish_launch() {
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) parallel::mpi_finalize();
+#endif
+}
+
+void abort_launch(const std::string& reason) {
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) parallel::make_mpi(MPI_COMM_WORLD)->abort(reason);
+#else
+  (void)reason;
+#endif
+}
+
+void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn) {
+  TPDRAFT_CHECK(tp >= 0, "--tp must be >= 0, got {}", tp);
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) {
+    int world = 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    const int group = tp == 0 ? world : tp;
+    TPDRAFT_CHECK(group <= world, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, world);
+    parallel::ReplicaGroup g = parallel::split_groups(group);
+    const parallel::NodeLocal local = parallel::node_local();
+    RankContext ctx{*g.comm, g.replica, g.replicas, threads > 0 ? threads : std::max(1, cores() / local.size)};
+    fn(ctx);
+    return;
+  }
+#endif
+  const int n = std::max(tp, 1);
+  if (n == 1) {
+    auto comm = parallel::make_single_rank();
+    fn(RankContext{*comm, 0, 1, threads > 0 ? threads : cores()});
+    return;
+  }
+  const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
+  parallel::run_ranks(n, [&](parallel::Communicator& comm) { fn(RankContext{comm, 0, 1, per_rank}); });
+}
+
+}  // namespace tpdraft::cli

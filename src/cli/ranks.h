@@ -1,0 +1,32 @@
+// How one invocation of tpdraft runs its ranks: a single rank; N in-process ranks (--tp N, one
+// thread each, the in-process communicator); or, under mpirun, every process one rank, grouped
+// into replicas of tp consecutive ranks (tensor parallelism inside a group, replicas across).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "parallel/communicator.h"
+
+namespace tpdraft::cli {
+
+struct RankContext {
+  parallel::Communicator& comm;  // the tensor-parallel group
+  int replica = 0;               // which group
+  int replicas = 1;
+  int threads = 1;               // CPU threads this rank may use
+  bool leader() const { return replica == 0 && comm.rank() == 0; }  // prints results
+};
+
+// Starts MPI when the process was launched by mpirun (call first in main).
+void init_launch(int* argc, char*** argv);
+void finish_launch();
+// Makes every rank of the job give up after an error on this one (no peer hangs).
+void abort_launch(const std::string& reason);
+bool under_mpi();
+
+// Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
+// threads = 0: this machine's cores shared among the ranks placed on it.
+void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn);
+
+}  // namespace tpdraft::cli
