@@ -3,6 +3,7 @@
 // rows share every K/V row read, so scores come from the matmul dot engine (queries as rows,
 // keys as weight rows), softmax runs in f32 on whole score rows, and P.V is a register-blocked
 // broadcast kernel. For a few thousand context rows this is ~4 FLOPs per key element per query.
+
 // GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
 // inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
 #pragma GCC diagnostic push

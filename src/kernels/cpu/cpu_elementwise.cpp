@@ -2,6 +2,7 @@
 // softmax. These are memory bound and small (a draft's silu_mul is 16 x 6144 floats), so threads
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
+
 // GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
 // inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
 #pragma GCC diagnostic push
@@ -131,23 +132,6 @@ void silu_mul_any(Isa isa, const float* gate, const float* up, float* out, int64
   silu_mul_scalar(gate, up, out, n);
 }
 
-TPDRAFT_TARGET_AVX512 void axpy512(float a, const float* x, float* y, int64_t n) {
-  const __m512 av = _mm512_set1_ps(a);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-    _mm512_mask_storeu_ps(y + i, m, r);
-  }
-}
-
-TPDRAFT_TARGET_AVX2 void axpy256(float a, const float* x, float* y, int64_t n) {
-  const __m256 av = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
-}
-
 }  // namespace
 
 namespace detail {
@@ -162,12 +146,6 @@ float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
     sum += x[i];
   }
   return sum;
-}
-
-void axpy(Isa isa, float a, const float* x, float* y, int64_t n) {
-  if (isa >= Isa::Avx512) return axpy512(a, x, y, n);
-  if (isa == Isa::Avx2) return axpy256(a, x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 }  // namespace detail

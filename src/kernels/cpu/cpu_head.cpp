@@ -1,8 +1,8 @@
 // The head over a vocabulary slice: every logit (head_logits), or the exact top-k (head_topk).
-// The head is the largest matrix of a draft (151936 x 2048 bf16 = 622 MB, 9.3 GFLOP for 15
-// rows), so head_topk screens a bf16 head with vdpbf16ps (twice the f32 FMA rate) and a rigorous
-// per-row error bound, then recomputes only the few rows that can still reach the top k with the
-// exact f32 dot that head_logits uses; values are bit-identical to head_logits'.
+// The head is a draft's largest matrix (151936 x 2048 bf16 = 622 MB, 9.3 GFLOP for 15 rows), so
+// head_topk screens a bf16 head with vdpbf16ps (2x the f32 FMA rate) under a rigorous error bound
+// and recomputes the few rows that can still win with head_logits' exact f32 dot (same bits).
+
 // GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
 // inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
 #pragma GCC diagnostic push

@@ -2,6 +2,7 @@
 // dtype) and the matmul op built on it. A draft's linear layers are 16 rows against 2048..6144
 // wide weights: 2 FLOPs per weight element per row, so the kernels are compute bound and keep an
 // MR x NR tile of accumulators in registers, widening each weight vector once for MR rows.
+
 // GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
 // inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
 #pragma GCC diagnostic push

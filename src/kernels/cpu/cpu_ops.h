@@ -59,8 +59,6 @@ void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const
 
 // x[i] = exp(x[i] - shift) for i < n; returns the f32 sum of the results.
 float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift);
-// y[d] += a * x[d] for d < n.
-void axpy(Isa isa, float a, const float* x, float* y, int64_t n);
 
 }  // namespace detail
 
