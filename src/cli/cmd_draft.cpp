@@ -70,6 +70,7 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   int64_t n = 0;
   const std::vector<float> taps = read_taps(o.taps, cfg, &n);
   auto ops = kernels::make_cpu_ops(ctx.threads);
+  fault_point(ctx, "load");
   const auto plan = model::ShardPlan::make(cfg, ctx.comm.rank(), ctx.comm.size());
   auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(o.drafter),
                                                          model::TensorStore::open(o.target), plan, *ops);
@@ -79,6 +80,7 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   model::Drafter drafter(weights, *ops, ctx.comm, limits);
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
+  fault_point(ctx, "settle");
   drafter.settle(*session, 0, taps.data(), n);
   const double settle_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -87,6 +89,7 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   req.anchor_token = o.anchor;
   req.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
   model::DraftDump dump;
+  fault_point(ctx, "draft");
   const auto t1 = std::chrono::steady_clock::now();
   const auto results = drafter.draft({req}, o.dump.empty() ? nullptr : &dump);
   const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

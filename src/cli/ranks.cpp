@@ -3,6 +3,8 @@
 #include "cli/ranks.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -41,10 +43,20 @@ void finish_launch() {
 
 void abort_launch(const std::string& reason) {
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) parallel::make_mpi(MPI_COMM_WORLD)->abort(reason);
+  if (g_mpi) parallel::mpi_abort_job(reason);
 #else
   (void)reason;
 #endif
+}
+
+void fault_point(const RankContext& ctx, const char* stage) {
+  const char* spec = std::getenv("TPDRAFT_FAULT");
+  if (spec == nullptr) return;
+  const std::string s(spec);
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) return;
+  if (std::atoi(s.substr(0, colon).c_str()) == ctx.world_rank && s.substr(colon + 1) == stage)
+    TPDRAFT_FAIL("rank {}: injected fault at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
 }
 
 void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn) {
@@ -57,7 +69,9 @@ void run_ranks(int tp, int threads, const std::function<void(const RankContext&)
     TPDRAFT_CHECK(group <= world, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, world);
     parallel::ReplicaGroup g = parallel::split_groups(group);
     const parallel::NodeLocal local = parallel::node_local();
-    RankContext ctx{*g.comm, g.replica, g.replicas, threads > 0 ? threads : std::max(1, cores() / local.size)};
+    int world_rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    RankContext ctx{*g.comm, g.replica, g.replicas, threads > 0 ? threads : std::max(1, cores() / local.size), world_rank};
     fn(ctx);
     return;
   }
@@ -65,11 +79,11 @@ void run_ranks(int tp, int threads, const std::function<void(const RankContext&)
   const int n = std::max(tp, 1);
   if (n == 1) {
     auto comm = parallel::make_single_rank();
-    fn(RankContext{*comm, 0, 1, threads > 0 ? threads : cores()});
+    fn(RankContext{*comm, 0, 1, threads > 0 ? threads : cores(), 0});
     return;
   }
   const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
-  parallel::run_ranks(n, [&](parallel::Communicator& comm) { fn(RankContext{comm, 0, 1, per_rank}); });
+  parallel::run_ranks(n, [&](parallel::Communicator& comm) { fn(RankContext{comm, 0, 1, per_rank, comm.rank()}); });
 }
 
 }  // namespace tpdraft::cli

@@ -15,6 +15,7 @@ struct RankContext {
   int replica = 0;               // which group
   int replicas = 1;
   int threads = 1;               // CPU threads this rank may use
+  int world_rank = 0;            // rank in the whole job (MPI world, or the in-process group)
   bool leader() const { return replica == 0 && comm.rank() == 0; }  // prints results
 };
 
@@ -24,6 +25,10 @@ void finish_launch();
 // Makes every rank of the job give up after an error on this one (no peer hangs).
 void abort_launch(const std::string& reason);
 bool under_mpi();
+
+// TPDRAFT_FAULT=R:STAGE makes world rank R fail at STAGE (load, settle, draft): a testing aid
+// for the failure path, so that a test can break one rank alone.
+void fault_point(const RankContext& ctx, const char* stage);
 
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
 // threads = 0: this machine's cores shared among the ranks placed on it.

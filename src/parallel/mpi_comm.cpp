@@ -145,7 +145,9 @@ void MpiCommunicator::barrier() {
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
-void MpiCommunicator::abort(const std::string& reason) {
+void MpiCommunicator::abort(const std::string& reason) { mpi_abort_job(reason); }
+
+void mpi_abort_job(const std::string& reason) {
   TPDRAFT_LOG_ERROR("rank {}: aborting the job: {}", world_rank(), reason);
   log::logger().flush();
   std::fflush(stderr);

@@ -36,6 +36,9 @@ namespace tpdraft::parallel {
 // and tags the log with the world rank. mpi_finalize() is a no-op unless MPI is up.
 void mpi_init(int* argc, char*** argv);
 void mpi_finalize();
+// Logs the reason with this rank and ends every rank of the job (no collective: safe to call
+// from one failing rank while its peers wait).
+[[noreturn]] void mpi_abort_job(const std::string& reason);
 
 // Collectives over a duplicate of an MPI communicator (so its traffic cannot meet the caller's),
 // with errors returned to MPI_CHECK instead of killing the job. Free it before mpi_finalize().

@@ -458,8 +458,8 @@ void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const std::ve
   const int64_t id_base = 1000;
   for (Isa isa : isas) {
     cpu::force_isa(isa);
-    const std::string what = fmt::format("head {} V={} valid={} H={} m={} cap={} k={} {}", dtype_name(c.dtype),
-                                         c.vocab, c.valid, c.h, c.m, c.cap, c.k, cpu::isa_name(isa));
+    const std::string what = fmt::format("head {} V={} valid={} H={} m={} cap={} k={} {}", dtype_name(c.dtype), c.vocab,
+                                         c.valid, c.h, c.m, c.cap, c.k, cpu::isa_name(isa));
     std::vector<float> logits(c.m * c.valid, kNaN);
     ops.head_logits(p, logits.data());
     expect_close(logits, ref, mag, 2e-6, what);
@@ -622,7 +622,8 @@ TEST(CpuOps, BadArgumentsAreNamed) {
   expect_error([&] { ops->matmul({DType::F32, 0, 2, buf.data()}, buf.data(), 1, buf.data()); }, "empty weight");
   expect_error([&] { ops->rms_norm(buf.data(), buf.data(), buf.data(), 1, 0, 1e-6f); }, "rms_norm");
   int64_t pos = 0;
-  expect_error([&] { ops->head_norm_rope(buf.data(), buf.data(), 1, 1, 3, 1e-6f, &pos, 1e4); }, "head_dim must be even");
+  expect_error([&] { ops->head_norm_rope(buf.data(), buf.data(), 1, 1, 3, 1e-6f, &pos, 1e4); },
+               "head_dim must be even");
   expect_error([&] { ops->head_norm_rope(buf.data(), buf.data(), 1, 1, 4, 1e-6f, &pos, 0.0); }, "rope theta");
   AttentionParams a;
   ContextView view{buf.data(), buf.data(), 2, 0, 3};

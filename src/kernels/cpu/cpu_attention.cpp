@@ -32,8 +32,9 @@ TPDRAFT_TARGET_AVX512 void pv_tile512(const float* p, int64_t ps, const float* v
     __mmask16 mask[4];
     for (int c = 0; c < 4; ++c) {
       const int64_t left = d - d0 - 16 * c;
-      mask[c] = left >= 16 ? static_cast<__mmask16>(0xffff)
-                           : left <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << left) - 1);
+      mask[c] = left >= 16  ? static_cast<__mmask16>(0xffff)
+                : left <= 0 ? static_cast<__mmask16>(0)
+                            : static_cast<__mmask16>((1u << left) - 1);
     }
     __m512 acc[RT][4];
     for (int r = 0; r < RT; ++r)
@@ -58,7 +59,8 @@ TPDRAFT_TARGET_AVX2 void pv_tile256(const float* p, int64_t ps, const float* v, 
     __m256i mask[4];
     for (int c = 0; c < 4; ++c) {
       const int64_t left = std::min<int64_t>(8, std::max<int64_t>(0, d - d0 - 8 * c));
-      mask[c] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      mask[c] =
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     }
     __m256 acc[RT][4];
     for (int r = 0; r < RT; ++r)
@@ -87,8 +89,8 @@ void pv_scalar(const float* p, int64_t ps, int64_t rows, const float* v, int64_t
 
 using PvFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
 
-void pv_accumulate(Isa isa, const float* p, int64_t ps, int64_t rows, const float* v, int64_t vs, int64_t n,
-                   int64_t d, float* o, int64_t os) {
+void pv_accumulate(Isa isa, const float* p, int64_t ps, int64_t rows, const float* v, int64_t vs, int64_t n, int64_t d,
+                   float* o, int64_t os) {
   if (n <= 0) return;
   if (isa < Isa::Avx2) return pv_scalar(p, ps, rows, v, vs, n, d, o, os);
   static constexpr PvFn k512[6] = {&pv_tile512<1>, &pv_tile512<2>, &pv_tile512<3>,

@@ -45,8 +45,8 @@ void conv_rows(Isa isa, const ConvParams& p, int64_t b, int64_t e) {
 }  // namespace
 
 void CpuOps::dyn_conv(const ConvParams& p) {
-  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.hidden > 0,
-                "dyn_conv: bad shape sessions {} block {} hidden {}", p.sessions, p.block, p.hidden);
+  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.hidden > 0, "dyn_conv: bad shape sessions {} block {} hidden {}",
+                p.sessions, p.block, p.hidden);
   TPDRAFT_CHECK(p.kernel > 0, "dyn_conv: kernel size must be > 0, got {}", p.kernel);
   TPDRAFT_CHECK(p.group_size > 0 && p.hidden % p.group_size == 0,
                 "dyn_conv: group size {} must be > 0 and divide hidden {}", p.group_size, p.hidden);

@@ -36,8 +36,8 @@ constexpr float kExpPoly[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120
 TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE __m512 exp512(__m512 x) {
   // Constant first: min/max return the second operand when one is NaN, so NaN propagates.
   x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
   __m512 p = _mm512_set1_ps(kExpPoly[7]);
@@ -49,8 +49,8 @@ TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE __m256 exp256(__m256 x) {
   // Clamped so that 2^n stays a normal float: below -87.3 the result is ~1e-38 instead of a
   // subnormal or zero, an absolute difference far below anything a softmax or SiLU can see.
   x = _mm256_max_ps(_mm256_set1_ps(-87.33f), _mm256_min_ps(_mm256_set1_ps(88.37f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
   __m256 p = _mm256_set1_ps(kExpPoly[7]);

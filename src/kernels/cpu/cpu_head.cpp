@@ -142,15 +142,15 @@ void screen_dots(const detail::WeightRows& w, int64_t row0, int64_t nrows, const
 // (cols/16 + 4) * 2^-24 (~1e-5 for 2048 columns) and squares below 2^-126 may lose up to
 // cols * 2^-126 in total, so the result is inflated by 1e-4 relative plus sqrt(cols) * 2^-62
 // absolute: an upper bound on the true norm, which is all the screening bound needs.
-TPDRAFT_TARGET_AVX512 void bf16_row_norms(const uint16_t* base, int64_t stride, int64_t cols, int64_t r0,
-                                          int64_t r1, float* out) {
+TPDRAFT_TARGET_AVX512 void bf16_row_norms(const uint16_t* base, int64_t stride, int64_t cols, int64_t r0, int64_t r1,
+                                          float* out) {
   const double floor = std::sqrt(static_cast<double>(cols)) * std::ldexp(1.0, -62);
   for (int64_t r = r0; r < r1; ++r) {
     const uint16_t* w = base + r * stride;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m = cols - c >= 16 ? static_cast<__mmask16>(0xffff)
-                                         : static_cast<__mmask16>((1u << (cols - c)) - 1);
+      const __mmask16 m =
+          cols - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (cols - c)) - 1);
       const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + c));
       const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
       acc = _mm512_fmadd_ps(x, x, acc);
@@ -188,7 +188,8 @@ const std::vector<float>& CpuOps::head_row_norms(const Matrix& head) {
   entry.fingerprint = fingerprint;
   const auto* base = static_cast<const uint16_t*>(head.data);
   float* out = entry.norms.data();
-  pool_.parallel_for(head.rows, [&](int64_t b, int64_t e, int) { bf16_row_norms(base, head.cols, head.cols, b, e, out); });
+  pool_.parallel_for(head.rows,
+                     [&](int64_t b, int64_t e, int) { bf16_row_norms(base, head.cols, head.cols, b, e, out); });
   return entry.norms;
 }
 

@@ -67,15 +67,18 @@ TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE float hsum512(__m512 a) {
   return _mm_cvtss_f32(s4);
 }
 
-// Loads weights for one chunk: the bf16 kernels read 32 elements (as 16 even + 16 odd), the
+// One chunk step per weight type: the bf16 kernels read 32 elements (as 16 even + 16 odd), the
 // others 16. The last partial chunk is copied into a zero-padded buffer first, so reads never
-// pass the end of a row and padding contributes exact zeros.
+// pass the end of a row and padding contributes exact zeros. Tile 4 x 6: 24 accumulators + 6
+// weight vectors + 1 x vector fill the 32 zmm registers, and per 32 bf16 columns 48 FMAs need
+// 12 weight loads, 12 widening ops and 8 x loads. Measured at m = 16, K = 2048 it beats 4x4,
+// 4x5, 6x4 (about even) and 8x3 (spills): ~70% of one core's FMA peak with data in L2.
 struct Avx512Bf16 {
   using Elem = uint16_t;
   static constexpr int kChunk = 32, kMr = 4, kNr = 6;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                         const float* x, int64_t xs) {
+                                                        const float* x, int64_t xs) {
     // Even elements: the bf16 bits shifted into the high half; odd ones: the high half masked.
     const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
     __m512 wv[NR];
@@ -98,7 +101,7 @@ struct Avx512F16 {
   static constexpr int kChunk = 16, kMr = 4, kNr = 6;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                         const float* x, int64_t xs) {
+                                                        const float* x, int64_t xs) {
     __m512 wv[NR];
     for (int j = 0; j < NR; ++j)
       wv[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off)));
@@ -114,7 +117,7 @@ struct Avx512F32 {
   static constexpr int kChunk = 16, kMr = 4, kNr = 6;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                         const float* x, int64_t xs) {
+                                                        const float* x, int64_t xs) {
     __m512 wv[NR];
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + off);
     for (int i = 0; i < MR; ++i) {
@@ -167,12 +170,13 @@ TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE float hsum256(__m256 a) {
   return _mm_cvtss_f32(s4);
 }
 
+// 16 ymm registers: a 2 x 4 tile (8 accumulators + 4 weight vectors + x).
 struct Avx2Bf16 {
   using Elem = uint16_t;
   static constexpr int kChunk = 16, kMr = 2, kNr = 4;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                       const float* x, int64_t xs) {
+                                                      const float* x, int64_t xs) {
     const __m256i odd_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     __m256i raw[NR];
     for (int j = 0; j < NR; ++j) raw[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off));
@@ -194,10 +198,9 @@ struct Avx2F16 {
   static constexpr int kChunk = 8, kMr = 2, kNr = 4;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                       const float* x, int64_t xs) {
+                                                      const float* x, int64_t xs) {
     __m256 wv[NR];
-    for (int j = 0; j < NR; ++j)
-      wv[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + off)));
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + off)));
     for (int i = 0; i < MR; ++i) {
       const __m256 xv = _mm256_loadu_ps(x + i * xs);
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
@@ -210,7 +213,7 @@ struct Avx2F32 {
   static constexpr int kChunk = 8, kMr = 2, kNr = 4;
   template <int MR, int NR>
   TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                       const float* x, int64_t xs) {
+                                                      const float* x, int64_t xs) {
     __m256 wv[NR];
     for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w[j] + off);
     for (int i = 0; i < MR; ++i) {
@@ -221,8 +224,8 @@ struct Avx2F32 {
 };
 
 template <class K, int MR>
-TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                 float* out, int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
+TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs, float* out,
+                                 int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
   constexpr int NR = K::kNr, C = K::kChunk;
   __m256 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -351,8 +354,8 @@ void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* pa
 
 namespace detail {
 
-void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m,
-                float* out, int64_t out_stride) {
+void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
+                int64_t out_stride) {
   if (nrows <= 0 || m <= 0) return;
   if (isa >= Isa::Avx512) {
     if (w.dtype == DType::BF16) return simd_dots<Avx512Bf16, true>(w, row0, nrows, packed, m, out, out_stride);
@@ -370,29 +373,52 @@ void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const
 
 }  // namespace detail
 
+namespace {
+
+// What the threads of one matmul share; lambdas capture it by one reference, which fits
+// std::function's inline storage, so a call allocates nothing.
+struct MatmulJob {
+  Isa isa;
+  detail::WeightRows w;
+  int64_t n;  // weight rows = output columns
+  const float* x;
+  float* packed;
+  int64_t m, pc;
+  float* y;
+  const float* bias;
+};
+
+// Threads split the output columns in units of 48 weight rows (a multiple of every tile width).
+constexpr int64_t kColumnUnit = 48;
+
+void matmul_columns(const MatmulJob& job, int64_t unit_begin, int64_t unit_end) {
+  const int64_t n0 = unit_begin * kColumnUnit, n1 = std::min(job.n, unit_end * kColumnUnit);
+  detail::exact_dots(job.isa, job.w, n0, n1 - n0, job.packed, job.m, job.y + n0, job.n);
+  if (job.bias == nullptr) return;
+  for (int64_t i = 0; i < job.m; ++i)
+    for (int64_t c = n0; c < n1; ++c) job.y[i * job.n + c] += job.bias[c];
+}
+
+}  // namespace
+
 void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
   TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
-  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
-                w.cols);
+  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
   TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
   if (m == 0) return;
-  const Isa isa = active_isa();
   const int64_t pc = detail::packed_cols(w.cols);
-  float* packed = packed_.get(static_cast<size_t>(m * pc));
+  const MatmulJob job{
+      active_isa(), {w.dtype, w.data, w.cols, w.cols}, w.rows, x, packed_.get(static_cast<size_t>(m * pc)), m, pc, y,
+      bias};
   pool_.parallel_for(
-      m, [&](int64_t b, int64_t e, int) { detail::pack_rows(isa, w.dtype, x + b * w.cols, w.cols, e - b, w.cols,
-                                                            packed + b * pc); },
+      m,
+      [&job](int64_t b, int64_t e, int) {
+        detail::pack_rows(job.isa, job.w.dtype, job.x + b * job.w.cols, job.w.cols, e - b, job.w.cols,
+                          job.packed + b * job.pc);
+      },
       64);
-  const detail::WeightRows rows{w.dtype, w.data, w.cols, w.cols};
-  // Threads split the output columns in units of 48 weight rows (a multiple of every tile width).
-  const int64_t unit = 48;
-  pool_.parallel_for((w.rows + unit - 1) / unit, [&](int64_t b, int64_t e, int) {
-    const int64_t n0 = b * unit, n1 = std::min(w.rows, e * unit);
-    detail::exact_dots(isa, rows, n0, n1 - n0, packed, m, y + n0, w.rows);
-    if (bias == nullptr) return;
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t n = n0; n < n1; ++n) y[i * w.rows + n] += bias[n];
-  });
+  pool_.parallel_for((w.rows + kColumnUnit - 1) / kColumnUnit,
+                     [&job](int64_t b, int64_t e, int) { matmul_columns(job, b, e); });
 }
 
 }  // namespace tpdraft::kernels::cpu

@@ -52,8 +52,7 @@ void rms_rows(Isa isa, const float* x, const float* w, float* y, int64_t rows, i
 
 // One row of [heads, D]: RMSNorm each head with w[D], then rotate pairs (i, i + D/2) by the
 // angles whose cos/sin are in cs[0 .. D/2) and cs[D/2 .. D).
-TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, int64_t d, float eps,
-                                       const float* cs) {
+TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, int64_t d, float eps, const float* cs) {
   const int64_t half = d / 2;
   const float* cosv = cs;
   const float* sinv = cs + half;
@@ -87,15 +86,12 @@ void CpuOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, in
   TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
   const Isa isa = active_isa();
   if (rows * n < kParallelMin) return rms_rows(isa, x, w, y, rows, n, eps);
-  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    rms_rows(isa, x + b * n, w, y + b * n, e - b, n, eps);
-  });
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) { rms_rows(isa, x + b * n, w, y + b * n, e - b, n, eps); });
 }
 
 void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
                             const int64_t* positions, double theta) {
-  TPDRAFT_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_norm_rope: head_dim must be even and > 0, got {}",
-                head_dim);
+  TPDRAFT_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_norm_rope: head_dim must be even and > 0, got {}", head_dim);
   TPDRAFT_CHECK(rows >= 0 && heads > 0, "head_norm_rope: bad shape [{}, {}, {}]", rows, heads, head_dim);
   TPDRAFT_CHECK(theta > 0.0, "head_norm_rope: rope theta must be > 0, got {}", theta);
   const int64_t half = head_dim / 2;

@@ -59,9 +59,7 @@ Isa force_isa(Isa isa) {
   return static_cast<Isa>(level);
 }
 
-CpuOps::CpuOps(int threads) : pool_(threads) {
-  workers_.resize(static_cast<size_t>(pool_.size()));
-}
+CpuOps::CpuOps(int threads) : pool_(threads) { workers_.resize(static_cast<size_t>(pool_.size())); }
 
 CpuOps::~CpuOps() = default;
 

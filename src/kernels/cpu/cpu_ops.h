@@ -54,8 +54,8 @@ void pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m
 // on the f32-widened weights. `packed` holds m rows of packed_cols(w.cols) from pack_rows. Runs on
 // the calling thread. The arithmetic of one (row, x) pair does not depend on m, nrows or where
 // the pair sits in the tile, so any two calls give bit-identical dots for the same pair.
-void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m,
-                float* out, int64_t out_stride);
+void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
+                int64_t out_stride);
 
 // x[i] = exp(x[i] - shift) for i < n; returns the f32 sum of the results.
 float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift);
@@ -148,9 +148,9 @@ class CpuOps final : public Ops {
 
   ThreadPool pool_;
   std::vector<Worker> workers_;
-  Scratch<float> packed_;              // packed activation rows
-  Scratch<uint16_t> packed_bf16_;      // head input rows rounded to bf16
-  std::vector<float> bound_scale_;     // per head input row: bound = norm(w) * scale + slack
+  Scratch<float> packed_;           // packed activation rows
+  Scratch<uint16_t> packed_bf16_;   // head input rows rounded to bf16
+  std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack
   std::vector<float> bound_slack_;
   std::vector<double> rope_inv_freq_;  // theta^(-2i/D), kept while theta and D repeat
   double rope_theta_ = 0.0;
