@@ -256,7 +256,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
     // Only now, with every range known to be inside the file, do we form data pointers.
     const std::byte* data = static_cast<const std::byte*>(map_) + 8 + header_len;
-    for (const Range& r : ranges) tensors_[*r.name].data = data + r.begin;
+    for (const Range& r : ranges) {
+      tensors_[*r.name].data = data + r.begin;
+      tensors_[*r.name].mapped = true;
+    }
   } catch (...) {
     ::munmap(map_, map_size_);
     map_ = nullptr;
@@ -538,6 +541,15 @@ void SafetensorsWriter::write(const std::string& path) const {
     std::remove(tmp.c_str());
     TPDRAFT_FAIL("{}: cannot rename {} into place ({})", path, tmp, std::strerror(rename_errno));
   }
+}
+
+void release_pages(const TensorInfo& t) {
+  if (!t.mapped || t.nbytes == 0) return;
+  // Only whole pages inside the tensor: a neighbour sharing an edge page keeps it.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 }  // namespace tpdraft::model

@@ -22,6 +22,7 @@ struct TensorInfo {
   const std::byte* data = nullptr;
   size_t nbytes = 0;
   std::string file;  // path of the file that holds it, for messages
+  bool mapped = false;  // data lies in a read-only file mapping (release_pages may drop it)
 
   int64_t numel() const;
   int64_t rows() const;  // shape[0] of a 2-D tensor (1-D: 1)
@@ -99,6 +100,11 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
 // The whole tensor as f32 / f64 (small tensors, tests, the reference).
 std::vector<float> to_f32(const TensorInfo& t);
 std::vector<double> to_f64(const TensorInfo& t);
+
+// Drops the mapped pages of a tensor from this process (the page cache keeps them): after a
+// rank has copied its share out, the file's pages no longer count in its resident memory.
+// No-op for tensors held in memory.
+void release_pages(const TensorInfo& t);
 
 // Writes a safetensors file: tensors in insertion order, 8-byte aligned data, optional metadata.
 // Writes to `path.tmp` and renames, so a failed write leaves nothing half-done behind.

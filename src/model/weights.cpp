@@ -12,7 +12,8 @@ namespace tpdraft::model {
 
 namespace {
 
-constexpr size_t kStageBytes = 64u << 20;
+// Staging chunk: bounds the extra memory of a load to ~2 chunks (staged copy + mapped source).
+constexpr size_t kStageBytes = 16u << 20;
 
 std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
@@ -184,11 +185,15 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
   std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * out_row_bytes);
   for (int64_t r = 0; r < m.rows; r += chunk) {
     const int64_t n = std::min(chunk, m.rows - r);
+    const TensorInfo src = row_view(info, rows.begin + r, n);
     if (cols.begin == 0 && cols.end == full_cols) {
-      copy_rows(info, rows.begin + r, n, info.dtype, stage.data());
+      copy_rows(src, 0, n, info.dtype, stage.data());
     } else {
-      copy_cols(row_view(info, rows.begin + r, n), cols.begin, cols.size(), info.dtype, stage.data());
+      copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
     }
+    // The source pages are done with: drop them so a rank's resident memory stays its share
+    // (a tied head's table stays mapped for embedding lookups).
+    if (&info != embed_) release_pages(src);
     ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * out_row_bytes, stage.data(),
                    static_cast<size_t>(n) * out_row_bytes);
   }
