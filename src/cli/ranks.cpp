@@ -83,7 +83,10 @@ void run_ranks(int tp, int threads, const std::function<void(const RankContext&)
     return;
   }
   const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
-  parallel::run_ranks(n, [&](parallel::Communicator& comm) { fn(RankContext{comm, 0, 1, per_rank, comm.rank()}); });
+  parallel::run_ranks(n, [&](parallel::Communicator& comm) {
+    log::set_thread_rank(comm.rank(), comm.size());
+    fn(RankContext{comm, 0, 1, per_rank, comm.rank()});
+  });
 }
 
 }  // namespace tpdraft::cli

@@ -1,9 +1,11 @@
 // spdlog set-up for tpdraft: one stderr logger, a pattern with rank/world, level from the environment.
+// The rank comes from the thread when one was set for it (in-process ranks), else from the process.
 #include "core/log.h"
 
 #include <cstdlib>
 #include <string>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace tpdraft::log {
@@ -11,14 +13,24 @@ namespace tpdraft::log {
 namespace {
 int g_rank = 0;
 int g_world = 1;
+thread_local int t_rank = -1;
+thread_local int t_world = 0;
 
-void apply_pattern(spdlog::logger& l) {
-  l.set_pattern("[%H:%M:%S.%e] [rank " + std::to_string(g_rank) + "/" + std::to_string(g_world) + "] [%^%l%$] %v");
-}
+// "%Q" in the pattern: "rank/world" of the calling thread.
+class RankFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+    const std::string s = std::to_string(rank()) + "/" + std::to_string(t_rank >= 0 ? t_world : g_world);
+    dest.append(s.data(), s.data() + s.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<RankFlag>(); }
+};
 
 std::shared_ptr<spdlog::logger> make_logger() {
   auto l = spdlog::stderr_color_mt("tpdraft");
-  apply_pattern(*l);
+  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  formatter->add_flag<RankFlag>('Q').set_pattern("[%H:%M:%S.%e] [rank %Q] [%^%l%$] %v");
+  l->set_formatter(std::move(formatter));
   spdlog::level::level_enum level = spdlog::level::info;
   if (const char* env = std::getenv("TPDRAFT_LOG_LEVEL")) level = spdlog::level::from_str(env);
   l->set_level(level);
@@ -34,9 +46,13 @@ spdlog::logger& logger() {
 void set_rank(int rank, int world) {
   g_rank = rank;
   g_world = world;
-  apply_pattern(logger());
 }
 
-int rank() { return g_rank; }
+void set_thread_rank(int rank, int world) {
+  t_rank = rank;
+  t_world = world;
+}
+
+int rank() { return t_rank >= 0 ? t_rank : g_rank; }
 
 }  // namespace tpdraft::log

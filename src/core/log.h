@@ -8,6 +8,8 @@ namespace tpdraft::log {
 
 // Sets the rank shown in every line; call again when the communicator is known.
 void set_rank(int rank, int world);
+// The same for the calling thread only (in-process ranks, one thread each).
+void set_thread_rank(int rank, int world);
 int rank();
 spdlog::logger& logger();
 

@@ -3,6 +3,7 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "core/error.h"
@@ -71,6 +72,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tenso
 DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const TensorStore> drafter,
                                std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops)
     : cfg_(cfg), plan_(plan), ops_(ops), drafter_(std::move(drafter)), target_(std::move(target)) {
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t H = cfg.hidden, D = cfg.head_dim, T = cfg.n_taps();
   const TensorStore& d = *drafter_;
 
@@ -155,6 +157,10 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
     pred_ = &codebook("candidate_selector.predecessor_codebook");
     succ_ = &codebook("candidate_selector.successor_codebook");
   }
+  if (plan.rank == 0)
+    TPDRAFT_LOG_INFO("loaded {} ({}): {:.1f} MiB on this rank in {:.2f} s", d.source(), plan.describe(),
+                     static_cast<double>(backend_bytes_) / (1 << 20),
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
