@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
 #include "model/cost.h"
@@ -21,6 +22,8 @@
 #include "model/random_checkpoint.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 
 namespace tpdraft::cli {
 
@@ -36,7 +39,19 @@ struct BenchOpts {
   int tp = 0;
   uint64_t seed = 0;
   bool json = false;
+  std::string backend = "auto";
 };
+
+// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
+int rank_device(const RankContext& ctx) {
+  const int devices = kernels::cuda_devices();
+  if (devices == 0) return 0;
+  int local = ctx.comm.rank();
+#ifdef TPDRAFT_HAVE_MPI
+  if (under_mpi()) local = parallel::node_local().rank;
+#endif
+  return local % devices;
+}
 
 struct Stats {
   double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
@@ -74,9 +89,26 @@ double measure_read_gbps(int threads) {
   return best;
 }
 
-// GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype.
+// Device memory ceiling: the best of a few device-to-device copies of 1 GiB (store_rows of one
+// row is a plain copy), counting the bytes read and written.
+double measure_copy_gbps(kernels::Ops& ops) {
+  const int64_t n = int64_t{1} << 28;  // floats
+  kernels::Buffer a(ops, static_cast<size_t>(n) * 4), b(ops, static_cast<size_t>(n) * 4);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    ops.sync();
+    const auto t0 = Clock::now();
+    ops.store_rows(a.f32(), 1, n, b.f32(), 1, 0);
+    ops.sync();
+    if (rep > 0) best = std::max(best, 2.0 * static_cast<double>(n) * 4 / since(t0) / 1e9);
+  }
+  return best;
+}
+
+// GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype (more rows on
+// a GPU, where 256 rows finish within the launch overhead).
 double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
-  const int64_t m = 256;
+  const int64_t m = std::string(ops.name()) == "cuda" ? 4096 : 256;
   std::vector<float> wf(static_cast<size_t>(dim * dim), 0.01f);
   std::vector<std::byte> wbytes(wf.size() * dtype_size(dtype));
   convert_from_f32(dtype, wf.data(), wbytes.data(), wf.size());
@@ -87,6 +119,7 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
   const kernels::Matrix mat{dtype, dim, dim, w.get()};
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
+    ops.sync();
     const auto t0 = Clock::now();
     ops.matmul(mat, x.f32(), m, y.f32());
     ops.sync();
@@ -100,8 +133,11 @@ std::shared_ptr<model::TensorStore> memory_store(const std::string& label, std::
 }
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
-  auto ops = kernels::make_cpu_ops(ctx.threads);
-  parallel::Communicator* comm = &ctx.comm;
+  auto ops = kernels::make_ops(o.backend, ctx.threads, o.backend == "cuda" ? rank_device(ctx) : 0);
+  // Device buffers need a communicator that can carry them (NCCL under mpirun, else staging).
+  const auto device_comm = parallel::make_backend_comm(ctx.comm, *ops, under_mpi());
+  parallel::Communicator* comm = device_comm ? device_comm.get() : &ctx.comm;
+  const bool gpu = std::string(ops->name()) == "cuda";
   std::shared_ptr<model::TensorStore> dstore, tstore;
   model::DrafterConfig cfg;
   const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
@@ -170,7 +206,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   const model::WorkCount swork = model::settle_work(cfg, plan, o.ctx * o.batch, wbytes);
   comm->barrier();
   if (!ctx.leader()) return;  // the ceilings and the report come from one rank
-  const double read_gbps = measure_read_gbps(ctx.threads);
+  // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
+  const double read_gbps = gpu ? measure_copy_gbps(*ops) : measure_read_gbps(ctx.threads);
   const double gemm_gflops = measure_gemm_gflops(*ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   const double gflops = work.flops / st.median / 1e9, gbps = work.bytes() / st.median / 1e9;
 
@@ -211,6 +248,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   j["achieved_gflops"] = gflops;
   j["achieved_gbps"] = gbps;
   j["machine_read_gbps"] = read_gbps;
+  j["machine_memory_ceiling"] = gpu ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = gemm_gflops;
   j["tokens"] = tokens;
   if (o.json) {
@@ -233,8 +271,9 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
               static_cast<double>(comm_stats.broadcast_calls) * per,
               comm_stats.broadcast_calls ? static_cast<double>(comm_stats.broadcast_bytes) / static_cast<double>(comm_stats.broadcast_calls) : 0.0);
   std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", work.flops / 1e9, work.bytes() / 1e9);
-  std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of read bandwidth %.1f)\n",
-              gflops, 100 * gflops / gemm_gflops, gemm_gflops, gbps, 100 * gbps / read_gbps, read_gbps);
+  std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
+              gflops, 100 * gflops / gemm_gflops, gemm_gflops, gbps, 100 * gbps / read_gbps,
+              gpu ? "device copy" : "read", read_gbps);
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", static_cast<double>(o.ctx * o.batch) / settle_s,
               swork.flops / settle_s / 1e9);
 }
@@ -257,9 +296,15 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                               "(default: all of them)")->check(CLI::NonNegativeNumber);
-  cmd->callback([o] { run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_bench(*o, ctx); }); });
+  cmd->callback([o] {
+    if (o->backend == "auto") o->backend = kernels::default_backend();
+    run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_bench(*o, ctx); });
+  });
 }
 
 }  // namespace tpdraft::cli

@@ -10,10 +10,13 @@
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "model/drafter.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 
 namespace tpdraft::cli {
 
@@ -27,7 +30,19 @@ struct DraftOpts {
   uint64_t seed = 0;
   int threads = 0;
   int tp = 0;
+  std::string backend;
 };
+
+// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
+int rank_device(const RankContext& ctx) {
+  const int devices = kernels::cuda_devices();
+  if (devices == 0) return 0;
+  int local = ctx.comm.rank();
+#ifdef TPDRAFT_HAVE_MPI
+  if (under_mpi()) local = parallel::node_local().rank;
+#endif
+  return local % devices;
+}
 
 std::vector<float> read_taps(const std::string& path, const model::DrafterConfig& cfg, int64_t* rows) {
   auto store = model::TensorStore::open(path);
@@ -69,15 +84,18 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
   int64_t n = 0;
   const std::vector<float> taps = read_taps(o.taps, cfg, &n);
-  auto ops = kernels::make_cpu_ops(ctx.threads);
+  auto ops = kernels::make_ops(o.backend, ctx.threads, o.backend == "cuda" ? rank_device(ctx) : 0);
+  // Device buffers need a communicator that can carry them (NCCL under mpirun, else staging).
+  const auto device_comm = parallel::make_backend_comm(ctx.comm, *ops, under_mpi());
+  parallel::Communicator& comm = device_comm ? *device_comm : ctx.comm;
   fault_point(ctx, "load");
-  const auto plan = model::ShardPlan::make(cfg, ctx.comm.rank(), ctx.comm.size());
+  const auto plan = model::ShardPlan::make(cfg, comm.rank(), comm.size());
   auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(o.drafter),
                                                          model::TensorStore::open(o.target), plan, *ops);
   model::DrafterLimits limits;
   limits.max_context = std::max<int64_t>(1, n);
   limits.keep_all_positions = !o.dump.empty();
-  model::Drafter drafter(weights, *ops, ctx.comm, limits);
+  model::Drafter drafter(weights, *ops, comm, limits);
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
   fault_point(ctx, "settle");
@@ -101,7 +119,8 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
     out["anchor"] = o.anchor;
     out["anchor_position"] = n;
     out["architecture"] = cfg.arch_name;
-    out["tp"] = ctx.comm.size();
+    out["tp"] = comm.size();
+    out["backend"] = ops->name();
     out["settle_ms"] = settle_s * 1e3;
     out["draft_ms"] = draft_s * 1e3;
     std::printf("%s\n", out.dump().c_str());
@@ -115,7 +134,7 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
   std::vector<float> k, v;
   for (int64_t l = 0; l < cfg.layers; ++l) {
-    gather_context(drafter, *session, l, ctx.comm, &k, &v);
+    gather_context(drafter, *session, l, comm, &k, &v);
     w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
     w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
   }
@@ -141,10 +160,17 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
   cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  o->backend = "auto";
+  cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                               "(default: all of them)")->check(CLI::NonNegativeNumber);
-  cmd->callback([o] { run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); }); });
+  cmd->callback([o] {
+    if (o->backend == "auto") o->backend = kernels::default_backend();
+    run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); });
+  });
 }
 
 }  // namespace tpdraft::cli

@@ -42,10 +42,18 @@ Result run(const std::string& args) {
   return r;
 }
 
-std::string last_line(const std::string& s) {
-  const size_t end = s.find_last_not_of('\n');
-  const size_t start = s.rfind('\n', end);
-  return s.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+// The JSON result line among the log lines (logs go to stderr, captured here too).
+std::string json_line(const std::string& s) {
+  size_t pos = 0;
+  std::string found;
+  while (pos < s.size()) {
+    const size_t end = s.find('\n', pos);
+    const std::string line = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    if (!line.empty() && line.front() == '{') found = line;
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return found;
 }
 
 std::vector<double> f64(const model::TensorInfo& t) { return model::to_f64(t); }
@@ -87,7 +95,7 @@ void check_against_reference(bool dflash2, const std::string& dtype) {
   Result draft = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
                   "/taps.safetensors --anchor 19 --threads 2 --dump " + dump);
   ASSERT_EQ(draft.status, 0) << draft.out;
-  const auto json = nlohmann::json::parse(last_line(draft.out));
+  const auto json = nlohmann::json::parse(json_line(draft.out));
 
   reference::RefModel ref(ck + "/drafter", ck + "/target");
   const auto& cfg = ref.config();

@@ -663,6 +663,11 @@ TEST(CpuOps, MemoryIsAlignedAndCopies) {
   ops->to_host(back.data(), p, 16);
   EXPECT_EQ(back, src);
   ops->release(p);
+  auto* big = static_cast<unsigned char*>(ops->alloc(5 << 20));  // weights-sized: huge-page path
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % 64, 0u);
+  big[0] = 1, big[(5 << 20) - 1] = 2;
+  EXPECT_EQ(big[0] + big[(5 << 20) - 1], 3);
+  ops->release(big);
   EXPECT_EQ(cpu::force_isa(Isa::Scalar), Isa::Scalar);
   EXPECT_EQ(cpu::active_isa(), Isa::Scalar);
   EXPECT_EQ(cpu::force_isa(Isa::Avx512Bf16), cpu::detected_isa());

@@ -1,6 +1,6 @@
-// The CPU backend of the ops interface: 64-byte aligned host memory, a thread pool, and kernels
-// picked at run time for the widest instruction set present (AVX-512 + BF16, AVX-512, AVX2 + FMA +
-// F16C, portable C++). Every variant computes in f32; they agree to within f32 rounding.
+// The CPU backend of the ops interface: aligned host memory, a thread pool, and kernels picked at
+// run time for the widest instruction set present (AVX-512 + BF16, AVX-512, AVX2 + FMA + F16C,
+// portable C++). Every variant computes in f32; they agree to within f32 rounding.
 // Also declares the dot-product engine shared by matmul, attention and the head.
 #pragma once
 
@@ -52,8 +52,8 @@ void pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m
 
 // out[i * out_stride + j] = dot(w row (row0 + j), x row i) for i < m, j < nrows, in f32 arithmetic
 // on the f32-widened weights. `packed` holds m rows of packed_cols(w.cols) from pack_rows. Runs on
-// the calling thread. The arithmetic of one (row, x) pair does not depend on m, nrows or where
-// the pair sits in the tile, so any two calls give bit-identical dots for the same pair.
+// the calling thread. For a given isa, the arithmetic of one (row, x) pair does not depend on m,
+// nrows or where the pair sits in the tile: any two calls give bit-identical dots for a pair.
 void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
                 int64_t out_stride);
 

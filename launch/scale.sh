@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Scaling sweep: the same draft at tp = 1, 2, 4, ... (MPI ranks on CPU cores, or one rank per GPU),
+# for each config, context length and session count, one JSON record per run in OUT/records.jsonl;
+# then the scaling tables and plots, the multi-GPU projection and the large-vocabulary study.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: launch/scale.sh --out DIR [options]
+
+Runs `tpdraft bench` at every tp (MPI ranks, one per core or per GPU), appends one JSON line per
+run to DIR/records.jsonl (the bench result plus the run's parameters and the machine), then
+writes DIR/scaling.md (+ PNG plots), DIR/projection.md/.json and DIR/vocab.md/.json.
+
+  --out DIR          output directory (created; records are appended, see --fresh)
+  --configs LIST     comma list of drafter configs (default: configs/bench-dflash2-2048.json)
+  --tp LIST          tensor-parallel sizes (default: 1, 2, 4, ... up to the cores, or the GPUs);
+                     a size the geometry cannot shard is skipped with a message
+  --ctx LIST         context rows per session (default: 1024)
+  --batch LIST       sessions per draft for strong scaling (default: 1)
+  --no-weak          skip the weak-scaling runs (by default each batch b also runs b*tp sessions at tp)
+  --threads N        CPU threads per rank (default: 1)
+  --repeat N         timed drafts per run (default: 10; --quick: 5)
+  --warmup N         untimed drafts first (default: 2; --quick: 1)
+  --quick            few repeats, for a first look
+  --backend B        cpu, cuda or auto (default: auto = cuda when tpdraft has --backend and a GPU is
+                     visible, else cpu)
+  --vocab LIST       vocabulary sizes of the head study (default: 151936,202048,248320; "none" skips it)
+  --vocab-base FILE  config the vocabulary study varies (default: configs/bench-dflash2-2048.json)
+  --vocab-tp LIST    tp sizes of the vocabulary study (default: the --tp list)
+  --params FILE      communication model for the projection (default: bench/scaling/comm-model.json)
+  --layouts LIST     projected layouts NODESxGPUS (default: 1x1,1x2,1x4,1x8,2x8)
+  --span-nodes       project one tp group across the nodes of a layout (default: replicas per node)
+  --bin PATH         the tpdraft binary (default: build/tpdraft of this repository)
+  --timeout S        give up on one run after S seconds (default: 1800)
+  --fresh            start DIR/records.jsonl anew instead of appending
+  --report-only      run nothing; rebuild the reports from DIR/records.jsonl
+  -h, --help         this text
+
+CPU ranks: mpirun binds one rank per core (threads per rank: --map-by slot:PE=N); with more
+rank-threads than cores it adds --oversubscribe and no binding (such runs are marked
+"oversubscribed" and never used as compute measurements). As root it adds --allow-run-as-root.
+Example:  launch/scale.sh --out scaling --tp 1,2 --ctx 1024 --batch 1,4 --quick
+USAGE
+}
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+out="" configs="$here/configs/bench-dflash2-2048.json" tps="" ctxs=1024 batches=1 weak=1 threads=1
+repeat="" warmup="" quick=0 backend=auto vocab="151936,202048,248320" vocab_base="$here/configs/bench-dflash2-2048.json"
+vocab_tps="" params="" layouts="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
+while (($#)); do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --configs) configs=$2; shift 2 ;;
+    --tp) tps=$2; shift 2 ;;
+    --ctx) ctxs=$2; shift 2 ;;
+    --batch) batches=$2; shift 2 ;;
+    --no-weak) weak=0; shift ;;
+    --threads) threads=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --backend) backend=$2; shift 2 ;;
+    --vocab) vocab=$2; shift 2 ;;
+    --vocab-base) vocab_base=$2; shift 2 ;;
+    --vocab-tp) vocab_tps=$2; shift 2 ;;
+    --params) params=$2; shift 2 ;;
+    --layouts) layouts=$2; shift 2 ;;
+    --span-nodes) span=1; shift ;;
+    --bin) bin=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    --fresh) fresh=1; shift ;;
+    --report-only) report_only=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "scale.sh: --out DIR is required (see --help)" >&2; exit 2; }
+if [ -z "$repeat" ]; then if ((quick)); then repeat=5; else repeat=10; fi; fi
+if [ -z "$warmup" ]; then if ((quick)); then warmup=1; else warmup=2; fi; fi
+py=python3
+[ -x /usr/bin/python3 ] && py=/usr/bin/python3
+command -v "$py" >/dev/null || { echo "scale.sh: python3 not found (apt-get install python3)" >&2; exit 2; }
+tools="$here/bench/scaling"
+mkdir -p "$out/logs"
+records="$out/records.jsonl"
+split() { tr ',' ' ' <<<"$1"; }
+
+# gnuplot draws the PNG plots; install it when missing (the tables do not need it).
+ensure_gnuplot() {
+  command -v gnuplot >/dev/null && return 0
+  local sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  echo "scale.sh: installing gnuplot-nox for the plots" >&2
+  { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq gnuplot-nox; } >/dev/null 2>&1 \
+    || echo "scale.sh: could not install gnuplot-nox; the report will have tables only" >&2
+}
+
+run_sweep() {
+  [ -x "$bin" ] || { echo "scale.sh: $bin is not built; run scripts/setup.sh (or pass --bin)" >&2; exit 2; }
+  local cores gpus=0 has_backend=0
+  cores=$(nproc)
+  if "$bin" bench --help 2>/dev/null | grep -q -- '--backend'; then has_backend=1; fi
+  if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+  if [ "$backend" = auto ]; then
+    backend=cpu
+    if ((has_backend && gpus > 0)); then backend=cuda; fi
+  fi
+  case "$backend" in
+    cpu) ;;
+    cuda) ((has_backend)) || { echo "scale.sh: --backend cuda, but $bin has no --backend option yet" >&2; exit 2; }
+          ((gpus > 0)) || { echo "scale.sh: --backend cuda, but nvidia-smi lists no GPU" >&2; exit 2; } ;;
+    *) echo "scale.sh: --backend must be cpu, cuda or auto, got '$backend'" >&2; exit 2 ;;
+  esac
+  local limit=$cores
+  [ "$backend" = cpu ] || limit=$gpus
+  if [ -z "$tps" ]; then
+    tps=1
+    local t=2
+    while ((t <= limit || t == 2)); do tps="$tps,$t"; t=$((t * 2)); done
+  fi
+  [ -n "$vocab_tps" ] || vocab_tps=$tps
+  if grep -qvE '^(1,?)*$' <<<"$tps,$vocab_tps"; then
+    command -v mpirun >/dev/null || { echo "scale.sh: mpirun not found (apt-get install openmpi-bin, or scripts/setup.sh)" >&2; exit 2; }
+  fi
+  ((fresh)) && : >"$records"
+  local gpu_name=""
+  [ "$backend" = cpu ] || gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  echo "scale.sh: backend $backend, tp {$tps}, ctx {$ctxs}, batch {$batches}, $threads thread(s) per rank, repeat $repeat, $cores core(s)${gpu_name:+, $gpus x $gpu_name}" >&2
+
+  declare -A done_runs=()
+  local n=0 failed=0 skipped=0
+  # run_one CONFIG TP SESSIONS CTX STUDY [KEY=VALUE...]
+  run_one() {
+    local config=$1 tp=$2 b=$3 ctx=$4 study=$5
+    shift 5
+    local key="$config|$tp|$b|$ctx"
+    [ -z "${done_runs[$key]:-}" ] || return 0
+    done_runs[$key]=1
+    local why
+    if ! why=$("$py" "$tools/record.py" valid-tp "$config" "$tp"); then
+      echo "scale.sh: skip $(basename "$config") tp=$tp: $why" >&2; skipped=$((skipped + 1)); return 0
+    fi
+    if [ "$backend" != cpu ] && ((tp > gpus)); then
+      echo "scale.sh: skip tp=$tp: only $gpus GPU(s)" >&2; skipped=$((skipped + 1)); return 0
+    fi
+    local args=(bench --config "$config" --ctx "$ctx" --batch "$b" --threads "$threads" --repeat "$repeat"
+                --warmup "$warmup" --json)
+    ((has_backend)) && args+=(--backend "$backend")
+    local cmd launcher=single over=0
+    if ((tp == 1)); then
+      cmd=("$bin" "${args[@]}")
+    else
+      launcher=mpirun
+      local flags=(-np "$tp" -x "TPDRAFT_LOG_LEVEL=${TPDRAFT_LOG_LEVEL:-warn}")
+      if [ "$backend" != cpu ]; then
+        flags+=(--bind-to none)
+      elif ((tp * threads <= cores)); then
+        if ((threads == 1)); then flags+=(--bind-to core --map-by core); else flags+=(--bind-to core --map-by "slot:PE=$threads"); fi
+      else
+        flags+=(--oversubscribe --bind-to none)  # time-sliced: binding would stack ranks on one core
+        over=1
+      fi
+      [ "$(id -u)" -ne 0 ] || flags+=(--allow-run-as-root)
+      cmd=(mpirun "${flags[@]}" "$bin" "${args[@]}" --tp "$tp")
+    fi
+    n=$((n + 1))
+    local tag log result
+    tag=$(printf '%03d-%s-tp%d-b%d-c%d' "$n" "$(basename "$config" .json)" "$tp" "$b" "$ctx")
+    log="$out/logs/$tag.log"
+    result=$(mktemp)
+    local note=""
+    ((over)) && note=", oversubscribed"
+    echo "scale.sh: [$tag] $study$note" >&2
+    if timeout "$timeout_s" "${cmd[@]}" >"$result" 2>"$log" \
+       && "$py" "$tools/record.py" append --out "$records" --config "$config" --set "study=$study" \
+            --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
+            ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; then
+      :
+    else
+      echo "scale.sh: run $tag failed; see $log" >&2
+      failed=$((failed + 1))
+    fi
+    rm -f "$result"
+  }
+
+  local config ctx b tp
+  for config in $(split "$configs"); do
+    [ -f "$config" ] || { echo "scale.sh: config '$config' not found" >&2; exit 2; }
+    for ctx in $(split "$ctxs"); do
+      for b in $(split "$batches"); do
+        for tp in $(split "$tps"); do run_one "$config" "$tp" "$b" "$ctx" strong; done
+        if ((weak)); then
+          for tp in $(split "$tps"); do run_one "$config" "$tp" $((b * tp)) "$ctx" weak; done
+        fi
+      done
+    done
+  done
+
+  if [ "$vocab" != none ]; then
+    [ -f "$vocab_base" ] || { echo "scale.sh: --vocab-base '$vocab_base' not found" >&2; exit 2; }
+    local vcfg v vctx=${ctxs%%,*} vb=${batches%%,*}  # the study runs at the first context and batch
+    for vcfg in $("$py" "$tools/record.py" vocab-configs --base "$vocab_base" --vocab "$vocab" --dir "$out/vocab-configs"); do
+      v=${vcfg##*-v}
+      v=${v%.json}
+      for tp in $(split "$vocab_tps"); do run_one "$vcfg" "$tp" "$vb" "$vctx" vocab "vocab_size=$v"; done
+    done
+  fi
+  echo "scale.sh: $n run(s), $failed failed, $skipped skipped; records in $records" >&2
+  ((n > failed)) || { echo "scale.sh: no run succeeded" >&2; exit 1; }
+}
+
+((report_only)) || run_sweep
+[ -s "$records" ] || { echo "scale.sh: $records is empty: nothing to report" >&2; exit 1; }
+ensure_gnuplot
+popts=()
+[ -z "$params" ] || popts+=(--params "$params")
+"$py" "$tools/report.py" --records "$records" --out "$out" >/dev/null
+proj=(--records "$records" --out "$out" "${popts[@]}")
+[ -z "$layouts" ] || proj+=(--layouts "$layouts")
+((span)) && proj+=(--span-nodes)
+"$py" "$tools/project.py" "${proj[@]}" >/dev/null
+if [ "$vocab" != none ]; then
+  "$py" "$tools/vocab.py" --records "$records" --out "$out" --base "$vocab_base" --vocab "$vocab" "${popts[@]}" >/dev/null
+fi
+echo "scale.sh: wrote $out/scaling.md, $out/projection.md$([ "$vocab" != none ] && echo ", $out/vocab.md")" >&2

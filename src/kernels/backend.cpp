@@ -1,0 +1,40 @@
+// The backend factory. CUDA calls stay behind TPDRAFT_HAVE_CUDA, so this file builds everywhere.
+#include "kernels/backend.h"
+
+#include "core/error.h"
+
+#ifdef TPDRAFT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace tpdraft::kernels {
+
+int cuda_devices() {
+#ifdef TPDRAFT_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+bool cuda_device_available() { return cuda_devices() > 0; }
+
+std::string default_backend() { return cuda_device_available() ? "cuda" : "cpu"; }
+
+std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int device) {
+  if (backend == "cpu") return make_cpu_ops(threads);
+  TPDRAFT_CHECK(backend == "cuda", "unknown backend '{}': expected 'cpu' or 'cuda'", backend);
+#ifdef TPDRAFT_HAVE_CUDA
+  const int count = cuda_device_count();
+  TPDRAFT_CHECK(count > 0, "backend 'cuda': no CUDA device is available on this machine (no driver or no GPU)");
+  TPDRAFT_CHECK(device >= 0 && device < count, "backend 'cuda': device {} does not exist ({} device(s) visible)",
+                device, count);
+  return make_cuda_ops(device);
+#else
+  (void)device;
+  TPDRAFT_FAIL("backend 'cuda': this tpdraft was built without the CUDA backend (configure with -DTPDRAFT_CUDA=ON "
+               "on a machine with the CUDA toolkit)");
+#endif
+}
+
+}  // namespace tpdraft::kernels

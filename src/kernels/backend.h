@@ -1,0 +1,24 @@
+// Choosing a backend at run time: "cpu" always, "cuda" when this build has the CUDA backend and
+// the machine a device. The one place outside kernels/cuda/ that knows the backends by name.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace tpdraft::kernels {
+
+// True when this build has the CUDA backend and cudaGetDeviceCount finds at least one device.
+bool cuda_device_available();
+// CUDA devices visible (0 without the CUDA backend, a driver or a device).
+int cuda_devices();
+// "cuda" when cuda_device_available(), else "cpu": what --backend defaults to.
+std::string default_backend();
+
+// backend "cpu": make_cpu_ops(threads); "cuda": the CUDA backend on `device` (threads unused).
+// Throws tpdraft::Error naming the reason when the backend is unknown, not compiled in, or has
+// no device.
+std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int device);
+
+}  // namespace tpdraft::kernels

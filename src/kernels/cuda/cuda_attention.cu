@@ -1,0 +1,239 @@
+// Block attention, flash-decoding style: the context positions a session's rows may see are cut
+// into chunks; one thread block per (chunk, kv head, group of 16 query rows, session) computes,
+// for each of its rows, the running max, the softmax denominator and the unnormalised weighted
+// sum of V over its chunk (online softmax over tiles of 32 keys staged in shared memory); the
+// block's own keys form one more chunk. A merge kernel rescales and adds the chunks per row.
+// No context length limit: chunks grow with the context so the grid stays a few waves deep.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tpdraft::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = kAttnRowsPerBlock / kWarps;  // 4
+constexpr int kTileKeys = 32;                             // one key per lane in the score step
+constexpr int kMergeThreads = 128;
+
+__host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Shared memory of a partial block: queries [16][D], key tile [32][ks] (ks = D rounded up to
+// odd, so lanes reading one key row each hit distinct banks), value tile [32][D].
+__host__ __device__ inline int64_t key_stride(int64_t d) { return d | 1; }
+size_t partial_shared_bytes(int64_t d) {
+  return static_cast<size_t>(kAttnRowsPerBlock * d + kTileKeys * key_stride(d) + kTileKeys * d) * sizeof(float);
+}
+
+// One query row of the block as a warp sees it: where its output goes and which keys of the
+// chunk it may see ([vlo, vhi) in the chunk's coordinate: positions, or block row indices).
+struct RowView {
+  bool valid;
+  int64_t h, r, vlo, vhi;
+};
+
+__device__ RowView row_view(const AttnArgs& a, const AttnSession& se, int64_t g, int64_t i, bool block_chunk) {
+  const int64_t ratio = a.n_q / a.n_kv;
+  RowView v;
+  v.valid = i < ratio * a.B;
+  v.h = g * ratio + i / a.B;
+  v.r = i % a.B;
+  if (!block_chunk) {
+    // Context: key position p visible iff p >= lo_r (and p < min(end, anchor), the span's end).
+    v.vlo = a.window > 0 ? imax(se.begin, se.anchor + v.r - a.window + 1) : se.begin;
+    v.vhi = INT64_MAX;
+  } else {
+    // Block keys j: causal -> j <= r; window -> r - j < W, and when not causal j - r < W.
+    v.vlo = a.window > 0 ? imax(0, v.r - a.window + 1) : 0;
+    v.vhi = a.causal ? v.r + 1 : a.B;
+    if (a.window > 0 && !a.causal) v.vhi = imin(v.vhi, v.r + a.window);
+  }
+  return v;
+}
+
+// DC = ceil(D / 32) register columns of the output per lane (D <= 32 * DC).
+template <int DC>
+__global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, int64_t qgroups) {
+  const int64_t s = blockIdx.z, c = blockIdx.x;
+  const AttnSession se = a.sessions[s];
+  if (c > se.chunks) return;
+  const bool block_chunk = c == se.chunks;
+  const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups;
+  const int64_t D = a.D, ks = key_stride(D), ratio = a.n_q / a.n_kv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  extern __shared__ float smem[];
+  float* qs = smem;
+  float* kt = qs + kAttnRowsPerBlock * D;
+  float* vt = kt + kTileKeys * ks;
+
+  // Staging loops: a warp per row, lanes along D (coalesced, no divisions per element).
+  for (int row = warp; row < kAttnRowsPerBlock; row += kWarps) {
+    const int64_t i = qg * kAttnRowsPerBlock + row;
+    const float* src = nullptr;
+    if (i < ratio * a.B) src = a.q + ((s * a.B + i % a.B) * a.n_q + g * ratio + i / a.B) * D;
+    for (int64_t d = lane; d < D; d += 32) qs[row * D + d] = src != nullptr ? src[d] : 0.0f;
+  }
+
+  RowView rows[kRowsPerWarp];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j)
+    rows[j] = row_view(a, se, g, qg * kAttnRowsPerBlock + warp * kRowsPerWarp + j, block_chunk);
+
+  // The chunk's keys: context positions [kbeg, kend), or block rows [0, B).
+  int64_t kbeg = 0, kend = a.B;
+  if (!block_chunk) {
+    kbeg = se.lo + c * a.chunk_keys;
+    kend = imin(se.lo + se.count, kbeg + a.chunk_keys);
+  }
+  const float* ksrc = block_chunk ? a.k : se.k;
+  const float* vsrc = block_chunk ? a.v : se.v;
+
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DC];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DC; ++t) acc[j][t] = 0.0f;
+  }
+
+  for (int64_t t0 = kbeg; t0 < kend; t0 += kTileKeys) {
+    const int n = static_cast<int>(imin(kTileKeys, kend - t0));
+    __syncthreads();  // the previous tile has been consumed (and, first time, qs is written)
+    for (int j = warp; j < n; j += kWarps) {
+      const int64_t key = t0 + j;
+      const int64_t row = block_chunk ? (s * a.B + key) * a.n_kv + g : (key % se.capacity) * a.n_kv + g;
+      const float* kr = ksrc + row * D;
+      const float* vr = vsrc + row * D;
+      for (int64_t d = lane; d < D; d += 32) {
+        kt[j * ks + d] = kr[d];
+        vt[j * D + d] = vr[d];
+      }
+    }
+    __syncthreads();
+
+    // Scores: lane <-> key t0 + lane, for the warp's rows.
+    float sc[kRowsPerWarp];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) sc[j] = 0.0f;
+    if (lane < n) {
+      const float* kr = kt + lane * ks;
+      const float* qr = qs + warp * kRowsPerWarp * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float kv = kr[d];
+#pragma unroll
+        for (int j = 0; j < kRowsPerWarp; ++j) sc[j] = fmaf(qr[j * D + d], kv, sc[j]);
+      }
+    }
+    const int64_t key = t0 + lane;
+    float p[kRowsPerWarp];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+      const bool visible = rows[j].valid && lane < n && key >= rows[j].vlo && key < rows[j].vhi;
+      const float score = visible ? sc[j] * a.scale : -INFINITY;
+      const float m_new = fmaxf(m[j], warp_max(score));
+      if (m_new == -INFINITY) {  // nothing visible to this row yet: its state stays empty
+        p[j] = 0.0f;
+        continue;
+      }
+      const float alpha = expf(m[j] - m_new);  // 0 when m[j] is still -inf
+      p[j] = visible ? expf(score - m_new) : 0.0f;
+      l[j] = l[j] * alpha + warp_sum(p[j]);
+      m[j] = m_new;
+#pragma unroll
+      for (int t = 0; t < DC; ++t) acc[j][t] *= alpha;
+    }
+    // Weighted values: lane <-> output dims lane + 32 t; p of key jj from lane jj.
+    for (int jj = 0; jj < n; ++jj) {
+      const float* vr = vt + jj * D;
+      float vv[DC];
+#pragma unroll
+      for (int t = 0; t < DC; ++t) vv[t] = lane + 32 * t < D ? vr[lane + 32 * t] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kRowsPerWarp; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p[j], jj);
+#pragma unroll
+        for (int t = 0; t < DC; ++t) acc[j][t] = fmaf(pj, vv[t], acc[j][t]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    if (!rows[j].valid) continue;
+    const int64_t slot = ((s * a.n_q + rows[j].h) * a.B + rows[j].r) * a.slots + c;
+#pragma unroll
+    for (int t = 0; t < DC; ++t)
+      if (lane + 32 * t < D) a.part_acc[slot * D + lane + 32 * t] = acc[j][t];
+    if (lane == 0) {
+      a.part_ml[slot * 2] = m[j];
+      a.part_ml[slot * 2 + 1] = l[j];
+    }
+  }
+}
+
+// One block per (session, q head, block row): out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+__global__ void attn_merge_kernel(AttnArgs a) {
+  const int64_t idx = blockIdx.x;  // ((s * n_q + h) * B + r)
+  const int64_t r = idx % a.B, h = (idx / a.B) % a.n_q, s = idx / (a.B * a.n_q);
+  const int64_t used = a.sessions[s].chunks + 1;
+  const float* ml = a.part_ml + idx * a.slots * 2;
+  float mx = -INFINITY;
+  for (int64_t c = 0; c < used; ++c) mx = fmaxf(mx, ml[c * 2]);
+  float denom = 0.0f;
+  for (int64_t c = 0; c < used; ++c)
+    if (ml[c * 2] != -INFINITY) denom += expf(ml[c * 2] - mx) * ml[c * 2 + 1];
+  const float inv = 1.0f / denom;
+  float* out = a.out + ((s * a.B + r) * a.n_q + h) * a.D;
+  const float* acc = a.part_acc + idx * a.slots * a.D;
+  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < used; ++c)
+      if (ml[c * 2] != -INFINITY) sum += expf(ml[c * 2] - mx) * acc[c * a.D + d];
+    out[d] = sum * inv;
+  }
+}
+
+template <int DC>
+void launch_partial(const AttnArgs& a, dim3 grid, int64_t qgroups, cudaStream_t stream) {
+  const size_t shared = partial_shared_bytes(a.D);
+  // Above the default 48 KiB a kernel must opt in (D > 128 here). The setting is per device,
+  // so it is made on every such launch (a cheap host call).
+  if (shared > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(attn_partial_kernel<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(shared)));
+  attn_partial_kernel<DC><<<grid, kWarps * 32, shared, stream>>>(a, qgroups);
+}
+
+}  // namespace
+
+void launch_attention(const AttnArgs& a, cudaStream_t stream) {
+  if (a.S <= 0) return;
+  const int64_t ratio = a.n_q / a.n_kv;
+  const int64_t qgroups = (ratio * a.B + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock;
+  const dim3 grid(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.n_kv * qgroups), static_cast<unsigned>(a.S));
+  if (a.D <= 64)
+    launch_partial<2>(a, grid, qgroups, stream);
+  else if (a.D <= 128)
+    launch_partial<4>(a, grid, qgroups, stream);
+  else
+    launch_partial<8>(a, grid, qgroups, stream);
+  TPDRAFT_CHECK_LAUNCH("attention (chunk partials)");
+  attn_merge_kernel<<<static_cast<unsigned>(a.S * a.n_q * a.B), kMergeThreads, 0, stream>>>(a);
+  TPDRAFT_CHECK_LAUNCH("attention (merge)");
+}
+
+}  // namespace tpdraft::kernels::cuda

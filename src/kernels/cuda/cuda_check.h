@@ -1,0 +1,33 @@
+// Error checks for CUDA runtime and cuBLAS calls, usable from .cu and .cpp files alike (no fmt
+// here, so nvcc never parses the formatting library). Each macro evaluates its call once and, on
+// failure, throws tpdraft::Error naming the call, file:line, the current device and the error.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+namespace tpdraft::kernels::cuda {
+
+[[noreturn]] void cuda_fail(const char* call, cudaError_t code, const char* file, int line);
+[[noreturn]] void cublas_fail(const char* call, cublasStatus_t code, const char* file, int line);
+// After a kernel launch: a bad configuration (or an earlier asynchronous fault) surfaces here,
+// reported with the op's name.
+void check_launch(const char* op, const char* file, int line);
+
+}  // namespace tpdraft::kernels::cuda
+
+#define CUDA_CHECK(call)                                                                      \
+  do {                                                                                        \
+    const cudaError_t cuda_check_rc_ = (call);                                                \
+    if (cuda_check_rc_ != cudaSuccess)                                                        \
+      ::tpdraft::kernels::cuda::cuda_fail(#call, cuda_check_rc_, __FILE__, __LINE__);         \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                                    \
+  do {                                                                                        \
+    const cublasStatus_t cublas_check_rc_ = (call);                                           \
+    if (cublas_check_rc_ != CUBLAS_STATUS_SUCCESS)                                            \
+      ::tpdraft::kernels::cuda::cublas_fail(#call, cublas_check_rc_, __FILE__, __LINE__);     \
+  } while (0)
+
+#define TPDRAFT_CHECK_LAUNCH(op) ::tpdraft::kernels::cuda::check_launch(op, __FILE__, __LINE__)

@@ -1,0 +1,42 @@
+// DFlash 2's grouped dynamic causal convolution along the rows of each session's block (spec
+// §5.1), one thread per output element. The taps are added in order j = 0, 1, ... to a zero with
+// explicitly rounded operations (no fused multiply-add), the same arithmetic as the CPU twin, so
+// both backends give the same bits.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace tpdraft::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void dyn_conv_kernel(ConvParams p, int64_t total) {
+  const int64_t h = p.hidden, groups = p.hidden / p.group_size;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / h, c = e % h;
+    const int64_t t = row % p.block;  // position inside the session's block
+    const int64_t taps = t + 1 < p.kernel ? t + 1 : p.kernel;
+    const float* delta = p.delta + row * p.delta_stride + p.delta_offset + c / p.group_size;
+    float o = 0.0f;
+    for (int64_t j = 0; j < taps; ++j) {
+      const float coef = __fadd_rn(p.base[j * h + c], delta[j * groups]);
+      o = __fadd_rn(o, __fmul_rn(coef, p.in[(row - j) * h + c]));
+    }
+    p.out[e] = o;
+  }
+}
+
+}  // namespace
+
+void launch_dyn_conv(const ConvParams& p, cudaStream_t stream) {
+  const int64_t total = p.sessions * p.block * p.hidden;
+  if (total <= 0) return;
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  dyn_conv_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(p, total);
+  TPDRAFT_CHECK_LAUNCH("dyn_conv");
+}
+
+}  // namespace tpdraft::kernels::cuda

@@ -1,0 +1,131 @@
+// matmul and the head on cuBLAS. f32 weights: cublasSgemm (f32 throughout). bf16 / f16 weights:
+// cuBLAS wants both operands in one type, so the f32 activations are converted to the weight
+// dtype first and cublasGemmEx runs with f32 accumulation (CUBLAS_COMPUTE_32F) and f32 output.
+//
+// Precision: by default each activation x is sent as two 16-bit values, hi = round(x) and
+// lo = round(x - hi), stacked as 2m rows of one GEMM and summed after it. The weights are read
+// once either way (a draft's GEMMs are weight-bandwidth bound at m = 16), and the result is
+// within ~2^-16 (bf16) of the f32-activation product the CPU computes, instead of the ~2^-9 of a
+// single bf16 rounding. TPDRAFT_CUDA_MATMUL=single sends only hi: half the GEMM FLOPs (matters
+// for settle's large m), bf16-activation precision. f16 weights: activations beyond f16's range
+// (|x| > 65504) overflow to inf in either mode. bench/GPU-NOTES.md has the numbers.
+#include <climits>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_ops_impl.h"
+
+namespace tpdraft::kernels::cuda {
+namespace {
+
+cudaDataType_t blas_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+void check_int(int64_t v, const char* what, const char* op) {
+  TPDRAFT_CHECK(v >= 0 && v <= INT_MAX, "{}: {} = {} exceeds cuBLAS's int range", op, what, v);
+}
+
+}  // namespace
+
+// Column-major view of the row-major product: y^T [n, rows] = W [n, K] . x^T [K, rows], i.e.
+// op(A) = W^T of the column-major [K, n] weight buffer, B = the [K, rows] activation buffer.
+int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out) {
+  const int64_t k = w.cols;
+  const float one = 1.0f, zero = 0.0f;
+  if (w.dtype == DType::F32) {
+    float* out = parts_.as<float>(static_cast<size_t>(m * n), stream_);
+    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                             static_cast<int>(k), &one, static_cast<const float*>(w.data), static_cast<int>(k), x,
+                             static_cast<int>(k), &zero, out, static_cast<int>(n)));
+    *parts_out = out;
+    return 1;
+  }
+  const int parts = split_activations_ ? 2 : 1;
+  check_int(parts * m, "activation rows", "matmul");
+  void* xa = act_.get(static_cast<size_t>(parts * m * k) * 2, stream_);
+  launch_split_activations(x, m, k, w.dtype, parts, xa, stream_);
+  float* out = parts_.as<float>(static_cast<size_t>(parts * m * n), stream_);
+  const cudaDataType_t t = blas_type(w.dtype);
+  CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(parts * m),
+                            static_cast<int>(k), &one, w.data, t, static_cast<int>(k), xa, t, static_cast<int>(k),
+                            &zero,
+                            out, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  *parts_out = out;
+  return parts;
+}
+
+void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
+  TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
+  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
+  TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+  if (m == 0) return;
+  check_int(w.rows, "weight rows", "matmul");
+  check_int(w.cols, "weight cols", "matmul");
+  check_int(m, "rows", "matmul");
+  DeviceGuard guard(device_);
+  if (w.dtype == DType::F32) {
+    // Straight into y; the bias (if any) added in place.
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(m), k, &one,
+                             static_cast<const float*>(w.data), k, x, k, &zero, y, n));
+    if (bias != nullptr) launch_sum_parts(y, 1, m, w.rows, bias, y, stream_);
+    return;
+  }
+  float* parts = nullptr;
+  const int count = gemm_parts(w, x, m, w.rows, &parts);
+  launch_sum_parts(parts, count, m, w.rows, bias, y, stream_);
+}
+
+namespace {
+
+void check_head(const HeadParams& p, const char* op) {
+  TPDRAFT_CHECK(is_float_weight(p.head.dtype), "{}: head dtype {} is not F32, F16 or BF16", op,
+                dtype_name(p.head.dtype));
+  TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
+                "{}: valid rows {} must be in [0, {}] (m {}, cols {})", op, p.valid_rows, p.head.rows, p.m,
+                p.head.cols);
+  check_int(p.valid_rows, "valid rows", op);
+  check_int(p.head.cols, "hidden", op);
+  check_int(p.m, "rows", op);
+}
+
+}  // namespace
+
+// head_logits and head_topk run the very same GEMM (same shapes, workspaces and handle) and the
+// same post-processing kernel, so head_topk's values equal head_logits' bit for bit.
+void CudaOps::head_logits(const HeadParams& p, float* logits) {
+  check_head(p, "head_logits");
+  if (p.m == 0 || p.valid_rows == 0) return;
+  DeviceGuard guard(device_);
+  float* parts = nullptr;
+  const int count = gemm_parts(p.head, p.g, p.m, p.valid_rows, &parts);
+  launch_head_post(parts, count, p.m, p.valid_rows, p.scale, p.cap, logits, stream_);
+}
+
+void CudaOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
+  check_head(p, "head_topk");
+  TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
+  TPDRAFT_CHECK(k <= kMaxTopK, "head_topk: k = {} exceeds the cuda backend's limit of {}", k, kMaxTopK);
+  TPDRAFT_CHECK(std::isfinite(p.scale) && p.scale > 0.0f, "head_topk: logit scale must be finite and > 0, got {}",
+                p.scale);
+  TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);
+  TPDRAFT_CHECK(p.m <= 65535, "head_topk: {} rows exceed the cuda grid limit of 65535", p.m);
+  if (p.m == 0) return;
+  DeviceGuard guard(device_);
+  const int64_t n = p.valid_rows;
+  float* logits = nullptr;
+  if (n > 0) {
+    float* parts = nullptr;
+    const int count = gemm_parts(p.head, p.g, p.m, n, &parts);
+    logits = logits_.as<float>(static_cast<size_t>(p.m * n), stream_);
+    launch_head_post(parts, count, p.m, n, p.scale, p.cap, logits, stream_);
+  }
+  const size_t keys = static_cast<size_t>(topk_key_capacity(p.m, n, k));
+  uint64_t* a = keys_a_.as<uint64_t>(keys, stream_);
+  uint64_t* b = keys_b_.as<uint64_t>(keys, stream_);
+  launch_topk(logits, p.m, n, k, id_base, a, b, values, ids, stream_);
+}
+
+}  // namespace tpdraft::kernels::cuda

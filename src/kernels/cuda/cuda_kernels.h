@@ -1,0 +1,82 @@
+// The kernel launchers of the CUDA backend, one family per .cu file. Every pointer is device
+// memory; every launcher enqueues on `stream`, returns at once and checks the launch by name.
+// CudaOps (cuda_ops_impl.h) validates arguments and stages host-side parameters before calling.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace tpdraft::kernels::cuda {
+
+// ---- cuda_elementwise.cu ----------------------------------------------------------------------
+void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// Exact widening, and round-to-nearest-even narrowing that matches f32_to_bf16 on the host.
+void launch_bf16_to_f32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream);
+void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream);
+
+// ---- cuda_norm_rope.cu ------------------------------------------------------------------------
+void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+                     cudaStream_t stream);
+// positions [rows] and inv_freq [head_dim / 2] (theta^(-2i/D), computed in double) on the device.
+void launch_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                           const int64_t* positions, const double* inv_freq, cudaStream_t stream);
+
+// ---- cuda_conv.cu -----------------------------------------------------------------------------
+void launch_dyn_conv(const ConvParams& p, cudaStream_t stream);
+
+// ---- cuda_gemm.cu: the element-wise stages around the cuBLAS GEMMs ----------------------------
+// Activations x [m, cols] f32 -> `parts` stacked copies in the weight dtype (BF16 or F16):
+// rows [0, m) = round(x); with parts == 2 also rows [m, 2m) = round(x - round(x)).
+void launch_split_activations(const float* x, int64_t m, int64_t cols, DType wtype, int parts, void* out,
+                              cudaStream_t stream);
+// y[i][n] = sum_{p < parts} part[p * m + i][n] (+ bias[n]); y may alias part 0.
+void launch_sum_parts(const float* parts_buf, int parts, int64_t m, int64_t n, const float* bias, float* y,
+                      cudaStream_t stream);
+// logits[i][v] = post(scale * sum_p part[p * m + i][v]), post(x) = cap > 0 ? cap * tanh(x / cap) : x.
+void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, float scale, float cap,
+                      float* logits, cudaStream_t stream);
+
+// ---- cuda_topk.cu -----------------------------------------------------------------------------
+// Per row of logits [m, n]: the k best (value desc, id asc), values copied bit for bit from
+// logits, ids + id_base; NaN logits never win; -inf / -1 past the last candidate. keys_a / keys_b hold
+// topk_key_capacity(m, n, k) keys each. k <= kMaxTopK.
+constexpr int kMaxTopK = 2048;
+int64_t topk_key_capacity(int64_t m, int64_t n, int k);
+void launch_topk(const float* logits, int64_t m, int64_t n, int k, int64_t id_base, uint64_t* keys_a,
+                 uint64_t* keys_b, float* values, int64_t* ids, cudaStream_t stream);
+
+// ---- cuda_attention.cu ------------------------------------------------------------------------
+// One session as the attention kernels see it (staged to the device per call).
+struct AttnSession {
+  const float* k = nullptr;  // context ring [capacity, n_kv, D]
+  const float* v = nullptr;
+  int64_t capacity = 0, begin = 0, end = 0, anchor = 0;
+  int64_t lo = 0, count = 0;  // context positions [lo, lo + count) the union of the rows may see
+  int64_t chunks = 0;         // context chunks of chunk_keys positions; slot `chunks` is the block
+};
+
+struct AttnArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* out = nullptr;
+  const AttnSession* sessions = nullptr;  // device [S]
+  float* part_acc = nullptr;  // [S, n_q, B, slots, D] unnormalised weighted V per chunk
+  float* part_ml = nullptr;   // [S, n_q, B, slots, 2] running max and denominator per chunk
+  int64_t S = 0, B = 0, n_q = 0, n_kv = 0, D = 0, window = 0;
+  bool causal = false;
+  float scale = 1.0f;
+  int64_t chunk_keys = 0;  // context positions per chunk
+  int64_t slots = 0;       // max chunks + 1
+};
+
+constexpr int kAttnMaxHeadDim = 256;
+// Query rows one partial block handles (shares each K/V tile among them).
+constexpr int kAttnRowsPerBlock = 16;
+void launch_attention(const AttnArgs& a, cudaStream_t stream);
+
+}  // namespace tpdraft::kernels::cuda

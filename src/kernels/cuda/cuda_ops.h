@@ -1,0 +1,25 @@
+// The CUDA backend of the ops interface: device memory, one stream per Ops, kernels per op family
+// in src/kernels/cuda/*.cu and cuBLAS for the GEMMs. Exists only in builds with
+// TPDRAFT_HAVE_CUDA; kernels/backend.h is the way in that every build has.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "kernels/ops.h"
+
+namespace tpdraft::kernels {
+
+// The CUDA backend on `device`. Throws tpdraft::Error when the device cannot be used.
+std::unique_ptr<Ops> make_cuda_ops(int device);
+
+// Devices the CUDA runtime sees; 0 when there is no driver or no device (never throws).
+int cuda_device_count();
+
+// The stream and device of a CUDA backend (for communicators that must order their work with
+// the ops' kernels). Throws when `ops` is not the CUDA backend.
+cudaStream_t cuda_stream_of(Ops& ops);
+int cuda_device_of(Ops& ops);
+
+}  // namespace tpdraft::kernels

@@ -1,0 +1,125 @@
+// CudaOps: the CUDA backend's state (device, stream, cuBLAS handle, grow-only workspaces, the
+// pinned ring that carries per-call host parameters to the device) and the host side of every
+// op: argument checks mirroring the CPU twin, parameter staging, then the kernel launchers.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/ops.h"
+
+namespace tpdraft::kernels::cuda {
+
+// Makes `device` current on the calling thread for the guard's lifetime (ops may be called from
+// any thread, e.g. one per in-process rank).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1, device_ = -1;
+};
+
+// Device memory that only grows; its contents do not survive a growth (per-call scratch).
+class Workspace {
+ public:
+  Workspace() = default;
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  // At least `bytes` bytes; reallocates (after the stream has drained) only to grow.
+  void* get(size_t bytes, cudaStream_t stream);
+  template <typename T>
+  T* as(size_t count, cudaStream_t stream) {
+    return static_cast<T*>(get(count * sizeof(T), stream));
+  }
+  void reset();  // frees the memory (the owner's device must be current)
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host parameters (positions, session tables) reach the device through a pinned ring mirrored
+// by a device ring: copy into the next free host slot, enqueue the copy on the stream, hand the
+// device slot to the kernel. A slot is reused only after the stream has passed its copy (the
+// ring drains the stream when it wraps, once every few hundred calls).
+class UploadRing {
+ public:
+  UploadRing() = default;
+  ~UploadRing();
+  UploadRing(const UploadRing&) = delete;
+  UploadRing& operator=(const UploadRing&) = delete;
+  const void* upload(const void* src, size_t bytes, cudaStream_t stream);
+  template <typename T>
+  const T* upload(const T* src, size_t count, cudaStream_t stream) {
+    return static_cast<const T*>(upload(static_cast<const void*>(src), count * sizeof(T), stream));
+  }
+  void reset();
+
+ private:
+  void reserve(size_t bytes, cudaStream_t stream);
+  char* host_ = nullptr;
+  char* device_ = nullptr;
+  size_t capacity_ = 0, used_ = 0;
+};
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(int device);
+  ~CudaOps() override;
+  const char* name() const override { return "cuda"; }
+
+  void* alloc(size_t bytes) override;
+  void release(void* p) override;
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
+  void sync() override;
+
+  void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
+  void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                      const int64_t* positions, double theta) override;
+  void attention(const AttentionParams& p) override;
+  void dyn_conv(const ConvParams& p) override;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                  int64_t first_pos) override;
+  void head_logits(const HeadParams& p, float* logits) override;
+  void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
+  // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
+  int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
+
+  int device_ = 0;
+  int sm_count_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  bool split_activations_ = true;  // TPDRAFT_CUDA_MATMUL=single turns the lo part off
+  UploadRing ring_;
+  Workspace act_;          // activations in the weight dtype
+  Workspace parts_;        // GEMM outputs before the sum / head post-processing
+  Workspace logits_;       // head_topk's logits
+  Workspace keys_a_, keys_b_;  // head_topk's passes
+  Workspace attn_acc_, attn_ml_;
+  std::vector<AttnSession> attn_sessions_;  // host staging of the per-call session table
+  double rope_theta_ = 0.0;
+  int64_t rope_dim_ = 0;
+  double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat
+};
+
+}  // namespace tpdraft::kernels::cuda

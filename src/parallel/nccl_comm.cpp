@@ -1,0 +1,411 @@
+// Device-buffer communicators: host staging around any host communicator, and NCCL. NCCL runs
+// nonblocking (every call may return ncclInProgress) so that no wait is unbounded: the rank
+// polls its stream and NCCL's asynchronous error state until the collective is done, and gives
+// up after TPDRAFT_NCCL_TIMEOUT_S seconds by aborting the communicator. Built with CUDA only,
+// except make_backend_comm, which every build has.
+#include "parallel/nccl_comm.h"
+
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+#ifdef TPDRAFT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace tpdraft::parallel {
+
+std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl) {
+  if (std::strcmp(ops.name(), "cuda") != 0) return nullptr;
+#ifdef TPDRAFT_HAVE_CUDA
+  const int device = kernels::cuda_device_of(ops);
+  cudaStream_t stream = kernels::cuda_stream_of(ops);
+#ifdef TPDRAFT_HAVE_NCCL
+  if (prefer_nccl && group.size() > 1) return make_nccl(group, device, stream);
+#else
+  (void)prefer_nccl;
+#endif
+  return make_host_staged(group, device, stream);
+#else
+  (void)group;
+  (void)prefer_nccl;
+  TPDRAFT_FAIL("a 'cuda' backend in a build without CUDA");
+#endif
+}
+
+}  // namespace tpdraft::parallel
+
+#ifdef TPDRAFT_HAVE_CUDA
+
+#include <chrono>
+#include <cstdlib>
+#include <initializer_list>
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_ops_impl.h"
+
+namespace tpdraft::parallel {
+namespace {
+
+using kernels::cuda::DeviceGuard;
+
+// Device memory of the current device (plain cudaMalloc); host, pinned and managed memory are
+// all reachable from the host, so only device memory needs staging.
+bool on_device(const void* p) {
+  if (p == nullptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice;
+}
+
+// ---- host staging ----------------------------------------------------------------------------
+
+class HostStaged final : public Communicator {
+ public:
+  HostStaged(Communicator& host, int device, cudaStream_t stream) : host_(host), device_(device), stream_(stream) {}
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  std::string name() const override { return host_.name() + "+staging"; }
+
+  void all_reduce_sum(float* data, size_t count) override {
+    Timed timed(stats_);
+    ++stats_.all_reduce_calls;
+    stats_.all_reduce_bytes += count * sizeof(float);
+    if (!on_device(data)) return host_.all_reduce_sum(data, count);
+    if (size() == 1 || count == 0) return;  // a sum over one rank is the data itself
+    auto* h = static_cast<float*>(download(data, count * sizeof(float), &a_));
+    host_.all_reduce_sum(h, count);
+    upload(data, h, count * sizeof(float));
+  }
+
+  void all_reduce_sum_bf16(uint16_t* data, size_t count) override {
+    Timed timed(stats_);
+    ++stats_.all_reduce_calls;
+    stats_.all_reduce_bytes += count * sizeof(uint16_t);
+    if (!on_device(data)) return host_.all_reduce_sum_bf16(data, count);
+    if (size() == 1 || count == 0) return;
+    auto* h = static_cast<uint16_t*>(download(data, count * sizeof(uint16_t), &a_));
+    host_.all_reduce_sum_bf16(h, count);
+    upload(data, h, count * sizeof(uint16_t));
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    Timed timed(stats_);
+    ++stats_.all_gather_calls;
+    stats_.all_gather_bytes += bytes;
+    const bool dev_send = on_device(send), dev_recv = on_device(recv);
+    if (!dev_send && !dev_recv) return host_.all_gather(send, recv, bytes);
+    const size_t total = bytes * static_cast<size_t>(size());
+    const void* hs = dev_send ? download(send, bytes, &a_) : send;
+    void* hr = recv;
+    if (dev_recv) {
+      b_.resize(total);
+      hr = b_.data();
+    }
+    host_.all_gather(hs, hr, bytes);
+    if (dev_recv) upload(recv, hr, total);
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    Timed timed(stats_);
+    ++stats_.broadcast_calls;
+    stats_.broadcast_bytes += bytes;
+    if (!on_device(data)) return host_.broadcast(data, bytes, root);
+    void* h = download(data, bytes, &a_);
+    host_.broadcast(h, bytes, root);
+    upload(data, h, bytes);
+  }
+
+  void barrier() override {
+    Timed timed(stats_);
+    ++stats_.barrier_calls;
+    host_.barrier();
+  }
+
+  void abort(const std::string& reason) override { host_.abort(reason); }
+
+ private:
+  // After the work queued before the collective (which produced the buffer).
+  void* download(const void* src, size_t bytes, std::vector<uint8_t>* buf) {
+    DeviceGuard guard(device_);
+    buf->resize(bytes);
+    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(buf->data(), src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return buf->data();
+  }
+
+  void upload(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    DeviceGuard guard(device_);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the scratch is reused by the next collective
+  }
+
+  Communicator& host_;
+  const int device_;
+  cudaStream_t stream_;
+  std::vector<uint8_t> a_, b_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_host_staged(Communicator& host, int device, cudaStream_t stream) {
+  return std::make_unique<HostStaged>(host, device, stream);
+}
+
+}  // namespace tpdraft::parallel
+
+#endif  // TPDRAFT_HAVE_CUDA
+
+#ifdef TPDRAFT_HAVE_NCCL
+
+namespace tpdraft::parallel {
+
+void nccl_fail(const char* call, ncclResult_t code, const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  int device = -1;
+  cudaGetDevice(&device);
+  TPDRAFT_FAIL("{} failed at {}:{} on device {}: {} (NCCL error {})", call, slash ? slash + 1 : file, line, device,
+               ncclGetErrorString(code), static_cast<int>(code));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double timeout_seconds() {
+  const char* env = std::getenv("TPDRAFT_NCCL_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 120.0;
+  char* end = nullptr;
+  const double v = std::strtod(env, &end);
+  TPDRAFT_CHECK(end != env && *end == '\0' && v > 0.0,
+                "TPDRAFT_NCCL_TIMEOUT_S must be a number of seconds > 0, got '{}'", env);
+  return v;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device, cudaStream_t stream)
+      : rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device), stream_(stream),
+        timeout_(timeout_seconds()) {
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    bootstrap.broadcast(&id, sizeof(id), 0);
+    DeviceGuard guard(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every call returns at once; waits are ours, with a deadline
+    NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    finish_call("initialisation (ncclCommInitRankConfig)");
+  }
+
+  ~NcclCommunicator() override {
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    if (comm_ != nullptr) {
+      // Finalize flushes outstanding work; if that fails or stalls, abort instead of hanging here.
+      const ncclResult_t rc = ncclCommFinalize(comm_);
+      bool clean = rc == ncclSuccess || rc == ncclInProgress;
+      const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+      while (clean) {
+        ncclResult_t state = ncclInProgress;
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
+          clean = false;
+        else if (state == ncclSuccess)
+          break;
+        else if (Clock::now() > deadline)
+          clean = false;
+        else
+          std::this_thread::yield();
+      }
+      if (clean)
+        ncclCommDestroy(comm_);
+      else
+        ncclCommAbort(comm_);
+    }
+    for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &wide_, &barrier_}) w->reset();
+    cudaGetLastError();
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+
+  void all_reduce_sum(float* data, size_t count) override {
+    Timed timed(stats_);
+    ++stats_.all_reduce_calls;
+    stats_.all_reduce_bytes += count * sizeof(float);
+    require_live("all_reduce_sum");
+    if (count == 0) return;
+    DeviceGuard guard(device_);
+    const size_t bytes = count * sizeof(float);
+    const bool staged = !on_device(data);
+    float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
+    start("all_reduce_sum", ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm_, stream_));
+    wait(fmt::format("all_reduce_sum(f32, {} elements)", count));
+    if (staged) stage_out(data, d, bytes);
+  }
+
+  // Widened to f32 on the device, summed by NCCL in f32, rounded to bf16 once.
+  void all_reduce_sum_bf16(uint16_t* data, size_t count) override {
+    Timed timed(stats_);
+    ++stats_.all_reduce_calls;
+    stats_.all_reduce_bytes += count * sizeof(uint16_t);
+    require_live("all_reduce_sum_bf16");
+    if (count == 0) return;
+    DeviceGuard guard(device_);
+    const size_t bytes = count * sizeof(uint16_t);
+    const bool staged = !on_device(data);
+    auto* d = staged ? static_cast<uint16_t*>(stage_in(data, bytes, &stage_a_)) : data;
+    float* wide = wide_.as<float>(count, stream_);
+    const auto n = static_cast<int64_t>(count);
+    kernels::cuda::launch_bf16_to_f32(d, wide, n, stream_);
+    start("all_reduce_sum_bf16", ncclAllReduce(wide, wide, count, ncclFloat, ncclSum, comm_, stream_));
+    kernels::cuda::launch_f32_to_bf16(wide, d, n, stream_);
+    wait(fmt::format("all_reduce_sum_bf16({} elements)", count));
+    if (staged) stage_out(data, d, bytes);
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    Timed timed(stats_);
+    ++stats_.all_gather_calls;
+    stats_.all_gather_bytes += bytes;
+    require_live("all_gather");
+    if (bytes == 0) return;
+    DeviceGuard guard(device_);
+    const size_t total = bytes * static_cast<size_t>(size_);
+    const bool stage_send = !on_device(send), stage_recv = !on_device(recv);
+    const void* ds = stage_send ? stage_in(send, bytes, &stage_a_) : send;
+    void* dr = stage_recv ? stage_b_.get(total, stream_) : recv;
+    start("all_gather", ncclAllGather(ds, dr, bytes, ncclInt8, comm_, stream_));
+    wait(fmt::format("all_gather({} bytes)", bytes));
+    if (stage_recv) stage_out(recv, dr, total);
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    Timed timed(stats_);
+    ++stats_.broadcast_calls;
+    stats_.broadcast_bytes += bytes;
+    TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
+                  size_);
+    require_live("broadcast");
+    if (bytes == 0) return;
+    DeviceGuard guard(device_);
+    const bool staged = !on_device(data);
+    void* d = staged ? stage_in(data, bytes, &stage_a_) : data;
+    start("broadcast", ncclBroadcast(d, d, bytes, ncclInt8, root, comm_, stream_));
+    wait(fmt::format("broadcast({} bytes, root {})", bytes, root));
+    if (staged) stage_out(data, d, bytes);
+  }
+
+  // A one-element all-reduce: returns once every rank has reached it.
+  void barrier() override {
+    Timed timed(stats_);
+    ++stats_.barrier_calls;
+    require_live("barrier");
+    DeviceGuard guard(device_);
+    float* one = barrier_.as<float>(1, stream_);
+    start("barrier", ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
+    wait("barrier");
+  }
+
+  void abort(const std::string& reason) override {
+    if (comm_ == nullptr) return;
+    TPDRAFT_LOG_ERROR("rank {}: aborting the NCCL communicator: {}", rank_, reason);
+    abort_comm();
+  }
+
+ private:
+  void abort_comm() {
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  [[noreturn]] void give_up(const std::string& what, const std::string& why) {
+    abort_comm();
+    TPDRAFT_FAIL("rank {}: NCCL {} {}; the communicator was aborted", rank_, what, why);
+  }
+
+  void require_live(const char* what) const {
+    TPDRAFT_CHECK(comm_ != nullptr, "rank {}: NCCL {} called after the communicator was aborted", rank_, what);
+  }
+
+  // Host buffers travel through device scratch; the copy is ordered before the collective.
+  void* stage_in(const void* src, size_t bytes, kernels::cuda::Workspace* ws) {
+    void* d = ws->get(bytes, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return d;
+  }
+  // Only after wait(): a copy into pageable memory blocks the host until the stream gets there.
+  void stage_out(void* dst, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // A nonblocking call has been issued: wait (bounded) until NCCL has taken it.
+  void start(const char* what, ncclResult_t rc) {
+    require_live(what);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+      give_up(what, fmt::format("could not start: {} ({})", ncclGetErrorString(rc), ncclGetLastError(comm_)));
+    if (rc == ncclInProgress) finish_call(what);
+  }
+
+  void finish_call(const std::string& what) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) give_up(what, fmt::format("failed: {}", ncclGetErrorString(rc)));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress)
+        give_up(what, fmt::format("failed: {} ({})", ncclGetErrorString(state), ncclGetLastError(comm_)));
+      if (Clock::now() > deadline)
+        give_up(what, fmt::format("did not complete within {} s (TPDRAFT_NCCL_TIMEOUT_S)", timeout_));
+      std::this_thread::yield();
+    }
+  }
+
+  // Polls the stream (and NCCL's error state while it is busy) until the collective is done.
+  void wait(const std::string& what) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) give_up(what, fmt::format("failed on the device: {}", cudaGetErrorString(q)));
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
+        give_up(what, fmt::format("failed: {} ({})", ncclGetErrorString(state), ncclGetLastError(comm_)));
+      if (Clock::now() > deadline)
+        give_up(what, fmt::format("timed out after {} s (TPDRAFT_NCCL_TIMEOUT_S): a peer rank did not join", timeout_));
+      std::this_thread::yield();
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  const int rank_, size_, device_;
+  cudaStream_t stream_;
+  const double timeout_;
+  kernels::cuda::Workspace stage_a_, stage_b_, wide_, barrier_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, cudaStream_t stream) {
+  return std::make_unique<NcclCommunicator>(bootstrap, device, stream);
+}
+
+}  // namespace tpdraft::parallel
+
+#endif  // TPDRAFT_HAVE_NCCL

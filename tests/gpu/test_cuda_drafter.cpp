@@ -1,0 +1,347 @@
+// Whole drafts on the CUDA backend against the CPU backend on the same random checkpoints
+// (DFlash and DFlash 2, greedy / top-k / sampled paths, several sessions, settle + rollback):
+// the same tokens, hidden rows and logits within the GEMM precision. Then tensor parallelism
+// with device buffers: two ranks sharing one GPU through host staging, and the NCCL
+// communicator (one rank on one GPU; two ranks, a timeout and a draft when two GPUs exist).
+// Every test that needs a device skips itself, with the reason, where there is none.
+#include <gtest/gtest.h>
+
+#ifndef TPDRAFT_HAVE_CUDA
+
+TEST(CudaDrafter, NeedsTheCudaBackend) {
+  GTEST_SKIP() << "this build has no CUDA backend (TPDRAFT_CUDA=OFF or no toolkit)";
+}
+
+#else
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/backend.h"
+#include "kernels/buffer.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "model/drafter.h"
+#include "model/random_checkpoint.h"
+#include "parallel/nccl_comm.h"
+#include "parallel/thread_comm.h"
+#include "support/test_support.h"
+
+namespace tpdraft {
+namespace {
+
+using model::DrafterConfig;
+
+#define REQUIRE_GPUS(n)                                                                                    \
+  if (kernels::cuda_devices() < (n))                                                                       \
+  GTEST_SKIP() << "needs " << (n) << " CUDA device(s), this machine has " << kernels::cuda_devices()
+
+bool single_rounding() {
+  const char* mode = std::getenv("TPDRAFT_CUDA_MATMUL");
+  return mode != nullptr && std::string(mode) == "single";
+}
+
+DrafterConfig tiny(const std::string& file) {
+  return DrafterConfig::from_file(testing::source_path("configs/" + file));
+}
+
+struct Scenario {
+  std::vector<int64_t> contexts = {40};
+  std::vector<model::SamplingParams> sampling = {{}};
+  bool rollback = false;
+  bool dump = true;
+};
+
+struct RankOutput {
+  std::vector<model::DraftResult> results;
+  model::DraftDump dump;
+};
+
+// Settles and drafts the scenario on one rank of `tp` with the given ops and communicator.
+RankOutput run_scenario(kernels::Ops& ops, parallel::Communicator& comm, const std::string& ckpt,
+                        const DrafterConfig& cfg, const Scenario& sc) {
+  auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                                         model::TensorStore::open(ckpt + "/target"),
+                                                         model::ShardPlan::make(cfg, comm.rank(), comm.size()), ops);
+  model::DrafterLimits limits;
+  limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
+  limits.max_context = 1024;
+  limits.settle_chunk = 48;
+  model::Drafter drafter(weights, ops, comm, limits);
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  std::vector<model::DraftRequest> reqs;
+  for (size_t s = 0; s < sc.contexts.size(); ++s) {
+    const int64_t n = sc.contexts[s];
+    const auto taps = model::random_taps(cfg, n + 10, 50 + s);
+    sessions.push_back(drafter.new_session());
+    if (sc.rollback && n >= 4) {
+      drafter.settle(*sessions.back(), 0, taps.data(), n + 3);
+      drafter.rollback(*sessions.back(), n - 4);
+      drafter.settle(*sessions.back(), n - 4, taps.data() + (n - 4) * cfg.n_taps() * cfg.hidden, 4);
+    } else {
+      drafter.settle(*sessions.back(), 0, taps.data(), n);
+    }
+    reqs.push_back({sessions.back().get(), static_cast<int64_t>(7 + 31 * s) % cfg.vocab,
+                    sc.sampling[s % sc.sampling.size()]});
+  }
+  RankOutput o;
+  o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
+  return o;
+}
+
+std::string write_checkpoint(const testing::TempDir& dir, const DrafterConfig& cfg, DType dtype = DType::BF16) {
+  model::RandomCheckpointOptions o;
+  o.seed = 5;
+  o.dtype = dtype;
+  o.target_vocab = cfg.vocab + 13;  // a padded head
+  o.threads = 2;
+  model::write_random_checkpoint(cfg, dir.path(), o, 0);
+  return dir.path();
+}
+
+RankOutput run_cpu(const std::string& ckpt, const DrafterConfig& cfg, const Scenario& sc) {
+  auto ops = kernels::make_cpu_ops(2);
+  auto comm = parallel::make_single_rank();
+  return run_scenario(*ops, *comm, ckpt, cfg, sc);
+}
+
+void expect_same(const RankOutput& want, const RankOutput& got, const std::string& what) {
+  const bool loose = single_rounding();
+  ASSERT_EQ(got.results.size(), want.results.size()) << what;
+  for (size_t s = 0; s < got.results.size(); ++s) {
+    if (!loose) {
+      EXPECT_EQ(got.results[s].tokens, want.results[s].tokens) << what << " session " << s;
+    }
+    ASSERT_EQ(got.results[s].probs.size(), want.results[s].probs.size()) << what;
+    for (size_t i = 0; i < got.results[s].probs.size() && !loose; ++i)
+      EXPECT_NEAR(got.results[s].probs[i], want.results[s].probs[i], 1e-4) << what << " session " << s;
+  }
+  if (want.dump.hidden.empty()) return;
+  const double tol = loose ? 1e-2 : 1e-4;
+  const std::vector<double> h(want.dump.hidden.begin(), want.dump.hidden.end());
+  const std::vector<double> l(want.dump.logits.begin(), want.dump.logits.end());
+  EXPECT_LT(testing::relative_error(got.dump.hidden, h), tol) << what << " hidden";
+  EXPECT_LT(testing::relative_error(got.dump.logits, l), tol) << what << " logits";
+}
+
+void check_single_gpu(const DrafterConfig& cfg, const Scenario& sc, const std::string& what,
+                      DType dtype = DType::BF16) {
+  SCOPED_TRACE(what);
+  testing::TempDir dir;
+  const std::string ckpt = write_checkpoint(dir, cfg, dtype);
+  const RankOutput want = run_cpu(ckpt, cfg, sc);
+  auto ops = kernels::make_cuda_ops(0);
+  auto single = parallel::make_single_rank();
+  auto comm = parallel::make_backend_comm(*single, *ops, false);
+  expect_same(want, run_scenario(*ops, comm ? *comm : *single, ckpt, cfg, sc), what);
+}
+
+TEST(CudaDrafter, DFlashGreedyAndDump) {
+  REQUIRE_GPUS(1);
+  check_single_gpu(tiny("tiny-dflash.json"), {}, "dflash");
+}
+
+TEST(CudaDrafter, DFlash2SlidingSelectorPaths) {
+  REQUIRE_GPUS(1);
+  check_single_gpu(tiny("tiny-dflash2.json"), {}, "dflash2 with dump (logits path)");
+  Scenario topk;
+  topk.contexts = {40, 12, 0};
+  topk.dump = false;  // head_topk on the device
+  check_single_gpu(tiny("tiny-dflash2.json"), topk, "dflash2 head_topk path, three sessions");
+}
+
+TEST(CudaDrafter, SamplingRollbackAndDtypes) {
+  REQUIRE_GPUS(1);
+  Scenario sampled;
+  sampled.contexts = {40, 12, 0};
+  sampled.sampling = {{0.9, 0, 1.0, 17}, {1.2, 25, 0.8, 3}, {0.7, 0, 0.95, 8}};
+  sampled.rollback = true;
+  check_single_gpu(tiny("tiny-dflash.json"), sampled, "dflash sampled, rollback");
+  for (DType dt : {DType::F32, DType::F16})
+    check_single_gpu(tiny("tiny-dflash2.json"), {}, std::string("dflash2 ") + dtype_name(dt), dt);
+}
+
+TEST(CudaDrafter, WiderGeometryLongerContext) {
+  REQUIRE_GPUS(1);
+  DrafterConfig cfg = tiny("tiny-dflash2.json");
+  cfg.hidden = 256;
+  cfg.n_q = 8;
+  cfg.n_kv = 2;
+  cfg.head_dim = 128;
+  cfg.ffn = 512;
+  cfg.window = 64;
+  cfg.block = 16;
+  Scenario sc;
+  sc.contexts = {700, 90};
+  check_single_gpu(cfg, sc, "hidden 256, head_dim 128, window 64, contexts 700 and 90");
+}
+
+// Two in-process ranks on one GPU: the host communicator carries device buffers by staging.
+TEST(CudaDrafter, TwoRanksShareOneGpuThroughHostStaging) {
+  REQUIRE_GPUS(1);
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    SCOPED_TRACE(file);
+    DrafterConfig cfg = tiny(file);
+    cfg.n_q = 8;
+    cfg.n_kv = 2;
+    cfg.head_dim = 8;
+    testing::TempDir dir;
+    const std::string ckpt = write_checkpoint(dir, cfg);
+    Scenario sc;
+    sc.contexts = {40, 5};
+    const RankOutput want = run_cpu(ckpt, cfg, sc);
+    std::vector<RankOutput> got(2);
+    parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+      auto ops = kernels::make_cuda_ops(0);
+      auto staged = parallel::make_backend_comm(comm, *ops, false);
+      ASSERT_NE(staged, nullptr);
+      EXPECT_EQ(staged->name(), "threads+staging");
+      got[static_cast<size_t>(comm.rank())] = run_scenario(*ops, *staged, ckpt, cfg, sc);
+    });
+    expect_same(want, got[0], std::string(file) + " rank 0");
+    expect_same(want, got[1], std::string(file) + " rank 1");
+  }
+}
+
+// Host buffers go straight to the host communicator (this runs without a device too).
+TEST(HostStaging, HostBuffersPassStraightThrough) {
+  parallel::run_ranks(3, [&](parallel::Communicator& comm) {
+    auto staged = parallel::make_host_staged(comm, 0, nullptr);
+    EXPECT_EQ(staged->rank(), comm.rank());
+    EXPECT_EQ(staged->size(), 3);
+    std::vector<float> x(10, static_cast<float>(comm.rank() + 1));
+    staged->all_reduce_sum(x.data(), x.size());
+    EXPECT_EQ(x, std::vector<float>(10, 6.0f));
+    std::vector<uint16_t> b(4, f32_to_bf16(static_cast<float>(comm.rank())));
+    staged->all_reduce_sum_bf16(b.data(), b.size());
+    EXPECT_EQ(bf16_to_f32(b[3]), 3.0f);
+    const int64_t mine = 10 + comm.rank();
+    std::vector<int64_t> all(3);
+    staged->all_gather(&mine, all.data(), sizeof(mine));
+    EXPECT_EQ(all, (std::vector<int64_t>{10, 11, 12}));
+    int64_t token = comm.rank() == 2 ? 42 : 0;
+    staged->broadcast(&token, sizeof(token), 2);
+    EXPECT_EQ(token, 42);
+    staged->barrier();
+    EXPECT_EQ(staged->stats().all_reduce_calls, 2u);
+    EXPECT_EQ(staged->stats().all_gather_calls, 1u);
+    EXPECT_EQ(staged->stats().broadcast_calls, 1u);
+    EXPECT_EQ(staged->stats().barrier_calls, 1u);
+  });
+}
+
+#ifdef TPDRAFT_HAVE_NCCL
+
+// Exact small integers: every rank and every algorithm gives the same sums.
+void check_collectives(parallel::Communicator& nccl, kernels::Ops& ops) {
+  const int r = nccl.rank(), n = nccl.size();
+  const size_t count = 1000;
+  std::vector<float> mine(count);
+  for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>((i % 7) + static_cast<size_t>(r));
+  std::vector<float> sum(count);
+  for (size_t i = 0; i < count; ++i) sum[i] = static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2);
+  // Device buffer.
+  kernels::Buffer d(ops, count * sizeof(float));
+  ops.to_device(d.get(), mine.data(), count * sizeof(float));
+  nccl.all_reduce_sum(d.f32(), count);
+  std::vector<float> back(count);
+  ops.to_host(back.data(), d.get(), count * sizeof(float));
+  EXPECT_EQ(back, sum) << "all_reduce_sum on device memory";
+  // Host buffer (staged through the device).
+  std::vector<float> host = mine;
+  nccl.all_reduce_sum(host.data(), count);
+  EXPECT_EQ(host, sum) << "all_reduce_sum on host memory";
+  // bf16: small integers are exact in bf16.
+  std::vector<uint16_t> b(count);
+  for (size_t i = 0; i < count; ++i) b[i] = f32_to_bf16(mine[i]);
+  nccl.all_reduce_sum_bf16(b.data(), count);
+  for (size_t i = 0; i < count; ++i) ASSERT_EQ(bf16_to_f32(b[i]), sum[i]) << "bf16 element " << i;
+  // all_gather (host in, host out) and broadcast (device).
+  std::vector<int64_t> block = {r, 10 * r + 1, 100 * r + 2};
+  std::vector<int64_t> all(block.size() * static_cast<size_t>(n));
+  nccl.all_gather(block.data(), all.data(), block.size() * sizeof(int64_t));
+  for (int q = 0; q < n; ++q)
+    EXPECT_EQ(std::vector<int64_t>(all.begin() + 3 * q, all.begin() + 3 * q + 3),
+              (std::vector<int64_t>{q, 10 * q + 1, 100 * q + 2}));
+  std::vector<float> root(count, static_cast<float>(r + 1));
+  ops.to_device(d.get(), root.data(), count * sizeof(float));
+  nccl.broadcast(d.get(), count * sizeof(float), n - 1);
+  ops.to_host(back.data(), d.get(), count * sizeof(float));
+  EXPECT_EQ(back, std::vector<float>(count, static_cast<float>(n))) << "broadcast from the last rank";
+  nccl.barrier();
+  const parallel::CommStats& st = nccl.stats();
+  EXPECT_EQ(st.all_reduce_calls, 3u);
+  EXPECT_EQ(st.all_gather_calls, 1u);
+  EXPECT_EQ(st.broadcast_calls, 1u);
+  EXPECT_EQ(st.barrier_calls, 1u);
+}
+
+TEST(NcclCommunicator, OneRankOnOneGpu) {
+  REQUIRE_GPUS(1);
+  auto ops = kernels::make_cuda_ops(0);
+  auto single = parallel::make_single_rank();
+  auto nccl = parallel::make_nccl(*single, 0, kernels::cuda_stream_of(*ops));
+  EXPECT_EQ(nccl->name(), "nccl");
+  check_collectives(*nccl, *ops);
+}
+
+TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
+  REQUIRE_GPUS(2);
+  parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+    auto ops = kernels::make_cuda_ops(comm.rank());
+    auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
+    check_collectives(*nccl, *ops);
+  });
+}
+
+TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
+  REQUIRE_GPUS(2);
+  setenv("TPDRAFT_NCCL_TIMEOUT_S", "3", 1);
+  try {
+    parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+      auto ops = kernels::make_cuda_ops(comm.rank());
+      auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
+      if (comm.rank() != 0) return;  // rank 1 never joins the all-reduce
+      kernels::Buffer d(*ops, 64 * sizeof(float));
+      nccl->all_reduce_sum(d.f32(), 64);
+    });
+    ADD_FAILURE() << "the all-reduce returned without its peer";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_reduce_sum"), std::string::npos) << what;
+    EXPECT_NE(what.find("timed out"), std::string::npos) << what;
+  }
+  unsetenv("TPDRAFT_NCCL_TIMEOUT_S");
+}
+
+TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
+  REQUIRE_GPUS(2);
+  DrafterConfig cfg = tiny("tiny-dflash2.json");
+  cfg.n_q = 8;
+  cfg.n_kv = 2;
+  cfg.head_dim = 8;
+  testing::TempDir dir;
+  const std::string ckpt = write_checkpoint(dir, cfg);
+  Scenario sc;
+  sc.contexts = {40, 5};
+  const RankOutput want = run_cpu(ckpt, cfg, sc);
+  std::vector<RankOutput> got(2);
+  parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+    auto ops = kernels::make_cuda_ops(comm.rank());
+    auto nccl = parallel::make_backend_comm(comm, *ops, true);
+    got[static_cast<size_t>(comm.rank())] = run_scenario(*ops, *nccl, ckpt, cfg, sc);
+  });
+  expect_same(want, got[0], "nccl rank 0");
+  expect_same(want, got[1], "nccl rank 1");
+}
+
+#endif  // TPDRAFT_HAVE_NCCL
+
+}  // namespace
+}  // namespace tpdraft
+
+#endif  // TPDRAFT_HAVE_CUDA
