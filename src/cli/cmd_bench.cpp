@@ -39,6 +39,7 @@ struct BenchOpts {
   int tp = 0;
   uint64_t seed = 0;
   bool json = false;
+  bool gather_logits = false;
   std::string backend = "auto";
 };
 
@@ -185,7 +186,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     if (i == o.warmup) comm->reset_stats();
     const double comm0 = comm->stats().seconds;
     const auto t0 = Clock::now();
-    const auto res = drafter.draft(reqs);
+    model::DraftDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
+    const auto res = drafter.draft(reqs, o.gather_logits ? &full : nullptr);
     const double dt = since(t0);
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
@@ -217,6 +219,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   j["backend"] = ops->name();
   j["threads"] = ctx.threads;
   j["tp"] = comm->size();
+  j["gather_logits"] = o.gather_logits;
   j["replicas"] = ctx.replicas;
   j["communicator"] = comm->name();
   j["comm_ms"] = comm_stats.seconds * per * 1e3;
@@ -296,6 +299,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->add_flag("--gather-logits", o->gather_logits,
+                "Also gather the full logits [rows, V] on every rank each draft (what a caller wanting whole "
+                "distributions pays; the default exchanges only the top candidates)");
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
