@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scaling sweep: the same draft at tp = 1, 2, 4, ... (MPI ranks on CPU cores, or one rank per GPU),
 # for each config, context length and session count, one JSON record per run in OUT/records.jsonl;
-# then the scaling tables and plots, the multi-GPU projection and the large-vocabulary study.
+# then the scaling tables and plots, the multi-GPU projection and the large-vocabulary study (whose
+# tp >= 2 points also run with the full logits all-gathered, to measure that exchange too).
 set -euo pipefail
 
 usage() {
@@ -27,7 +28,8 @@ writes DIR/scaling.md (+ PNG plots), DIR/projection.md/.json and DIR/vocab.md/.j
                      visible, else cpu)
   --vocab LIST       vocabulary sizes of the head study (default: 151936,202048,248320; "none" skips it)
   --vocab-base FILE  config the vocabulary study varies (default: configs/bench-dflash2-2048.json)
-  --vocab-tp LIST    tp sizes of the vocabulary study (default: the --tp list)
+  --vocab-tp LIST    tp sizes of the vocabulary study (default: the --tp list); each tp >= 2 also
+                     runs with --gather-logits (the full logits all-gathered every draft)
   --params FILE      communication model for the projection (default: bench/scaling/comm-model.json)
   --layouts LIST     projected layouts NODESxGPUS (default: 1x1,1x2,1x4,1x8,2x8)
   --span-nodes       project one tp group across the nodes of a layout (default: replicas per node)
@@ -98,9 +100,11 @@ ensure_gnuplot() {
 
 run_sweep() {
   [ -x "$bin" ] || { echo "scale.sh: $bin is not built; run scripts/setup.sh (or pass --bin)" >&2; exit 2; }
-  local cores gpus=0 has_backend=0
+  local cores gpus=0 has_backend=0 has_gather=0 bench_help
   cores=$(nproc)
-  if "$bin" bench --help 2>/dev/null | grep -q -- '--backend'; then has_backend=1; fi
+  bench_help=$("$bin" bench --help 2>/dev/null || true)
+  if grep -q -- '--backend' <<<"$bench_help"; then has_backend=1; fi
+  if grep -q -- '--gather-logits' <<<"$bench_help"; then has_gather=1; fi
   if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
   if [ "$backend" = auto ]; then
     backend=cpu
@@ -130,11 +134,11 @@ run_sweep() {
 
   declare -A done_runs=()
   local n=0 failed=0 skipped=0
-  # run_one CONFIG TP SESSIONS CTX STUDY [KEY=VALUE...]
+  # run_one CONFIG TP SESSIONS CTX STUDY GATHER [KEY=VALUE...]; GATHER 1 adds --gather-logits
   run_one() {
-    local config=$1 tp=$2 b=$3 ctx=$4 study=$5
-    shift 5
-    local key="$config|$tp|$b|$ctx"
+    local config=$1 tp=$2 b=$3 ctx=$4 study=$5 gather=$6
+    shift 6
+    local key="$config|$tp|$b|$ctx|$gather"
     [ -z "${done_runs[$key]:-}" ] || return 0
     done_runs[$key]=1
     local why
@@ -147,6 +151,7 @@ run_sweep() {
     local args=(bench --config "$config" --ctx "$ctx" --batch "$b" --threads "$threads" --repeat "$repeat"
                 --warmup "$warmup" --json)
     ((has_backend)) && args+=(--backend "$backend")
+    ((gather)) && args+=(--gather-logits)
     local cmd launcher=single over=0
     if ((tp == 1)); then
       cmd=("$bin" "${args[@]}")
@@ -166,11 +171,12 @@ run_sweep() {
     fi
     n=$((n + 1))
     local tag log result
-    tag=$(printf '%03d-%s-tp%d-b%d-c%d' "$n" "$(basename "$config" .json)" "$tp" "$b" "$ctx")
+    tag=$(printf '%03d-%s-tp%d-b%d-c%d%s' "$n" "$(basename "$config" .json)" "$tp" "$b" "$ctx" "$( ((gather)) && echo -gather)")
     log="$out/logs/$tag.log"
     result=$(mktemp)
     local note=""
     ((over)) && note=", oversubscribed"
+    ((gather)) && note="$note, full-logits gather"
     echo "scale.sh: [$tag] $study$note" >&2
     if timeout "$timeout_s" "${cmd[@]}" >"$result" 2>"$log" \
        && "$py" "$tools/record.py" append --out "$records" --config "$config" --set "study=$study" \
@@ -189,9 +195,9 @@ run_sweep() {
     [ -f "$config" ] || { echo "scale.sh: config '$config' not found" >&2; exit 2; }
     for ctx in $(split "$ctxs"); do
       for b in $(split "$batches"); do
-        for tp in $(split "$tps"); do run_one "$config" "$tp" "$b" "$ctx" strong; done
+        for tp in $(split "$tps"); do run_one "$config" "$tp" "$b" "$ctx" strong 0; done
         if ((weak)); then
-          for tp in $(split "$tps"); do run_one "$config" "$tp" $((b * tp)) "$ctx" weak; done
+          for tp in $(split "$tps"); do run_one "$config" "$tp" $((b * tp)) "$ctx" weak 0; done
         fi
       done
     done
@@ -200,10 +206,15 @@ run_sweep() {
   if [ "$vocab" != none ]; then
     [ -f "$vocab_base" ] || { echo "scale.sh: --vocab-base '$vocab_base' not found" >&2; exit 2; }
     local vcfg v vctx=${ctxs%%,*} vb=${batches%%,*}  # the study runs at the first context and batch
+    ((has_gather)) || echo "scale.sh: $bin bench has no --gather-logits: the full-logits exchange is projected only" >&2
     for vcfg in $("$py" "$tools/record.py" vocab-configs --base "$vocab_base" --vocab "$vocab" --dir "$out/vocab-configs"); do
       v=${vcfg##*-v}
       v=${v%.json}
-      for tp in $(split "$vocab_tps"); do run_one "$vcfg" "$tp" "$vb" "$vctx" vocab "vocab_size=$v"; done
+      for tp in $(split "$vocab_tps"); do
+        run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 0 "vocab_size=$v"
+        # The same point with the full logits all-gathered: that exchange measured, not only projected.
+        if ((tp >= 2 && has_gather)); then run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 1 "vocab_size=$v"; fi
+      done
     done
   fi
   echo "scale.sh: $n run(s), $failed failed, $skipped skipped; records in $records" >&2

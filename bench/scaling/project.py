@@ -47,8 +47,8 @@ def resolve_config(path):
 
 
 def scaling_records(recs):
-    """The records of the scaling sweep (the vocabulary study's temporary configs stay out)."""
-    return [r for r in recs if r.get("study", "strong") in ("strong", "weak")]
+    """The records of the scaling sweep (the vocabulary study's configs and full-logits runs stay out)."""
+    return sl.scaling_records(recs)
 
 
 class Legend:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Small helpers of launch/scale.sh: append one `tpdraft bench --json` result with its run's
-parameters and the machine to records.jsonl, tell whether a tp can shard a config, and write the
+parameters and the machine to records.jsonl (keeping its `gather_logits` flag), tell whether a tp can shard a config, and write the
 vocabulary-study configs (a base config with only vocab_size changed)."""
 
 import argparse
@@ -57,6 +57,8 @@ def cmd_append(a):
     for kv in a.set:
         key, _, value = kv.partition("=")
         rec[key] = parse_value(value)
+    # Runs of a bench without the flag are default runs; the reports tell the two paths apart by it.
+    rec["gather_logits"] = bool(rec.get("gather_logits", False))
     rec["oversubscribed"] = rec.get("backend", "cpu") == "cpu" and rec.get("tp", 1) * rec.get("threads", 1) > rec["nproc"]
     with open(a.out, "a") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")

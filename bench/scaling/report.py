@@ -170,7 +170,7 @@ def main(argv=None):
     p.add_argument("--out", help="directory for scaling.md, scaling.json and the plots (default: print only)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    recs = sl.dedupe([r for r in sl.read_records(a.records) if r.get("study", "strong") in ("strong", "weak")])
+    recs = sl.dedupe(sl.scaling_records(sl.read_records(a.records)))
     if not recs:
         raise SystemExit(f"report.py: {a.records} holds no scaling records")
     strong = {k: strong_rows(v) for k, v in strong_series(recs).items()}

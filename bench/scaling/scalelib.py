@@ -327,13 +327,26 @@ def group_by(recs, keyfn):
     return out
 
 
+def gathers_logits(rec):
+    """Whether the run also all-gathered the full logits every draft (`bench --gather-logits`):
+    its head took the full-logits path and its comm holds a large extra all-gather, so it is no
+    compute measurement and no point of the default draft's scaling."""
+    return bool(rec.get("gather_logits", False))
+
+
+def scaling_records(recs):
+    """The records of the scaling sweep: strong and weak runs of the default draft (the
+    vocabulary study's configs and any full-logits run stay out)."""
+    return [r for r in recs if r.get("study", "strong") in ("strong", "weak") and not gathers_logits(r)]
+
+
 def point_key(rec):
     return (config_name(rec), rec.get("backend", "cpu"), rec.get("context"), rec.get("sessions"),
-            rec.get("threads"), rec.get("tp"))
+            rec.get("threads"), rec.get("tp"), gathers_logits(rec))
 
 
 def dedupe(recs):
-    """One record per (config, backend, context, sessions, threads, tp)."""
+    """One record per (config, backend, context, sessions, threads, tp, full-logits gather or not)."""
     return [median_record(v) for v in group_by(recs, point_key).values()]
 
 
@@ -376,7 +389,7 @@ def cpu_fabric(recs, params):
     """The CPU MPI transport: α/β fitted to the measured tp > 1 MPI records (not oversubscribed
     when there are such), else the defaults in params, labelled as such."""
     mpi = [r for r in dedupe(recs) if r.get("tp", 1) > 1 and r.get("communicator") == "mpi"
-           and r.get("backend", "cpu") == "cpu"]
+           and r.get("backend", "cpu") == "cpu" and not gathers_logits(r)]
     quiet = [r for r in mpi if not oversubscribed(r)]
     use = quiet or mpi
     if use:
@@ -445,10 +458,11 @@ def _log_distance(a, b):
 
 def compute_candidates(recs, geo, context, backend="cpu", threads=None):
     """Records that can serve as compute measurements for geo: same config name, context, backend
-    (and threads per rank when given), never oversubscribed (time-slicing inflates them)."""
+    (and threads per rank when given), never oversubscribed (time-slicing inflates them) and
+    never a full-logits run (another head path and a large extra collective)."""
     out = []
     for r in dedupe(recs):
-        if config_name(r) != geo.name or r.get("context") != context or r.get("backend", "cpu") != backend:
+        if gathers_logits(r) or config_name(r) != geo.name or r.get("context") != context or r.get("backend", "cpu") != backend:
             continue
         if threads is not None and r.get("threads") != threads:
             continue

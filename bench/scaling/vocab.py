@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The head at large vocabularies: bytes of the default candidate exchange (an all-gather of
 M'·tp·k pairs of 16 bytes) against a full-logits all-gather (M'·Vp·4 bytes), exact; the head time
-measured by `tpdraft bench` on configs that differ only in vocab_size; and both exchanges
-projected on NVLink, InfiniBand and this machine's CPU MPI. Writes OUT/vocab.md and OUT/vocab.json."""
+measured by `tpdraft bench` on configs that differ only in vocab_size; both exchanges measured
+(the same points run with and without `--gather-logits`) and projected on NVLink, InfiniBand and
+this machine's CPU MPI. Writes OUT/vocab.md and OUT/vocab.json."""
 
 import argparse
 import json
@@ -52,11 +53,17 @@ def bytes_rows(geos, tps, b):
     return rows
 
 
+def study_points(recs, geos, b):
+    """The study's records at b sessions, one per point (config, tp, … and gather flag)."""
+    return [r for r in sl.dedupe(recs) if r.get("vocab_size") in geos and r["sessions"] == b]
+
+
 def measured_rows(recs, geos, b):
+    """The default (candidate-exchange) runs: the head's time and read rate per (V, tp)."""
     rows = []
-    for r in sl.dedupe(recs):
-        v = r.get("vocab_size")
-        if v not in geos or r["sessions"] != b:
+    for r in study_points(recs, geos, b):
+        v = r["vocab_size"]
+        if sl.gathers_logits(r):
             continue
         geo = geos[v]
         head_bytes = sl.Shard(geo, r["tp"]).vocab * geo.H * sl.dtype_bytes(r.get("dtype", "BF16"))
@@ -65,6 +72,59 @@ def measured_rows(recs, geos, b):
                      "head_share": r["head_ms"] / r["draft_ms"], "head_gbps": head_bytes / (r["head_ms"] * 1e-3) / 1e9,
                      "all_gather_bytes": r.get("all_gather_bytes", 0.0)})
     return sorted(rows, key=lambda x: (x["vocab"], x["tp"]))
+
+
+def gather_rows(recs, geos, b):
+    """Each tp >= 2 point run both ways: the default candidate exchange and the same draft with the
+    full logits all-gathered (`--gather-logits`), side by side with their differences. The full
+    path's all-gather bytes hold both gathers; their difference is the full-logits block."""
+    pairs = {}
+    for r in study_points(recs, geos, b):
+        if r["tp"] < 2:
+            continue
+        key = (r["vocab_size"], r["tp"], r.get("backend", "cpu"), r.get("context"), r.get("threads"))
+        pairs.setdefault(key, {})["full" if sl.gathers_logits(r) else "cand"] = r
+    rows = []
+    for (v, tp, backend, ctx, threads), pair in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2:]))):
+        row = {"vocab": v, "tp": tp, "backend": backend, "context": ctx, "threads": threads,
+               "oversubscribed": any(sl.oversubscribed(r) for r in pair.values()),
+               "full_block_model": sl.full_logits_block(geos[v], tp, b)}
+        for side in ("cand", "full"):
+            r = pair.get(side)
+            row[side] = None if r is None else {
+                "draft_ms": r["draft_ms"], "comm_ms": sl.comm_ms(r), "head_ms": r.get("head_ms"),
+                "all_gather_calls": r.get("all_gather_calls", 0.0), "all_gather_bytes": r.get("all_gather_bytes", 0.0)}
+        if row["cand"] and row["full"]:
+            row["diff"] = {k: row["full"][k] - row["cand"][k] for k in ("draft_ms", "comm_ms", "all_gather_bytes")}
+        rows.append(row)
+    return rows
+
+
+def gather_table(grows):
+    def side(r, name, key, fmt):
+        return "–" if r[name] is None else fmt(r[name][key])
+
+    def diff(r, key, fmt):
+        return fmt(r["diff"][key]) if "diff" in r else "–"
+
+    def signed_ms(x):
+        return ("+" if x >= 0 else "−") + sl.fmt_ms(abs(x))
+
+    def nbytes(x):
+        return f"{x:,.0f} B"
+
+    out = []
+    for r in grows:
+        out.append([r["vocab"], f"{r['tp']}" + (" (oversubscribed)" if r["oversubscribed"] else ""), r["backend"],
+                    side(r, "cand", "draft_ms", sl.fmt_ms), side(r, "full", "draft_ms", sl.fmt_ms),
+                    diff(r, "draft_ms", signed_ms),
+                    side(r, "cand", "comm_ms", sl.fmt_ms), side(r, "full", "comm_ms", sl.fmt_ms),
+                    diff(r, "comm_ms", signed_ms),
+                    side(r, "cand", "all_gather_bytes", nbytes), side(r, "full", "all_gather_bytes", nbytes),
+                    diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])])
+    return sl.md_table(["V", "tp", "backend", "draft ms: candidates", "draft ms: full logits", "Δ draft ms",
+                        "comm ms: candidates", "comm ms: full logits", "Δ comm ms", "all-gather B/rank: candidates",
+                        "all-gather B/rank: full logits", "Δ all-gather B/rank", "model: M'·(Vp/tp)·4"], out)
 
 
 def projected_rows(brows, fabrics, machine, per_node):
@@ -97,12 +157,13 @@ def main(argv=None):
     machine = sl.gpu_machine(params, d["gpu"])
     intra = sl.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
     inter = sl.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])
-    scaling = [r for r in sl.read_records(a.records) if r.get("study", "strong") in ("strong", "weak")] if a.records else []
+    scaling = sl.scaling_records(sl.read_records(a.records)) if a.records else []
     cpu = sl.cpu_fabric(scaling or recs, params)  # the same fit as project.py when the sweep has one
     fabrics = {f"{intra.label} (+ {inter.label} across nodes)": (intra, inter, True), cpu.label: (cpu, None, False)}
 
     brows = bytes_rows(geos, tps, b)
     mrows = measured_rows(recs, geos, b)
+    grows = gather_rows(recs, geos, b)
     prows = projected_rows(brows, fabrics, machine, a.gpus_per_node)
     geo0 = next(iter(geos.values()))
     md = ["# The head at large vocabularies", "",
@@ -126,6 +187,19 @@ def main(argv=None):
               f"{r['all_gather_bytes']:,.0f} B"] for r in mrows]))
     else:
         md.append("(no vocabulary-study records: run `launch/scale.sh` with `--vocab`)")
+    md += ["", "## Measured: candidates vs full-logits gather", "",
+           "Each tp >= 2 point run twice: the default draft (candidate exchange) and the same draft with "
+           "`--gather-logits`, which also all-gathers every rank's padded [M', Vp/tp] f32 logits slice so that "
+           "each rank holds the whole [M', V]. Medians per draft (rank 0); all-gather bytes are what one rank "
+           "sends per draft, and the full path's hold both gathers, so their difference should equal the "
+           "model's M'·(Vp/tp)·4. The full path also writes the head's logits to memory (instead of the fused "
+           "top-k), copies the hidden rows out and assembles the gathered logits: Δ draft ms holds that work "
+           "besides Δ comm ms.", ""]
+    if grows:
+        md.append(gather_table(grows))
+    else:
+        md.append("(no pair of runs with and without `--gather-logits`: `launch/scale.sh --vocab` runs both at "
+                  "every vocab tp >= 2 when `tpdraft bench` offers the flag)")
     md += ["", f"## Projected exchange time per draft, ms (alpha-beta model, `{os.path.basename(a.params)}`)", "",
            f"tp above {a.gpus_per_node} spans nodes: NVLink inside, InfiniBand across (hierarchical all-gather). "
            f"Head HBM ms = this rank's head weights read once at {machine.label} HBM {machine.bw / 1e12:.3g} TB/s, "
@@ -153,7 +227,8 @@ def main(argv=None):
         with open(os.path.join(a.out, "vocab.md"), "w") as f:
             f.write(text + "\n")
         with open(os.path.join(a.out, "vocab.json"), "w") as f:
-            json.dump({"sessions": b, "bytes": brows, "measured": mrows, "projected": prows}, f, indent=1)
+            json.dump({"sessions": b, "bytes": brows, "measured": mrows, "measured_gather": grows, "projected": prows},
+                      f, indent=1)
     return 0
 
 
