@@ -1,0 +1,73 @@
+// The shard plan of spec/parallel.md §1: who holds which heads, FFN rows and vocabulary rows at
+// every tp, kv replication when tp > Nk, vocabulary padding, and the start-up errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "model/shard_plan.h"
+#include "support/test_support.h"
+
+namespace tpdraft {
+namespace {
+
+model::DrafterConfig config(int64_t nq, int64_t nkv, int64_t ffn, int64_t vocab) {
+  model::DrafterConfig c = model::DrafterConfig::from_file(testing::source_path("configs/tiny-dflash.json"));
+  c.n_q = nq;
+  c.n_kv = nkv;
+  c.ffn = ffn;
+  c.vocab = vocab;
+  return c;
+}
+
+TEST(ShardPlan, RanksPartitionHeadsFfnAndVocabulary) {
+  const auto cfg = config(8, 4, 96, 301);  // V not a multiple of tp
+  for (int tp : {1, 2, 4}) {
+    int64_t q = 0, kv = 0, f = 0, v = 0;
+    for (int r = 0; r < tp; ++r) {
+      const auto p = model::ShardPlan::make(cfg, r, tp);
+      EXPECT_EQ(p.q_heads.begin, q);
+      EXPECT_EQ(p.kv_heads.begin, kv);
+      EXPECT_EQ(p.ffn.begin, f);
+      EXPECT_EQ(p.vocab.begin, v);
+      q = p.q_heads.end;
+      kv = p.kv_heads.end;
+      f = p.ffn.end;
+      v = p.vocab.end;
+      EXPECT_EQ(p.vocab_padded, (301 + tp - 1) / tp * tp);
+    }
+    EXPECT_EQ(q, 8);
+    EXPECT_EQ(kv, 4);
+    EXPECT_EQ(f, 96);
+    EXPECT_EQ(v, 301);  // padded rows belong to nobody
+  }
+}
+
+TEST(ShardPlan, KvHeadsReplicatedWhenTpExceedsThem) {
+  const auto cfg = config(8, 2, 96, 300);
+  // tp 8 > Nk 2: rank r holds kv head floor(r * 2 / 8), the head its query heads read.
+  for (int r = 0; r < 8; ++r) {
+    const auto p = model::ShardPlan::make(cfg, r, 8);
+    EXPECT_EQ(p.kv_heads.size(), 1);
+    EXPECT_EQ(p.kv_heads.begin, r * 2 / 8);
+    EXPECT_EQ(p.q_heads.begin * cfg.n_kv / cfg.n_q, p.kv_heads.begin);
+  }
+}
+
+TEST(ShardPlan, StartUpErrorsNameTheFieldAndTp) {
+  auto expect_error = [](const model::DrafterConfig& c, int tp, const std::string& needle) {
+    try {
+      model::ShardPlan::make(c, 0, tp);
+      ADD_FAILURE() << "expected an error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(config(8, 4, 96, 300), 3, "num_attention_heads (8) is not divisible by tp = 3");
+  expect_error(config(12, 3, 96, 300), 2, "num_key_value_heads (3) and tp = 2");
+  expect_error(config(8, 4, 90, 300), 4, "intermediate_size (90) is not divisible by tp = 4");
+  expect_error(config(8, 4, 96, 300), 0, "at least 1");
+}
+
+}  // namespace
+}  // namespace tpdraft
