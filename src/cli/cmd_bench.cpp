@@ -43,17 +43,6 @@ struct BenchOpts {
   std::string backend = "auto";
 };
 
-// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
-int rank_device(const RankContext& ctx) {
-  const int devices = kernels::cuda_devices();
-  if (devices == 0) return 0;
-  int local = ctx.comm.rank();
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) local = parallel::node_local().rank;
-#endif
-  return local % devices;
-}
-
 struct Stats {
   double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
 };

@@ -33,17 +33,6 @@ struct DraftOpts {
   std::string backend;
 };
 
-// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
-int rank_device(const RankContext& ctx) {
-  const int devices = kernels::cuda_devices();
-  if (devices == 0) return 0;
-  int local = ctx.comm.rank();
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) local = parallel::node_local().rank;
-#endif
-  return local % devices;
-}
-
 std::vector<float> read_taps(const std::string& path, const model::DrafterConfig& cfg, int64_t* rows) {
   auto store = model::TensorStore::open(path);
   const model::TensorInfo* t = store->find("taps");

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/thread_comm.h"
 
@@ -57,6 +58,17 @@ void fault_point(const RankContext& ctx, const char* stage) {
   if (colon == std::string::npos) return;
   if (std::atoi(s.substr(0, colon).c_str()) == ctx.world_rank && s.substr(colon + 1) == stage)
     TPDRAFT_FAIL("rank {}: injected fault at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
+}
+
+// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
+int rank_device(const RankContext& ctx) {
+  const int devices = kernels::cuda_devices();
+  if (devices == 0) return 0;
+  int local = ctx.comm.rank();
+#ifdef TPDRAFT_HAVE_MPI
+  if (under_mpi()) local = parallel::node_local().rank;
+#endif
+  return local % devices;
 }
 
 void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn) {

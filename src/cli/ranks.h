@@ -30,6 +30,9 @@ bool under_mpi();
 // for the failure path, so that a test can break one rank alone.
 void fault_point(const RankContext& ctx, const char* stage);
 
+// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
+int rank_device(const RankContext& ctx);
+
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
 // threads = 0: this machine's cores shared among the ranks placed on it.
 void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn);

@@ -94,6 +94,7 @@ class Drafter {
   kernels::Buffer topi_;
   kernels::Buffer logits_dev_;  // [max_sessions * (B-1), local vocab], made on first need (sampling, dumps)
   std::vector<int64_t> positions_;
+  std::vector<float> block_rows_;  // host: the block's input rows before upload
 };
 
 }  // namespace tpdraft::model
