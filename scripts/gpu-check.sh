@@ -31,6 +31,26 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 say "GPU: ${gpu_name}; nvcc: $(nvcc --version | tail -1)"
 
+# Build dependencies carried as .deb files (scripts/gpu-deps.sh) are unpacked into a private
+# prefix and used from there: CMake finds their package configs, the compiler their headers.
+prefix_flag=()
+if compgen -G ".gpu-deps/*.deb" >/dev/null; then
+  deps_root=$(pwd)/.gpu-deps/root
+  mkdir -p "$deps_root"
+  for deb in .gpu-deps/*.deb; do
+    if command -v dpkg-deb >/dev/null 2>&1; then
+      dpkg-deb -x "$deb" "$deps_root"
+    else  # a .deb is an ar archive holding data.tar.*
+      tmp=$(mktemp -d) && (cd "$tmp" && ar x "$OLDPWD/$deb" && tar -xf data.tar.* -C "$deps_root") && rm -rf "$tmp"
+    fi
+  done
+  export CPATH="$deps_root/usr/include${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$deps_root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LIBRARY_PATH="$deps_root/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  prefix_flag=(-DCMAKE_PREFIX_PATH="$deps_root/usr")
+  say "using the build dependencies unpacked from .gpu-deps/ into $deps_root"
+fi
+
 # Headers of the libraries tpdraft builds against (Debian package names in brackets).
 missing=()
 check_header() {  # header package
@@ -43,7 +63,7 @@ check_header CLI/CLI.hpp libcli11-dev
 check_header gtest/gtest.h libgtest-dev
 if ((${#missing[@]})); then
   say "cannot build here, missing: ${missing[*]}"
-  say "install those packages (this script fetches nothing), or build on a machine that has them"
+  say "install those packages, or run scripts/gpu-deps.sh on a Debian machine and bring .gpu-deps/ along"
   exit 3
 fi
 mpi_flag=()
@@ -56,7 +76,7 @@ fi
 say "configuring $BUILD (CUDA architectures $CUDA_ARCH)"
 t0=$(elapsed)
 if timeout 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" >"$LOGS/configure.log" 2>&1 &&
+     -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" "${prefix_flag[@]}" >"$LOGS/configure.log" 2>&1 &&
    timeout 300 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter \
      >"$LOGS/build.log" 2>&1; then
   build_status="ok ($(($(elapsed) - t0)) s)"
