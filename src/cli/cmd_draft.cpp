@@ -33,15 +33,33 @@ struct DraftOpts {
   std::string backend;
 };
 
-std::vector<float> read_taps(const std::string& path, const model::DrafterConfig& cfg, int64_t* rows) {
-  auto store = model::TensorStore::open(path);
-  const model::TensorInfo* t = store->find("taps");
+// The tap rows of a taps file, read in place from the mapping when they are aligned f32 (no
+// copy: a long context's rows are the largest input a rank holds), else converted to f32.
+struct Taps {
+  std::shared_ptr<model::TensorStore> store;
+  const model::TensorInfo* info = nullptr;
+  std::vector<float> converted;
+  const float* rows = nullptr;
+  int64_t n = 0;
+};
+
+Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
+  Taps taps;
+  taps.store = model::TensorStore::open(path);
+  const model::TensorInfo* t = taps.store->find("taps");
   TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, cfg.n_taps() * cfg.hidden);
   TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == cfg.n_taps() * cfg.hidden,
                 "{}: tensor 'taps' has shape {}, expected [N, T*H] = [N, {}] ({} taps x hidden {})", path,
                 t->shape_str(), cfg.n_taps() * cfg.hidden, cfg.n_taps(), cfg.hidden);
-  *rows = t->shape[0];
-  return model::to_f32(*t);
+  taps.info = t;
+  taps.n = t->shape[0];
+  if (t->dtype == DType::F32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0) {
+    taps.rows = reinterpret_cast<const float*>(t->data);
+  } else {
+    taps.converted = model::to_f32(*t);
+    taps.rows = taps.converted.data();
+  }
+  return taps;
 }
 
 // Layer l's context of every kv head, [n, Nk, D], assembled from the ranks' slices (collective).
@@ -72,7 +90,8 @@ void gather_context(const model::Drafter& drafter, const model::Session& session
 void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
   int64_t n = 0;
-  const std::vector<float> taps = read_taps(o.taps, cfg, &n);
+  const Taps taps = read_taps(o.taps, cfg);
+  n = taps.n;
   auto ops = kernels::make_ops(o.backend, ctx.threads, o.backend == "cuda" ? rank_device(ctx) : 0);
   // Device buffers need a communicator that can carry them (NCCL under mpirun, else staging).
   const auto device_comm = parallel::make_backend_comm(ctx.comm, *ops, under_mpi());
@@ -88,7 +107,8 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
   fault_point(ctx, "settle");
-  drafter.settle(*session, 0, taps.data(), n);
+  drafter.settle(*session, 0, taps.rows, n);
+  model::release_pages(*taps.info);  // settled: the mapped rows are no longer needed
   const double settle_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   model::DraftRequest req;

@@ -3,6 +3,7 @@
 // polls its stream and NCCL's asynchronous error state until the collective is done, and gives
 // up after TPDRAFT_NCCL_TIMEOUT_S seconds by aborting the communicator. Built with CUDA only,
 // except make_backend_comm, which every build has.
+#include "kernels/cuda/lazy_lib.h"
 #include "parallel/nccl_comm.h"
 
 #include <cstring>
@@ -175,7 +176,7 @@ void nccl_fail(const char* call, ncclResult_t code, const char* file, int line) 
   int device = -1;
   cudaGetDevice(&device);
   TPDRAFT_FAIL("{} failed at {}:{} on device {}: {} (NCCL error {})", call, slash ? slash + 1 : file, line, device,
-               ncclGetErrorString(code), static_cast<int>(code));
+               TPDRAFT_LAZY(nccl, ncclGetErrorString)(code), static_cast<int>(code));
 }
 
 namespace {
@@ -199,12 +200,12 @@ class NcclCommunicator final : public Communicator {
         timeout_(timeout_seconds()) {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
-    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (rank_ == 0) NCCL_CHECK(TPDRAFT_LAZY(nccl, ncclGetUniqueId)(&id));
     bootstrap.broadcast(&id, sizeof(id), 0);
     DeviceGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; waits are ours, with a deadline
-    NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    NCCL_CHECK(TPDRAFT_LAZY(nccl, ncclCommInitRankConfig)(&comm_, size_, id, rank_, &config));
     finish_call("initialisation (ncclCommInitRankConfig)");
   }
 
@@ -214,12 +215,12 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
       // Finalize flushes outstanding work; if that fails or stalls, abort instead of hanging here.
-      const ncclResult_t rc = ncclCommFinalize(comm_);
+      const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommFinalize)(comm_);
       bool clean = rc == ncclSuccess || rc == ncclInProgress;
       const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
       while (clean) {
         ncclResult_t state = ncclInProgress;
-        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
+        if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
           clean = false;
         else if (state == ncclSuccess)
           break;
@@ -229,9 +230,9 @@ class NcclCommunicator final : public Communicator {
           std::this_thread::yield();
       }
       if (clean)
-        ncclCommDestroy(comm_);
+        TPDRAFT_LAZY(nccl, ncclCommDestroy)(comm_);
       else
-        ncclCommAbort(comm_);
+        TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     }
     for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &wide_, &barrier_}) w->reset();
     cudaGetLastError();
@@ -252,7 +253,7 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = count * sizeof(float);
     const bool staged = !on_device(data);
     float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
-    start("all_reduce_sum", ncclAllReduce(d, d, count, ncclFloat, ncclSum, comm_, stream_));
+    start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
     wait(fmt::format("all_reduce_sum(f32, {} elements)", count));
     if (staged) stage_out(data, d, bytes);
   }
@@ -271,7 +272,7 @@ class NcclCommunicator final : public Communicator {
     float* wide = wide_.as<float>(count, stream_);
     const auto n = static_cast<int64_t>(count);
     kernels::cuda::launch_bf16_to_f32(d, wide, n, stream_);
-    start("all_reduce_sum_bf16", ncclAllReduce(wide, wide, count, ncclFloat, ncclSum, comm_, stream_));
+    start("all_reduce_sum_bf16", TPDRAFT_LAZY(nccl, ncclAllReduce)(wide, wide, count, ncclFloat, ncclSum, comm_, stream_));
     kernels::cuda::launch_f32_to_bf16(wide, d, n, stream_);
     wait(fmt::format("all_reduce_sum_bf16({} elements)", count));
     if (staged) stage_out(data, d, bytes);
@@ -288,7 +289,7 @@ class NcclCommunicator final : public Communicator {
     const bool stage_send = !on_device(send), stage_recv = !on_device(recv);
     const void* ds = stage_send ? stage_in(send, bytes, &stage_a_) : send;
     void* dr = stage_recv ? stage_b_.get(total, stream_) : recv;
-    start("all_gather", ncclAllGather(ds, dr, bytes, ncclInt8, comm_, stream_));
+    start("all_gather", TPDRAFT_LAZY(nccl, ncclAllGather)(ds, dr, bytes, ncclInt8, comm_, stream_));
     wait(fmt::format("all_gather({} bytes)", bytes));
     if (stage_recv) stage_out(recv, dr, total);
   }
@@ -304,7 +305,7 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard(device_);
     const bool staged = !on_device(data);
     void* d = staged ? stage_in(data, bytes, &stage_a_) : data;
-    start("broadcast", ncclBroadcast(d, d, bytes, ncclInt8, root, comm_, stream_));
+    start("broadcast", TPDRAFT_LAZY(nccl, ncclBroadcast)(d, d, bytes, ncclInt8, root, comm_, stream_));
     wait(fmt::format("broadcast({} bytes, root {})", bytes, root));
     if (staged) stage_out(data, d, bytes);
   }
@@ -316,7 +317,7 @@ class NcclCommunicator final : public Communicator {
     require_live("barrier");
     DeviceGuard guard(device_);
     float* one = barrier_.as<float>(1, stream_);
-    start("barrier", ncclAllReduce(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
+    start("barrier", TPDRAFT_LAZY(nccl, ncclAllReduce)(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
     wait("barrier");
   }
 
@@ -329,7 +330,7 @@ class NcclCommunicator final : public Communicator {
  private:
   void abort_comm() {
     if (comm_ == nullptr) return;
-    ncclCommAbort(comm_);
+    TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     comm_ = nullptr;
   }
 
@@ -358,7 +359,7 @@ class NcclCommunicator final : public Communicator {
   void start(const char* what, ncclResult_t rc) {
     require_live(what);
     if (rc != ncclSuccess && rc != ncclInProgress)
-      give_up(what, fmt::format("could not start: {} ({})", ncclGetErrorString(rc), ncclGetLastError(comm_)));
+      give_up(what, fmt::format("could not start: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
     if (rc == ncclInProgress) finish_call(what);
   }
 
@@ -366,11 +367,11 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
-      if (rc != ncclSuccess) give_up(what, fmt::format("failed: {}", ncclGetErrorString(rc)));
+      const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state);
+      if (rc != ncclSuccess) give_up(what, fmt::format("failed: {}", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc)));
       if (state == ncclSuccess) return;
       if (state != ncclInProgress)
-        give_up(what, fmt::format("failed: {} ({})", ncclGetErrorString(state), ncclGetLastError(comm_)));
+        give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
       if (Clock::now() > deadline)
         give_up(what, fmt::format("did not complete within {} s (TPDRAFT_NCCL_TIMEOUT_S)", timeout_));
       std::this_thread::yield();
@@ -385,8 +386,8 @@ class NcclCommunicator final : public Communicator {
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) give_up(what, fmt::format("failed on the device: {}", cudaGetErrorString(q)));
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
-        give_up(what, fmt::format("failed: {} ({})", ncclGetErrorString(state), ncclGetLastError(comm_)));
+      if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
+        give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
       if (Clock::now() > deadline)
         give_up(what, fmt::format("timed out after {} s (TPDRAFT_NCCL_TIMEOUT_S): a peer rank did not join", timeout_));
       std::this_thread::yield();

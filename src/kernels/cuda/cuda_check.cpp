@@ -1,5 +1,6 @@
 // The failure paths of CUDA_CHECK, CUBLAS_CHECK and TPDRAFT_CHECK_LAUNCH: one message format
 // (call, file:line, device, the library's own words) for every CUDA error the library meets.
+#include "kernels/cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_check.h"
 
 #include <cstring>
@@ -30,7 +31,7 @@ void cuda_fail(const char* call, cudaError_t code, const char* file, int line) {
 
 void cublas_fail(const char* call, cublasStatus_t code, const char* file, int line) {
   TPDRAFT_FAIL("{} failed at {}:{} on {}: {} ({})", call, base_name(file), line, device_label(),
-               cublasGetStatusString(code), cublasGetStatusName(code));
+               TPDRAFT_LAZY(cublas, cublasGetStatusString)(code), TPDRAFT_LAZY(cublas, cublasGetStatusName)(code));
 }
 
 void check_launch(const char* op, const char* file, int line) {

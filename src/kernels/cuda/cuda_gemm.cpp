@@ -12,10 +12,16 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/lazy_lib.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops_impl.h"
+
+// The exported cublasGemmEx (the header adds a C++ overload taking a cudaDataType compute type).
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 
 namespace tpdraft::kernels::cuda {
 namespace {
@@ -35,7 +41,7 @@ int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, f
   const float one = 1.0f, zero = 0.0f;
   if (w.dtype == DType::F32) {
     float* out = parts_.as<float>(static_cast<size_t>(m * n), stream_);
-    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSgemm)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                              static_cast<int>(k), &one, static_cast<const float*>(w.data), static_cast<int>(k), x,
                              static_cast<int>(k), &zero, out, static_cast<int>(n)));
     *parts_out = out;
@@ -47,7 +53,7 @@ int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, f
   launch_split_activations(x, m, k, w.dtype, parts, xa, stream_);
   float* out = parts_.as<float>(static_cast<size_t>(parts * m * n), stream_);
   const cudaDataType_t t = blas_type(w.dtype);
-  CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(parts * m),
+  CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(parts * m),
                             static_cast<int>(k), &one, w.data, t, static_cast<int>(k), xa, t, static_cast<int>(k),
                             &zero,
                             out, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -68,7 +74,7 @@ void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const
     // Straight into y; the bias (if any) added in place.
     const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
-    CUBLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(m), k, &one,
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSgemm)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(m), k, &one,
                              static_cast<const float*>(w.data), k, x, k, &zero, y, n));
     if (bias != nullptr) launch_sum_parts(y, 1, m, w.rows, bias, y, stream_);
     return;

@@ -2,6 +2,7 @@
 // ops other than the GEMMs (cuda_gemm.cpp): checks as in the CPU twin, then the launchers.
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
+#include "kernels/cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_ops_impl.h"
 
 #include <algorithm>
@@ -108,13 +109,13 @@ CudaOps::CudaOps(int device) : device_(device) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   try {
-    CUBLAS_CHECK(cublasCreate(&blas_));
-    CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-    CUBLAS_CHECK(cublasSetPointerMode(blas_, CUBLAS_POINTER_MODE_HOST));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasCreate)(&blas_));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetStream)(blas_, stream_));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetPointerMode)(blas_, CUBLAS_POINTER_MODE_HOST));
     // Plain f32 for f32 weights: no TF32 unless the caller's environment forces it.
-    CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetMathMode)(blas_, CUBLAS_DEFAULT_MATH));
   } catch (...) {
-    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
     cudaStreamDestroy(stream_);
     throw;
   }
@@ -129,7 +130,7 @@ CudaOps::~CudaOps() {
   ring_.reset();
   for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->reset();
   if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
-  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
   cudaStreamDestroy(stream_);
   cudaGetLastError();
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
