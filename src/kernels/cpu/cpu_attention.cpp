@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -199,25 +200,10 @@ void attend(Isa isa, const AttentionParams& p, const Task& t, const TaskBuffers&
   }
 }
 
-void check_params(const AttentionParams& p) {
-  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.head_dim > 0 && p.n_q > 0 && p.n_kv > 0,
-                "attention: bad shape sessions {} block {} n_q {} n_kv {} head_dim {}", p.sessions, p.block, p.n_q,
-                p.n_kv, p.head_dim);
-  TPDRAFT_CHECK(p.n_q % p.n_kv == 0, "attention: n_q {} is not a multiple of n_kv {}", p.n_q, p.n_kv);
-  TPDRAFT_CHECK(p.window >= 0, "attention: window must be >= 0, got {}", p.window);
-  for (int64_t s = 0; s < p.sessions; ++s) {
-    const ContextView& c = p.context[s];
-    TPDRAFT_CHECK(c.begin >= 0 && c.begin <= c.end && c.end - c.begin <= c.capacity,
-                  "attention: session {} context [{}, {}) does not fit its ring of {} slots", s, c.begin, c.end,
-                  c.capacity);
-    TPDRAFT_CHECK(p.anchor[s] >= 0, "attention: session {} anchor {} is negative", s, p.anchor[s]);
-  }
-}
-
 }  // namespace
 
 void CpuOps::attention(const AttentionParams& p) {
-  check_params(p);
+  check_attention_params(p);
   if (p.sessions == 0) return;
   const Isa isa = active_isa();
   const int64_t ratio = p.n_q / p.n_kv;

@@ -3,6 +3,7 @@
 // dynamic coefficient is a single scalar, and is compiled once per instruction set.
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops_checks.h"
 
 #define TPDRAFT_INLINE inline __attribute__((always_inline))
 
@@ -45,15 +46,7 @@ void conv_rows(Isa isa, const ConvParams& p, int64_t b, int64_t e) {
 }  // namespace
 
 void CpuOps::dyn_conv(const ConvParams& p) {
-  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.hidden > 0, "dyn_conv: bad shape sessions {} block {} hidden {}",
-                p.sessions, p.block, p.hidden);
-  TPDRAFT_CHECK(p.kernel > 0, "dyn_conv: kernel size must be > 0, got {}", p.kernel);
-  TPDRAFT_CHECK(p.group_size > 0 && p.hidden % p.group_size == 0,
-                "dyn_conv: group size {} must be > 0 and divide hidden {}", p.group_size, p.hidden);
-  TPDRAFT_CHECK(p.delta_offset >= 0 && p.delta_offset + p.kernel * (p.hidden / p.group_size) <= p.delta_stride,
-                "dyn_conv: delta offset {} + kernel {} x groups {} exceeds the delta row stride {}", p.delta_offset,
-                p.kernel, p.hidden / p.group_size, p.delta_stride);
-  TPDRAFT_CHECK(p.in != p.out, "dyn_conv: out must not alias in");
+  check_conv_params(p);
   const Isa isa = active_isa();
   const int64_t rows = p.sessions * p.block;
   if (rows * p.hidden * p.kernel < kParallelMin) return conv_rows(isa, p, 0, rows);

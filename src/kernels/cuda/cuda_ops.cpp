@@ -3,6 +3,7 @@
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
 #include "kernels/cuda/lazy_lib.h"
+#include "kernels/ops_checks.h"
 #include "kernels/cuda/cuda_ops_impl.h"
 
 #include <algorithm>
@@ -215,15 +216,7 @@ void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t hea
 }
 
 void CudaOps::dyn_conv(const ConvParams& p) {
-  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.hidden > 0, "dyn_conv: bad shape sessions {} block {} hidden {}",
-                p.sessions, p.block, p.hidden);
-  TPDRAFT_CHECK(p.kernel > 0, "dyn_conv: kernel size must be > 0, got {}", p.kernel);
-  TPDRAFT_CHECK(p.group_size > 0 && p.hidden % p.group_size == 0,
-                "dyn_conv: group size {} must be > 0 and divide hidden {}", p.group_size, p.hidden);
-  TPDRAFT_CHECK(p.delta_offset >= 0 && p.delta_offset + p.kernel * (p.hidden / p.group_size) <= p.delta_stride,
-                "dyn_conv: delta offset {} + kernel {} x groups {} exceeds the delta row stride {}", p.delta_offset,
-                p.kernel, p.hidden / p.group_size, p.delta_stride);
-  TPDRAFT_CHECK(p.in != p.out, "dyn_conv: out must not alias in");
+  check_conv_params(p);
   DeviceGuard guard(device_);
   launch_dyn_conv(p, stream_);
 }
@@ -264,20 +257,9 @@ void CudaOps::store_rows(const float* src, int64_t rows, int64_t row_len, float*
 namespace {
 
 void check_attention(const AttentionParams& p) {
-  TPDRAFT_CHECK(p.sessions >= 0 && p.block > 0 && p.head_dim > 0 && p.n_q > 0 && p.n_kv > 0,
-                "attention: bad shape sessions {} block {} n_q {} n_kv {} head_dim {}", p.sessions, p.block, p.n_q,
-                p.n_kv, p.head_dim);
-  TPDRAFT_CHECK(p.n_q % p.n_kv == 0, "attention: n_q {} is not a multiple of n_kv {}", p.n_q, p.n_kv);
-  TPDRAFT_CHECK(p.window >= 0, "attention: window must be >= 0, got {}", p.window);
+  check_attention_params(p);
   TPDRAFT_CHECK(p.head_dim <= kAttnMaxHeadDim, "attention: head_dim {} exceeds the cuda backend's limit of {}",
                 p.head_dim, kAttnMaxHeadDim);
-  for (int64_t s = 0; s < p.sessions; ++s) {
-    const ContextView& c = p.context[s];
-    TPDRAFT_CHECK(c.begin >= 0 && c.begin <= c.end && c.end - c.begin <= c.capacity,
-                  "attention: session {} context [{}, {}) does not fit its ring of {} slots", s, c.begin, c.end,
-                  c.capacity);
-    TPDRAFT_CHECK(p.anchor[s] >= 0, "attention: session {} anchor {} is negative", s, p.anchor[s]);
-  }
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
