@@ -4,6 +4,9 @@
 //
 // Conventions: activations are f32, row-major; weight matrices keep their checkpoint dtype and use
 // PyTorch's Linear layout [out, in]; "rows" of a block are session-major (S sessions x B rows).
+// Every pointer an op takes, tables of positions and sessions included, is memory of the backend:
+// ops may be captured once and replayed (see OpGraph), so whatever changes from one call to the
+// next is read from memory when the op runs, never taken from the host when it is issued.
 #pragma once
 
 #include <cstddef>
@@ -42,8 +45,11 @@ struct AttentionParams {
   const float* v = nullptr;  // [S*B, n_kv, D]
   float* out = nullptr;      // [S*B, n_q, D]
   int64_t sessions = 0, block = 0, n_q = 0, n_kv = 0, head_dim = 0;
-  const int64_t* anchor = nullptr;     // [S] host pointer: position of row 0
-  const ContextView* context = nullptr;  // [S] host pointer
+  const int64_t* anchor = nullptr;       // [S] backend memory: position of row 0
+  const ContextView* context = nullptr;  // [S] backend memory
+  // Every view's end - begin is at most this. It only sizes how the work is split (the CUDA
+  // backend cannot read the views when it issues the op); results do not depend on it.
+  int64_t max_context = 0;
   bool causal = false;
   int64_t window = 0;  // 0: no window
   float scale = 1.0f;
@@ -72,6 +78,12 @@ struct HeadParams {
   float cap = 0.0f;
 };
 
+// A recorded sequence of ops of one backend (a CUDA graph; on the CPU, a list of calls).
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -89,7 +101,7 @@ class Ops {
   // y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of length n; y may alias x.
   virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   // In place on x [rows, heads, D]: per-head RMSNorm with w[D], then NeoX rotate-half RoPE at
-  // positions[row] (host pointer) with base theta.
+  // positions[row] (backend memory) with base theta.
   virtual void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
                               const int64_t* positions, double theta) = 0;
   virtual void attention(const AttentionParams& p) = 0;
@@ -107,6 +119,16 @@ class Ops {
   // The k best logits of each row over the slice's valid rows, ordered by value descending then
   // id ascending; ids are slice row + id_base. Exact: equal to sorting head_logits' output.
   virtual void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) = 0;
+
+  // Capture: the compute ops issued between begin_capture() and end_capture() are recorded, not
+  // run; replay() runs the recording, as often as wanted. Arguments are fixed at capture (shapes,
+  // scalars, pointers); the memory they point to is read when the graph runs. Between the two
+  // calls only compute ops may be issued: no alloc, release, copies or sync. abort_capture()
+  // ends a capture that went wrong and drops what it recorded; it is harmless when none runs.
+  virtual void begin_capture() = 0;
+  virtual std::unique_ptr<OpGraph> end_capture() = 0;
+  virtual void abort_capture() noexcept = 0;
+  virtual void replay(const OpGraph& graph) = 0;
 };
 
 // The CPU backend with `threads` worker threads (0: all cores).

@@ -11,11 +11,20 @@ void check_attention_params(const AttentionParams& p) {
                 p.n_kv, p.head_dim);
   TPDRAFT_CHECK(p.n_q % p.n_kv == 0, "attention: n_q {} is not a multiple of n_kv {}", p.n_q, p.n_kv);
   TPDRAFT_CHECK(p.window >= 0, "attention: window must be >= 0, got {}", p.window);
+  TPDRAFT_CHECK(p.max_context >= 0, "attention: max_context must be >= 0, got {}", p.max_context);
+  TPDRAFT_CHECK(p.sessions == 0 || (p.anchor != nullptr && p.context != nullptr),
+                "attention: {} sessions but no anchor or context table", p.sessions);
+}
+
+void check_attention_views(const AttentionParams& p) {
   for (int64_t s = 0; s < p.sessions; ++s) {
     const ContextView& c = p.context[s];
     TPDRAFT_CHECK(c.begin >= 0 && c.begin <= c.end && c.end - c.begin <= c.capacity,
                   "attention: session {} context [{}, {}) does not fit its ring of {} slots", s, c.begin, c.end,
                   c.capacity);
+    TPDRAFT_CHECK(c.end - c.begin <= p.max_context,
+                  "attention: session {} holds {} context positions, more than max_context {}", s, c.end - c.begin,
+                  p.max_context);
     TPDRAFT_CHECK(p.anchor[s] >= 0, "attention: session {} anchor {} is negative", s, p.anchor[s]);
   }
 }

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/sharded_head.h"
 
 namespace tpdraft::model {
@@ -18,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
+size_t words(size_t bytes) { return (bytes + sizeof(int64_t) - 1) / sizeof(int64_t); }
 
 // Codebook rows for the selector walk, straight from the host mapping.
 struct CodebookRows {
@@ -64,8 +67,16 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   settle_c_ = kernels::Buffer(ops_, f32_bytes(C * H));
   settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
-  positions_.resize(static_cast<size_t>(std::max(M, C)));
   block_rows_.resize(static_cast<size_t>(M * H));
+  // The step table: positions [M], anchors [S], views [layers][S], in 8-byte words.
+  const size_t S = static_cast<size_t>(limits_.max_sessions);
+  anchors_offset_ = static_cast<size_t>(M) * sizeof(int64_t);
+  views_offset_ = anchors_offset_ + S * sizeof(int64_t);
+  const size_t step_bytes = views_offset_ + static_cast<size_t>(cfg_.layers) * S * sizeof(kernels::ContextView);
+  step_host_.assign(words(step_bytes) * sizeof(int64_t), 0);
+  step_ = kernels::Buffer(ops_, step_host_.size());
+  positions_.resize(static_cast<size_t>(C));
+  settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
 }
 
 Drafter::~Drafter() = default;
@@ -88,14 +99,18 @@ std::unique_ptr<Session> Drafter::new_session() {
   s->layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     auto& lc = s->layers_[static_cast<size_t>(l)];
-    // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
-    // positions so that a rollback after a draft never needs a row the ring has dropped.
-    lc.capacity = cfg_.sliding[static_cast<size_t>(l)] && !limits_.keep_all_positions ? std::min(limits_.max_context, cfg_.window + cfg_.block)
-                                                        : limits_.max_context;
+    lc.capacity = layer_capacity(l);
     lc.k = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
     lc.v = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
   }
   return s;
+}
+
+int64_t Drafter::layer_capacity(int64_t layer) const {
+  // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
+  // positions so that a rollback after a draft never needs a row the ring has dropped.
+  const bool sliding = cfg_.sliding[static_cast<size_t>(layer)] && !limits_.keep_all_positions;
+  return sliding ? std::min(limits_.max_context, cfg_.window + cfg_.block) : limits_.max_context;
 }
 
 void Drafter::check_rollback(const Session& s, int64_t length) const {
@@ -143,14 +158,16 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
     const int64_t rows = std::min(limits_.settle_chunk, n - j0);
     const int64_t first = p0 + j0;
     ops_.to_device(settle_u_.get(), taps + j0 * TH, f32_bytes(rows * TH));
+    for (int64_t j = 0; j < rows; ++j) positions_[static_cast<size_t>(j)] = first + j;
+    ops_.to_device(settle_pos_.get(), positions_.data(), static_cast<size_t>(rows) * sizeof(int64_t));
+    const auto* positions = static_cast<const int64_t*>(settle_pos_.get());
     ops_.matmul(weights_->fc, settle_u_.f32(), rows, settle_c_.f32());
     ops_.rms_norm(settle_c_.f32(), weights_->hidden_norm, settle_c_.f32(), rows, H, eps);
-    for (int64_t j = 0; j < rows; ++j) positions_[static_cast<size_t>(j)] = first + j;
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
       auto& lc = s.layers_[static_cast<size_t>(l)];
       ops_.matmul(w.k, settle_c_.f32(), rows, settle_k_.f32(), w.k_bias);
-      ops_.head_norm_rope(settle_k_.f32(), w.k_norm, rows, nkv_local_, D, eps, positions_.data(), cfg_.rope_theta);
+      ops_.head_norm_rope(settle_k_.f32(), w.k_norm, rows, nkv_local_, D, eps, positions, cfg_.rope_theta);
       ops_.matmul(w.v, settle_c_.f32(), rows, settle_v_.f32(), w.v_bias);
       // Only the last `capacity` rows of a chunk can survive in the ring; writing just those
       // keeps every slot written once.
@@ -184,16 +201,99 @@ void Drafter::conv(const float* in, float* out, const float* base, const float* 
 }
 
 
-void Drafter::run_layers(int64_t S, const std::vector<DraftRequest>& requests) {
+void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
+  const int64_t S = static_cast<int64_t>(requests.size()), B = cfg_.block, Smax = limits_.max_sessions;
+  unsigned char* base = step_host_.data();
+  for (int64_t s = 0; s < S; ++s) {
+    const Session& sess = *requests[static_cast<size_t>(s)].session;
+    const int64_t anchor = sess.end_;
+    std::memcpy(base + anchors_offset_ + static_cast<size_t>(s) * sizeof(int64_t), &anchor, sizeof(int64_t));
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t pos = anchor + r;
+      std::memcpy(base + static_cast<size_t>(s * B + r) * sizeof(int64_t), &pos, sizeof(int64_t));
+    }
+    for (int64_t l = 0; l < cfg_.layers; ++l) {
+      const auto& lc = sess.layers_[static_cast<size_t>(l)];
+      const kernels::ContextView view{lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
+      std::memcpy(base + views_offset_ + static_cast<size_t>(l * Smax + s) * sizeof(view), &view, sizeof(view));
+    }
+  }
+  ops_.to_device(step_.get(), base, step_host_.size());
+}
+
+size_t Drafter::graph_segments(int64_t sessions) const {
+  const auto it = graphs_.find(sessions);
+  return it == graphs_.end() ? 0 : it->second.segments.size();
+}
+
+void Drafter::forward(int64_t S) {
+  times_.replayed = false;
+  if (limits_.graphs) {
+    const auto it = graphs_.find(S);
+    if (it != graphs_.end()) {
+      const ForwardGraph& g = it->second;
+      for (size_t i = 0; i < g.segments.size(); ++i) {
+        ops_.replay(*g.segments[i]);
+        if (i < g.reduces.size()) comm_.all_reduce_sum(g.reduces[i].first, g.reduces[i].second);
+      }
+      comm_.count_replayed(g.captured);
+      if (g.captured.all_reduce_calls > 0) comm_.wait_replayed(fmt::format("the block forward's graph ({} sessions)", S));
+      times_.replayed = true;
+      return;
+    }
+  }
+  run_layers(S);
+  // This first forward with S sessions has sized every workspace its ops use, so capturing the
+  // same ops now allocates nothing.
+  if (limits_.graphs) capture(S);
+}
+
+void Drafter::capture(int64_t S) {
+  ForwardGraph g;
+  const parallel::CommStats before = comm_.stats();
+  capturing_ = &g;
+  try {
+    ops_.begin_capture();
+    run_layers(S);
+    g.segments.push_back(ops_.end_capture());
+  } catch (const std::exception& e) {
+    ops_.abort_capture();
+    capturing_ = nullptr;
+    graphs_.clear();
+    limits_.graphs = false;
+    TPDRAFT_LOG_WARN("capturing the block forward for {} session(s) failed; drafting without graphs from now on: {}",
+                     S, e.what());
+    return;
+  }
+  capturing_ = nullptr;
+  // Collectives that joined the capture were counted as if they had run; they run on replay.
+  g.captured = comm_.stats();
+  g.captured -= before;
+  g.captured.seconds = 0;
+  comm_.uncount_captured(g.captured);
+  graphs_.emplace(S, std::move(g));
+}
+
+void Drafter::reduce(float* data, size_t count) {
+  if (capturing_ != nullptr && !comm_.can_capture()) {
+    // This communicator runs on the host: close the segment here; on replay the all-reduce runs
+    // between this segment and the next.
+    capturing_->segments.push_back(ops_.end_capture());
+    capturing_->reduces.emplace_back(data, count);
+    ops_.begin_capture();
+    return;
+  }
+  comm_.all_reduce_sum(data, count);
+}
+
+void Drafter::run_layers(int64_t S) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block, M = S * B;
   const float eps = static_cast<float>(cfg_.eps);
   const bool v2 = cfg_.is_dflash2();
-  std::vector<int64_t> anchors(static_cast<size_t>(S));
-  for (int64_t s = 0; s < S; ++s) {
-    anchors[static_cast<size_t>(s)] = requests[static_cast<size_t>(s)].session->end_;
-    for (int64_t r = 0; r < B; ++r) positions_[static_cast<size_t>(s * B + r)] = anchors[static_cast<size_t>(s)] + r;
-  }
-  std::vector<kernels::ContextView> views(static_cast<size_t>(S));
+  const auto* step = static_cast<const unsigned char*>(step_.get());
+  const auto* positions = reinterpret_cast<const int64_t*>(step);
+  const auto* anchors = reinterpret_cast<const int64_t*>(step + anchors_offset_);
+  const auto* views = reinterpret_cast<const kernels::ContextView*>(step + views_offset_);
   float* h = h_.f32();
   float* x = x_.f32();
   float* xc = xc_.f32();
@@ -211,13 +311,8 @@ void Drafter::run_layers(int64_t S, const std::vector<DraftRequest>& requests) {
     ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
     ops_.matmul(w.k, xin, M, k_.f32(), w.k_bias);
     ops_.matmul(w.v, xin, M, v_.f32(), w.v_bias);
-    ops_.head_norm_rope(q_.f32(), w.q_norm, M, nq_local_, D, eps, positions_.data(), cfg_.rope_theta);
-    ops_.head_norm_rope(k_.f32(), w.k_norm, M, nkv_local_, D, eps, positions_.data(), cfg_.rope_theta);
-    for (int64_t s = 0; s < S; ++s) {
-      const Session& sess = *requests[static_cast<size_t>(s)].session;
-      const auto& lc = sess.layers_[static_cast<size_t>(l)];
-      views[static_cast<size_t>(s)] = {lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
-    }
+    ops_.head_norm_rope(q_.f32(), w.q_norm, M, nq_local_, D, eps, positions, cfg_.rope_theta);
+    ops_.head_norm_rope(k_.f32(), w.k_norm, M, nkv_local_, D, eps, positions, cfg_.rope_theta);
     kernels::AttentionParams ap;
     ap.q = q_.f32();
     ap.k = k_.f32();
@@ -228,15 +323,16 @@ void Drafter::run_layers(int64_t S, const std::vector<DraftRequest>& requests) {
     ap.n_q = nq_local_;
     ap.n_kv = nkv_local_;
     ap.head_dim = D;
-    ap.anchor = anchors.data();
-    ap.context = views.data();
+    ap.anchor = anchors;
+    ap.context = views + l * limits_.max_sessions;
+    ap.max_context = layer_capacity(l);
     ap.causal = cfg_.causal[static_cast<size_t>(l)];
     ap.window = cfg_.sliding[static_cast<size_t>(l)] ? cfg_.window : 0;
     ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     ops_.attention(ap);
     // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
-    comm_.all_reduce_sum(o, static_cast<size_t>(M * H));
+    reduce(o, static_cast<size_t>(M * H));
     if (v2) {
       conv(o, xc, w.attn_conv_base, delta_.f32(), 1, M, S);
       ops_.add(h, xc, M * H);
@@ -255,7 +351,7 @@ void Drafter::run_layers(int64_t S, const std::vector<DraftRequest>& requests) {
     ops_.matmul(w.up, xin, M, up_.f32());
     ops_.silu_mul(gate_.f32(), up_.f32(), gate_.f32(), M * ffn_local_);
     ops_.matmul(w.down, gate_.f32(), M, o);
-    comm_.all_reduce_sum(o, static_cast<size_t>(M * H));
+    reduce(o, static_cast<size_t>(M * H));
     if (v2) {
       conv(o, xc, w.mlp_conv_base, delta_.f32(), 1, M, S);
       ops_.add(h, xc, M * H);
@@ -304,7 +400,8 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
     for (int64_t r = 2; r < B; ++r) std::copy(base + H, base + 2 * H, base + r * H);
   }
   ops_.to_device(h_.get(), rows, static_cast<size_t>(S * B * H) * sizeof(float));
-  run_layers(S, requests);
+  upload_step(requests);
+  forward(S);
   ops_.sync();
   times_.layers = seconds_since(t0);
   return select(requests, dump);

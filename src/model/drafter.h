@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/buffer.h"
@@ -22,6 +24,8 @@ struct DrafterLimits {
   int64_t max_context = 4096;  // positions a session may hold
   int64_t settle_chunk = 256;  // rows settled per forward
   bool keep_all_positions = false;  // sliding layers keep every position too (for dumps)
+  // Capture the block forward once per session count and replay it (a CUDA graph on the GPU).
+  bool graphs = false;
 };
 
 struct DraftRequest {
@@ -41,9 +45,11 @@ struct DraftDump {
   std::vector<float> logits;  // [S, B-1, V]
 };
 
-// Time spent per phase of the last draft (seconds, host wall clock after a backend sync).
+// Time spent per phase of the last draft (seconds, host wall clock after a backend sync), and
+// how its block forward ran.
 struct DraftTimes {
   double layers = 0, head = 0, select = 0;
+  bool replayed = false;  // the forward was a replay of a captured graph
 };
 
 class Drafter {
@@ -66,6 +72,12 @@ class Drafter {
   std::vector<DraftResult> draft(const std::vector<DraftRequest>& requests, DraftDump* dump = nullptr);
 
   const DraftTimes& last_times() const { return times_; }
+  // Whether the block forward is captured and replayed (DrafterLimits::graphs, unless a capture
+  // failed and the drafter went back to issuing ops one by one).
+  bool graphs() const { return limits_.graphs; }
+  // Graph segments per captured forward: 1 when the communicator joins the capture, else one
+  // more than the forward's all-reduces, which then run between segments. 0: nothing captured.
+  size_t graph_segments(int64_t sessions) const;
   // Copies layer l's context of the session, positions [0, length), as [length, Nk_local, D]
   // f32 each; every position must still be held (see DrafterLimits::keep_all_positions).
   void read_context(const Session& session, int64_t layer, std::vector<float>* k, std::vector<float>* v) const;
@@ -73,8 +85,23 @@ class Drafter {
   size_t context_bytes_per_position() const;
 
  private:
+  // A captured block forward for one session count: graph segments, and the all-reduces that
+  // run between them (none when the communicator can be captured).
+  struct ForwardGraph {
+    std::vector<std::unique_ptr<kernels::OpGraph>> segments;
+    std::vector<std::pair<float*, size_t>> reduces;  // reduces[i] runs after segments[i]
+    parallel::CommStats captured;  // collectives inside the segments, counted on each replay
+  };
+
   void check_rollback(const Session& s, int64_t length) const;
-  void run_layers(int64_t sessions, const std::vector<DraftRequest>& requests);
+  int64_t layer_capacity(int64_t layer) const;
+  // Writes the step table (positions, anchors, context views) for the requests to the backend.
+  void upload_step(const std::vector<DraftRequest>& requests);
+  // The block forward over h_ into g_draft_: replayed, captured or issued op by op.
+  void forward(int64_t sessions);
+  void run_layers(int64_t sessions);
+  void reduce(float* data, size_t count);
+  void capture(int64_t sessions);
   void conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t rows,
             int64_t sessions);
   std::vector<DraftResult> select(const std::vector<DraftRequest>& requests, DraftDump* dump);
@@ -93,8 +120,19 @@ class Drafter {
   kernels::Buffer topv_, settle_u_, settle_c_, settle_k_, settle_v_;
   kernels::Buffer topi_;
   kernels::Buffer logits_dev_;  // [max_sessions * (B-1), local vocab], made on first need (sampling, dumps)
-  std::vector<int64_t> positions_;
   std::vector<float> block_rows_;  // host: the block's input rows before upload
+
+  // The step table in backend memory, read by the ops when they run (so that a replayed graph
+  // sees this draft's positions and contexts): positions [M] and anchors [S] (int64), then the
+  // context views [layers][S]; staged on the host in step_host_. settle_pos_ holds a settle
+  // chunk's positions.
+  kernels::Buffer step_, settle_pos_;
+  std::vector<unsigned char> step_host_;
+  size_t anchors_offset_ = 0, views_offset_ = 0;
+  std::vector<int64_t> positions_;  // host staging of settle positions
+
+  std::map<int64_t, ForwardGraph> graphs_;  // by session count
+  ForwardGraph* capturing_ = nullptr;       // the graph being captured, if any
 };
 
 }  // namespace tpdraft::model

@@ -20,7 +20,28 @@ struct CommStats {
   uint64_t barrier_calls = 0;
   double seconds = 0;  // wall time spent inside collectives
   uint64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + broadcast_bytes; }
+  // The counts of `b` added (or taken away); seconds too.
+  CommStats& operator+=(const CommStats& b);
+  CommStats& operator-=(const CommStats& b);
 };
+
+inline CommStats& CommStats::operator+=(const CommStats& b) {
+  all_reduce_calls += b.all_reduce_calls, all_reduce_bytes += b.all_reduce_bytes;
+  all_gather_calls += b.all_gather_calls, all_gather_bytes += b.all_gather_bytes;
+  broadcast_calls += b.broadcast_calls, broadcast_bytes += b.broadcast_bytes;
+  barrier_calls += b.barrier_calls;
+  seconds += b.seconds;
+  return *this;
+}
+
+inline CommStats& CommStats::operator-=(const CommStats& b) {
+  all_reduce_calls -= b.all_reduce_calls, all_reduce_bytes -= b.all_reduce_bytes;
+  all_gather_calls -= b.all_gather_calls, all_gather_bytes -= b.all_gather_bytes;
+  broadcast_calls -= b.broadcast_calls, broadcast_bytes -= b.broadcast_bytes;
+  barrier_calls -= b.barrier_calls;
+  seconds -= b.seconds;
+  return *this;
+}
 
 class Communicator {
  public:
@@ -41,8 +62,20 @@ class Communicator {
   // Tells the peers to give up (a failing rank calls this before exiting).
   virtual void abort(const std::string& reason) = 0;
 
+  // Graph capture (kernels::Ops::begin_capture): whether all_reduce_sum on backend buffers may be
+  // issued while the backend captures, becoming part of the graph (NCCL enqueues on the captured
+  // stream; one rank has nothing to move). Otherwise the caller runs it between graph segments.
+  virtual bool can_capture() const { return false; }
+  // After replaying a graph that holds collectives: waits until they are done, with this
+  // communicator's own error and hang detection; `what` names the graph in errors.
+  virtual void wait_replayed(const std::string& what) { (void)what; }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
+  // Counts collectives that ran inside a replayed graph (they pass no host call to count them).
+  void count_replayed(const CommStats& captured) { stats_ += captured; }
+  // Takes back the counts of collectives issued into a graph during its capture (they ran not then).
+  void uncount_captured(const CommStats& captured) { stats_ -= captured; }
 
  protected:
   // Adds the wall time of one collective to stats_.seconds; a scope guard, so a collective that

@@ -76,6 +76,9 @@ class HostStaged final : public Communicator {
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   std::string name() const override { return host_.name() + "+staging"; }
+  // One rank moves nothing (the all-reduce of a device buffer returns at once), so a graph may
+  // hold it; with more ranks the copies and the host collective run between graph segments.
+  bool can_capture() const override { return size() == 1; }
 
   void all_reduce_sum(float* data, size_t count) override {
     Timed timed(stats_);
@@ -242,6 +245,12 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
+  bool can_capture() const override { return true; }
+  void wait_replayed(const std::string& what) override {
+    require_live("wait_replayed");
+    DeviceGuard guard(device_);
+    wait(what);
+  }
 
   void all_reduce_sum(float* data, size_t count) override {
     Timed timed(stats_);
@@ -252,6 +261,12 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard(device_);
     const size_t bytes = count * sizeof(float);
     const bool staged = !on_device(data);
+    if (kernels::cuda::stream_capturing(stream_)) {
+      // Part of a graph: it runs when the graph does, and wait_replayed() then waits for it.
+      TPDRAFT_CHECK(!staged, "rank {}: all_reduce_sum of a host buffer cannot be captured into a graph", rank_);
+      start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(data, data, count, ncclFloat, ncclSum, comm_, stream_));
+      return;
+    }
     float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
     start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
     wait(fmt::format("all_reduce_sum(f32, {} elements)", count));

@@ -38,6 +38,7 @@ class SingleRank final : public Communicator {
     ++stats_.barrier_calls;
   }
   void abort(const std::string&) override {}
+  bool can_capture() const override { return true; }  // nothing moves
 };
 }  // namespace
 

@@ -28,6 +28,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include "model/random_checkpoint.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/thread_comm.h"
+#include "support/draft_rounds.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -179,11 +180,13 @@ TEST(CudaDrafter, WiderGeometryLongerContext) {
   check_single_gpu(cfg, sc, "hidden 256, head_dim 128, window 64, contexts 700 and 90");
 }
 
-// Two in-process ranks on one GPU: the host communicator carries device buffers by staging.
-TEST(CudaDrafter, TwoRanksShareOneGpuThroughHostStaging) {
+// Two and four in-process ranks on one GPU: the host communicator carries device buffers by
+// staging.
+TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
   REQUIRE_GPUS(1);
+  for (int tp : {2, 4})
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
-    SCOPED_TRACE(file);
+    SCOPED_TRACE(std::string(file) + " tp " + std::to_string(tp));
     DrafterConfig cfg = tiny(file);
     cfg.n_q = 8;
     cfg.n_kv = 2;
@@ -193,16 +196,66 @@ TEST(CudaDrafter, TwoRanksShareOneGpuThroughHostStaging) {
     Scenario sc;
     sc.contexts = {40, 5};
     const RankOutput want = run_cpu(ckpt, cfg, sc);
-    std::vector<RankOutput> got(2);
-    parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+    std::vector<RankOutput> got(static_cast<size_t>(tp));
+    parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
       auto ops = kernels::make_cuda_ops(0);
       auto staged = parallel::make_backend_comm(comm, *ops, false);
       ASSERT_NE(staged, nullptr);
       EXPECT_EQ(staged->name(), "threads+staging");
       got[static_cast<size_t>(comm.rank())] = run_scenario(*ops, *staged, ckpt, cfg, sc);
     });
-    expect_same(want, got[0], std::string(file) + " rank 0");
-    expect_same(want, got[1], std::string(file) + " rank 1");
+    for (int r = 0; r < tp; ++r) expect_same(want, got[static_cast<size_t>(r)], std::string(file) + " rank " + std::to_string(r));
+  }
+}
+
+// CUDA graphs: the rounds of support/draft_rounds.h with captured forwards on the GPU equal the
+// same rounds issued op by op on the GPU (tokens exactly) and on the CPU (within the GEMM
+// precision); at tp = 1 in one graph, at tp = 2 on one GPU in segments around the staged
+// all-reduces.
+TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
+  REQUIRE_GPUS(1);
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    DrafterConfig cfg = tiny(file);
+    cfg.n_q = 8;
+    cfg.n_kv = 2;
+    cfg.head_dim = 8;
+    testing::TempDir dir;
+    const std::string ckpt = write_checkpoint(dir, cfg);
+    auto cpu_ops = kernels::make_cpu_ops(2);
+    auto single = parallel::make_single_rank();
+    const auto want = testing::run_draft_rounds(*cpu_ops, *single, ckpt, cfg, false);
+    for (int tp : {1, 2}) {
+      const std::string what = std::string(file) + " tp " + std::to_string(tp);
+      std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
+      auto body = [&](parallel::Communicator& comm) {
+        auto ops = kernels::make_cuda_ops(0);
+        auto dev = parallel::make_backend_comm(comm, *ops, false);
+        parallel::Communicator& c = dev ? *dev : comm;
+        eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, c, ckpt, cfg, false);
+        graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, c, ckpt, cfg, true);
+      };
+      if (tp == 1)
+        body(*single);
+      else
+        parallel::run_ranks(tp, body);
+      for (int r = 0; r < tp; ++r) {
+        const auto& e = eager[static_cast<size_t>(r)];
+        const auto& g = graphs[static_cast<size_t>(r)];
+        ASSERT_EQ(g.size(), testing::draft_rounds_replayed().size()) << what;
+        for (size_t i = 0; i < g.size(); ++i) {
+          const std::string at = what + " rank " + std::to_string(r) + " round " + std::to_string(i);
+          EXPECT_EQ(g[i].replayed, testing::draft_rounds_replayed()[i]) << at;
+          EXPECT_EQ(g[i].segments, tp == 1 ? 1u : static_cast<size_t>(2 * cfg.layers + 1)) << at;
+          ASSERT_EQ(g[i].results.size(), e[i].results.size()) << at;
+          for (size_t s = 0; s < g[i].results.size(); ++s)
+            EXPECT_EQ(g[i].results[s].tokens, e[i].results[s].tokens) << at << " session " << s;
+          const std::vector<double> h(e[i].dump.hidden.begin(), e[i].dump.hidden.end());
+          EXPECT_LT(testing::relative_error(g[i].dump.hidden, h), 1e-6) << at;
+          RankOutput got_out{g[i].results, g[i].dump}, want_out{want[i].results, want[i].dump};
+          expect_same(want_out, got_out, at + " against the cpu");
+        }
+      }
+    }
   }
 }
 

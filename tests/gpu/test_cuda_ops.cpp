@@ -48,6 +48,7 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include <limits>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -189,8 +190,11 @@ TEST_F(CudaOpsTest, HeadNormRopeAtFarPositions) {
     std::uniform_int_distribution<int64_t> pd(0, 70000);
     for (auto& p : pos) p = pd(rng);
     Buffer xc = put(*cpu, x), xg = put(*gpu, x), wc = put(*cpu, w), wg = put(*gpu, w);
-    cpu->head_norm_rope(xc.f32(), wc.f32(), c.rows, c.heads, c.d, 1e-6f, pos.data(), c.theta);
-    gpu->head_norm_rope(xg.f32(), wg.f32(), c.rows, c.heads, c.d, 1e-6f, pos.data(), c.theta);
+    Buffer pc = put(*cpu, pos), pg = put(*gpu, pos);  // positions are read from backend memory
+    cpu->head_norm_rope(xc.f32(), wc.f32(), c.rows, c.heads, c.d, 1e-6f, static_cast<const int64_t*>(pc.get()),
+                        c.theta);
+    gpu->head_norm_rope(xg.f32(), wg.f32(), c.rows, c.heads, c.d, 1e-6f, static_cast<const int64_t*>(pg.get()),
+                        c.theta);
     expect_nmse(get<float>(*gpu, xg, x.size()), get<float>(*cpu, xc, x.size()), kF32Nmse,
                 "head_norm_rope D " + std::to_string(c.d));
   }
@@ -261,6 +265,8 @@ struct AttnCase {
   bool causal = false;
 };
 
+// Runs the case with max_context at the longest view, and again far above it (as a captured
+// forward sizes it: the ring's capacity), which leaves most of the CUDA chunks empty.
 void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c) {
   SCOPED_TRACE(c.name);
   const int64_t S = static_cast<int64_t>(c.lengths.size()), B = c.block, D = c.d;
@@ -287,25 +293,33 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
     anchors[static_cast<size_t>(s)] = std::max<int64_t>(0, end - c.anchor_back);
   }
   Buffer qc = put(cpu, q), qg = put(gpu, q), kc = put(cpu, k), kg = put(gpu, k), vc2 = put(cpu, v), vg2 = put(gpu, v);
-  Buffer oc = poisoned(cpu, q.size()), og = poisoned(gpu, q.size());
+  Buffer ac = put(cpu, anchors), ag = put(gpu, anchors), tc = put(cpu, vc), tg = put(gpu, vg);
   AttentionParams p;
   p.sessions = S;
   p.block = B;
   p.n_q = c.n_q;
   p.n_kv = c.n_kv;
   p.head_dim = D;
-  p.anchor = anchors.data();
   p.causal = c.causal;
   p.window = c.window;
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  AttentionParams pc = p, pg = p;
-  pc.q = qc.f32(), pc.k = kc.f32(), pc.v = vc2.f32(), pc.out = oc.f32(), pc.context = vc.data();
-  pg.q = qg.f32(), pg.k = kg.f32(), pg.v = vg2.f32(), pg.out = og.f32(), pg.context = vg.data();
-  cpu.attention(pc);
-  gpu.attention(pg);
-  // Softmax sums over up to 70000 terms: the tolerance grows with the keys summed.
-  const double tol = kF32Nmse * std::max<double>(1.0, static_cast<double>(longest) / 1000.0);
-  expect_nmse(get<float>(gpu, og, q.size()), get<float>(cpu, oc, q.size()), tol, c.name);
+  int64_t span = 0;
+  for (const ContextView& view : vc) span = std::max(span, view.end - view.begin);
+  for (int64_t max_context : {span, 8 * cap + 1000}) {
+    Buffer oc = poisoned(cpu, q.size()), og = poisoned(gpu, q.size());
+    AttentionParams pc = p, pg = p;
+    pc.q = qc.f32(), pc.k = kc.f32(), pc.v = vc2.f32(), pc.out = oc.f32();
+    pc.anchor = static_cast<const int64_t*>(ac.get()), pc.context = static_cast<const ContextView*>(tc.get());
+    pg.q = qg.f32(), pg.k = kg.f32(), pg.v = vg2.f32(), pg.out = og.f32();
+    pg.anchor = static_cast<const int64_t*>(ag.get()), pg.context = static_cast<const ContextView*>(tg.get());
+    pc.max_context = pg.max_context = max_context;
+    cpu.attention(pc);
+    gpu.attention(pg);
+    // Softmax sums over up to 70000 terms: the tolerance grows with the keys summed.
+    const double tol = kF32Nmse * std::max<double>(1.0, static_cast<double>(longest) / 1000.0);
+    expect_nmse(get<float>(gpu, og, q.size()), get<float>(cpu, oc, q.size()), tol,
+                c.name + ", max_context " + std::to_string(max_context));
+  }
 }
 
 TEST_F(CudaOpsTest, AttentionContextLengths) {
@@ -500,6 +514,73 @@ TEST_F(CudaOpsTest, HeadTopkTiesNanAndShortVocab) {
   check_head(*cpu, *gpu, rng, c);
   c.valid = 0;
   check_head(*cpu, *gpu, rng, c);
+}
+
+// ---- graphs ---------------------------------------------------------------------------------------
+
+// A captured attention + head_norm_rope + add replays with the session tables, positions and
+// inputs as they are at replay time: equal, bit for bit, to the same ops issued directly.
+TEST_F(CudaOpsTest, CaptureReplaysWithTheTablesOfTheMoment) {
+  const int64_t S = 2, B = 8, nq = 4, nkv = 2, D = 64, cap = 600;
+  const auto q = randn(static_cast<size_t>(S * B * nq * D), rng), k = randn(static_cast<size_t>(S * B * nkv * D), rng);
+  const auto v = randn(k.size(), rng), w = randn(static_cast<size_t>(D), rng);
+  const auto ring = randn(static_cast<size_t>(cap * nkv * D), rng);
+  Buffer qg = put(*gpu, q), kg = put(*gpu, k), vg = put(*gpu, v), wg = put(*gpu, w), rk = put(*gpu, ring),
+         rv = put(*gpu, randn(ring.size(), rng));
+  Buffer out(*gpu, q.size() * sizeof(float)), acc(*gpu, q.size() * sizeof(float));
+  Buffer anchors(*gpu, S * sizeof(int64_t)), views(*gpu, S * sizeof(ContextView)), pos(*gpu, S * B * sizeof(int64_t));
+  auto set_tables = [&](int64_t end0, int64_t end1) {
+    const std::vector<int64_t> a{end0, end1};
+    const std::vector<ContextView> vv{{rk.f32(), rv.f32(), cap, 0, end0}, {rk.f32(), rv.f32(), cap, 0, end1}};
+    std::vector<int64_t> p;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t r = 0; r < B; ++r) p.push_back(a[static_cast<size_t>(s)] + r);
+    gpu->to_device(anchors.get(), a.data(), a.size() * sizeof(int64_t));
+    gpu->to_device(views.get(), vv.data(), vv.size() * sizeof(ContextView));
+    gpu->to_device(pos.get(), p.data(), p.size() * sizeof(int64_t));
+  };
+  AttentionParams ap;
+  ap.q = qg.f32(), ap.k = kg.f32(), ap.v = vg.f32(), ap.out = out.f32();
+  ap.sessions = S, ap.block = B, ap.n_q = nq, ap.n_kv = nkv, ap.head_dim = D, ap.causal = true;
+  ap.anchor = static_cast<const int64_t*>(anchors.get()), ap.context = static_cast<const ContextView*>(views.get());
+  ap.max_context = cap;
+  ap.scale = 0.125f;
+  auto issue = [&] {
+    gpu->attention(ap);
+    gpu->head_norm_rope(out.f32(), wg.f32(), S * B, nq, D, 1e-6f, static_cast<const int64_t*>(pos.get()), 1e6);
+    gpu->add(acc.f32(), out.f32(), static_cast<int64_t>(q.size()));
+  };
+  auto direct = [&](int64_t end0, int64_t end1) {
+    set_tables(end0, end1);
+    gpu->to_device(acc.get(), q.data(), q.size() * sizeof(float));
+    issue();
+    return get<float>(*gpu, acc, q.size());
+  };
+  const auto want_short = direct(3, 100), want_long = direct(599, 250);
+  ASSERT_NE(want_short, want_long);
+  // Capture after the ops ran once (their workspaces exist), then replay with other tables.
+  gpu->begin_capture();
+  issue();
+  EXPECT_THROW(gpu->to_host(nullptr, out.get(), 0), Error) << "a copy was accepted inside a capture";
+  const auto graph = gpu->end_capture();
+  for (auto [end0, end1, want] : {std::tuple{599, 250, &want_long}, std::tuple{3, 100, &want_short}}) {
+    set_tables(end0, end1);
+    gpu->to_device(acc.get(), q.data(), q.size() * sizeof(float));
+    gpu->replay(*graph);
+    EXPECT_EQ(get<float>(*gpu, acc, q.size()), *want) << "replay with contexts " << end0 << ", " << end1;
+  }
+  // A capture that would need a bigger workspace is refused with the reason, and dropped.
+  gpu->begin_capture();
+  ap.max_context = 64 * cap;
+  try {
+    gpu->attention(ap);
+    ADD_FAILURE() << "a workspace grew inside a capture";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("during a graph capture"), std::string::npos) << e.what();
+  }
+  gpu->abort_capture();
+  ap.max_context = cap;
+  EXPECT_EQ(direct(599, 250), want_long) << "the stream works again after an aborted capture";
 }
 
 TEST_F(CudaOpsTest, ErrorsNameTheOp) {

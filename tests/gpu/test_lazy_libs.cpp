@@ -21,7 +21,7 @@ TEST(LazyLibs, CublasSymbolsResolveAndAnswer) {
   // Status strings need no device: a real call through the resolved pointer.
   EXPECT_EQ(std::string(TPDRAFT_LAZY(cublas, cublasGetStatusName)(CUBLAS_STATUS_NOT_INITIALIZED)),
             "CUBLAS_STATUS_NOT_INITIALIZED");
-  for (const char* name : {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetPointerMode_v2",
+  for (const char* name : {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasSetPointerMode_v2",
                            "cublasSetMathMode", "cublasSgemm_v2", "cublasGemmEx", "cublasGetStatusString"})
     EXPECT_NE(lazy::symbol(lazy::cublas(), name), nullptr) << name;
 }

@@ -303,6 +303,7 @@ void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const st
   p.q = q.data(), p.k = k.data(), p.v = v.data();
   p.sessions = S, p.block = B, p.n_q = c.n_q, p.n_kv = c.n_kv, p.head_dim = D;
   p.anchor = anchors.data(), p.context = views.data(), p.causal = c.causal, p.window = c.window, p.scale = scale;
+  p.max_context = *std::max_element(c.ctx_len.begin(), c.ctx_len.end());
   for (Isa isa : isas) {
     cpu::force_isa(isa);
     std::vector<float> out(ref.size(), kNaN);
@@ -629,10 +630,14 @@ TEST(CpuOps, BadArgumentsAreNamed) {
   ContextView view{buf.data(), buf.data(), 2, 0, 3};
   int64_t anchor = 3;
   a.q = a.k = a.v = buf.data(), a.out = buf.data(), a.sessions = 1, a.block = 1, a.n_q = 3, a.n_kv = 2, a.head_dim = 4;
-  a.anchor = &anchor, a.context = &view;
+  a.anchor = &anchor, a.context = &view, a.max_context = 3;
   expect_error([&] { ops->attention(a); }, "not a multiple of n_kv");
   a.n_q = 2;
   expect_error([&] { ops->attention(a); }, "does not fit its ring");
+  view.capacity = 4, a.max_context = 2;
+  expect_error([&] { ops->attention(a); }, "holds 3 context positions, more than max_context 2");
+  a.max_context = -1;
+  expect_error([&] { ops->attention(a); }, "max_context must be >= 0");
   ConvParams c;
   c.in = buf.data(), c.out = buf.data() + 32, c.base = buf.data(), c.delta = buf.data();
   c.sessions = 1, c.block = 1, c.hidden = 6, c.kernel = 1, c.group_size = 4, c.delta_stride = 8;
@@ -649,6 +654,59 @@ TEST(CpuOps, BadArgumentsAreNamed) {
   expect_error([&] { ops->head_topk(h, 1, 0, buf.data(), ids.data()); }, "logit scale must be finite and > 0");
   h.scale = 1.0f, h.cap = -1.0f;
   expect_error([&] { ops->head_topk(h, 1, 0, buf.data(), ids.data()); }, "soft cap");
+}
+
+// Capture records calls and runs nothing; replay runs them with the arguments of the capture but
+// reads memory as it is at replay time (as a CUDA graph does).
+TEST(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
+  auto ops = make_cpu_ops(1);
+  std::mt19937_64 rng(77);
+  const int64_t rows = 3, heads = 2, d = 8;
+  std::vector<float> x = randn(rows * heads * d, rng), w = randn(d, rng);
+  std::vector<float> y(x.size(), 1.0f);
+  std::vector<int64_t> pos{5, 6, 7};
+  const std::vector<float> x0 = x;
+
+  ops->begin_capture();
+  ops->add(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  ops->head_norm_rope(y.data(), w.data(), rows, heads, d, 1e-6f, pos.data(), 1e4);
+  // Argument checks run when an op is issued, capture or not.
+  expect_error([&] { ops->add(y.data(), x.data(), -1); }, "element count must be >= 0");
+  expect_error([&] { ops->sync(); }, "sync during a capture");
+  expect_error([&] { ops->to_device(y.data(), x.data(), 4); }, "to_device during a capture");
+  expect_error([&] { ops->to_host(y.data(), x.data(), 4); }, "to_host during a capture");
+  expect_error([&] { ops->alloc(64); }, "alloc during a capture");
+  expect_error([&] { ops->begin_capture(); }, "already running");
+  const auto graph = ops->end_capture();
+  EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 1.0f; })) << "capture ran an op";
+  expect_error([&] { ops->end_capture(); }, "without begin_capture");
+
+  // The same two ops issued directly, on copies, are what each replay must give.
+  auto expected = [&](const std::vector<float>& xs, const std::vector<float>& y_in, const std::vector<int64_t>& ps) {
+    std::vector<float> out = y_in;
+    ops->add(out.data(), xs.data(), static_cast<int64_t>(xs.size()));
+    ops->head_norm_rope(out.data(), w.data(), rows, heads, d, 1e-6f, ps.data(), 1e4);
+    return out;
+  };
+  const auto want1 = expected(x, y, pos);
+  ops->replay(*graph);
+  EXPECT_EQ(y, want1);
+  // New contents behind the same pointers: the replay uses them.
+  for (auto& v : x) v *= -2.0f;
+  pos = {100, 0, 31};
+  const auto want2 = expected(x, y, pos);
+  ops->replay(*graph);
+  EXPECT_EQ(y, want2);
+  EXPECT_NE(want2, want1);
+
+  // An aborted capture keeps nothing and leaves the ops running directly again.
+  ops->begin_capture();
+  ops->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  ops->abort_capture();
+  ops->abort_capture();  // harmless when no capture runs
+  const auto before = y;
+  ops->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  EXPECT_NE(y, before);
 }
 
 TEST(CpuOps, MemoryIsAlignedAndCopies) {

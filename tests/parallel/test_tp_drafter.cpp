@@ -13,6 +13,7 @@
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
 #include "parallel/thread_comm.h"
+#include "support/draft_rounds.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -152,6 +153,66 @@ TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
     }
   }
 }
+
+// Captured forwards (DrafterLimits::graphs) against ops issued one by one, over several rounds
+// in which contexts grow, roll back, wrap the sliding rings, swap places in the batch and change
+// the batch size: every draft must be bit for bit the same, on every rank, and the collectives
+// counted the same. tp = 1 runs on the single-rank communicator, which joins the capture (one
+// segment); the in-process one cannot, so its all-reduces run between 2L + 1 segments.
+std::vector<std::vector<testing::DraftRound>> run_rounds(const std::string& ckpt, const DrafterConfig& cfg, int tp,
+                                                         bool graphs) {
+  std::vector<std::vector<testing::DraftRound>> out(static_cast<size_t>(tp));
+  auto rank_body = [&](parallel::Communicator& comm) {
+    auto ops = kernels::make_cpu_ops(1);
+    out[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, comm, ckpt, cfg, graphs);
+  };
+  if (tp == 1) {
+    const auto single = parallel::make_single_rank();
+    rank_body(*single);
+  } else {
+    parallel::run_ranks(tp, rank_body);
+  }
+  return out;
+}
+
+void check_graphs(const std::string& config) {
+  const DrafterConfig cfg = wide(config);
+  testing::TempDir dir;
+  model::write_random_checkpoint(cfg, dir.path(), {}, 0);
+  const std::vector<bool>& replayed = testing::draft_rounds_replayed();
+  for (int tp : {1, 2, 4}) {
+    const std::string what = config + " tp " + std::to_string(tp);
+    const auto eager = run_rounds(dir.path(), cfg, tp, false);
+    const auto graphs = run_rounds(dir.path(), cfg, tp, true);
+    for (size_t rank = 0; rank < graphs.size(); ++rank) {
+      ASSERT_EQ(graphs[rank].size(), replayed.size()) << what;
+      for (size_t i = 0; i < replayed.size(); ++i) {
+        const testing::DraftRound& e = eager[rank][i];
+        const testing::DraftRound& g = graphs[rank][i];
+        const std::string at = what + " rank " + std::to_string(rank) + " round " + std::to_string(i);
+        EXPECT_FALSE(e.replayed) << at;
+        EXPECT_EQ(g.replayed, replayed[i]) << at;
+        EXPECT_EQ(g.segments, tp == 1 ? 1u : static_cast<size_t>(2 * cfg.layers + 1)) << at;
+        ASSERT_EQ(g.results.size(), e.results.size()) << at;
+        for (size_t s = 0; s < e.results.size(); ++s) {
+          EXPECT_EQ(g.results[s].tokens, e.results[s].tokens) << at << " session " << s;
+          EXPECT_EQ(g.results[s].probs, e.results[s].probs) << at << " session " << s;
+        }
+        EXPECT_EQ(g.dump.hidden, e.dump.hidden) << at;
+        EXPECT_EQ(g.dump.logits, e.dump.logits) << at;
+        EXPECT_EQ(g.stats.all_reduce_calls, e.stats.all_reduce_calls) << at;
+        EXPECT_EQ(g.stats.all_reduce_bytes, e.stats.all_reduce_bytes) << at;
+        EXPECT_EQ(g.stats.total_bytes(), e.stats.total_bytes()) << at;
+      }
+      // Later drafts see more context than the first: the replays did not reuse round 0's.
+      EXPECT_NE(graphs[rank][1].dump.hidden, graphs[rank][0].dump.hidden) << what;
+    }
+  }
+}
+
+TEST(ForwardGraphs, DFlashReplaysEqualDirectOps) { check_graphs("tiny-dflash.json"); }
+
+TEST(ForwardGraphs, DFlash2SlidingReplaysEqualDirectOps) { check_graphs("tiny-dflash2.json"); }
 
 }  // namespace
 }  // namespace tpdraft

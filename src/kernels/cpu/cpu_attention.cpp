@@ -204,6 +204,8 @@ void attend(Isa isa, const AttentionParams& p, const Task& t, const TaskBuffers&
 
 void CpuOps::attention(const AttentionParams& p) {
   check_attention_params(p);
+  if (recording(&CpuOps::attention, p)) return;
+  check_attention_views(p);
   if (p.sessions == 0) return;
   const Isa isa = active_isa();
   const int64_t ratio = p.n_q / p.n_kv;

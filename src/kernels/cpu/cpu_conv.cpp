@@ -47,6 +47,7 @@ void conv_rows(Isa isa, const ConvParams& p, int64_t b, int64_t e) {
 
 void CpuOps::dyn_conv(const ConvParams& p) {
   check_conv_params(p);
+  if (recording(&CpuOps::dyn_conv, p)) return;
   const Isa isa = active_isa();
   const int64_t rows = p.sessions * p.block;
   if (rows * p.hidden * p.kernel < kParallelMin) return conv_rows(isa, p, 0, rows);

@@ -152,6 +152,7 @@ float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
 
 void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
+  if (recording(&CpuOps::silu_mul, gate, up, out, n)) return;
   const Isa isa = active_isa();
   if (n < kParallelMin) return silu_mul_any(isa, gate, up, out, n);
   // Chunks in multiples of 64 elements keep every thread's slice vector aligned in length.
@@ -161,6 +162,7 @@ void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n)
 
 void CpuOps::add(float* y, const float* x, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "add: element count must be >= 0, got {}", n);
+  if (recording(&CpuOps::add, y, x, n)) return;
   // A plain loop: the compiler vectorises it for the baseline ISA and it is bandwidth bound.
   auto body = [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) y[i] += x[i];
@@ -174,6 +176,7 @@ void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* 
   TPDRAFT_CHECK(capacity > 0, "store_rows: ring capacity must be > 0, got {}", capacity);
   TPDRAFT_CHECK(first_pos >= 0, "store_rows: first position must be >= 0, got {}", first_pos);
   TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "store_rows: bad shape [{}, {}]", rows, row_len);
+  if (recording(&CpuOps::store_rows, src, rows, row_len, dst, capacity, first_pos)) return;
   const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
   for (int64_t j = 0; j < rows; ++j) {
     const int64_t slot = (first_pos + j) % capacity;

@@ -199,6 +199,7 @@ void CpuOps::head_logits(const HeadParams& p, float* logits) {
   TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
                 "head_logits: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,
                 p.head.cols);
+  if (recording(&CpuOps::head_logits, p, logits)) return;
   if (p.m == 0 || p.valid_rows == 0) return;
   const Isa isa = active_isa();
   const int64_t h = p.head.cols, pc = detail::packed_cols(h), n = p.valid_rows;
@@ -233,6 +234,7 @@ void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* value
   TPDRAFT_CHECK(std::isfinite(p.scale) && p.scale > 0.0f, "head_topk: logit scale must be finite and > 0, got {}",
                 p.scale);
   TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);
+  if (recording(&CpuOps::head_topk, p, k, id_base, values, ids)) return;
   if (p.m == 0) return;
   const Isa isa = active_isa();
   const int64_t h = p.head.cols, pc = detail::packed_cols(h);

@@ -66,6 +66,7 @@ CpuOps::CpuOps(int threads) : pool_(threads) { workers_.resize(static_cast<size_
 CpuOps::~CpuOps() = default;
 
 void* CpuOps::alloc(size_t bytes) {
+  check_not_capturing("alloc");
   // 64 bytes: one cache line and one AVX-512 vector. Large buffers (weights) are 2 MiB aligned
   // and asked for transparent huge pages: kernels stream 4 KiB weight rows, and without huge
   // pages every row is a new page for the TLB and the prefetchers (the bf16 head scan runs ~7%
@@ -82,14 +83,55 @@ void* CpuOps::alloc(size_t bytes) {
   return p;
 }
 
-void CpuOps::release(void* p) { std::free(p); }
+void CpuOps::release(void* p) {
+  check_not_capturing("release");
+  std::free(p);
+}
 
 void CpuOps::to_device(void* dst, const void* src, size_t bytes) {
+  check_not_capturing("to_device");
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
 void CpuOps::to_host(void* dst, const void* src, size_t bytes) {
+  check_not_capturing("to_host");
   if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuOps::sync() { check_not_capturing("sync"); }
+
+// ---- capture: a tape of calls -------------------------------------------------------------------
+
+namespace {
+struct CpuGraph final : OpGraph {
+  std::vector<std::function<void()>> calls;
+};
+}  // namespace
+
+void CpuOps::check_not_capturing(const char* what) const {
+  TPDRAFT_CHECK(!tape_, "cpu backend: {} during a capture (only compute ops may be captured)", what);
+}
+
+void CpuOps::begin_capture() {
+  TPDRAFT_CHECK(!tape_, "cpu backend: a capture is already running");
+  tape_ = std::make_unique<std::vector<std::function<void()>>>();
+}
+
+std::unique_ptr<OpGraph> CpuOps::end_capture() {
+  TPDRAFT_CHECK(tape_, "cpu backend: end_capture without begin_capture");
+  auto graph = std::make_unique<CpuGraph>();
+  graph->calls = std::move(*tape_);
+  tape_.reset();
+  return graph;
+}
+
+void CpuOps::abort_capture() noexcept { tape_.reset(); }
+
+void CpuOps::replay(const OpGraph& graph) {
+  check_not_capturing("replay");
+  const auto* g = dynamic_cast<const CpuGraph*>(&graph);
+  TPDRAFT_CHECK(g != nullptr, "cpu backend: replay of a graph captured by another backend");
+  for (const auto& call : g->calls) call();
 }
 
 }  // namespace tpdraft::kernels::cpu

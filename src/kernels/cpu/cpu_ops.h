@@ -6,10 +6,13 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -96,7 +99,7 @@ class CpuOps final : public Ops {
   void release(void* p) override;
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
-  void sync() override {}
+  void sync() override;
 
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
@@ -111,9 +114,28 @@ class CpuOps final : public Ops {
   void head_logits(const HeadParams& p, float* logits) override;
   void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
 
+  void begin_capture() override;
+  std::unique_ptr<OpGraph> end_capture() override;
+  void abort_capture() noexcept override;
+  void replay(const OpGraph& graph) override;
+
   ThreadPool& pool() { return pool_; }
 
  private:
+  // While a capture runs: appends the call (the op and a copy of its arguments) to the tape and
+  // returns true, so the op returns without running; its argument checks have run already, as
+  // a CUDA op's host checks run when it is captured. Otherwise returns false.
+  template <typename... Params, typename... Args>
+  bool recording(void (CpuOps::*op)(Params...), Args&&... args) {
+    if (!tape_) return false;
+    tape_->push_back([this, op, saved = std::make_tuple(std::decay_t<Params>(std::forward<Args>(args))...)]() {
+      std::apply([this, op](const auto&... a) { (this->*op)(a...); }, saved);
+    });
+    return true;
+  }
+  // Memory and copies are not ops a graph may hold (as on the CUDA backend).
+  void check_not_capturing(const char* what) const;
+
   // L2 norms of the rows of a bf16 head matrix, computed once per (data, rows, cols) and cached.
   const std::vector<float>& head_row_norms(const Matrix& head);
   // head_topk's two passes: every valid row against a running per-row threshold, then the
@@ -148,6 +170,7 @@ class CpuOps final : public Ops {
 
   ThreadPool pool_;
   std::vector<Worker> workers_;
+  std::unique_ptr<std::vector<std::function<void()>>> tape_;  // the capture in progress, if any
   Scratch<float> packed_;           // packed activation rows
   Scratch<uint16_t> packed_bf16_;   // head input rows rounded to bf16
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack

@@ -1,9 +1,10 @@
 // Block attention, flash-decoding style: the context positions a session's rows may see are cut
-// into chunks; one thread block per (chunk, kv head, group of 16 query rows, session) computes,
-// for each of its rows, the running max, the softmax denominator and the unnormalised weighted
-// sum of V over its chunk (online softmax over tiles of 32 keys staged in shared memory); the
-// block's own keys form one more chunk. A merge kernel rescales and adds the chunks per row.
-// No context length limit: chunks grow with the context so the grid stays a few waves deep.
+// into a fixed number of chunks; one thread block per (chunk, kv head, group of 16 query rows,
+// session) computes, for each of its rows, the running max, the softmax denominator and the
+// unnormalised weighted sum of V over its chunk (online softmax over tiles of 32 keys staged in
+// shared memory); the block's own keys form one more chunk. A merge kernel rescales and adds the
+// chunks per row. No context length limit: chunks grow with the context, and since the kernels
+// read the session tables from device memory, one captured launch serves every context length.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -38,6 +39,30 @@ size_t partial_shared_bytes(int64_t d) {
   return static_cast<size_t>(kAttnRowsPerBlock * d + kTileKeys * key_stride(d) + kTileKeys * d) * sizeof(float);
 }
 
+// What a session's rows may see of its context, from the device tables: positions
+// [lo, lo + count) (the union over the rows; row 0 sees the most), in chunks of `chunk`.
+struct Span {
+  int64_t begin, anchor, capacity, lo, count, chunk;
+  const float* k;
+  const float* v;
+};
+
+__device__ Span session_span(const AttnArgs& a, int64_t s) {
+  const ContextView c = a.context[s];
+  Span sp;
+  sp.begin = c.begin;
+  sp.anchor = a.anchor[s];
+  sp.capacity = c.capacity;
+  sp.k = c.k;
+  sp.v = c.v;
+  sp.lo = a.window > 0 ? imax(c.begin, sp.anchor - a.window + 1) : c.begin;
+  sp.count = imax(0, imin(c.end, sp.anchor) - sp.lo);
+  // At least 64 keys (two tiles) a chunk, a multiple of the tile.
+  const int64_t per = (sp.count + a.splits - 1) / a.splits;
+  sp.chunk = imax(64, (per + kTileKeys - 1) / kTileKeys * kTileKeys);
+  return sp;
+}
+
 // One query row of the block as a warp sees it: where its output goes and which keys of the
 // chunk it may see ([vlo, vhi) in the chunk's coordinate: positions, or block row indices).
 struct RowView {
@@ -45,7 +70,7 @@ struct RowView {
   int64_t h, r, vlo, vhi;
 };
 
-__device__ RowView row_view(const AttnArgs& a, const AttnSession& se, int64_t g, int64_t i, bool block_chunk) {
+__device__ RowView row_view(const AttnArgs& a, const Span& se, int64_t g, int64_t i, bool block_chunk) {
   const int64_t ratio = a.n_q / a.n_kv;
   RowView v;
   v.valid = i < ratio * a.B;
@@ -68,12 +93,30 @@ __device__ RowView row_view(const AttnArgs& a, const AttnSession& se, int64_t g,
 template <int DC>
 __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, int64_t qgroups) {
   const int64_t s = blockIdx.z, c = blockIdx.x;
-  const AttnSession se = a.sessions[s];
-  if (c > se.chunks) return;
-  const bool block_chunk = c == se.chunks;
+  const Span se = session_span(a, s);
+  const bool block_chunk = c == a.splits;
   const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups;
   const int64_t D = a.D, ks = key_stride(D), ratio = a.n_q / a.n_kv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // The chunk's keys: context positions [kbeg, kend), or block rows [0, B).
+  int64_t kbeg = 0, kend = a.B;
+  if (!block_chunk) {
+    kbeg = se.lo + c * se.chunk;
+    kend = imin(se.lo + se.count, kbeg + se.chunk);
+    if (kbeg >= kend) {
+      // An empty chunk (the context is shorter than the split allows): mark its slots empty for
+      // the merge, which then reads nothing else of them. The whole block leaves together.
+      for (int64_t row = threadIdx.x; row < kAttnRowsPerBlock; row += blockDim.x) {
+        const int64_t i = qg * kAttnRowsPerBlock + row;
+        if (i >= ratio * a.B) continue;
+        const int64_t slot = ((s * a.n_q + g * ratio + i / a.B) * a.B + i % a.B) * (a.splits + 1) + c;
+        a.part_ml[slot * 2] = -INFINITY;
+        a.part_ml[slot * 2 + 1] = 0.0f;
+      }
+      return;
+    }
+  }
   extern __shared__ float smem[];
   float* qs = smem;
   float* kt = qs + kAttnRowsPerBlock * D;
@@ -92,12 +135,6 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   for (int j = 0; j < kRowsPerWarp; ++j)
     rows[j] = row_view(a, se, g, qg * kAttnRowsPerBlock + warp * kRowsPerWarp + j, block_chunk);
 
-  // The chunk's keys: context positions [kbeg, kend), or block rows [0, B).
-  int64_t kbeg = 0, kend = a.B;
-  if (!block_chunk) {
-    kbeg = se.lo + c * a.chunk_keys;
-    kend = imin(se.lo + se.count, kbeg + a.chunk_keys);
-  }
   const float* ksrc = block_chunk ? a.k : se.k;
   const float* vsrc = block_chunk ? a.v : se.v;
 
@@ -174,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     if (!rows[j].valid) continue;
-    const int64_t slot = ((s * a.n_q + rows[j].h) * a.B + rows[j].r) * a.slots + c;
+    const int64_t slot = ((s * a.n_q + rows[j].h) * a.B + rows[j].r) * (a.splits + 1) + c;
 #pragma unroll
     for (int t = 0; t < DC; ++t)
       if (lane + 32 * t < D) a.part_acc[slot * D + lane + 32 * t] = acc[j][t];
@@ -185,12 +222,13 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   }
 }
 
-// One block per (session, q head, block row): out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c.
+// One block per (session, q head, block row): out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
+// over the chunks the row saw something in (m_c > -inf; the others' acc is never read).
 __global__ void attn_merge_kernel(AttnArgs a) {
   const int64_t idx = blockIdx.x;  // ((s * n_q + h) * B + r)
   const int64_t r = idx % a.B, h = (idx / a.B) % a.n_q, s = idx / (a.B * a.n_q);
-  const int64_t used = a.sessions[s].chunks + 1;
-  const float* ml = a.part_ml + idx * a.slots * 2;
+  const int64_t used = a.splits + 1;
+  const float* ml = a.part_ml + idx * used * 2;
   float mx = -INFINITY;
   for (int64_t c = 0; c < used; ++c) mx = fmaxf(mx, ml[c * 2]);
   float denom = 0.0f;
@@ -198,7 +236,7 @@ __global__ void attn_merge_kernel(AttnArgs a) {
     if (ml[c * 2] != -INFINITY) denom += expf(ml[c * 2] - mx) * ml[c * 2 + 1];
   const float inv = 1.0f / denom;
   float* out = a.out + ((s * a.B + r) * a.n_q + h) * a.D;
-  const float* acc = a.part_acc + idx * a.slots * a.D;
+  const float* acc = a.part_acc + idx * used * a.D;
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
     float sum = 0.0f;
     for (int64_t c = 0; c < used; ++c)
@@ -224,7 +262,8 @@ void launch_attention(const AttnArgs& a, cudaStream_t stream) {
   if (a.S <= 0) return;
   const int64_t ratio = a.n_q / a.n_kv;
   const int64_t qgroups = (ratio * a.B + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock;
-  const dim3 grid(static_cast<unsigned>(a.slots), static_cast<unsigned>(a.n_kv * qgroups), static_cast<unsigned>(a.S));
+  const dim3 grid(static_cast<unsigned>(a.splits + 1), static_cast<unsigned>(a.n_kv * qgroups),
+                  static_cast<unsigned>(a.S));
   if (a.D <= 64)
     launch_partial<2>(a, grid, qgroups, stream);
   else if (a.D <= 128)

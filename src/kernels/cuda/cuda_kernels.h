@@ -50,28 +50,24 @@ void launch_topk(const float* logits, int64_t m, int64_t n, int k, int64_t id_ba
                  uint64_t* keys_b, float* values, int64_t* ids, cudaStream_t stream);
 
 // ---- cuda_attention.cu ------------------------------------------------------------------------
-// One session as the attention kernels see it (staged to the device per call).
-struct AttnSession {
-  const float* k = nullptr;  // context ring [capacity, n_kv, D]
-  const float* v = nullptr;
-  int64_t capacity = 0, begin = 0, end = 0, anchor = 0;
-  int64_t lo = 0, count = 0;  // context positions [lo, lo + count) the union of the rows may see
-  int64_t chunks = 0;         // context chunks of chunk_keys positions; slot `chunks` is the block
-};
-
+// The session tables stay in device memory and are read by the kernels: the context positions a
+// session's rows may see, [lo, lo + count), are cut into `splits` equal chunks (at least 64
+// positions each, so short contexts leave the later chunks empty); slot `splits` is the block's
+// own keys. The grid depends only on the shapes and `splits`, so a captured launch stays right
+// as contexts grow.
 struct AttnArgs {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
   float* out = nullptr;
-  const AttnSession* sessions = nullptr;  // device [S]
-  float* part_acc = nullptr;  // [S, n_q, B, slots, D] unnormalised weighted V per chunk
-  float* part_ml = nullptr;   // [S, n_q, B, slots, 2] running max and denominator per chunk
+  const ContextView* context = nullptr;  // device [S]
+  const int64_t* anchor = nullptr;       // device [S]
+  float* part_acc = nullptr;  // [S, n_q, B, splits + 1, D] unnormalised weighted V per chunk
+  float* part_ml = nullptr;   // [S, n_q, B, splits + 1, 2] running max and denominator per chunk
   int64_t S = 0, B = 0, n_q = 0, n_kv = 0, D = 0, window = 0;
   bool causal = false;
   float scale = 1.0f;
-  int64_t chunk_keys = 0;  // context positions per chunk
-  int64_t slots = 0;       // max chunks + 1
+  int64_t splits = 1;  // context chunks per session
 };
 
 constexpr int kAttnMaxHeadDim = 256;

@@ -21,7 +21,7 @@
 
 namespace tpdraft::kernels::cuda {
 
-// ---- DeviceGuard, Workspace, UploadRing ----------------------------------------------------------
+// ---- DeviceGuard, Workspace ----------------------------------------------------------------
 
 DeviceGuard::DeviceGuard(int device) : device_(device) {
   CUDA_CHECK(cudaGetDevice(&previous_));
@@ -42,6 +42,10 @@ void Workspace::reset() {
 
 void* Workspace::get(size_t bytes, cudaStream_t stream) {
   if (bytes <= bytes_ && ptr_ != nullptr) return ptr_;
+  TPDRAFT_CHECK(!stream_capturing(stream),
+                "cuda backend: a workspace must grow to {} bytes during a graph capture; run the same ops once "
+                "before capturing them",
+                bytes);
   // Kernels already queued may still use the old block: let them finish before freeing it.
   CUDA_CHECK(cudaStreamSynchronize(stream));
   if (ptr_ != nullptr) CUDA_CHECK(cudaFree(ptr_));
@@ -53,43 +57,10 @@ void* Workspace::get(size_t bytes, cudaStream_t stream) {
   return ptr_;
 }
 
-UploadRing::~UploadRing() { reset(); }
-
-void UploadRing::reset() {
-  if (host_ != nullptr) cudaFreeHost(host_);
-  if (device_ != nullptr) cudaFree(device_);
-  host_ = device_ = nullptr;
-  capacity_ = used_ = 0;
-}
-
-void UploadRing::reserve(size_t bytes, cudaStream_t stream) {
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_ != nullptr) CUDA_CHECK(cudaFreeHost(host_));
-  if (device_ != nullptr) CUDA_CHECK(cudaFree(device_));
-  host_ = nullptr;
-  device_ = nullptr;
-  capacity_ = used_ = 0;
-  CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), bytes));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_), bytes));
-  capacity_ = bytes;
-}
-
-const void* UploadRing::upload(const void* src, size_t bytes, cudaStream_t stream) {
-  const size_t need = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  if (need > capacity_) {
-    reserve(std::max<size_t>({need, 2 * capacity_, size_t{1} << 20}), stream);
-  } else if (used_ + need > capacity_) {
-    CUDA_CHECK(cudaStreamSynchronize(stream));  // every earlier slot's copy has run
-    used_ = 0;
-  }
-  char* h = host_ + used_;
-  char* d = device_ + used_;
-  used_ += need;
-  if (bytes > 0) {
-    std::memcpy(h, src, bytes);
-    CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream));
-  }
-  return d;
+bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // ---- construction and memory ----------------------------------------------------------------------
@@ -115,8 +86,12 @@ CudaOps::CudaOps(int device) : device_(device) {
     CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetPointerMode)(blas_, CUBLAS_POINTER_MODE_HOST));
     // Plain f32 for f32 weights: no TF32 unless the caller's environment forces it.
     CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetMathMode)(blas_, CUBLAS_DEFAULT_MATH));
+    // A workspace of our own, so that GEMMs captured into a graph never make cuBLAS allocate.
+    CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetWorkspace)(blas_, blas_workspace_, kBlasWorkspaceBytes));
   } catch (...) {
     if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
+    if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
     cudaStreamDestroy(stream_);
     throw;
   }
@@ -128,16 +103,21 @@ CudaOps::~CudaOps() {
   cudaGetDevice(&previous);
   cudaSetDevice(device_);
   cudaStreamSynchronize(stream_);
-  ring_.reset();
   for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->reset();
   if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
   if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
+  if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
   cudaStreamDestroy(stream_);
   cudaGetLastError();
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
+void CudaOps::check_not_capturing(const char* what) const {
+  TPDRAFT_CHECK(!capturing_, "cuda backend: {} during a graph capture (only compute ops may be captured)", what);
+}
+
 void* CudaOps::alloc(size_t bytes) {
+  check_not_capturing("alloc");
   DeviceGuard guard(device_);
   void* p = nullptr;
   const cudaError_t rc = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
@@ -153,6 +133,7 @@ void* CudaOps::alloc(size_t bytes) {
 
 void CudaOps::release(void* p) {
   if (p == nullptr) return;
+  check_not_capturing("release");
   DeviceGuard guard(device_);
   // cudaFree waits for the device, so queued kernels that still read p finish first.
   const cudaError_t rc = cudaFree(p);
@@ -161,6 +142,7 @@ void CudaOps::release(void* p) {
 }
 
 void CudaOps::to_device(void* dst, const void* src, size_t bytes) {
+  check_not_capturing("to_device");
   if (bytes == 0) return;
   DeviceGuard guard(device_);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
@@ -169,14 +151,87 @@ void CudaOps::to_device(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaOps::to_host(void* dst, const void* src, size_t bytes) {
+  check_not_capturing("to_host");
   DeviceGuard guard(device_);
   if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaOps::sync() {
+  check_not_capturing("sync");
   DeviceGuard guard(device_);
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- graphs ------------------------------------------------------------------------------------------
+
+namespace {
+
+// An instantiated CUDA graph of one device.
+class CudaGraph final : public OpGraph {
+ public:
+  CudaGraph(int device, cudaGraphExec_t exec) : device_(device), exec_(exec) {}
+  ~CudaGraph() override {
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    cudaGraphExecDestroy(exec_);
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  int device() const { return device_; }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  int device_;
+  cudaGraphExec_t exec_;
+};
+
+}  // namespace
+
+void CudaOps::begin_capture() {
+  check_not_capturing("begin_capture");
+  DeviceGuard guard(device_);
+  // Thread-local mode: other threads (other in-process ranks on this GPU) may go on allocating
+  // and synchronising while this one captures.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+}
+
+std::unique_ptr<OpGraph> CudaOps::end_capture() {
+  TPDRAFT_CHECK(capturing_, "cuda backend: end_capture without begin_capture");
+  DeviceGuard guard(device_);
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t rc = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(rc);
+  return std::make_unique<CudaGraph>(device_, exec);
+}
+
+void CudaOps::abort_capture() noexcept {
+  if (!capturing_) return;
+  capturing_ = false;
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_);
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();  // an invalidated capture leaves an error record behind
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+void CudaOps::replay(const OpGraph& graph) {
+  check_not_capturing("replay");
+  const auto* g = dynamic_cast<const CudaGraph*>(&graph);
+  TPDRAFT_CHECK(g != nullptr, "cuda backend: replay of a graph captured by another backend");
+  TPDRAFT_CHECK(g->device() == device_, "cuda backend: replay on device {} of a graph captured on device {}", device_,
+                g->device());
+  DeviceGuard guard(device_);
+  CUDA_CHECK(cudaGraphLaunch(g->exec(), stream_));
 }
 
 // ---- element-wise, norms, conv, ring stores --------------------------------------------------------
@@ -196,6 +251,7 @@ void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t hea
   DeviceGuard guard(device_);
   const int64_t half = head_dim / 2;
   if (rope_theta_ != theta || rope_dim_ != head_dim) {
+    check_not_capturing("head_norm_rope with a new theta or head_dim (its table is built first)");
     // The CPU twin's table, theta^(-2i/D) in double; rebuilt only when theta or D change.
     std::vector<double> inv(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
@@ -211,8 +267,7 @@ void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t hea
     rope_theta_ = theta;
     rope_dim_ = head_dim;
   }
-  const int64_t* pos = ring_.upload(positions, static_cast<size_t>(rows), stream_);
-  launch_head_norm_rope(x, w, rows, heads, head_dim, eps, pos, rope_inv_freq_, stream_);
+  launch_head_norm_rope(x, w, rows, heads, head_dim, eps, positions, rope_inv_freq_, stream_);
 }
 
 void CudaOps::dyn_conv(const ConvParams& p) {
@@ -271,34 +326,12 @@ void CudaOps::attention(const AttentionParams& p) {
   if (p.sessions == 0) return;
   DeviceGuard guard(device_);
   const int64_t S = p.sessions, ratio = p.n_q / p.n_kv;
-  std::vector<AttnSession>& sessions = attn_sessions_;
-  sessions.resize(static_cast<size_t>(S));
-  int64_t longest = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const ContextView& c = p.context[s];
-    AttnSession& se = sessions[static_cast<size_t>(s)];
-    se.k = c.k;
-    se.v = c.v;
-    se.capacity = c.capacity;
-    se.begin = c.begin;
-    se.end = c.end;
-    se.anchor = p.anchor[s];
-    // Row 0 sees the most context: [lo, min(end, anchor)).
-    se.lo = p.window > 0 ? std::max(c.begin, se.anchor - p.window + 1) : c.begin;
-    se.count = std::max<int64_t>(0, std::min(c.end, se.anchor) - se.lo);
-    longest = std::max(longest, se.count);
-  }
-  // Chunk size: enough chunks that the grid is ~4 blocks per multiprocessor, at least 64 keys
-  // each (two 32-key tiles) so short contexts do not pay a merge per handful of keys.
+  // The session tables stay on the device, so the split is sized from max_context: enough chunks
+  // that the grid is ~4 blocks per multiprocessor, none shorter than 64 keys at max_context.
   const int64_t qgroups = ceil_div(ratio * p.block, kAttnRowsPerBlock);
   const int64_t row_blocks = S * p.n_kv * qgroups;
   const int64_t target = std::max<int64_t>(1, ceil_div(4 * static_cast<int64_t>(sm_count_), row_blocks));
-  const int64_t chunk = std::max<int64_t>(64, ceil_div(ceil_div(std::max<int64_t>(longest, 1), target), 32) * 32);
-  int64_t max_chunks = 0;
-  for (auto& se : sessions) {
-    se.chunks = ceil_div(se.count, chunk);
-    max_chunks = std::max(max_chunks, se.chunks);
-  }
+  const int64_t splits = std::clamp<int64_t>(ceil_div(p.max_context, 64), 1, target);
   TPDRAFT_CHECK(S <= 65535 && p.n_kv * qgroups <= 65535,
                 "attention: {} sessions x {} kv heads x {} row groups exceed the cuda grid limits", S, p.n_kv, qgroups);
   AttnArgs a;
@@ -306,6 +339,8 @@ void CudaOps::attention(const AttentionParams& p) {
   a.k = p.k;
   a.v = p.v;
   a.out = p.out;
+  a.context = p.context;
+  a.anchor = p.anchor;
   a.S = S;
   a.B = p.block;
   a.n_q = p.n_q;
@@ -314,12 +349,10 @@ void CudaOps::attention(const AttentionParams& p) {
   a.window = p.window;
   a.causal = p.causal;
   a.scale = p.scale;
-  a.chunk_keys = chunk;
-  a.slots = max_chunks + 1;
-  const size_t rows = static_cast<size_t>(S * p.n_q * p.block * a.slots);
+  a.splits = splits;
+  const size_t rows = static_cast<size_t>(S * p.n_q * p.block * (splits + 1));
   a.part_acc = attn_acc_.as<float>(rows * static_cast<size_t>(p.head_dim), stream_);
   a.part_ml = attn_ml_.as<float>(rows * 2, stream_);
-  a.sessions = ring_.upload(sessions.data(), sessions.size(), stream_);
   launch_attention(a, stream_);
 }
 

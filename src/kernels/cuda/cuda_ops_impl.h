@@ -1,6 +1,7 @@
-// CudaOps: the CUDA backend's state (device, stream, cuBLAS handle, grow-only workspaces, the
-// pinned ring that carries per-call host parameters to the device) and the host side of every
-// op: argument checks mirroring the CPU twin, parameter staging, then the kernel launchers.
+// CudaOps: the CUDA backend's state (device, stream, cuBLAS handle and its workspace, grow-only
+// workspaces, the graph capture flag) and the host side of every op: argument checks mirroring
+// the CPU twin, then the kernel launchers. Ops read every table they need (positions, session
+// views) from device memory, so any op can be captured into a CUDA graph and replayed.
 #pragma once
 
 #include <cublas_v2.h>
@@ -48,29 +49,8 @@ class Workspace {
   size_t bytes_ = 0;
 };
 
-// Host parameters (positions, session tables) reach the device through a pinned ring mirrored
-// by a device ring: copy into the next free host slot, enqueue the copy on the stream, hand the
-// device slot to the kernel. A slot is reused only after the stream has passed its copy (the
-// ring drains the stream when it wraps, once every few hundred calls).
-class UploadRing {
- public:
-  UploadRing() = default;
-  ~UploadRing();
-  UploadRing(const UploadRing&) = delete;
-  UploadRing& operator=(const UploadRing&) = delete;
-  const void* upload(const void* src, size_t bytes, cudaStream_t stream);
-  template <typename T>
-  const T* upload(const T* src, size_t count, cudaStream_t stream) {
-    return static_cast<const T*>(upload(static_cast<const void*>(src), count * sizeof(T), stream));
-  }
-  void reset();
-
- private:
-  void reserve(size_t bytes, cudaStream_t stream);
-  char* host_ = nullptr;
-  char* device_ = nullptr;
-  size_t capacity_ = 0, used_ = 0;
-};
+// Whether work issued to `stream` is being captured into a graph now.
+bool stream_capturing(cudaStream_t stream);
 
 class CudaOps final : public Ops {
  public:
@@ -97,26 +77,33 @@ class CudaOps final : public Ops {
   void head_logits(const HeadParams& p, float* logits) override;
   void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
 
+  void begin_capture() override;
+  std::unique_ptr<OpGraph> end_capture() override;
+  void abort_capture() noexcept override;
+  void replay(const OpGraph& graph) override;
+
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
  private:
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
+  void check_not_capturing(const char* what) const;
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
 
   int device_ = 0;
   int sm_count_ = 1;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+  void* blas_workspace_ = nullptr;
   bool split_activations_ = true;  // TPDRAFT_CUDA_MATMUL=single turns the lo part off
-  UploadRing ring_;
+  bool capturing_ = false;
   Workspace act_;          // activations in the weight dtype
   Workspace parts_;        // GEMM outputs before the sum / head post-processing
   Workspace logits_;       // head_topk's logits
   Workspace keys_a_, keys_b_;  // head_topk's passes
   Workspace attn_acc_, attn_ml_;
-  std::vector<AttnSession> attn_sessions_;  // host staging of the per-call session table
   double rope_theta_ = 0.0;
   int64_t rope_dim_ = 0;
   double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat

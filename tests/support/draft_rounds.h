@@ -1,0 +1,32 @@
+// A fixed run of drafts for checking captured forwards (DrafterLimits::graphs) against ops issued
+// one by one: between drafts, contexts grow, roll back and wrap the sliding rings, sessions swap
+// places in the batch, and the batch shrinks from two sessions to one.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/drafter.h"
+#include "parallel/communicator.h"
+
+namespace tpdraft::testing {
+
+struct DraftRound {
+  model::DraftDump dump;
+  std::vector<model::DraftResult> results;
+  parallel::CommStats stats;  // this draft's collectives
+  bool replayed = false;      // the forward was a graph replay
+  size_t segments = 0;        // graph segments held for this draft's session count
+};
+
+// Runs the rounds on one rank (checkpoint directory `ckpt` as written by write_random_checkpoint).
+std::vector<DraftRound> run_draft_rounds(kernels::Ops& ops, parallel::Communicator& comm, const std::string& ckpt,
+                                         const model::DrafterConfig& cfg, bool graphs);
+
+// Which rounds replay a graph when graphs are on: the first draft of each session count is
+// issued op by op (and captured), the others replay.
+const std::vector<bool>& draft_rounds_replayed();
+
+}  // namespace tpdraft::testing
