@@ -41,6 +41,7 @@ struct BenchOpts {
   bool json = false;
   bool gather_logits = false;
   std::string backend = "auto";
+  std::string graphs = "auto";
 };
 
 struct Stats {
@@ -153,6 +154,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   model::DrafterLimits limits;
   limits.max_sessions = o.batch;
   limits.max_context = std::max<int64_t>(1, o.ctx);
+  limits.graphs = o.graphs == "on" || (o.graphs == "auto" && gpu);
   model::Drafter drafter(weights, *ops, *comm, limits);
 
   std::vector<std::unique_ptr<model::Session>> sessions;
@@ -161,8 +163,17 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   for (int64_t s = 0; s < o.batch; ++s) {
     sessions.push_back(drafter.new_session());
     const std::vector<float> taps = model::random_taps(cfg, o.ctx, o.seed + static_cast<uint64_t>(s));
+    // On a GPU the taps start on the device, where a target model leaves its hidden states; the
+    // settle then times the drafter's own work, not a copy from pageable host memory.
+    kernels::Buffer device_taps;
+    const float* from = taps.data();
+    if (gpu && !taps.empty()) {
+      device_taps = kernels::Buffer(*ops, taps.size() * sizeof(float));
+      ops->to_device(device_taps.get(), taps.data(), taps.size() * sizeof(float));
+      from = device_taps.f32();
+    }
     const auto t0 = Clock::now();
-    drafter.settle(*sessions.back(), 0, taps.data(), o.ctx);
+    drafter.settle(*sessions.back(), 0, from, o.ctx);
     settle_s += since(t0);
     reqs.push_back({sessions.back().get(), (17 + s) % cfg.vocab, {}});
   }
@@ -170,6 +181,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
   std::vector<double> times, layers, head, select, comm_times, compute_times;
   std::vector<int64_t> tokens;
+  int64_t replayed = 0;
   parallel::CommStats comm_stats;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
     if (i == o.warmup) comm->reset_stats();
@@ -187,6 +199,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
       layers.push_back(drafter.last_times().layers);
       head.push_back(drafter.last_times().head);
       select.push_back(drafter.last_times().select);
+      replayed += drafter.last_times().replayed ? 1 : 0;
     }
     tokens = res[0].tokens;
   }
@@ -200,6 +213,14 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
   const double read_gbps = gpu ? measure_copy_gbps(*ops) : measure_read_gbps(ctx.threads);
   const double gemm_gflops = measure_gemm_gflops(*ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
+  // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
+  double blas_settle_gflops = 0, blas_peak_gflops = 0;
+  if (gpu && dtype != DType::F32) {
+    blas_settle_gflops = kernels::cublas_gemm_gflops(*ops, dtype, std::min<int64_t>(limits.settle_chunk, std::max<int64_t>(1, o.ctx)),
+                                                     cfg.hidden, cfg.n_taps() * cfg.hidden);
+    blas_peak_gflops = kernels::cublas_gemm_gflops(*ops, dtype, 8192, 8192, 8192);
+  }
   const double gflops = work.flops / st.median / 1e9, gbps = work.bytes() / st.median / 1e9;
 
   nlohmann::json j;
@@ -209,6 +230,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   j["threads"] = ctx.threads;
   j["tp"] = comm->size();
   j["gather_logits"] = o.gather_logits;
+  j["graphs"] = drafter.graphs();
+  j["replayed_drafts"] = replayed;
   j["replicas"] = ctx.replicas;
   j["communicator"] = comm->name();
   j["comm_ms"] = comm_stats.seconds * per * 1e3;
@@ -242,6 +265,11 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   j["machine_read_gbps"] = read_gbps;
   j["machine_memory_ceiling"] = gpu ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = gemm_gflops;
+  if (blas_peak_gflops > 0) {
+    j["cublas_gemm_gflops_settle_shape"] = blas_settle_gflops;
+    j["cublas_gemm_gflops_peak"] = blas_peak_gflops;
+    j["settle_fraction_of_cublas"] = swork.flops / settle_s / 1e9 / blas_peak_gflops;
+  }
   j["tokens"] = tokens;
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -253,8 +281,10 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
               st.median * 1e3, st.min * 1e3, st.max * 1e3, st.p10 * 1e3, st.p90 * 1e3,
               static_cast<long long>(o.repeat));
-  std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians)\n",
-              summarize(layers).median * 1e3, summarize(head).median * 1e3, summarize(select).median * 1e3);
+  std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld replayed)\n",
+              summarize(layers).median * 1e3, summarize(head).median * 1e3, summarize(select).median * 1e3,
+              drafter.graphs() ? "captured once, replayed" : "issued op by op", static_cast<long long>(replayed),
+              static_cast<long long>(o.repeat));
   std::printf("  comm       %.3f ms per draft: all-reduce %.0f x %.0f B, all-gather %.0f x %.0f B, broadcast %.0f x %.0f B\n",
               comm_stats.seconds * per * 1e3, static_cast<double>(comm_stats.all_reduce_calls) * per,
               comm_stats.all_reduce_calls ? static_cast<double>(comm_stats.all_reduce_bytes) / static_cast<double>(comm_stats.all_reduce_calls) : 0.0,
@@ -268,6 +298,9 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
               gpu ? "device copy" : "read", read_gbps);
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", static_cast<double>(o.ctx * o.batch) / settle_s,
               swork.flops / settle_s / 1e9);
+  if (blas_peak_gflops > 0)
+    std::printf("  cuBLAS     %.0f GFLOP/s at 8192^3, %.0f at the settle's fc shape: settle reaches %.0f%% of the first\n",
+                blas_peak_gflops, blas_settle_gflops, 100 * swork.flops / settle_s / 1e9 / blas_peak_gflops);
 }
 
 }  // namespace
@@ -296,6 +329,11 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                               "(default: all of them)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--graphs", o->graphs,
+                  "Capture the block forward once and replay it (CUDA graphs; a call tape on the CPU): on, off, or "
+                  "auto (on for cuda)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->callback([o] {
     if (o->backend == "auto") o->backend = kernels::default_backend();
     run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_bench(*o, ctx); });

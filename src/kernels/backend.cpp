@@ -37,4 +37,13 @@ std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int devic
 #endif
 }
 
+double cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k) {
+#ifdef TPDRAFT_HAVE_CUDA
+  return cuda_cublas_gemm_gflops(ops, dtype, m, n, k);
+#else
+  (void)dtype, (void)m, (void)n, (void)k;
+  TPDRAFT_FAIL("cuBLAS GEMM rate: the '{}' backend is not CUDA (this tpdraft was built without it)", ops.name());
+#endif
+}
+
 }  // namespace tpdraft::kernels

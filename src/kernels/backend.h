@@ -2,9 +2,11 @@
 // the machine a device. The one place outside kernels/cuda/ that knows the backends by name.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {
@@ -20,5 +22,9 @@ std::string default_backend();
 // Throws tpdraft::Error naming the reason when the backend is unknown, not compiled in, or has
 // no device.
 std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int device);
+
+// For a CUDA backend: GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on `dtype` (BF16 or F16)
+// operands, f32 accumulation. Throws for other backends and in builds without CUDA.
+double cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k);
 
 }  // namespace tpdraft::kernels

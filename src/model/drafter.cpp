@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <string>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -251,6 +252,7 @@ void Drafter::forward(int64_t S) {
 void Drafter::capture(int64_t S) {
   ForwardGraph g;
   const parallel::CommStats before = comm_.stats();
+  std::string failure;
   capturing_ = &g;
   try {
     ops_.begin_capture();
@@ -258,20 +260,32 @@ void Drafter::capture(int64_t S) {
     g.segments.push_back(ops_.end_capture());
   } catch (const std::exception& e) {
     ops_.abort_capture();
-    capturing_ = nullptr;
-    graphs_.clear();
-    limits_.graphs = false;
-    TPDRAFT_LOG_WARN("capturing the block forward for {} session(s) failed; drafting without graphs from now on: {}",
-                     S, e.what());
-    return;
+    failure = e.what();
   }
   capturing_ = nullptr;
   // Collectives that joined the capture were counted as if they had run; they run on replay.
   g.captured = comm_.stats();
   g.captured -= before;
   g.captured.seconds = 0;
-  comm_.uncount_captured(g.captured);
-  graphs_.emplace(S, std::move(g));
+  // Every rank must go on issuing the same collectives, so graphs stay only where all captured.
+  float failed = failure.empty() ? 0.0f : 1.0f;
+  if (comm_.size() > 1) comm_.all_reduce_sum(&failed, 1);
+  parallel::CommStats extra = comm_.stats();
+  extra -= before;
+  comm_.uncount_captured(extra);  // neither the capture nor the agreement moved draft data
+  if (failed == 0.0f) {
+    graphs_.emplace(S, std::move(g));
+    return;
+  }
+  graphs_.clear();
+  limits_.graphs = false;
+  if (!failure.empty())
+    TPDRAFT_LOG_WARN("capturing the block forward for {} session(s) failed; drafting without graphs from now on: {}",
+                     S, failure);
+  else
+    TPDRAFT_LOG_WARN("another rank could not capture the block forward for {} session(s); drafting without graphs "
+                     "from now on",
+                     S);
 }
 
 void Drafter::reduce(float* data, size_t count) {

@@ -129,6 +129,8 @@ class HostStaged final : public Communicator {
     upload(data, h, bytes);
   }
 
+  // The host's barrier only: unlike the NCCL one it does not wait for work queued on the stream
+  // (collectives of device buffers here synchronise the stream themselves).
   void barrier() override {
     Timed timed(stats_);
     ++stats_.barrier_calls;
@@ -279,6 +281,7 @@ class NcclCommunicator final : public Communicator {
     ++stats_.all_reduce_calls;
     stats_.all_reduce_bytes += count * sizeof(uint16_t);
     require_live("all_reduce_sum_bf16");
+    refuse_capture("all_reduce_sum_bf16");
     if (count == 0) return;
     DeviceGuard guard(device_);
     const size_t bytes = count * sizeof(uint16_t);
@@ -298,6 +301,7 @@ class NcclCommunicator final : public Communicator {
     ++stats_.all_gather_calls;
     stats_.all_gather_bytes += bytes;
     require_live("all_gather");
+    refuse_capture("all_gather");
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const size_t total = bytes * static_cast<size_t>(size_);
@@ -316,6 +320,7 @@ class NcclCommunicator final : public Communicator {
     TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
                   size_);
     require_live("broadcast");
+    refuse_capture("broadcast");
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const bool staged = !on_device(data);
@@ -330,8 +335,10 @@ class NcclCommunicator final : public Communicator {
     Timed timed(stats_);
     ++stats_.barrier_calls;
     require_live("barrier");
+    refuse_capture("barrier");
     DeviceGuard guard(device_);
     float* one = barrier_.as<float>(1, stream_);
+    CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));  // a defined sum, for the checkers
     start("barrier", TPDRAFT_LAZY(nccl, ncclAllReduce)(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
     wait("barrier");
   }
@@ -356,6 +363,13 @@ class NcclCommunicator final : public Communicator {
 
   void require_live(const char* what) const {
     TPDRAFT_CHECK(comm_ != nullptr, "rank {}: NCCL {} called after the communicator was aborted", rank_, what);
+  }
+
+  // Only all_reduce_sum on a device buffer may join a graph; the others wait on the stream,
+  // which a capture forbids (and the failed wait would abort the communicator).
+  void refuse_capture(const char* what) const {
+    TPDRAFT_CHECK(!kernels::cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
+                  rank_, what);
   }
 
   // Host buffers travel through device scratch; the copy is ordered before the collective.

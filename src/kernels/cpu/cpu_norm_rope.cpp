@@ -1,6 +1,7 @@
 // RMSNorm over rows, and the per-head RMSNorm + NeoX rotate-half RoPE applied to q and k.
 // The bodies are plain loops over 16 fixed partial sums, compiled once per instruction set: every
-// variant performs the same f32 operations in the same order, so all give identical results.
+// variant performs the same f32 operations in the same order (where the compiler contracts a
+// multiply and an add into an FMA, results differ by f32 rounding).
 #include <cmath>
 
 #include "core/error.h"

@@ -9,6 +9,7 @@
 // single bf16 rounding. TPDRAFT_CUDA_MATMUL=single sends only hi: half the GEMM FLOPs (matters
 // for settle's large m), bf16-activation precision. f16 weights: activations beyond f16's range
 // (|x| > 65504) overflow to inf in either mode. bench/GPU-NOTES.md has the numbers.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -132,6 +133,55 @@ void CudaOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* valu
   uint64_t* a = keys_a_.as<uint64_t>(keys, stream_);
   uint64_t* b = keys_b_.as<uint64_t>(keys, stream_);
   launch_topk(logits, p.m, n, k, id_base, a, b, values, ids, stream_);
+}
+
+// The ceiling a GEMM of ours is compared with: one plain cublasGemmEx on 16-bit operands (both
+// in `dtype`, f32 accumulation and output), timed with events, best of 10 after a warm-up.
+double CudaOps::cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k) {
+  TPDRAFT_CHECK(dtype == DType::BF16 || dtype == DType::F16, "cublas_gemm_gflops: dtype must be BF16 or F16, got {}",
+                dtype_name(dtype));
+  TPDRAFT_CHECK(m > 0 && n > 0 && k > 0, "cublas_gemm_gflops: bad shape {} x {} x {}", m, n, k);
+  check_int(m, "rows", "cublas_gemm_gflops");
+  check_int(n, "cols", "cublas_gemm_gflops");
+  check_int(k, "inner", "cublas_gemm_gflops");
+  check_not_capturing("cublas_gemm_gflops");
+  DeviceGuard guard(device_);
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  double best = 0;
+  auto cleanup = [&] {
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  };
+  try {
+    CUDA_CHECK(cudaMalloc(&a, static_cast<size_t>(n * k) * 2));
+    CUDA_CHECK(cudaMalloc(&b, static_cast<size_t>(k * m) * 2));
+    CUDA_CHECK(cudaMalloc(&c, static_cast<size_t>(n * m) * 4));
+    CUDA_CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(n * k) * 2, stream_));
+    CUDA_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(k * m) * 2, stream_));
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t t = blas_type(dtype);
+    for (int rep = 0; rep < 11; ++rep) {
+      CUDA_CHECK(cudaEventRecord(start, stream_));
+      CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(
+          blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, a, t,
+          static_cast<int>(k), b, t, static_cast<int>(k), &zero, c, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT));
+      CUDA_CHECK(cudaEventRecord(stop, stream_));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (rep > 0 && ms > 0) best = std::max(best, 2.0 * static_cast<double>(m * n) * static_cast<double>(k) / (ms * 1e6));
+    }
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+  return best;
 }
 
 }  // namespace tpdraft::kernels::cuda

@@ -33,10 +33,12 @@ void launch_dyn_conv(const ConvParams& p, cudaStream_t stream);
 // rows [0, m) = round(x); with parts == 2 also rows [m, 2m) = round(x - round(x)).
 void launch_split_activations(const float* x, int64_t m, int64_t cols, DType wtype, int parts, void* out,
                               cudaStream_t stream);
-// y[i][n] = sum_{p < parts} part[p * m + i][n] (+ bias[n]); y may alias part 0.
+// y[i][n] = sum_{p < parts} part[p * m + i][n] (+ bias[n]); y may alias part 0. parts is 1 or 2
+// (what gemm_parts makes); the kernels read no further part.
 void launch_sum_parts(const float* parts_buf, int parts, int64_t m, int64_t n, const float* bias, float* y,
                       cudaStream_t stream);
 // logits[i][v] = post(scale * sum_p part[p * m + i][v]), post(x) = cap > 0 ? cap * tanh(x / cap) : x.
+// parts is 1 or 2, as above.
 void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, float scale, float cap,
                       float* logits, cudaStream_t stream);
 

@@ -36,8 +36,11 @@ Workspace::~Workspace() { reset(); }
 
 void Workspace::reset() {
   if (ptr_ != nullptr) cudaFree(ptr_);
+  for (void* p : retired_) cudaFree(p);
+  retired_.clear();
   ptr_ = nullptr;
   bytes_ = 0;
+  pinned_ = false;
 }
 
 void* Workspace::get(size_t bytes, cudaStream_t stream) {
@@ -46,11 +49,16 @@ void* Workspace::get(size_t bytes, cudaStream_t stream) {
                 "cuda backend: a workspace must grow to {} bytes during a graph capture; run the same ops once "
                 "before capturing them",
                 bytes);
-  // Kernels already queued may still use the old block: let them finish before freeing it.
+  // Kernels already queued may still use the old block: let them finish before freeing it. A
+  // captured graph may use it at any later time: then it is only retired.
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (ptr_ != nullptr) CUDA_CHECK(cudaFree(ptr_));
+  if (ptr_ != nullptr && pinned_)
+    retired_.push_back(ptr_);
+  else if (ptr_ != nullptr)
+    CUDA_CHECK(cudaFree(ptr_));
   ptr_ = nullptr;
   bytes_ = 0;
+  pinned_ = false;
   const size_t want = std::max<size_t>(bytes + bytes / 4, 256);  // a little headroom, fewer regrowths
   CUDA_CHECK(cudaMalloc(&ptr_, want));
   bytes_ = want;
@@ -105,6 +113,7 @@ CudaOps::~CudaOps() {
   cudaStreamSynchronize(stream_);
   for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->reset();
   if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
+  for (double* t : rope_retired_) cudaFree(t);
   if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
   cudaStreamDestroy(stream_);
@@ -145,7 +154,9 @@ void CudaOps::to_device(void* dst, const void* src, size_t bytes) {
   check_not_capturing("to_device");
   if (bytes == 0) return;
   DeviceGuard guard(device_);
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  // Default: the runtime tells host from device memory, so device sources work too (taps that a
+  // target model left on the GPU).
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   // The caller may reuse src at once (weights are staged through one host buffer).
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -153,7 +164,7 @@ void CudaOps::to_device(void* dst, const void* src, size_t bytes) {
 void CudaOps::to_host(void* dst, const void* src, size_t bytes) {
   check_not_capturing("to_host");
   DeviceGuard guard(device_);
-  if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -209,6 +220,8 @@ std::unique_ptr<OpGraph> CudaOps::end_capture() {
   const cudaError_t rc = cudaGraphInstantiateWithFlags(&exec, graph, 0);
   cudaGraphDestroy(graph);
   CUDA_CHECK(rc);
+  // The graph holds the workspaces' current blocks: growing them later must not free those.
+  for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->pin();
   return std::make_unique<CudaGraph>(device_, exec);
 }
 
@@ -256,8 +269,8 @@ void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t hea
     std::vector<double> inv(static_cast<size_t>(half));
     for (int64_t i = 0; i < half; ++i)
       inv[static_cast<size_t>(i)] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may read the old table
-    if (rope_inv_freq_ != nullptr) CUDA_CHECK(cudaFree(rope_inv_freq_));
+    // Queued kernels and captured graphs may read the old table: it stays until destruction.
+    if (rope_inv_freq_ != nullptr) rope_retired_.push_back(rope_inv_freq_);
     rope_inv_freq_ = nullptr;
     rope_dim_ = 0;
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&rope_inv_freq_), inv.size() * sizeof(double)));
@@ -381,6 +394,9 @@ cuda::CudaOps& as_cuda(Ops& ops) {
 }  // namespace
 
 cudaStream_t cuda_stream_of(Ops& ops) { return as_cuda(ops).stream(); }
+double cuda_cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k) {
+  return as_cuda(ops).cublas_gemm_gflops(dtype, m, n, k);
+}
 int cuda_device_of(Ops& ops) { return as_cuda(ops).device(); }
 
 }  // namespace tpdraft::kernels

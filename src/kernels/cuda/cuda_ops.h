@@ -5,8 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 
+#include "core/dtype.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {
@@ -21,5 +23,8 @@ int cuda_device_count();
 // the ops' kernels). Throws when `ops` is not the CUDA backend.
 cudaStream_t cuda_stream_of(Ops& ops);
 int cuda_device_of(Ops& ops);
+// GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on `dtype` (BF16 or F16) operands with f32
+// accumulation, on the device of `ops`: the rate settle's GEMMs are quoted against.
+double cuda_cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k);
 
 }  // namespace tpdraft::kernels

@@ -29,7 +29,9 @@ class DeviceGuard {
   int previous_ = -1, device_ = -1;
 };
 
-// Device memory that only grows; its contents do not survive a growth (per-call scratch).
+// Device memory that only grows; its contents do not survive a growth (per-call scratch). A
+// graph captured with the current block keeps using it, so pin() makes a later growth retire the
+// block (freed by reset) instead of freeing it under the graph.
 class Workspace {
  public:
   Workspace() = default;
@@ -42,11 +44,14 @@ class Workspace {
   T* as(size_t count, cudaStream_t stream) {
     return static_cast<T*>(get(count * sizeof(T), stream));
   }
-  void reset();  // frees the memory (the owner's device must be current)
+  void reset();  // frees the memory, retired blocks included (the owner's device must be current)
+  void pin() { pinned_ = ptr_ != nullptr; }
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  bool pinned_ = false;
+  std::vector<void*> retired_;  // blocks that captured graphs may still use
 };
 
 // Whether work issued to `stream` is being captured into a graph now.
@@ -82,6 +87,10 @@ class CudaOps final : public Ops {
   void abort_capture() noexcept override;
   void replay(const OpGraph& graph) override;
 
+  // GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on 16-bit operands (the ceiling figures
+  // are quoted against).
+  double cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k);
+
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -107,6 +116,7 @@ class CudaOps final : public Ops {
   double rope_theta_ = 0.0;
   int64_t rope_dim_ = 0;
   double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat
+  std::vector<double*> rope_retired_;  // earlier tables (captured graphs may read them)
 };
 
 }  // namespace tpdraft::kernels::cuda
