@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-# The PyTorch fp32 eager baseline of one DFlash / DFlash 2 draft (spec/dflash.md §4-§6): what a
-# competent PyTorch user writes with nn.functional, batched over heads. It reads the same
+# The PyTorch eager baseline of one DFlash / DFlash 2 draft (spec/dflash.md §4-§6): what a
+# competent PyTorch user writes with nn.functional, batched over heads; fp32 on the CPU, or bf16
+# on a GPU the way Hugging Face models run (norms and softmax in f32). It reads the same
 # checkpoints as tpdraft (safetensors parsed with numpy) so the two can be timed and cross-checked.
-"""Time (and optionally dump) one drafter draft in PyTorch fp32 eager.
+"""Time (and optionally dump) one drafter draft in PyTorch eager.
 
-Example:
+Examples:
   /usr/bin/python3 bench/torch_draft.py --drafter CKPT/drafter --target CKPT/target \
       --ctx 1024 --anchor 17 --threads 2 --json
+  python3 bench/torch_draft.py --drafter CKPT/drafter --target CKPT/target \
+      --ctx 4096 --anchor 17 --device cuda --dtype bf16 --json
 """
 
 import argparse
@@ -30,6 +33,9 @@ def parse_args(argv):
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--seed", type=int, default=0, help="seed of the random taps of --ctx")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda[:N]")
+    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                   help="weights and activations (default f32; bf16 keeps norms and softmax in f32)")
     p.add_argument("--dump", help="write hidden [B,H], logits [B-1,V], tokens [B-1] of one draft to this "
                                   ".npz (or .safetensors, the layout of tpdraft draft --dump)")
     a = p.parse_args(argv)
@@ -52,6 +58,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+DEVICE = torch.device(ARGS.device)
+DTYPE = torch.bfloat16 if ARGS.dtype == "bf16" else torch.float32
 
 
 def fail(msg):
@@ -147,7 +156,7 @@ class TensorStore:
         if rows is None and have != list(shape):
             fail(f"{self.source}: tensor '{name}' has shape {have}, expected {list(shape)}")
         st, real = self.by_name[name]
-        return torch.from_numpy(st.load(real, rows))
+        return torch.from_numpy(st.load(real, rows)).to(DEVICE, DTYPE)
 
 
 def write_safetensors(path, arrays):
@@ -257,15 +266,17 @@ def target_tied(target_dir):
 # The model.
 
 def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    """In f32 whatever x is, then back to x's dtype (as Hugging Face's Qwen3 does)."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def rope_tables(positions, D, theta):
-    """cos / sin [n, D] for absolute positions (angles in float64, then f32)."""
-    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    """cos / sin [n, D] for absolute positions (angles in float64, then the model dtype)."""
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64, device=positions.device) / D)
     ang = torch.outer(positions.to(torch.float64), inv_freq)
     ang = torch.cat((ang, ang), dim=-1)
-    return ang.cos().float(), ang.sin().float()
+    return ang.cos().to(DTYPE), ang.sin().to(DTYPE)
 
 
 def apply_rope(x, cos, sin):
@@ -364,7 +375,7 @@ class Drafter:
         if taps.shape[1] != c.T * c.H:
             fail(f"taps have {taps.shape[1]} columns, expected T*H = {c.T * c.H}")
         ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, c.eps)
-        cos, sin = rope_tables(torch.arange(n), c.D, c.theta)
+        cos, sin = rope_tables(torch.arange(n, device=DEVICE), c.D, c.theta)
         self.kv = []
         for l, w in enumerate(self.layers):
             keep = min(n, c.W) if c.sliding[l] else n  # a sliding layer reads at most the last W
@@ -372,8 +383,8 @@ class Drafter:
             k = F.linear(x, w["k"], w["kb"]).view(keep, c.Nk, c.D)
             k = apply_rope(rms_norm(k, w["kn"], c.eps), cos[n - keep:], sin[n - keep:])
             v = F.linear(x, w["v"], w["vb"]).view(keep, c.Nk, c.D)
-            kbuf = torch.empty(c.Nk, keep + c.B, c.D)
-            vbuf = torch.empty(c.Nk, keep + c.B, c.D)
+            kbuf = torch.empty(c.Nk, keep + c.B, c.D, device=DEVICE, dtype=DTYPE)
+            vbuf = torch.empty(c.Nk, keep + c.B, c.D, device=DEVICE, dtype=DTYPE)
             kbuf[:, :keep] = k.transpose(0, 1)
             vbuf[:, :keep] = v.transpose(0, 1)
             self.kv.append((kbuf, vbuf, keep))
@@ -382,17 +393,17 @@ class Drafter:
     # --- block forward (spec §5) ----------------------------------------------------------
     def _mask(self, l, qpos, kpos):
         c = self.cfg
+        if not c.causal[l] and not c.sliding[l]:
+            return None  # every key visible (decided without a device round trip)
         dq, dk = qpos[:, None], kpos[None, :]
-        vis = torch.ones(len(qpos), len(kpos), dtype=torch.bool)
+        vis = torch.ones(len(qpos), len(kpos), dtype=torch.bool, device=qpos.device)
         if c.causal[l]:
             vis &= dk <= dq
         if c.sliding[l]:
             vis &= (dq - dk) < c.W
             if not c.causal[l]:
                 vis &= (dk - dq) < c.W
-        if bool(vis.all()):
-            return None
-        return torch.zeros(vis.shape).masked_fill_(~vis, float("-inf"))
+        return torch.zeros(vis.shape, device=vis.device, dtype=torch.float32).masked_fill_(~vis, float("-inf"))
 
     def _attention(self, l, w, x, cos, sin, mask):
         c = self.cfg
@@ -408,10 +419,10 @@ class Drafter:
         # GQA without copying K/V: query heads h = kv*g + i share kv head `kv`, so group them
         # as [Nk, g*B, D] and run one batched matmul per kv head.
         qh = q.transpose(0, 1).reshape(c.Nk, g * B, c.D) * (c.D ** -0.5)
-        scores = torch.matmul(qh, kbuf.transpose(1, 2))  # [Nk, g*B, S]
+        scores = torch.matmul(qh, kbuf.transpose(1, 2)).float()  # [Nk, g*B, S], softmax in f32
         if mask is not None:
             scores = (scores.view(c.Nk, g, B, -1) + mask).view(c.Nk, g * B, -1)
-        out = torch.matmul(torch.softmax(scores, dim=-1), vbuf)  # [Nk, g*B, D]
+        out = torch.matmul(torch.softmax(scores, dim=-1).to(DTYPE), vbuf)  # [Nk, g*B, D]
         out = out.view(c.Nq, B, c.D).transpose(0, 1).reshape(B, c.Nq * c.D)
         return F.linear(out, w["o"], w["ob"])
 
@@ -419,16 +430,16 @@ class Drafter:
         """Final-normed hidden rows [B, H] of the block [anchor, MASK x (B-1)] at a = ctx_len."""
         c = self.cfg
         a = self.ctx_len
-        tokens = torch.full((c.B,), c.mask, dtype=torch.long)
+        tokens = torch.full((c.B,), c.mask, dtype=torch.long, device=DEVICE)
         tokens[0] = anchor
         h = F.embedding(tokens, self.embed)
         if c.m_in != 1.0:
             h = h * c.m_in
-        qpos = torch.arange(a, a + c.B)
+        qpos = torch.arange(a, a + c.B, device=DEVICE)
         cos, sin = rope_tables(qpos, c.D, c.theta)
         for l, w in enumerate(self.layers):
             keep = self.kv[l][2]
-            kpos = torch.cat((torch.arange(a - keep, a), qpos))
+            kpos = torch.cat((torch.arange(a - keep, a, device=DEVICE), qpos))
             mask = self._mask(l, qpos, kpos)
             x = rms_norm(h, w["ln1"], c.eps)
             if c.dflash2:
@@ -500,9 +511,15 @@ def load_taps(args, cfg):
         u = st.load("taps")
         if u.ndim != 2 or u.shape[1] != cfg.T * cfg.H:
             fail(f"{args.taps}: tensor 'taps' has shape {list(u.shape)}, expected [N, {cfg.T * cfg.H}]")
-        return torch.from_numpy(np.ascontiguousarray(u))
+        return torch.from_numpy(np.ascontiguousarray(u)).to(DEVICE, DTYPE)
     rng = np.random.default_rng(args.seed)
-    return torch.from_numpy(rng.standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32))
+    return torch.from_numpy(rng.standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32)).to(DEVICE, DTYPE)
+
+
+def sync():
+    """Waits for the device, so that host timers measure the work and not its launch."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def main(args):
@@ -513,8 +530,10 @@ def main(args):
         if not 0 <= args.anchor < cfg.V:
             fail(f"--anchor {args.anchor} must lie in [0, vocab_size = {cfg.V})")
         taps = load_taps(args, cfg)
+        sync()
         t0 = time.perf_counter()
         model.settle(taps)
+        sync()
         settle_s = time.perf_counter() - t0
         rows = taps.shape[0]
 
@@ -522,12 +541,14 @@ def main(args):
             model.draft(args.anchor)
         times = []
         for _ in range(args.repeat):
+            sync()
             t0 = time.perf_counter()
             tokens, hidden, logits = model.draft(args.anchor)
+            sync()
             times.append((time.perf_counter() - t0) * 1e3)
 
         if args.dump:
-            arrays = {"hidden": hidden.numpy(), "logits": logits.numpy(),
+            arrays = {"hidden": hidden.float().cpu().numpy(), "logits": logits.float().cpu().numpy(),
                       "tokens": np.asarray(tokens, dtype=np.int64)}
             if args.dump.endswith(".safetensors"):
                 write_safetensors(args.dump, arrays)
@@ -541,6 +562,8 @@ def main(args):
         "settle_rows_per_s": rows / settle_s if rows and settle_s > 0 else 0.0,
         "tokens": tokens,
         "threads": args.threads,
+        "device": str(DEVICE),
+        "dtype": args.dtype,
         "torch": torch.__version__,
         "arch": "DFlash2" if cfg.dflash2 else "DFlash",
         "ctx": rows,
@@ -550,7 +573,7 @@ def main(args):
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"torch {torch.__version__} fp32 eager, {args.threads} threads, {result['arch']}, "
+        print(f"torch {torch.__version__} {args.dtype} eager on {DEVICE}, {args.threads} threads, {result['arch']}, "
               f"context {rows} rows, block {cfg.B}")
         print(f"settle: {rows} rows in {settle_s * 1e3:.1f} ms ({result['settle_rows_per_s']:.0f} rows/s)")
         print(f"draft:  median {result['draft_ms_median']:.2f} ms  min {result['draft_ms_min']:.2f}  "

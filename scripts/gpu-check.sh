@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with a GPU: build tpdraft with the CUDA backend, run the GPU tests (ctest -L gpu),
-# time a draft of the Qwen3-8B geometry on the GPU, and print a short table last. Fetches
-# nothing from the network: when a build dependency is missing it names it and stops. Builds
-# without MPI when mpicxx is absent. Stays within ~8 minutes (each step has its own timeout).
+# time drafts of the Qwen3-8B geometry (bf16, one session, 4096 context rows) with the forward
+# replayed from a CUDA graph and issued op by op, time the same draft in PyTorch bf16 eager on the
+# same GPU and checkpoint, and print a short table last. Fetches nothing from the network: when
+# a build dependency is missing it names it and stops. Builds without MPI when mpicxx is absent.
+# Stays within ~8 minutes (each step has its own timeout).
 # Usage: scripts/gpu-check.sh            (BUILD=dir to choose the build directory, default build-gpu;
 #                                          CUDA_ARCH=90 by default, the H100/H200 architecture)
 set -uo pipefail
@@ -17,7 +19,7 @@ t_start=$(date +%s)
 elapsed() { echo $(($(date +%s) - t_start)); }
 say() { echo "gpu-check [$(elapsed)s]: $*" >&2; }
 
-build_status="not run" test_status="not run" bench_status="not run"
+build_status="not run" test_status="not run" bench_status="not run" torch_status="not run"
 gpu_name="?"
 
 # ---- what the machine has --------------------------------------------------------------------
@@ -77,7 +79,7 @@ say "configuring $BUILD (CUDA architectures $CUDA_ARCH)"
 t0=$(elapsed)
 if timeout 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" "${prefix_flag[@]}" >"$LOGS/configure.log" 2>&1 &&
-   timeout 300 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter \
+   timeout 300 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter test_lazy_libs \
      >"$LOGS/build.log" 2>&1; then
   build_status="ok ($(($(elapsed) - t0)) s)"
 else
@@ -100,16 +102,45 @@ if [[ $build_status == ok* ]]; then
   [ "${skipped:-0}" -gt 0 ] && test_status="$test_status, $skipped test(s) skipped (see ctest.log)"
 fi
 
-# ---- benchmark ---------------------------------------------------------------------------------
-bench_json="$LOGS/bench.json"
+# ---- benchmarks ---------------------------------------------------------------------------------
+# One random bf16 checkpoint on disk serves every run: tpdraft with graphs on and off, and torch.
+CONFIG=configs/qwen3-8b-dflash-b16.json
+CTX=${CTX:-4096}
+CKPT=${CKPT_DIR:-$BUILD/gpu-check-ckpt}
 if [[ $build_status == ok* ]]; then
-  say "timing drafts: bench --backend cuda --config configs/qwen3-8b-dflash-b16.json --ctx 4096"
-  if timeout 150 "$BUILD/tpdraft" bench --backend cuda --config configs/qwen3-8b-dflash-b16.json --ctx 4096 \
-       --repeat 20 --warmup 3 --json >"$bench_json" 2>"$LOGS/bench.log"; then
+  if [ ! -f "$CKPT/drafter/config.json" ]; then
+    say "writing a random bf16 checkpoint of $CONFIG to $CKPT"
+    rm -rf "$CKPT"
+    timeout 240 "$BUILD/tpdraft" init --config "$CONFIG" --out "$CKPT" --seed 1 --dtype bf16 \
+      >"$LOGS/init.log" 2>&1 || { bench_status="FAILED (tpdraft init, see $LOGS/init.log)"; tail -5 "$LOGS/init.log" >&2; }
+  fi
+fi
+for mode in on off; do
+  [[ $build_status == ok* && $bench_status != FAILED* ]] || break
+  say "timing drafts: bench --backend cuda --graphs $mode --ctx $CTX"
+  if timeout 150 "$BUILD/tpdraft" bench --backend cuda --graphs "$mode" --drafter "$CKPT/drafter" \
+       --target "$CKPT/target" --ctx "$CTX" --repeat 30 --warmup 3 --json >"$LOGS/bench-$mode.json" \
+       2>"$LOGS/bench-$mode.log"; then
     bench_status="ok"
   else
-    bench_status="FAILED (see $LOGS/bench.log)"
-    tail -20 "$LOGS/bench.log" >&2
+    bench_status="FAILED (see $LOGS/bench-$mode.log)"
+    tail -20 "$LOGS/bench-$mode.log" >&2
+  fi
+done
+PY=${PYTHON:-python3}
+if [ "$bench_status" = ok ]; then
+  if "$PY" -c "import torch, numpy, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+    say "timing the same draft in PyTorch bf16 eager on the GPU"
+    if timeout 240 "$PY" bench/torch_draft.py --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" \
+         --anchor 17 --device cuda --dtype bf16 --repeat 30 --warmup 3 --threads "$jobs" --json \
+         >"$LOGS/torch.json" 2>"$LOGS/torch.log"; then
+      torch_status="ok"
+    else
+      torch_status="FAILED (see $LOGS/torch.log)"
+      tail -10 "$LOGS/torch.log" >&2
+    fi
+  else
+    torch_status="skipped: $PY has no torch with CUDA"
   fi
 fi
 
@@ -117,26 +148,45 @@ fi
 echo
 echo "== tpdraft gpu-check ($(elapsed) s) =="
 printf '%-22s %s\n' "GPU" "$gpu_name" "build" "$build_status" "NCCL" "$nccl" "ctest -L gpu" "$test_status" \
-  "bench" "$bench_status"
+  "bench" "$bench_status" "torch bf16 eager" "$torch_status"
 if [ "$bench_status" = ok ] && command -v python3 >/dev/null 2>&1; then
-  python3 - "$bench_json" <<'EOF'
-import json, sys
-j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-floor_ms = j["draft_gbytes"] / j["machine_read_gbps"] * 1e3
+  python3 - "$LOGS" <<'EOF'
+import json, os, sys
+logs = sys.argv[1]
+def last_json(name):
+    path = os.path.join(logs, name)
+    if not os.path.exists(path):
+        return None
+    lines = [l for l in open(path).read().splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+on, off, torch = last_json("bench-on.json"), last_json("bench-off.json"), last_json("torch.json")
+floor_ms = on["draft_gbytes"] / on["machine_read_gbps"] * 1e3
 rows = [
-    ("draft median", f'{j["draft_ms"]:.3f} ms (p10..p90 {j["draft_ms_p10"]:.3f}..{j["draft_ms_p90"]:.3f})'),
-    ("phases", f'layers {j["layers_ms"]:.3f} ms, head {j["head_ms"]:.3f} ms, selection {j["select_ms"]:.3f} ms'),
-    ("memory floor", f'{floor_ms:.3f} ms ({j["draft_gbytes"]:.3f} GB at the measured {j["machine_read_gbps"]:.0f} GB/s copy)'),
-    ("achieved", f'{j["achieved_gbps"]:.0f} GB/s = {100 * j["achieved_gbps"] / j["machine_read_gbps"]:.0f}% of copy bandwidth; '
-                 f'{j["achieved_gflops"]:.0f} GFLOP/s'),
-    ("GEMM ceiling", f'{j["machine_gemm_gflops"]:.0f} GFLOP/s (our matmul)'),
-    ("settle", f'{j["settle_rows_per_s"]:.0f} rows/s'),
-    ("tokens", " ".join(str(t) for t in j["tokens"])),
+    ("draft, graph replay", f'{on["draft_ms"]:.3f} ms (p10..p90 {on["draft_ms_p10"]:.3f}..{on["draft_ms_p90"]:.3f}; '
+                            f'{on["replayed_drafts"]} of 30 replayed)'),
+    ("draft, op by op", f'{off["draft_ms"]:.3f} ms (p10..p90 {off["draft_ms_p10"]:.3f}..{off["draft_ms_p90"]:.3f})'),
+    ("phases (graph)", f'layers {on["layers_ms"]:.3f} ms, head {on["head_ms"]:.3f} ms, selection {on["select_ms"]:.3f} ms'),
+    ("memory floor", f'{floor_ms:.3f} ms ({on["draft_gbytes"]:.3f} GB at the measured {on["machine_read_gbps"]:.0f} GB/s copy)'),
+    ("draft / floor", f'{on["draft_ms"] / floor_ms:.2f}x (target <= 1.3x)'),
+    ("achieved", f'{on["achieved_gbps"]:.0f} GB/s = {100 * on["achieved_gbps"] / on["machine_read_gbps"]:.0f}% of copy '
+                 f'bandwidth; {on["achieved_gflops"]:.0f} GFLOP/s'),
 ]
+if torch:
+    rows.append(("torch bf16 eager", f'{torch["draft_ms_median"]:.3f} ms (min {torch["draft_ms_min"]:.3f}, torch {torch["torch"]})'))
+    rows.append(("torch / tpdraft", f'{torch["draft_ms_median"] / on["draft_ms"]:.2f}x (target >= 1.5x)'))
+settle = f'{on["settle_rows_per_s"]:.0f} rows/s, {on["settle_gflops"]:.0f} GFLOP/s'
+if "settle_fraction_of_cublas" in on:
+    settle += (f' = {100 * on["settle_fraction_of_cublas"]:.0f}% of cuBLAS bf16 {on["cublas_gemm_gflops_peak"]:.0f} '
+               f'GFLOP/s ({on["cublas_gemm_gflops_settle_shape"]:.0f} at the fc shape)')
+rows.append(("settle (256-row chunks)", settle))
+rows.append(("tokens", " ".join(str(t) for t in on["tokens"])))
 for k, v in rows:
-    print(f"{k:<22} {v}")
+    print(f"{k:<24} {v}")
+if on["tokens"] != off["tokens"]:
+    print("graph replay and op-by-op drafts gave different tokens")
+    sys.exit(1)
 EOF
 elif [ "$bench_status" = ok ]; then
-  tail -1 "$bench_json"
+  tail -1 "$LOGS/bench-on.json"
 fi
 [[ $build_status == ok* && $test_status == passed* && $bench_status == ok ]]
