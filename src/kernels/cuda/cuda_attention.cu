@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/attention_geometry.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -17,11 +18,9 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = kAttnRowsPerBlock / kWarps;  // 4
-constexpr int kTileKeys = 32;                             // one key per lane in the score step
+constexpr int kTileKeys = static_cast<int>(kAttnTileKeys);  // one key per lane in the score step
 constexpr int kMergeThreads = 128;
 
-__host__ __device__ __forceinline__ int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-__host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -39,10 +38,10 @@ size_t partial_shared_bytes(int64_t d) {
   return static_cast<size_t>(kAttnRowsPerBlock * d + kTileKeys * key_stride(d) + kTileKeys * d) * sizeof(float);
 }
 
-// What a session's rows may see of its context, from the device tables: positions
-// [lo, lo + count) (the union over the rows; row 0 sees the most), in chunks of `chunk`.
+// A session as the partial kernel sees it: its context ring and the span its rows may see.
 struct Span {
-  int64_t begin, anchor, capacity, lo, count, chunk;
+  int64_t begin, anchor, capacity;
+  AttnSpan span;
   const float* k;
   const float* v;
 };
@@ -55,11 +54,7 @@ __device__ Span session_span(const AttnArgs& a, int64_t s) {
   sp.capacity = c.capacity;
   sp.k = c.k;
   sp.v = c.v;
-  sp.lo = a.window > 0 ? imax(c.begin, sp.anchor - a.window + 1) : c.begin;
-  sp.count = imax(0, imin(c.end, sp.anchor) - sp.lo);
-  // At least 64 keys (two tiles) a chunk, a multiple of the tile.
-  const int64_t per = (sp.count + a.splits - 1) / a.splits;
-  sp.chunk = imax(64, (per + kTileKeys - 1) / kTileKeys * kTileKeys);
+  sp.span = attn_span(c.begin, c.end, sp.anchor, a.window, a.splits);
   return sp;
 }
 
@@ -76,16 +71,15 @@ __device__ RowView row_view(const AttnArgs& a, const Span& se, int64_t g, int64_
   v.valid = i < ratio * a.B;
   v.h = g * ratio + i / a.B;
   v.r = i % a.B;
+  KeyRange keys;
   if (!block_chunk) {
-    // Context: key position p visible iff p >= lo_r (and p < min(end, anchor), the span's end).
-    v.vlo = a.window > 0 ? imax(se.begin, se.anchor + v.r - a.window + 1) : se.begin;
-    v.vhi = INT64_MAX;
+    keys.lo = attn_context_from(se.begin, se.anchor, a.window, v.r);
+    keys.hi = INT64_MAX;  // the chunk ends at the span's end, min(end, anchor)
   } else {
-    // Block keys j: causal -> j <= r; window -> r - j < W, and when not causal j - r < W.
-    v.vlo = a.window > 0 ? imax(0, v.r - a.window + 1) : 0;
-    v.vhi = a.causal ? v.r + 1 : a.B;
-    if (a.window > 0 && !a.causal) v.vhi = imin(v.vhi, v.r + a.window);
+    keys = attn_block_keys(v.r, a.B, a.causal, a.window);
   }
+  v.vlo = keys.lo;
+  v.vhi = keys.hi;
   return v;
 }
 
@@ -102,8 +96,9 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   // The chunk's keys: context positions [kbeg, kend), or block rows [0, B).
   int64_t kbeg = 0, kend = a.B;
   if (!block_chunk) {
-    kbeg = se.lo + c * se.chunk;
-    kend = imin(se.lo + se.count, kbeg + se.chunk);
+    const KeyRange chunk = attn_chunk(se.span, c);
+    kbeg = chunk.lo;
+    kend = chunk.hi;
     if (kbeg >= kend) {
       // An empty chunk (the context is shorter than the split allows): mark its slots empty for
       // the merge, which then reads nothing else of them. The whole block leaves together.
@@ -148,7 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   }
 
   for (int64_t t0 = kbeg; t0 < kend; t0 += kTileKeys) {
-    const int n = static_cast<int>(imin(kTileKeys, kend - t0));
+    const int n = static_cast<int>(attn_min(kTileKeys, kend - t0));
     __syncthreads();  // the previous tile has been consumed (and, first time, qs is written)
     for (int j = warp; j < n; j += kWarps) {
       const int64_t key = t0 + j;
