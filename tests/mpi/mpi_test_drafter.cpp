@@ -1,6 +1,8 @@
 // Drafts under mpirun: every world size N drafts as one tensor-parallel group and must give the
 // tokens of a single-rank draft of the same checkpoint, with hidden rows and logits within f32
-// rounding, for DFlash and DFlash 2, greedy and seeded sampling, several sessions and a rollback.
+// rounding, for DFlash and DFlash 2, greedy and seeded sampling, several sessions and a rollback;
+// and drafts replayed from captured forwards (their all-reduces run over MPI between segments)
+// must equal drafts issued op by op, bit for bit, over the rounds of support/draft_rounds.h.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
 #include "parallel/mpi_comm.h"
+#include "support/draft_rounds.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -64,6 +67,21 @@ TEST_P(MpiDrafter, GroupOfAllRanksEqualsOneRank) {
   auto single = parallel::make_single_rank();
   const Output want = draft_with(dir, cfg, *single);
   const Output got = draft_with(dir, cfg, *world);
+  {
+    auto ops = kernels::make_cpu_ops(1);
+    const auto eager = testing::run_draft_rounds(*ops, *world, dir, cfg, false);
+    const auto graphs = testing::run_draft_rounds(*ops, *world, dir, cfg, true);
+    ASSERT_EQ(graphs.size(), testing::draft_rounds_replayed().size());
+    for (size_t i = 0; i < graphs.size(); ++i) {
+      EXPECT_EQ(graphs[i].replayed, testing::draft_rounds_replayed()[i]) << "round " << i;
+      EXPECT_EQ(graphs[i].segments, static_cast<size_t>(2 * cfg.layers + 1)) << "round " << i;
+      for (size_t s = 0; s < graphs[i].results.size(); ++s)
+        EXPECT_EQ(graphs[i].results[s].tokens, eager[i].results[s].tokens) << "round " << i << " session " << s;
+      EXPECT_EQ(graphs[i].dump.hidden, eager[i].dump.hidden) << "round " << i;
+      EXPECT_EQ(graphs[i].dump.logits, eager[i].dump.logits) << "round " << i;
+      EXPECT_EQ(graphs[i].stats.total_bytes(), eager[i].stats.total_bytes()) << "round " << i;
+    }
+  }
   ASSERT_EQ(got.results.size(), want.results.size());
   for (size_t s = 0; s < got.results.size(); ++s) {
     EXPECT_EQ(got.results[s].tokens, want.results[s].tokens) << "session " << s;
