@@ -210,7 +210,12 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; waits are ours, with a deadline
-    NCCL_CHECK(TPDRAFT_LAZY(nccl, ncclCommInitRankConfig)(&comm_, size_, id, rank_, &config));
+    // A failed start may leave a half-made communicator behind: give_up aborts it (a throwing
+    // constructor runs no destructor).
+    const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommInitRankConfig)(&comm_, size_, id, rank_, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+      give_up("initialisation (ncclCommInitRankConfig)",
+              fmt::format("failed: {}", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc)));
     finish_call("initialisation (ncclCommInitRankConfig)");
   }
 
