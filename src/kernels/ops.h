@@ -123,7 +123,8 @@ class Ops {
   // Capture: the compute ops issued between begin_capture() and end_capture() are recorded, not
   // run; replay() runs the recording, as often as wanted. Arguments are fixed at capture (shapes,
   // scalars, pointers); the memory they point to is read when the graph runs. Between the two
-  // calls only compute ops may be issued: no alloc, release, copies or sync. abort_capture()
+  // calls only compute ops may be issued: no alloc, copies or sync (release is put off until the
+  // capture ends, so buffers may still die on an error path). abort_capture()
   // ends a capture that went wrong and drops what it recorded; it is harmless when none runs.
   virtual void begin_capture() = 0;
   virtual std::unique_ptr<OpGraph> end_capture() = 0;

@@ -709,6 +709,29 @@ TEST(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
   EXPECT_NE(y, before);
 }
 
+// Buffers may die while a capture unwinds from an error: release is put off until the capture
+// ends, and what the capture recorded is unaffected.
+TEST(CpuOps, ReleaseDuringCaptureWaitsForItsEnd) {
+  auto ops = make_cpu_ops(1);
+  for (bool abort : {false, true}) {
+    auto* buf = static_cast<float*>(ops->alloc(4 * sizeof(float)));
+    std::vector<float> y{1, 2, 3, 4};
+    const std::vector<float> x{1, 1, 1, 1};
+    ops->begin_capture();
+    ops->add(y.data(), x.data(), 4);
+    ops->release(buf);
+    buf[0] = 7.0f;  // still ours until the capture ends
+    if (abort) {
+      ops->abort_capture();
+      EXPECT_EQ(y, (std::vector<float>{1, 2, 3, 4}));
+    } else {
+      const auto g = ops->end_capture();
+      ops->replay(*g);
+      EXPECT_EQ(y, (std::vector<float>{2, 3, 4, 5}));
+    }
+  }
+}
+
 TEST(CpuOps, MemoryIsAlignedAndCopies) {
   auto ops = make_cpu_ops(1);
   EXPECT_STREQ(ops->name(), "cpu");

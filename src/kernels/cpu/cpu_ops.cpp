@@ -63,7 +63,7 @@ Isa force_isa(Isa isa) {
 
 CpuOps::CpuOps(int threads) : pool_(threads) { workers_.resize(static_cast<size_t>(pool_.size())); }
 
-CpuOps::~CpuOps() = default;
+CpuOps::~CpuOps() { free_deferred(); }
 
 void* CpuOps::alloc(size_t bytes) {
   check_not_capturing("alloc");
@@ -84,7 +84,11 @@ void* CpuOps::alloc(size_t bytes) {
 }
 
 void CpuOps::release(void* p) {
-  check_not_capturing("release");
+  // Buffers may die while a capture unwinds from an error: their memory goes when it ends.
+  if (tape_) {
+    deferred_free_.push_back(p);
+    return;
+  }
   std::free(p);
 }
 
@@ -122,10 +126,19 @@ std::unique_ptr<OpGraph> CpuOps::end_capture() {
   auto graph = std::make_unique<CpuGraph>();
   graph->calls = std::move(*tape_);
   tape_.reset();
+  free_deferred();
   return graph;
 }
 
-void CpuOps::abort_capture() noexcept { tape_.reset(); }
+void CpuOps::abort_capture() noexcept {
+  tape_.reset();
+  free_deferred();
+}
+
+void CpuOps::free_deferred() noexcept {
+  for (void* p : deferred_free_) std::free(p);
+  deferred_free_.clear();
+}
 
 void CpuOps::replay(const OpGraph& graph) {
   check_not_capturing("replay");

@@ -135,6 +135,7 @@ class CpuOps final : public Ops {
   }
   // Memory and copies are not ops a graph may hold (as on the CUDA backend).
   void check_not_capturing(const char* what) const;
+  void free_deferred() noexcept;
 
   // L2 norms of the rows of a bf16 head matrix, computed once per (data, rows, cols) and cached.
   const std::vector<float>& head_row_norms(const Matrix& head);
@@ -171,6 +172,7 @@ class CpuOps final : public Ops {
   ThreadPool pool_;
   std::vector<Worker> workers_;
   std::unique_ptr<std::vector<std::function<void()>>> tape_;  // the capture in progress, if any
+  std::vector<void*> deferred_free_;  // released during the capture
   Scratch<float> packed_;           // packed activation rows
   Scratch<uint16_t> packed_bf16_;   // head input rows rounded to bf16
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack

@@ -111,6 +111,7 @@ CudaOps::~CudaOps() {
   cudaGetDevice(&previous);
   cudaSetDevice(device_);
   cudaStreamSynchronize(stream_);
+  abort_capture();
   for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->reset();
   if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
   for (double* t : rope_retired_) cudaFree(t);
@@ -142,7 +143,12 @@ void* CudaOps::alloc(size_t bytes) {
 
 void CudaOps::release(void* p) {
   if (p == nullptr) return;
-  check_not_capturing("release");
+  // Buffers may die while a capture unwinds from an error; cudaFree would break the capture, so
+  // their memory goes when it ends.
+  if (capturing_) {
+    deferred_free_.push_back(p);
+    return;
+  }
   DeviceGuard guard(device_);
   // cudaFree waits for the device, so queued kernels that still read p finish first.
   const cudaError_t rc = cudaFree(p);
@@ -215,7 +221,9 @@ std::unique_ptr<OpGraph> CudaOps::end_capture() {
   DeviceGuard guard(device_);
   capturing_ = false;
   cudaGraph_t graph = nullptr;
-  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  free_deferred();
+  CUDA_CHECK(ended);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t rc = cudaGraphInstantiateWithFlags(&exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -233,8 +241,14 @@ void CudaOps::abort_capture() noexcept {
   cudaSetDevice(device_);
   cudaGraph_t graph = nullptr;
   if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+  free_deferred();
   cudaGetLastError();  // an invalidated capture leaves an error record behind
   if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+}
+
+void CudaOps::free_deferred() noexcept {
+  for (void* p : deferred_free_) cudaFree(p);
+  deferred_free_.clear();
 }
 
 void CudaOps::replay(const OpGraph& graph) {

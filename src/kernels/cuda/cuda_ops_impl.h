@@ -98,6 +98,7 @@ class CudaOps final : public Ops {
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   void check_not_capturing(const char* what) const;
+  void free_deferred() noexcept;  // frees what release() put aside during a capture
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
 
   int device_ = 0;
@@ -108,6 +109,7 @@ class CudaOps final : public Ops {
   void* blas_workspace_ = nullptr;
   bool split_activations_ = true;  // TPDRAFT_CUDA_MATMUL=single turns the lo part off
   bool capturing_ = false;
+  std::vector<void*> deferred_free_;  // released during the capture
   Workspace act_;          // activations in the weight dtype
   Workspace parts_;        // GEMM outputs before the sum / head post-processing
   Workspace logits_;       // head_topk's logits
