@@ -1,4 +1,4 @@
-// CudaOps construction, device memory, the per-call parameter ring, and the host side of the
+// CudaOps construction, device memory, graph capture and replay, and the host side of the
 // ops other than the GEMMs (cuda_gemm.cpp): checks as in the CPU twin, then the launchers.
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
