@@ -220,9 +220,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    int previous = -1;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
+    DeviceGuard guard(device_, std::nothrow);
     if (comm_ != nullptr) {
       // Finalize flushes outstanding work; if that fails or stalls, abort instead of hanging here.
       const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommFinalize)(comm_);
@@ -246,7 +244,6 @@ class NcclCommunicator final : public Communicator {
     }
     for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &wide_, &barrier_}) w->reset();
     cudaGetLastError();
-    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   }
 
   int rank() const override { return rank_; }

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cuda/attention_geometry.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -26,6 +27,11 @@ namespace tpdraft::kernels::cuda {
 DeviceGuard::DeviceGuard(int device) : device_(device) {
   CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device_) CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceGuard::DeviceGuard(int device, std::nothrow_t) noexcept : device_(device) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  if (previous_ != device_) cudaSetDevice(device_);
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -107,19 +113,16 @@ CudaOps::CudaOps(int device) : device_(device) {
 
 CudaOps::~CudaOps() {
   // No throwing from here: a failed device is reported by the op that met it.
-  int previous = -1;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
+  DeviceGuard guard(device_, std::nothrow);
   cudaStreamSynchronize(stream_);
   abort_capture();
-  for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->reset();
+  for (Workspace* w : workspaces()) w->reset();
   if (rope_inv_freq_ != nullptr) cudaFree(rope_inv_freq_);
   for (double* t : rope_retired_) cudaFree(t);
   if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
   cudaStreamDestroy(stream_);
   cudaGetLastError();
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
 void CudaOps::check_not_capturing(const char* what) const {
@@ -189,11 +192,8 @@ class CudaGraph final : public OpGraph {
  public:
   CudaGraph(int device, cudaGraphExec_t exec) : device_(device), exec_(exec) {}
   ~CudaGraph() override {
-    int previous = -1;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
+    DeviceGuard guard(device_, std::nothrow);
     cudaGraphExecDestroy(exec_);
-    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
   }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -229,21 +229,18 @@ std::unique_ptr<OpGraph> CudaOps::end_capture() {
   cudaGraphDestroy(graph);
   CUDA_CHECK(rc);
   // The graph holds the workspaces' current blocks: growing them later must not free those.
-  for (Workspace* w : {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_}) w->pin();
+  for (Workspace* w : workspaces()) w->pin();
   return std::make_unique<CudaGraph>(device_, exec);
 }
 
 void CudaOps::abort_capture() noexcept {
   if (!capturing_) return;
   capturing_ = false;
-  int previous = -1;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device_);
+  DeviceGuard guard(device_, std::nothrow);
   cudaGraph_t graph = nullptr;
   if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
   free_deferred();
   cudaGetLastError();  // an invalidated capture leaves an error record behind
-  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
 }
 
 void CudaOps::free_deferred() noexcept {
@@ -358,7 +355,7 @@ void CudaOps::attention(const AttentionParams& p) {
   const int64_t qgroups = ceil_div(ratio * p.block, kAttnRowsPerBlock);
   const int64_t row_blocks = S * p.n_kv * qgroups;
   const int64_t target = std::max<int64_t>(1, ceil_div(4 * static_cast<int64_t>(sm_count_), row_blocks));
-  const int64_t splits = std::clamp<int64_t>(ceil_div(p.max_context, 64), 1, target);
+  const int64_t splits = std::clamp<int64_t>(ceil_div(p.max_context, kAttnMinChunk), 1, target);
   TPDRAFT_CHECK(S <= 65535 && p.n_kv * qgroups <= 65535,
                 "attention: {} sessions x {} kv heads x {} row groups exceed the cuda grid limits", S, p.n_kv, qgroups);
   AttnArgs a;

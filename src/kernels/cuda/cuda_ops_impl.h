@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
+#include <new>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -21,6 +23,8 @@ namespace tpdraft::kernels::cuda {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
+  // For destructors and other paths that must not throw: failures are ignored.
+  DeviceGuard(int device, std::nothrow_t) noexcept;
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -99,6 +103,10 @@ class CudaOps final : public Ops {
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   void check_not_capturing(const char* what) const;
   void free_deferred() noexcept;  // frees what release() put aside during a capture
+  // Every workspace of this backend (for reset and pin).
+  std::array<Workspace*, 7> workspaces() {
+    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_};
+  }
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
 
   int device_ = 0;
