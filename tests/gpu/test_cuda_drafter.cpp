@@ -49,6 +49,15 @@ DrafterConfig tiny(const std::string& file) {
   return DrafterConfig::from_file(testing::source_path("configs/" + file));
 }
 
+// 8 query heads over 2 kv heads of 8: two ranks split the kv heads, four replicate them.
+DrafterConfig two_kv_heads(const std::string& file) {
+  DrafterConfig c = tiny(file);
+  c.n_q = 8;
+  c.n_kv = 2;
+  c.head_dim = 8;
+  return c;
+}
+
 struct Scenario {
   std::vector<int64_t> contexts = {40};
   std::vector<model::SamplingParams> sampling = {{}};
@@ -187,10 +196,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
   for (int tp : {2, 4})
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
     SCOPED_TRACE(std::string(file) + " tp " + std::to_string(tp));
-    DrafterConfig cfg = tiny(file);
-    cfg.n_q = 8;
-    cfg.n_kv = 2;
-    cfg.head_dim = 8;
+    const DrafterConfig cfg = two_kv_heads(file);
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     Scenario sc;
@@ -215,10 +221,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
 TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
   REQUIRE_GPUS(1);
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
-    DrafterConfig cfg = tiny(file);
-    cfg.n_q = 8;
-    cfg.n_kv = 2;
-    cfg.head_dim = 8;
+    const DrafterConfig cfg = two_kv_heads(file);
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     auto cpu_ops = kernels::make_cpu_ops(2);
@@ -373,10 +376,7 @@ TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
 
 TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   REQUIRE_GPUS(2);
-  DrafterConfig cfg = tiny("tiny-dflash2.json");
-  cfg.n_q = 8;
-  cfg.n_kv = 2;
-  cfg.head_dim = 8;
+  const DrafterConfig cfg = two_kv_heads("tiny-dflash2.json");
   testing::TempDir dir;
   const std::string ckpt = write_checkpoint(dir, cfg);
   Scenario sc;
