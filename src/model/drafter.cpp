@@ -182,7 +182,7 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
   for (auto& lc : s.layers_) lc.begin = std::max(lc.begin, s.end_ - lc.capacity);
 }
 
-void Drafter::conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t rows,
+void Drafter::conv(const float* in, float* out, const float* base, const float* delta, int64_t side,
                    int64_t sessions) {
   const int64_t K = cfg_.conv_kernel, G = cfg_.conv_groups();
   kernels::ConvParams p;
@@ -197,7 +197,6 @@ void Drafter::conv(const float* in, float* out, const float* base, const float* 
   p.hidden = cfg_.hidden;
   p.kernel = K;
   p.group_size = cfg_.conv_group;
-  (void)rows;
   ops_.dyn_conv(p);
 }
 
@@ -319,7 +318,7 @@ void Drafter::run_layers(int64_t S) {
     const float* xin = x;
     if (v2) {
       ops_.matmul(w.attn_conv_proj, x, M, delta_.f32());
-      conv(x, xc, w.attn_conv_base, delta_.f32(), 0, M, S);
+      conv(x, xc, w.attn_conv_base, delta_.f32(), 0, S);
       xin = xc;
     }
     ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
@@ -348,7 +347,7 @@ void Drafter::run_layers(int64_t S) {
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
     reduce(o, static_cast<size_t>(M * H));
     if (v2) {
-      conv(o, xc, w.attn_conv_base, delta_.f32(), 1, M, S);
+      conv(o, xc, w.attn_conv_base, delta_.f32(), 1, S);
       ops_.add(h, xc, M * H);
     } else {
       ops_.add(h, o, M * H);
@@ -358,7 +357,7 @@ void Drafter::run_layers(int64_t S) {
     xin = x;
     if (v2) {
       ops_.matmul(w.mlp_conv_proj, x, M, delta_.f32());
-      conv(x, xc, w.mlp_conv_base, delta_.f32(), 0, M, S);
+      conv(x, xc, w.mlp_conv_base, delta_.f32(), 0, S);
       xin = xc;
     }
     ops_.matmul(w.gate, xin, M, gate_.f32());
@@ -367,7 +366,7 @@ void Drafter::run_layers(int64_t S) {
     ops_.matmul(w.down, gate_.f32(), M, o);
     reduce(o, static_cast<size_t>(M * H));
     if (v2) {
-      conv(o, xc, w.mlp_conv_base, delta_.f32(), 1, M, S);
+      conv(o, xc, w.mlp_conv_base, delta_.f32(), 1, S);
       ops_.add(h, xc, M * H);
     } else {
       ops_.add(h, o, M * H);

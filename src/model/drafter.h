@@ -102,8 +102,7 @@ class Drafter {
   void run_layers(int64_t sessions);
   void reduce(float* data, size_t count);
   void capture(int64_t sessions);
-  void conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t rows,
-            int64_t sessions);
+  void conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t sessions);
   std::vector<DraftResult> select(const std::vector<DraftRequest>& requests, DraftDump* dump);
 
   std::shared_ptr<const DrafterWeights> weights_;
