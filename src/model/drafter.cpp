@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <set>
 #include <string>
 
@@ -21,7 +20,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
-size_t words(size_t bytes) { return (bytes + sizeof(int64_t) - 1) / sizeof(int64_t); }
 
 // Codebook rows for the selector walk, straight from the host mapping.
 struct CodebookRows {
@@ -44,7 +42,6 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   ffn_local_ = plan.ffn.size();
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block;
   const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1);
-  h_ = kernels::Buffer(ops_, f32_bytes(M * H));
   x_ = kernels::Buffer(ops_, f32_bytes(M * H));
   xc_ = kernels::Buffer(ops_, f32_bytes(M * H));
   o_ = kernels::Buffer(ops_, f32_bytes(M * H));
@@ -68,13 +65,14 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   settle_c_ = kernels::Buffer(ops_, f32_bytes(C * H));
   settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
-  block_rows_.resize(static_cast<size_t>(M * H));
-  // The step table: positions [M], anchors [S], views [layers][S], in 8-byte words.
+  // The step table: positions [M], anchors [S], views [layers][S], then the block rows [M, H]
+  // (64-byte aligned), which the forward updates in place as its residual stream.
   const size_t S = static_cast<size_t>(limits_.max_sessions);
   anchors_offset_ = static_cast<size_t>(M) * sizeof(int64_t);
   views_offset_ = anchors_offset_ + S * sizeof(int64_t);
-  const size_t step_bytes = views_offset_ + static_cast<size_t>(cfg_.layers) * S * sizeof(kernels::ContextView);
-  step_host_.assign(words(step_bytes) * sizeof(int64_t), 0);
+  const size_t views_end = views_offset_ + static_cast<size_t>(cfg_.layers) * S * sizeof(kernels::ContextView);
+  rows_offset_ = (views_end + 63) / 64 * 64;
+  step_host_.assign(rows_offset_ + f32_bytes(M * H), 0);
   step_ = kernels::Buffer(ops_, step_host_.size());
   positions_.resize(static_cast<size_t>(C));
   settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
@@ -202,23 +200,32 @@ void Drafter::conv(const float* in, float* out, const float* base, const float* 
 
 
 void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
-  const int64_t S = static_cast<int64_t>(requests.size()), B = cfg_.block, Smax = limits_.max_sessions;
+  const int64_t S = static_cast<int64_t>(requests.size()), H = cfg_.hidden, B = cfg_.block;
+  const int64_t Smax = limits_.max_sessions;
   unsigned char* base = step_host_.data();
+  auto* positions = reinterpret_cast<int64_t*>(base);
+  auto* anchors = reinterpret_cast<int64_t*>(base + anchors_offset_);
+  auto* views = reinterpret_cast<kernels::ContextView*>(base + views_offset_);
+  auto* rows = reinterpret_cast<float*>(base + rows_offset_);
+  const float m_in = static_cast<float>(cfg_.in_scale);
   for (int64_t s = 0; s < S; ++s) {
-    const Session& sess = *requests[static_cast<size_t>(s)].session;
-    const int64_t anchor = sess.end_;
-    std::memcpy(base + anchors_offset_ + static_cast<size_t>(s) * sizeof(int64_t), &anchor, sizeof(int64_t));
-    for (int64_t r = 0; r < B; ++r) {
-      const int64_t pos = anchor + r;
-      std::memcpy(base + static_cast<size_t>(s * B + r) * sizeof(int64_t), &pos, sizeof(int64_t));
-    }
+    const DraftRequest& req = requests[static_cast<size_t>(s)];
+    const Session& sess = *req.session;
+    anchors[s] = sess.end_;
+    for (int64_t r = 0; r < B; ++r) positions[s * B + r] = sess.end_ + r;
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const auto& lc = sess.layers_[static_cast<size_t>(l)];
-      const kernels::ContextView view{lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
-      std::memcpy(base + views_offset_ + static_cast<size_t>(l * Smax + s) * sizeof(view), &view, sizeof(view));
+      views[l * Smax + s] = {lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
     }
+    // Block inputs: m_in * E[anchor] for row 0, m_in * E[mask] for the others (host lookups).
+    float* block = rows + s * B * H;
+    weights_->embedding_row(req.anchor_token, block);
+    weights_->embedding_row(cfg_.mask_token, block + H);
+    for (int64_t i = 0; i < 2 * H; ++i) block[i] *= m_in;
+    for (int64_t r = 2; r < B; ++r) std::copy(block + H, block + 2 * H, block + r * H);
   }
-  ops_.to_device(step_.get(), base, step_host_.size());
+  // One copy per draft, up to this batch's last block row.
+  ops_.to_device(step_.get(), base, rows_offset_ + f32_bytes(S * B * H));
 }
 
 size_t Drafter::graph_segments(int64_t sessions) const {
@@ -307,7 +314,7 @@ void Drafter::run_layers(int64_t S) {
   const auto* positions = reinterpret_cast<const int64_t*>(step);
   const auto* anchors = reinterpret_cast<const int64_t*>(step + anchors_offset_);
   const auto* views = reinterpret_cast<const kernels::ContextView*>(step + views_offset_);
-  float* h = h_.f32();
+  float* h = reinterpret_cast<float*>(static_cast<unsigned char*>(step_.get()) + rows_offset_);
   float* x = x_.f32();
   float* xc = xc_.f32();
   float* o = o_.f32();
@@ -400,19 +407,6 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
                   cfg_.selector_topk);
   }
   const auto t0 = Clock::now();
-  // Block inputs: m_in * E[anchor] for row 0, m_in * E[mask] for the others (host lookups).
-  const int64_t H = cfg_.hidden, B = cfg_.block;
-  // Host staging sized at construction: no allocation per draft.
-  float* rows = block_rows_.data();
-  const float m_in = static_cast<float>(cfg_.in_scale);
-  for (int64_t s = 0; s < S; ++s) {
-    float* base = rows + s * B * H;
-    weights_->embedding_row(requests[static_cast<size_t>(s)].anchor_token, base);
-    weights_->embedding_row(cfg_.mask_token, base + H);
-    for (int64_t i = 0; i < 2 * H; ++i) base[i] *= m_in;
-    for (int64_t r = 2; r < B; ++r) std::copy(base + H, base + 2 * H, base + r * H);
-  }
-  ops_.to_device(h_.get(), rows, static_cast<size_t>(S * B * H) * sizeof(float));
   upload_step(requests);
   forward(S);
   ops_.sync();

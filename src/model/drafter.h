@@ -95,9 +95,11 @@ class Drafter {
 
   void check_rollback(const Session& s, int64_t length) const;
   int64_t layer_capacity(int64_t layer) const;
-  // Writes the step table (positions, anchors, context views) for the requests to the backend.
+  // Writes the step table (positions, anchors, context views, block input rows) for the requests
+  // to the backend, in one copy.
   void upload_step(const std::vector<DraftRequest>& requests);
-  // The block forward over h_ into g_draft_: replayed, captured or issued op by op.
+  // The block forward from the step table's rows into g_draft_: replayed, captured or issued op
+  // by op.
   void forward(int64_t sessions);
   void run_layers(int64_t sessions);
   void reduce(float* data, size_t count);
@@ -115,19 +117,19 @@ class Drafter {
   DraftTimes times_;
 
   // Workspaces (backend memory), sized for max_sessions * B rows or settle_chunk rows.
-  kernels::Buffer h_, x_, xc_, q_, k_, v_, attn_, o_, gate_, up_, delta_, g_, g_draft_, sel_;
+  kernels::Buffer x_, xc_, q_, k_, v_, attn_, o_, gate_, up_, delta_, g_, g_draft_, sel_;
   kernels::Buffer topv_, settle_u_, settle_c_, settle_k_, settle_v_;
   kernels::Buffer topi_;
   kernels::Buffer logits_dev_;  // [max_sessions * (B-1), local vocab], made on first need (sampling, dumps)
-  std::vector<float> block_rows_;  // host: the block's input rows before upload
 
   // The step table in backend memory, read by the ops when they run (so that a replayed graph
-  // sees this draft's positions and contexts): positions [M] and anchors [S] (int64), then the
-  // context views [layers][S]; staged on the host in step_host_. settle_pos_ holds a settle
-  // chunk's positions.
+  // sees this draft's positions and contexts): positions [M] and anchors [S] (int64), the context
+  // views [layers][S], then the block rows [M, H] (f32), which the forward updates in place as
+  // its residual stream. Staged on the host in step_host_ (allocated once). settle_pos_ holds a
+  // settle chunk's positions.
   kernels::Buffer step_, settle_pos_;
   std::vector<unsigned char> step_host_;
-  size_t anchors_offset_ = 0, views_offset_ = 0;
+  size_t anchors_offset_ = 0, views_offset_ = 0, rows_offset_ = 0;
   std::vector<int64_t> positions_;  // host staging of settle positions
 
   std::map<int64_t, ForwardGraph> graphs_;  // by session count
