@@ -5,7 +5,6 @@ alpha-beta model per collective and fabric (bench/scaling/comm-model.json). Also
 model against this machine's CPU MPI runs. Writes OUT/projection.md and OUT/projection.json."""
 
 import argparse
-import json
 import os
 import sys
 
@@ -218,14 +217,7 @@ def main(argv=None):
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "", clegend.markdown(), ""]
                     for r in crow:
                         out["cpu_points"].append({"config": geo.name, "context": ctx, "sessions": b, **r})
-    text = "\n".join(md)
-    print(text)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "projection.md"), "w") as f:
-            f.write(text + "\n")
-        with open(os.path.join(a.out, "projection.json"), "w") as f:
-            json.dump(out, f, indent=1)
+    sl.emit_report("\n".join(md), out, a.out, "projection")
     return 0
 
 

@@ -518,3 +518,15 @@ def estimate_compute_on(machine, recs, geo, tp, sessions, context, weight_bytes=
     label = (f"roofline estimate: {machine.label} roofline / CPU efficiency {eff:.0%}{' (capped)' if capped else ''} "
              f"(CPU tp={r0['tp']}, b={r0['sessions']})")
     return ideal / eff, label, "roofline"
+
+
+def emit_report(text, data, out_dir, stem):
+    """Prints a report; with out_dir, also writes it as STEM.md and its data as STEM.json there."""
+    print(text)
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump(data, f, indent=1)

@@ -220,15 +220,8 @@ def main(argv=None):
     md.append(sl.md_table(header, table))
     md += ["", "Parameters: " + "; ".join(f"{f[0].describe()} ({f[0].source.rstrip('.')})" for f in fabrics.values())
            + f"; across nodes {inter.describe()} ({inter.source.rstrip('.')}).", ""]
-    text = "\n".join(md)
-    print(text)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, "vocab.md"), "w") as f:
-            f.write(text + "\n")
-        with open(os.path.join(a.out, "vocab.json"), "w") as f:
-            json.dump({"sessions": b, "bytes": brows, "measured": mrows, "measured_gather": grows, "projected": prows},
-                      f, indent=1)
+    sl.emit_report("\n".join(md), {"sessions": b, "bytes": brows, "measured": mrows, "measured_gather": grows,
+                                    "projected": prows}, a.out, "vocab")
     return 0
 
 
