@@ -18,12 +18,10 @@
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
 #include "model/cost.h"
-#include "model/drafter.h"
 #include "model/random_checkpoint.h"
+#include "model/runtime.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
-#include "parallel/mpi_comm.h"
-#include "parallel/nccl_comm.h"
 
 namespace tpdraft::cli {
 
@@ -35,12 +33,10 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
   int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
-  int threads = 0;
-  int tp = 0;
   uint64_t seed = 0;
   bool json = false;
   bool gather_logits = false;
-  std::string backend = "auto";
+  RankOptions ranks;
   std::string graphs = "auto";
 };
 
@@ -99,7 +95,7 @@ double measure_copy_gbps(kernels::Ops& ops) {
 // GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype (more rows on
 // a GPU, where 256 rows finish within the launch overhead).
 double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
-  const int64_t m = std::string(ops.name()) == "cuda" ? 4096 : 256;
+  const int64_t m = ops.host_memory() ? 256 : 4096;
   std::vector<float> wf(static_cast<size_t>(dim * dim), 0.01f);
   std::vector<std::byte> wbytes(wf.size() * dtype_size(dtype));
   convert_from_f32(dtype, wf.data(), wbytes.data(), wf.size());
@@ -119,188 +115,254 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
   return best;
 }
 
-std::shared_ptr<model::TensorStore> memory_store(const std::string& label, std::vector<model::OwnedTensor> t) {
-  return model::TensorStore::from_memory(label, std::move(t));
-}
-
-void run_bench(const BenchOpts& o, const RankContext& ctx) {
-  auto ops = kernels::make_ops(o.backend, ctx.threads, o.backend == "cuda" ? rank_device(ctx) : 0);
-  // Device buffers need a communicator that can carry them (NCCL under mpirun, else staging).
-  const auto device_comm = parallel::make_backend_comm(ctx.comm, *ops, under_mpi());
-  parallel::Communicator* comm = device_comm ? device_comm.get() : &ctx.comm;
-  const bool gpu = std::string(ops->name()) == "cuda";
-  std::shared_ptr<model::TensorStore> dstore, tstore;
-  model::DrafterConfig cfg;
-  const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+// The checkpoint the bench drafts from: a directory pair, or random weights made in memory.
+model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DType dtype) {
   if (!o.drafter.empty()) {
     TPDRAFT_CHECK(!o.target.empty(), "bench: --drafter needs --target too");
-    cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
-    dstore = model::TensorStore::open(o.drafter);
-    tstore = model::TensorStore::open(o.target);
-  } else {
-    TPDRAFT_CHECK(!o.config.empty(), "bench: give --config FILE (random weights) or --drafter/--target");
-    cfg = model::DrafterConfig::from_file(o.config);
-    model::RandomCheckpointOptions ro;
-    ro.seed = o.seed;
-    ro.dtype = dtype;
-    ro.threads = ctx.threads;
-    if (ctx.leader()) TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
-    dstore = memory_store(o.config, model::random_drafter_tensors(cfg, ro));
-    tstore = memory_store(o.config + " (target)", model::random_target_tensors(cfg, ro));
+    return model::ModelSource::open(o.drafter, o.target);
   }
-  const auto plan = model::ShardPlan::make(cfg, comm->rank(), comm->size());
-  auto weights = std::make_shared<model::DrafterWeights>(cfg, dstore, tstore, plan, *ops);
-  const double wbytes = static_cast<double>(dtype_size(weights->head.dtype));
-  model::DrafterLimits limits;
-  limits.max_sessions = o.batch;
-  limits.max_context = std::max<int64_t>(1, o.ctx);
-  limits.graphs = o.graphs == "on" || (o.graphs == "auto" && gpu);
-  model::Drafter drafter(weights, *ops, *comm, limits);
+  TPDRAFT_CHECK(!o.config.empty(), "bench: give --config FILE (random weights) or --drafter/--target");
+  model::ModelSource s;
+  s.config = model::DrafterConfig::from_file(o.config);
+  model::RandomCheckpointOptions ro;
+  ro.seed = o.seed;
+  ro.dtype = dtype;
+  ro.threads = ctx.threads;
+  if (ctx.leader()) TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
+  s.drafter = model::TensorStore::from_memory(o.config, model::random_drafter_tensors(s.config, ro));
+  s.target = model::TensorStore::from_memory(o.config + " (target)", model::random_target_tensors(s.config, ro));
+  return s;
+}
 
-  std::vector<std::unique_ptr<model::Session>> sessions;
-  std::vector<model::DraftRequest> reqs;
-  double settle_s = 0;
+// What one bench run measured: the JSON and the table are both written from it.
+struct BenchResult {
+  std::string config, architecture, backend, communicator, dtype;
+  int threads = 0, tp = 1, replicas = 1;
+  int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
+  bool gather_logits = false, graphs = false, gpu = false;
+  Stats draft;                                          // seconds
+  double layers = 0, head = 0, select = 0;              // medians, seconds
+  double comm_mean = 0, comm_median = 0, compute = 0;   // seconds per draft
+  parallel::CommStats comm;                             // over the timed drafts
+  double weights_bytes = 0, context_bytes = 0;
+  model::WorkCount work, settle_work;
+  double settle_seconds = 0;
+  double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
+  std::vector<int64_t> tokens;
+
+  double per_draft(uint64_t total) const { return static_cast<double>(total) / static_cast<double>(repeat); }
+  double achieved_gflops() const { return work.flops / draft.median / 1e9; }
+  double achieved_gbps() const { return work.bytes() / draft.median / 1e9; }
+  double settle_rows_per_s() const { return static_cast<double>(context * sessions) / settle_seconds; }
+  double settle_gflops() const { return settle_work.flops / settle_seconds / 1e9; }
+};
+
+// Settles o.ctx random tap rows into each of o.batch sessions; returns the seconds it took.
+double settle_sessions(const BenchOpts& o, model::RankRuntime& rt,
+                       std::vector<std::unique_ptr<model::Session>>* sessions) {
+  const model::DrafterConfig& cfg = rt.config();
+  double seconds = 0;
   for (int64_t s = 0; s < o.batch; ++s) {
-    sessions.push_back(drafter.new_session());
+    sessions->push_back(rt.drafter().new_session());
     const std::vector<float> taps = model::random_taps(cfg, o.ctx, o.seed + static_cast<uint64_t>(s));
     // On a GPU the taps start on the device, where a target model leaves its hidden states; the
     // settle then times the drafter's own work, not a copy from pageable host memory.
     kernels::Buffer device_taps;
     const float* from = taps.data();
-    if (gpu && !taps.empty()) {
-      device_taps = kernels::Buffer(*ops, taps.size() * sizeof(float));
-      ops->to_device(device_taps.get(), taps.data(), taps.size() * sizeof(float));
+    if (!rt.ops().host_memory() && !taps.empty()) {
+      device_taps = kernels::Buffer(rt.ops(), taps.size() * sizeof(float));
+      rt.ops().to_device(device_taps.get(), taps.data(), taps.size() * sizeof(float));
       from = device_taps.f32();
     }
     const auto t0 = Clock::now();
-    drafter.settle(*sessions.back(), 0, from, o.ctx);
-    settle_s += since(t0);
-    reqs.push_back({sessions.back().get(), (17 + s) % cfg.vocab, {}});
+    rt.drafter().settle(*sessions->back(), 0, from, o.ctx);
+    seconds += since(t0);
   }
-  if (ctx.leader())
-    TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
+  return seconds;
+}
+
+// Warm-up and timed drafts; fills the timing, collective and token fields of `r`.
+void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<model::DraftRequest>& reqs,
+                 BenchResult* r) {
+  parallel::Communicator& comm = rt.comm();
   std::vector<double> times, layers, head, select, comm_times, compute_times;
-  std::vector<int64_t> tokens;
-  int64_t replayed = 0;
-  parallel::CommStats comm_stats;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
-    if (i == o.warmup) comm->reset_stats();
-    const double comm0 = comm->stats().seconds;
+    if (i == o.warmup) comm.reset_stats();
+    const double comm0 = comm.stats().seconds;
     const auto t0 = Clock::now();
     model::DraftDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
-    const auto res = drafter.draft(reqs, o.gather_logits ? &full : nullptr);
+    const auto res = rt.drafter().draft(reqs, o.gather_logits ? &full : nullptr);
     const double dt = since(t0);
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
-      const double dc = comm->stats().seconds - comm0;
+      const double dc = comm.stats().seconds - comm0;
       comm_times.push_back(dc);
       compute_times.push_back(dt - dc);
       times.push_back(dt);
-      layers.push_back(drafter.last_times().layers);
-      head.push_back(drafter.last_times().head);
-      select.push_back(drafter.last_times().select);
-      replayed += drafter.last_times().replayed ? 1 : 0;
+      const model::DraftTimes& phases = rt.drafter().last_times();
+      layers.push_back(phases.layers);
+      head.push_back(phases.head);
+      select.push_back(phases.select);
+      r->replayed += phases.replayed ? 1 : 0;
     }
-    tokens = res[0].tokens;
+    r->tokens = res[0].tokens;
   }
-  comm_stats = comm->stats();
-  const double per = 1.0 / static_cast<double>(o.repeat);
-  const Stats st = summarize(times);
-  const model::WorkCount work = model::draft_work(cfg, plan, o.batch, o.ctx, wbytes);
-  const model::WorkCount swork = model::settle_work(cfg, plan, o.ctx * o.batch, wbytes);
-  comm->barrier();
-  if (!ctx.leader()) return;  // the ceilings and the report come from one rank
+  r->comm = comm.stats();
+  r->draft = summarize(times);
+  r->layers = summarize(layers).median;
+  r->head = summarize(head).median;
+  r->select = summarize(select).median;
+  r->comm_mean = r->comm.seconds / static_cast<double>(o.repeat);
+  r->comm_median = summarize(comm_times).median;
+  r->compute = summarize(compute_times).median;
+}
+
+// This machine's ceilings the achieved rates are quoted against (rank 0 only).
+void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t ctx, BenchResult* r) {
+  kernels::Ops& ops = rt.ops();
+  const model::DrafterConfig& cfg = rt.config();
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
-  const double read_gbps = gpu ? measure_copy_gbps(*ops) : measure_read_gbps(ctx.threads);
-  const double gemm_gflops = measure_gemm_gflops(*ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  r->read_gbps = r->gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
+  r->gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
-  double blas_settle_gflops = 0, blas_peak_gflops = 0;
-  if (gpu && dtype != DType::F32) {
-    blas_settle_gflops = kernels::cublas_gemm_gflops(*ops, dtype, std::min<int64_t>(limits.settle_chunk, std::max<int64_t>(1, o.ctx)),
-                                                     cfg.hidden, cfg.n_taps() * cfg.hidden);
-    blas_peak_gflops = kernels::cublas_gemm_gflops(*ops, dtype, 8192, 8192, 8192);
+  if (r->gpu && dtype != DType::F32) {
+    const int64_t chunk = std::min<int64_t>(rt.drafter().limits().settle_chunk, std::max<int64_t>(1, ctx));
+    r->blas_settle_gflops = kernels::cublas_gemm_gflops(ops, dtype, chunk, cfg.hidden, cfg.n_taps() * cfg.hidden);
+    r->blas_peak_gflops = kernels::cublas_gemm_gflops(ops, dtype, 8192, 8192, 8192);
   }
-  const double gflops = work.flops / st.median / 1e9, gbps = work.bytes() / st.median / 1e9;
+}
 
+nlohmann::json to_json(const BenchResult& r) {
+  const parallel::CommStats& c = r.comm;
   nlohmann::json j;
-  j["config"] = o.drafter.empty() ? o.config : o.drafter;
-  j["architecture"] = cfg.arch_name;
-  j["backend"] = ops->name();
-  j["threads"] = ctx.threads;
-  j["tp"] = comm->size();
-  j["gather_logits"] = o.gather_logits;
-  j["graphs"] = drafter.graphs();
-  j["replayed_drafts"] = replayed;
-  j["replicas"] = ctx.replicas;
-  j["communicator"] = comm->name();
-  j["comm_ms"] = comm_stats.seconds * per * 1e3;
-  j["comm_ms_median"] = summarize(comm_times).median * 1e3;
-  j["compute_ms"] = summarize(compute_times).median * 1e3;  // outside collectives
-  j["all_reduce_calls"] = static_cast<double>(comm_stats.all_reduce_calls) * per;
-  j["all_reduce_bytes"] = static_cast<double>(comm_stats.all_reduce_bytes) * per;
-  j["all_gather_calls"] = static_cast<double>(comm_stats.all_gather_calls) * per;
-  j["all_gather_bytes"] = static_cast<double>(comm_stats.all_gather_bytes) * per;
-  j["broadcast_calls"] = static_cast<double>(comm_stats.broadcast_calls) * per;
-  j["broadcast_bytes"] = static_cast<double>(comm_stats.broadcast_bytes) * per;
-  j["weights_bytes_per_rank"] = static_cast<double>(weights->backend_bytes());
-  j["context_bytes_per_rank"] = static_cast<double>(drafter.context_bytes_per_position() * static_cast<size_t>(o.ctx * o.batch));
-  j["sessions"] = o.batch;
-  j["context"] = o.ctx;
-  j["dtype"] = dtype_name(weights->head.dtype);
-  j["draft_ms"] = st.median * 1e3;
-  j["draft_ms_min"] = st.min * 1e3;
-  j["draft_ms_max"] = st.max * 1e3;
-  j["draft_ms_p10"] = st.p10 * 1e3;
-  j["draft_ms_p90"] = st.p90 * 1e3;
-  j["layers_ms"] = summarize(layers).median * 1e3;
-  j["head_ms"] = summarize(head).median * 1e3;
-  j["select_ms"] = summarize(select).median * 1e3;
-  j["settle_rows_per_s"] = static_cast<double>(o.ctx * o.batch) / settle_s;
-  j["settle_gflops"] = swork.flops / settle_s / 1e9;
-  j["draft_gflop"] = work.flops / 1e9;
-  j["draft_gbytes"] = work.bytes() / 1e9;
-  j["achieved_gflops"] = gflops;
-  j["achieved_gbps"] = gbps;
-  j["machine_read_gbps"] = read_gbps;
-  j["machine_memory_ceiling"] = gpu ? "device copy (read + write)" : "host read";
-  j["machine_gemm_gflops"] = gemm_gflops;
-  if (blas_peak_gflops > 0) {
-    j["cublas_gemm_gflops_settle_shape"] = blas_settle_gflops;
-    j["cublas_gemm_gflops_peak"] = blas_peak_gflops;
-    j["settle_fraction_of_cublas"] = swork.flops / settle_s / 1e9 / blas_peak_gflops;
+  j["config"] = r.config;
+  j["architecture"] = r.architecture;
+  j["backend"] = r.backend;
+  j["threads"] = r.threads;
+  j["tp"] = r.tp;
+  j["gather_logits"] = r.gather_logits;
+  j["graphs"] = r.graphs;
+  j["replayed_drafts"] = r.replayed;
+  j["replicas"] = r.replicas;
+  j["communicator"] = r.communicator;
+  j["comm_ms"] = r.comm_mean * 1e3;
+  j["comm_ms_median"] = r.comm_median * 1e3;
+  j["compute_ms"] = r.compute * 1e3;  // outside collectives
+  j["all_reduce_calls"] = r.per_draft(c.all_reduce_calls);
+  j["all_reduce_bytes"] = r.per_draft(c.all_reduce_bytes);
+  j["all_gather_calls"] = r.per_draft(c.all_gather_calls);
+  j["all_gather_bytes"] = r.per_draft(c.all_gather_bytes);
+  j["broadcast_calls"] = r.per_draft(c.broadcast_calls);
+  j["broadcast_bytes"] = r.per_draft(c.broadcast_bytes);
+  j["weights_bytes_per_rank"] = r.weights_bytes;
+  j["context_bytes_per_rank"] = r.context_bytes;
+  j["sessions"] = r.sessions;
+  j["context"] = r.context;
+  j["dtype"] = r.dtype;
+  j["draft_ms"] = r.draft.median * 1e3;
+  j["draft_ms_min"] = r.draft.min * 1e3;
+  j["draft_ms_max"] = r.draft.max * 1e3;
+  j["draft_ms_p10"] = r.draft.p10 * 1e3;
+  j["draft_ms_p90"] = r.draft.p90 * 1e3;
+  j["layers_ms"] = r.layers * 1e3;
+  j["head_ms"] = r.head * 1e3;
+  j["select_ms"] = r.select * 1e3;
+  j["settle_rows_per_s"] = r.settle_rows_per_s();
+  j["settle_gflops"] = r.settle_gflops();
+  j["draft_gflop"] = r.work.flops / 1e9;
+  j["draft_gbytes"] = r.work.bytes() / 1e9;
+  j["achieved_gflops"] = r.achieved_gflops();
+  j["achieved_gbps"] = r.achieved_gbps();
+  j["machine_read_gbps"] = r.read_gbps;
+  j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
+  j["machine_gemm_gflops"] = r.gemm_gflops;
+  if (r.blas_peak_gflops > 0) {
+    j["cublas_gemm_gflops_settle_shape"] = r.blas_settle_gflops;
+    j["cublas_gemm_gflops_peak"] = r.blas_peak_gflops;
+    j["settle_fraction_of_cublas"] = r.settle_gflops() / r.blas_peak_gflops;
   }
-  j["tokens"] = tokens;
-  if (o.json) {
-    std::printf("%s\n", j.dump().c_str());
-    return;
-  }
-  std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld context rows\n",
-              cfg.arch_name.c_str(), dtype_name(weights->head.dtype), ops->name(), comm->size(), comm->name().c_str(), ctx.threads,
-              static_cast<long long>(o.batch), static_cast<long long>(o.ctx));
+  j["tokens"] = r.tokens;
+  return j;
+}
+
+// "N x B B" for a collective: calls per draft and bytes per call.
+std::string calls_and_bytes(const BenchResult& r, uint64_t calls, uint64_t bytes) {
+  const double per_call = calls ? static_cast<double>(bytes) / static_cast<double>(calls) : 0.0;
+  return fmt::format("{:.0f} x {:.0f} B", r.per_draft(calls), per_call);
+}
+
+void print_table(const BenchResult& r) {
+  const parallel::CommStats& c = r.comm;
+  std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld "
+              "context rows\n",
+              r.architecture.c_str(), r.dtype.c_str(), r.backend.c_str(), r.tp, r.communicator.c_str(), r.threads,
+              static_cast<long long>(r.sessions), static_cast<long long>(r.context));
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
-              st.median * 1e3, st.min * 1e3, st.max * 1e3, st.p10 * 1e3, st.p90 * 1e3,
-              static_cast<long long>(o.repeat));
-  std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld replayed)\n",
-              summarize(layers).median * 1e3, summarize(head).median * 1e3, summarize(select).median * 1e3,
-              drafter.graphs() ? "captured once, replayed" : "issued op by op", static_cast<long long>(replayed),
-              static_cast<long long>(o.repeat));
-  std::printf("  comm       %.3f ms per draft: all-reduce %.0f x %.0f B, all-gather %.0f x %.0f B, broadcast %.0f x %.0f B\n",
-              comm_stats.seconds * per * 1e3, static_cast<double>(comm_stats.all_reduce_calls) * per,
-              comm_stats.all_reduce_calls ? static_cast<double>(comm_stats.all_reduce_bytes) / static_cast<double>(comm_stats.all_reduce_calls) : 0.0,
-              static_cast<double>(comm_stats.all_gather_calls) * per,
-              comm_stats.all_gather_calls ? static_cast<double>(comm_stats.all_gather_bytes) / static_cast<double>(comm_stats.all_gather_calls) : 0.0,
-              static_cast<double>(comm_stats.broadcast_calls) * per,
-              comm_stats.broadcast_calls ? static_cast<double>(comm_stats.broadcast_bytes) / static_cast<double>(comm_stats.broadcast_calls) : 0.0);
-  std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", work.flops / 1e9, work.bytes() / 1e9);
+              r.draft.median * 1e3, r.draft.min * 1e3, r.draft.max * 1e3, r.draft.p10 * 1e3, r.draft.p90 * 1e3,
+              static_cast<long long>(r.repeat));
+  std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld "
+              "replayed)\n",
+              r.layers * 1e3, r.head * 1e3, r.select * 1e3, r.graphs ? "captured once, replayed" : "issued op by op",
+              static_cast<long long>(r.replayed), static_cast<long long>(r.repeat));
+  std::printf("  comm       %.3f ms per draft: all-reduce %s, all-gather %s, broadcast %s\n", r.comm_mean * 1e3,
+              calls_and_bytes(r, c.all_reduce_calls, c.all_reduce_bytes).c_str(),
+              calls_and_bytes(r, c.all_gather_calls, c.all_gather_bytes).c_str(),
+              calls_and_bytes(r, c.broadcast_calls, c.broadcast_bytes).c_str());
+  std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", r.work.flops / 1e9, r.work.bytes() / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
-              gflops, 100 * gflops / gemm_gflops, gemm_gflops, gbps, 100 * gbps / read_gbps,
-              gpu ? "device copy" : "read", read_gbps);
-  std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", static_cast<double>(o.ctx * o.batch) / settle_s,
-              swork.flops / settle_s / 1e9);
-  if (blas_peak_gflops > 0)
+              r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
+              100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
+  std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", r.settle_rows_per_s(), r.settle_gflops());
+  if (r.blas_peak_gflops > 0)
     std::printf("  cuBLAS     %.0f GFLOP/s at 8192^3, %.0f at the settle's fc shape: settle reaches %.0f%% of the first\n",
-                blas_peak_gflops, blas_settle_gflops, 100 * swork.flops / settle_s / 1e9 / blas_peak_gflops);
+                r.blas_peak_gflops, r.blas_settle_gflops, 100 * r.settle_gflops() / r.blas_peak_gflops);
+}
+
+void run_bench(const BenchOpts& o, const RankContext& ctx) {
+  const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  const model::ModelSource source = bench_source(o, ctx, dtype);
+  model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
+  ro.limits.max_sessions = o.batch;
+  ro.limits.max_context = std::max<int64_t>(1, o.ctx);
+  ro.graphs = o.graphs == "on" ? model::GraphMode::On : o.graphs == "off" ? model::GraphMode::Off : model::GraphMode::Auto;
+  model::RankRuntime rt(source, ctx.comm, ro);
+  const model::DrafterConfig& cfg = rt.config();
+
+  BenchResult r;
+  r.gpu = !rt.ops().host_memory();
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  r.settle_seconds = settle_sessions(o, rt, &sessions);
+  std::vector<model::DraftRequest> reqs;
+  for (int64_t s = 0; s < o.batch; ++s) reqs.push_back({sessions[static_cast<size_t>(s)].get(), (17 + s) % cfg.vocab, {}});
+  if (ctx.leader())
+    TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
+  r.repeat = o.repeat;
+  time_drafts(o, rt, reqs, &r);
+  const double wbytes = static_cast<double>(dtype_size(rt.weights().head.dtype));
+  r.work = model::draft_work(cfg, rt.plan(), o.batch, o.ctx, wbytes);
+  r.settle_work = model::settle_work(cfg, rt.plan(), o.ctx * o.batch, wbytes);
+  rt.comm().barrier();
+  if (!ctx.leader()) return;  // the ceilings and the report come from one rank
+  measure_ceilings(rt, dtype, ctx.threads, o.ctx, &r);
+  r.config = o.drafter.empty() ? o.config : o.drafter;
+  r.architecture = cfg.arch_name;
+  r.backend = rt.ops().name();
+  r.communicator = rt.comm().name();
+  r.dtype = dtype_name(rt.weights().head.dtype);
+  r.threads = ctx.threads;
+  r.tp = rt.comm().size();
+  r.replicas = ctx.replicas;
+  r.sessions = o.batch;
+  r.context = o.ctx;
+  r.gather_logits = o.gather_logits;
+  r.graphs = rt.drafter().graphs();
+  r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
+  r.context_bytes = static_cast<double>(rt.drafter().context_bytes_per_position() * static_cast<size_t>(o.ctx * o.batch));
+  if (o.json)
+    std::printf("%s\n", to_json(r).dump().c_str());
+  else
+    print_table(r);
 }
 
 }  // namespace
@@ -315,7 +377,6 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--target", o->target, "Target directory for --drafter");
   cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
@@ -324,20 +385,13 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--gather-logits", o->gather_logits,
                 "Also gather the full logits [rows, V] on every rank each draft (what a caller wanting whole "
                 "distributions pays; the default exchanges only the top candidates)");
-  cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
-                              "(default: all of them)")->check(CLI::NonNegativeNumber);
+  add_rank_options(cmd, &o->ranks);
   cmd->add_option("--graphs", o->graphs,
                   "Capture the block forward once and replay it (CUDA graphs; a call tape on the CPU): on, off, or "
                   "auto (on for cuda)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->callback([o] {
-    if (o->backend == "auto") o->backend = kernels::default_backend();
-    run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_bench(*o, ctx); });
-  });
+  cmd->callback([o] { run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); }); });
 }
 
 }  // namespace tpdraft::cli

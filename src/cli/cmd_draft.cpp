@@ -10,13 +10,9 @@
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "kernels/backend.h"
-#include "kernels/ops.h"
-#include "model/drafter.h"
+#include "model/runtime.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
-#include "parallel/mpi_comm.h"
-#include "parallel/nccl_comm.h"
 
 namespace tpdraft::cli {
 
@@ -28,9 +24,7 @@ struct DraftOpts {
   double temperature = 0, top_p = 1;
   int64_t top_k = 0;
   uint64_t seed = 0;
-  int threads = 0;
-  int tp = 0;
-  std::string backend;
+  RankOptions ranks;
 };
 
 // The tap rows of a taps file, read in place from the mapping when they are aligned f32 (no
@@ -88,22 +82,17 @@ void gather_context(const model::Drafter& drafter, const model::Session& session
 }
 
 void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
-  const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
-  int64_t n = 0;
+  const model::ModelSource source = model::ModelSource::open(o.drafter, o.target);
+  const model::DrafterConfig& cfg = source.config;
   const Taps taps = read_taps(o.taps, cfg);
-  n = taps.n;
-  auto ops = kernels::make_ops(o.backend, ctx.threads, o.backend == "cuda" ? rank_device(ctx) : 0);
-  // Device buffers need a communicator that can carry them (NCCL under mpirun, else staging).
-  const auto device_comm = parallel::make_backend_comm(ctx.comm, *ops, under_mpi());
-  parallel::Communicator& comm = device_comm ? *device_comm : ctx.comm;
+  const int64_t n = taps.n;
   fault_point(ctx, "load");
-  const auto plan = model::ShardPlan::make(cfg, comm.rank(), comm.size());
-  auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(o.drafter),
-                                                         model::TensorStore::open(o.target), plan, *ops);
-  model::DrafterLimits limits;
-  limits.max_context = std::max<int64_t>(1, n);
-  limits.keep_all_positions = !o.dump.empty();
-  model::Drafter drafter(weights, *ops, comm, limits);
+  model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
+  ro.limits.max_context = std::max<int64_t>(1, n);
+  ro.limits.keep_all_positions = !o.dump.empty();
+  ro.graphs = model::GraphMode::Off;  // one draft: nothing would replay a capture
+  model::RankRuntime rt(source, ctx.comm, ro);
+  model::Drafter& drafter = rt.drafter();
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
   fault_point(ctx, "settle");
@@ -128,8 +117,8 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
     out["anchor"] = o.anchor;
     out["anchor_position"] = n;
     out["architecture"] = cfg.arch_name;
-    out["tp"] = comm.size();
-    out["backend"] = ops->name();
+    out["tp"] = rt.comm().size();
+    out["backend"] = rt.ops().name();
     out["settle_ms"] = settle_s * 1e3;
     out["draft_ms"] = draft_s * 1e3;
     std::printf("%s\n", out.dump().c_str());
@@ -143,7 +132,7 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
   std::vector<float> k, v;
   for (int64_t l = 0; l < cfg.layers; ++l) {
-    gather_context(drafter, *session, l, comm, &k, &v);
+    gather_context(drafter, *session, l, rt.comm(), &k, &v);
     w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
     w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
   }
@@ -168,18 +157,9 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
-  cmd->add_option("--threads", o->threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
-  o->backend = "auto";
-  cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
+  add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
-                              "(default: all of them)")->check(CLI::NonNegativeNumber);
-  cmd->callback([o] {
-    if (o->backend == "auto") o->backend = kernels::default_backend();
-    run_ranks(o->tp, o->threads, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); });
-  });
+  cmd->callback([o] { run_ranks(o->ranks, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); }); });
 }
 
 }  // namespace tpdraft::cli

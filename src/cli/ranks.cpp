@@ -9,7 +9,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "kernels/backend.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/thread_comm.h"
 
@@ -60,18 +59,30 @@ void fault_point(const RankContext& ctx, const char* stage) {
     TPDRAFT_FAIL("rank {}: injected fault at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
 }
 
-// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
-int rank_device(const RankContext& ctx) {
-  const int devices = kernels::cuda_devices();
-  if (devices == 0) return 0;
-  int local = ctx.comm.rank();
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) local = parallel::node_local().rank;
-#endif
-  return local % devices;
+void add_rank_options(CLI::App* cmd, RankOptions* o) {
+  cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
+                                 "(default: all of them)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")
+      ->check(CLI::NonNegativeNumber);
 }
 
-void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn) {
+model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx) {
+  model::RuntimeOptions r;
+  r.backend = options.backend;
+  r.threads = ctx.threads;
+#ifdef TPDRAFT_HAVE_MPI
+  if (under_mpi()) r.local_rank = parallel::node_local().rank;
+#endif
+  r.nccl = under_mpi();
+  return r;
+}
+
+void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
+  const int tp = options.tp, threads = options.threads;
   TPDRAFT_CHECK(tp >= 0, "--tp must be >= 0, got {}", tp);
 #ifdef TPDRAFT_HAVE_MPI
   if (g_mpi) {

@@ -6,9 +6,20 @@
 #include <functional>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
+#include "model/runtime.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::cli {
+
+// The options every command that runs ranks takes.
+struct RankOptions {
+  std::string backend = "auto";  // --backend cpu|cuda|auto
+  int tp = 0;                    // --tp: in-process ranks, or MPI ranks per replica (0: all)
+  int threads = 0;               // --threads: CPU threads per rank (0: the cores shared out)
+};
+void add_rank_options(CLI::App* cmd, RankOptions* options);
 
 struct RankContext {
   parallel::Communicator& comm;  // the tensor-parallel group
@@ -30,11 +41,12 @@ bool under_mpi();
 // for the failure path, so that a test can break one rank alone.
 void fault_point(const RankContext& ctx, const char* stage);
 
-// This rank's GPU: its index among the ranks on its machine, modulo the devices there.
-int rank_device(const RankContext& ctx);
+// The runtime options of this rank: the backend, its threads and its place on its machine (which
+// picks its GPU); under mpirun NCCL carries device buffers.
+model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx);
 
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
 // threads = 0: this machine's cores shared among the ranks placed on it.
-void run_ranks(int tp, int threads, const std::function<void(const RankContext&)>& fn);
+void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn);
 
 }  // namespace tpdraft::cli

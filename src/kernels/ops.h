@@ -88,6 +88,10 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
+  // Whether this backend's buffers are host memory, which host code and host communicators may
+  // read and write directly (false for a device's memory: it must be copied or carried by a
+  // device communicator).
+  virtual bool host_memory() const = 0;
 
   // Memory of this backend.
   virtual void* alloc(size_t bytes) = 0;

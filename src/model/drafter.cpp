@@ -37,6 +37,9 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   TPDRAFT_CHECK(limits_.max_context >= 1, "max context must be at least 1, got {}", limits_.max_context);
   TPDRAFT_CHECK(limits_.settle_chunk >= 1, "settle chunk must be at least 1, got {}", limits_.settle_chunk);
   const ShardPlan& plan = weights_->plan();
+  TPDRAFT_CHECK(plan.tp == comm_.size() && plan.rank == comm_.rank(),
+                "the weights hold the share of rank {} of {}, but the communicator is rank {} of {}", plan.rank,
+                plan.tp, comm_.rank(), comm_.size());
   nq_local_ = plan.q_heads.size();
   nkv_local_ = plan.kv_heads.size();
   ffn_local_ = plan.ffn.size();

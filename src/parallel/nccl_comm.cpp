@@ -18,7 +18,7 @@
 namespace tpdraft::parallel {
 
 std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl) {
-  if (std::strcmp(ops.name(), "cuda") != 0) return nullptr;
+  if (ops.host_memory()) return nullptr;
 #ifdef TPDRAFT_HAVE_CUDA
   const int device = kernels::cuda_device_of(ops);
   cudaStream_t stream = kernels::cuda_stream_of(ops);

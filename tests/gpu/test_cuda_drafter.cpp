@@ -26,6 +26,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include "kernels/cuda/cuda_ops.h"
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
+#include "model/runtime.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/thread_comm.h"
 #include "support/draft_rounds.h"
@@ -68,19 +69,21 @@ struct Scenario {
 struct RankOutput {
   std::vector<model::DraftResult> results;
   model::DraftDump dump;
+  std::string comm;  // the communicator the drafter used
 };
 
-// Settles and drafts the scenario on one rank of `tp` with the given ops and communicator.
-RankOutput run_scenario(kernels::Ops& ops, parallel::Communicator& comm, const std::string& ckpt,
+// Settles and drafts the scenario on one rank of `group` with a fresh runtime of the backend.
+RankOutput run_scenario(parallel::Communicator& group, const model::RuntimeOptions& base, const std::string& ckpt,
                         const DrafterConfig& cfg, const Scenario& sc) {
-  auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                                         model::TensorStore::open(ckpt + "/target"),
-                                                         model::ShardPlan::make(cfg, comm.rank(), comm.size()), ops);
-  model::DrafterLimits limits;
-  limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
-  limits.max_context = 1024;
-  limits.settle_chunk = 48;
-  model::Drafter drafter(weights, ops, comm, limits);
+  model::RuntimeOptions ro = base;
+  ro.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
+  ro.limits.max_context = 1024;
+  ro.limits.settle_chunk = 48;
+  ro.graphs = model::GraphMode::Off;
+  const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                  model::TensorStore::open(ckpt + "/target")};
+  model::RankRuntime rt(source, group, ro);
+  model::Drafter& drafter = rt.drafter();
   std::vector<std::unique_ptr<model::Session>> sessions;
   std::vector<model::DraftRequest> reqs;
   for (size_t s = 0; s < sc.contexts.size(); ++s) {
@@ -99,6 +102,7 @@ RankOutput run_scenario(kernels::Ops& ops, parallel::Communicator& comm, const s
   }
   RankOutput o;
   o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
+  o.comm = rt.comm().name();
   return o;
 }
 
@@ -112,10 +116,16 @@ std::string write_checkpoint(const testing::TempDir& dir, const DrafterConfig& c
   return dir.path();
 }
 
+model::RuntimeOptions backend(const char* name, int threads = 1) {
+  model::RuntimeOptions ro;
+  ro.backend = name;
+  ro.threads = threads;
+  return ro;
+}
+
 RankOutput run_cpu(const std::string& ckpt, const DrafterConfig& cfg, const Scenario& sc) {
-  auto ops = kernels::make_cpu_ops(2);
   auto comm = parallel::make_single_rank();
-  return run_scenario(*ops, *comm, ckpt, cfg, sc);
+  return run_scenario(*comm, backend("cpu", 2), ckpt, cfg, sc);
 }
 
 void expect_same(const RankOutput& want, const RankOutput& got, const std::string& what) {
@@ -143,10 +153,8 @@ void check_single_gpu(const DrafterConfig& cfg, const Scenario& sc, const std::s
   testing::TempDir dir;
   const std::string ckpt = write_checkpoint(dir, cfg, dtype);
   const RankOutput want = run_cpu(ckpt, cfg, sc);
-  auto ops = kernels::make_cuda_ops(0);
   auto single = parallel::make_single_rank();
-  auto comm = parallel::make_backend_comm(*single, *ops, false);
-  expect_same(want, run_scenario(*ops, comm ? *comm : *single, ckpt, cfg, sc), what);
+  expect_same(want, run_scenario(*single, backend("cuda"), ckpt, cfg, sc), what);
 }
 
 TEST(CudaDrafter, DFlashGreedyAndDump) {
@@ -204,13 +212,14 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
     const RankOutput want = run_cpu(ckpt, cfg, sc);
     std::vector<RankOutput> got(static_cast<size_t>(tp));
     parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-      auto ops = kernels::make_cuda_ops(0);
-      auto staged = parallel::make_backend_comm(comm, *ops, false);
-      ASSERT_NE(staged, nullptr);
-      EXPECT_EQ(staged->name(), "threads+staging");
-      got[static_cast<size_t>(comm.rank())] = run_scenario(*ops, *staged, ckpt, cfg, sc);
+      model::RuntimeOptions ro = backend("cuda");
+      ro.local_rank = 0;  // every rank on the one GPU
+      got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
     });
-    for (int r = 0; r < tp; ++r) expect_same(want, got[static_cast<size_t>(r)], std::string(file) + " rank " + std::to_string(r));
+    for (int r = 0; r < tp; ++r) {
+      EXPECT_EQ(got[static_cast<size_t>(r)].comm, "threads+staging");
+      expect_same(want, got[static_cast<size_t>(r)], std::string(file) + " rank " + std::to_string(r));
+    }
   }
 }
 
@@ -224,18 +233,14 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
     const DrafterConfig cfg = two_kv_heads(file);
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
-    auto cpu_ops = kernels::make_cpu_ops(2);
     auto single = parallel::make_single_rank();
-    const auto want = testing::run_draft_rounds(*cpu_ops, *single, ckpt, cfg, false);
+    const auto want = testing::run_draft_rounds(*single, "cpu", ckpt, cfg, false);
     for (int tp : {1, 2}) {
       const std::string what = std::string(file) + " tp " + std::to_string(tp);
       std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
       auto body = [&](parallel::Communicator& comm) {
-        auto ops = kernels::make_cuda_ops(0);
-        auto dev = parallel::make_backend_comm(comm, *ops, false);
-        parallel::Communicator& c = dev ? *dev : comm;
-        eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, c, ckpt, cfg, false);
-        graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, c, ckpt, cfg, true);
+        eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false);
+        graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true);
       };
       if (tp == 1)
         body(*single);
@@ -254,7 +259,7 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
             EXPECT_EQ(g[i].results[s].tokens, e[i].results[s].tokens) << at << " session " << s;
           const std::vector<double> h(e[i].dump.hidden.begin(), e[i].dump.hidden.end());
           EXPECT_LT(testing::relative_error(g[i].dump.hidden, h), 1e-6) << at;
-          RankOutput got_out{g[i].results, g[i].dump}, want_out{want[i].results, want[i].dump};
+          RankOutput got_out{g[i].results, g[i].dump, ""}, want_out{want[i].results, want[i].dump, ""};
           expect_same(want_out, got_out, at + " against the cpu");
         }
       }
@@ -384,10 +389,11 @@ TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   const RankOutput want = run_cpu(ckpt, cfg, sc);
   std::vector<RankOutput> got(2);
   parallel::run_ranks(2, [&](parallel::Communicator& comm) {
-    auto ops = kernels::make_cuda_ops(comm.rank());
-    auto nccl = parallel::make_backend_comm(comm, *ops, true);
-    got[static_cast<size_t>(comm.rank())] = run_scenario(*ops, *nccl, ckpt, cfg, sc);
+    model::RuntimeOptions ro = backend("cuda");
+    ro.nccl = true;  // one rank per GPU (the group rank picks it)
+    got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
   });
+  EXPECT_EQ(got[0].comm, "nccl");
   expect_same(want, got[0], "nccl rank 0");
   expect_same(want, got[1], "nccl rank 1");
 }

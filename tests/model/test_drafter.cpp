@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/ops.h"
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
+#include "model/runtime.h"
 #include "parallel/communicator.h"
 #include "reference/reference.h"
 #include "support/test_support.h"
@@ -40,9 +40,9 @@ struct Case {
 struct Fixture {
   testing::TempDir dir;
   DrafterConfig cfg;
-  std::unique_ptr<kernels::Ops> ops;
   std::unique_ptr<parallel::Communicator> comm;
-  std::unique_ptr<model::Drafter> drafter;
+  std::unique_ptr<model::RankRuntime> rt;
+  model::Drafter* drafter = nullptr;
   std::unique_ptr<reference::RefModel> ref;
 
   Fixture(const Case& c, int64_t max_sessions = 1, int64_t max_context = 512) : cfg(c.cfg) {
@@ -53,16 +53,17 @@ struct Fixture {
     o.tie_embeddings = c.tie;
     o.threads = 2;
     model::write_random_checkpoint(cfg, dir.path(), o, 0);
-    ops = kernels::make_cpu_ops(2);
     comm = parallel::make_single_rank();
-    auto weights = std::make_shared<model::DrafterWeights>(
-        cfg, model::TensorStore::open(dir.file("drafter")), model::TensorStore::open(dir.file("target")),
-        model::ShardPlan::make(cfg, 0, 1), *ops);
-    model::DrafterLimits limits;
-    limits.max_sessions = max_sessions;
-    limits.max_context = max_context;
-    limits.settle_chunk = 64;  // several chunks for the longer contexts
-    drafter = std::make_unique<model::Drafter>(weights, *ops, *comm, limits);
+    model::RuntimeOptions ro;
+    ro.backend = "cpu";
+    ro.threads = 2;
+    ro.limits.max_sessions = max_sessions;
+    ro.limits.max_context = max_context;
+    ro.limits.settle_chunk = 64;  // several chunks for the longer contexts
+    const model::ModelSource source{cfg, model::TensorStore::open(dir.file("drafter")),
+                                    model::TensorStore::open(dir.file("target"))};
+    rt = std::make_unique<model::RankRuntime>(source, *comm, ro);
+    drafter = &rt->drafter();
     ref = std::make_unique<reference::RefModel>(dir.file("drafter"), dir.file("target"));
   }
 };

@@ -10,9 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
-#include "model/drafter.h"
 #include "model/random_checkpoint.h"
+#include "model/runtime.h"
 #include "parallel/mpi_comm.h"
 #include "support/draft_rounds.h"
 #include "support/test_support.h"
@@ -28,14 +27,15 @@ struct Output {
 };
 
 Output draft_with(const std::string& dir, const DrafterConfig& cfg, parallel::Communicator& comm) {
-  auto ops = kernels::make_cpu_ops(1);
-  auto weights = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(dir + "/drafter"),
-                                                         model::TensorStore::open(dir + "/target"),
-                                                         model::ShardPlan::make(cfg, comm.rank(), comm.size()), *ops);
-  model::DrafterLimits limits;
-  limits.max_sessions = 2;
-  limits.max_context = 96;
-  model::Drafter drafter(weights, *ops, comm, limits);
+  model::RuntimeOptions ro;
+  ro.backend = "cpu";
+  ro.threads = 1;
+  ro.limits.max_sessions = 2;
+  ro.limits.max_context = 96;
+  const model::ModelSource source{cfg, model::TensorStore::open(dir + "/drafter"),
+                                  model::TensorStore::open(dir + "/target")};
+  model::RankRuntime rt(source, comm, ro);
+  model::Drafter& drafter = rt.drafter();
   auto a = drafter.new_session(), b = drafter.new_session();
   const auto taps = model::random_taps(cfg, 60, 9);
   drafter.settle(*a, 0, taps.data(), 60);
@@ -68,9 +68,8 @@ TEST_P(MpiDrafter, GroupOfAllRanksEqualsOneRank) {
   const Output want = draft_with(dir, cfg, *single);
   const Output got = draft_with(dir, cfg, *world);
   {
-    auto ops = kernels::make_cpu_ops(1);
-    const auto eager = testing::run_draft_rounds(*ops, *world, dir, cfg, false);
-    const auto graphs = testing::run_draft_rounds(*ops, *world, dir, cfg, true);
+    const auto eager = testing::run_draft_rounds(*world, "cpu", dir, cfg, false);
+    const auto graphs = testing::run_draft_rounds(*world, "cpu", dir, cfg, true);
     ASSERT_EQ(graphs.size(), testing::draft_rounds_replayed().size());
     for (size_t i = 0; i < graphs.size(); ++i) {
       EXPECT_EQ(graphs[i].replayed, testing::draft_rounds_replayed()[i]) << "round " << i;

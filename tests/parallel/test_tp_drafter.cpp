@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
+#include "model/runtime.h"
 #include "parallel/thread_comm.h"
 #include "support/draft_rounds.h"
 #include "support/test_support.h"
@@ -48,15 +48,16 @@ struct Scenario {
 std::vector<RankOutput> run_tp(const std::string& ckpt, const DrafterConfig& cfg, int tp, const Scenario& sc) {
   std::vector<RankOutput> out(static_cast<size_t>(tp));
   parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-    auto ops = kernels::make_cpu_ops(1);
-    auto weights = std::make_shared<model::DrafterWeights>(
-        cfg, model::TensorStore::open(ckpt + "/drafter"), model::TensorStore::open(ckpt + "/target"),
-        model::ShardPlan::make(cfg, comm.rank(), tp), *ops);
-    model::DrafterLimits limits;
-    limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
-    limits.max_context = 128;
-    limits.settle_chunk = 32;
-    model::Drafter drafter(weights, *ops, comm, limits);
+    model::RuntimeOptions ro;
+    ro.backend = "cpu";
+    ro.threads = 1;
+    ro.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
+    ro.limits.max_context = 128;
+    ro.limits.settle_chunk = 32;
+    const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                    model::TensorStore::open(ckpt + "/target")};
+    model::RankRuntime rt(source, comm, ro);
+    model::Drafter& drafter = rt.drafter();
     std::vector<std::unique_ptr<model::Session>> sessions;
     std::vector<model::DraftRequest> reqs;
     for (size_t s = 0; s < sc.contexts.size(); ++s) {
@@ -163,8 +164,7 @@ std::vector<std::vector<testing::DraftRound>> run_rounds(const std::string& ckpt
                                                          bool graphs) {
   std::vector<std::vector<testing::DraftRound>> out(static_cast<size_t>(tp));
   auto rank_body = [&](parallel::Communicator& comm) {
-    auto ops = kernels::make_cpu_ops(1);
-    out[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(*ops, comm, ckpt, cfg, graphs);
+    out[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cpu", ckpt, cfg, graphs);
   };
   if (tp == 1) {
     const auto single = parallel::make_single_rank();

@@ -5,22 +5,24 @@
 #include <memory>
 
 #include "model/random_checkpoint.h"
-#include "model/shard_plan.h"
-#include "model/weights.h"
+#include "model/runtime.h"
 
 namespace tpdraft::testing {
 
-std::vector<DraftRound> run_draft_rounds(kernels::Ops& ops, parallel::Communicator& comm, const std::string& ckpt,
-                                         const model::DrafterConfig& cfg, bool graphs) {
-  auto weights = std::make_shared<model::DrafterWeights>(
-      cfg, model::TensorStore::open(ckpt + "/drafter"), model::TensorStore::open(ckpt + "/target"),
-      model::ShardPlan::make(cfg, comm.rank(), comm.size()), ops);
-  model::DrafterLimits limits;
-  limits.max_sessions = 2;
-  limits.max_context = 160;
-  limits.settle_chunk = 32;
-  limits.graphs = graphs;
-  model::Drafter drafter(weights, ops, comm, limits);
+std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const std::string& backend,
+                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs) {
+  model::RuntimeOptions ro;
+  ro.backend = backend;
+  ro.threads = 1;
+  ro.limits.max_sessions = 2;
+  ro.limits.max_context = 160;
+  ro.limits.settle_chunk = 32;
+  ro.graphs = graphs ? model::GraphMode::On : model::GraphMode::Off;
+  const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                  model::TensorStore::open(ckpt + "/target")};
+  model::RankRuntime rt(source, group, ro);
+  model::Drafter& drafter = rt.drafter();
+  parallel::Communicator& comm = rt.comm();
   const int64_t row = cfg.n_taps() * cfg.hidden;
   const auto taps_a = model::random_taps(cfg, 150, 91), taps_b = model::random_taps(cfg, 150, 92);
   auto a = drafter.new_session(), b = drafter.new_session();

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
 #include "model/config.h"
 #include "model/drafter.h"
 #include "parallel/communicator.h"
@@ -21,9 +20,10 @@ struct DraftRound {
   size_t segments = 0;        // graph segments held for this draft's session count
 };
 
-// Runs the rounds on one rank (checkpoint directory `ckpt` as written by write_random_checkpoint).
-std::vector<DraftRound> run_draft_rounds(kernels::Ops& ops, parallel::Communicator& comm, const std::string& ckpt,
-                                         const model::DrafterConfig& cfg, bool graphs);
+// Runs the rounds on one rank of `group` (checkpoint directory `ckpt` as written by
+// write_random_checkpoint for `cfg`) on a fresh rank runtime of the given backend.
+std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const std::string& backend,
+                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs);
 
 // Which rounds replay a graph when graphs are on: the first draft of each session count is
 // issued op by op (and captured), the others replay.

@@ -94,6 +94,7 @@ class CpuOps final : public Ops {
   explicit CpuOps(int threads);
   ~CpuOps() override;
   const char* name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
 
   void* alloc(size_t bytes) override;
   void release(void* p) override;

@@ -66,6 +66,7 @@ class CudaOps final : public Ops {
   explicit CudaOps(int device);
   ~CudaOps() override;
   const char* name() const override { return "cuda"; }
+  bool host_memory() const override { return false; }
 
   void* alloc(size_t bytes) override;
   void release(void* p) override;

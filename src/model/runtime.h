@@ -1,0 +1,70 @@
+// One rank of a drafter, built in one place: the backend's ops, the communicator that carries
+// the backend's buffers, the shard plan (taken from that communicator's rank and size), the
+// rank's share of the weights and the drafter. The CLI, the tests and the library all start a
+// rank here, so the order of these steps and their checks exist once.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/drafter.h"
+#include "model/safetensors.h"
+#include "model/shard_plan.h"
+#include "model/weights.h"
+#include "parallel/communicator.h"
+
+namespace tpdraft::model {
+
+// What a rank loads: a drafter checkpoint and the target's embedding and head, from disk or
+// held in memory (benchmarks on random weights).
+struct ModelSource {
+  DrafterConfig config;
+  std::shared_ptr<const TensorStore> drafter;
+  std::shared_ptr<const TensorStore> target;
+
+  // DRAFTER/config.json and the tensors of both directories.
+  static ModelSource open(const std::string& drafter_dir, const std::string& target_dir);
+};
+
+enum class GraphMode { Auto, On, Off };  // Auto: on for backends whose memory is a device's
+
+struct RuntimeOptions {
+  std::string backend = "auto";  // "cpu", "cuda", or "auto" (cuda when a device is visible)
+  int threads = 0;               // CPU worker threads (0: every core)
+  // This rank's index among the ranks on its machine (-1: its rank in the group); its GPU is
+  // this index modulo the devices the machine has.
+  int local_rank = -1;
+  bool nccl = false;             // device buffers over NCCL (one GPU per rank), else host staging
+  GraphMode graphs = GraphMode::Auto;
+  DrafterLimits limits;          // limits.graphs is decided by `graphs`
+};
+
+class RankRuntime {
+ public:
+  // `group` is this rank's tensor-parallel group (host buffers); it must outlive the runtime.
+  RankRuntime(const ModelSource& source, parallel::Communicator& group, const RuntimeOptions& options);
+  ~RankRuntime();
+  RankRuntime(const RankRuntime&) = delete;
+  RankRuntime& operator=(const RankRuntime&) = delete;
+
+  kernels::Ops& ops() { return *ops_; }
+  // The communicator the drafter uses: `group`, or the device communicator built over it.
+  parallel::Communicator& comm() { return *comm_; }
+  const DrafterConfig& config() const { return weights_->config(); }
+  const ShardPlan& plan() const { return weights_->plan(); }
+  const DrafterWeights& weights() const { return *weights_; }
+  Drafter& drafter() { return *drafter_; }
+  const Drafter& drafter() const { return *drafter_; }
+
+ private:
+  // Declared in construction order; destroyed in reverse (the drafter before what it uses).
+  std::unique_ptr<kernels::Ops> ops_;
+  std::unique_ptr<parallel::Communicator> device_comm_;
+  parallel::Communicator* comm_ = nullptr;
+  std::shared_ptr<const DrafterWeights> weights_;
+  std::unique_ptr<Drafter> drafter_;
+};
+
+}  // namespace tpdraft::model
