@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# The PyTorch eager baseline of one DFlash / DFlash 2 draft (spec/dflash.md §4-§6): what a
+# The PyTorch eager baseline of one DFlash / DFlash 2 draft (docs/model.md): what a
 # competent PyTorch user writes with nn.functional, batched over heads; fp32 on the CPU, or bf16
 # on a GPU the way Hugging Face models run (norms and softmax in f32). It reads the same
 # checkpoints as tpdraft (safetensors parsed with numpy) so the two can be timed and cross-checked.
@@ -176,7 +176,7 @@ def write_safetensors(path, arrays):
 
 
 # ---------------------------------------------------------------------------------------------
-# Config (spec §2, with the same fallbacks as the C++ reader).
+# Config (docs/checkpoint.md, with the same fallbacks as the C++ reader).
 
 class Config:
     def __init__(self, path):
@@ -287,7 +287,7 @@ def apply_rope(x, cos, sin):
 
 
 def dyn_conv(x, base, delta, gs):
-    """Grouped dynamic causal conv along the block rows (spec §5.1).
+    """Grouped dynamic causal conv along the block rows (docs/model.md).
     x [B, H], base [K, H], delta [B, K, G] -> [B, H]."""
     coef = base.unsqueeze(0) + delta.repeat_interleave(gs, dim=-1)  # [B, K, H]
     out = coef[:, 0] * x
@@ -366,7 +366,7 @@ class Drafter:
         self.ctx_len = 0
         self.kv = []
 
-    # --- settle (spec §4) -----------------------------------------------------------------
+    # --- settle (docs/model.md) -----------------------------------------------------------
     def settle(self, taps):
         """Context rows for positions 0..n-1 from taps [n, T*H]; keeps per-layer K/V plus B free
         slots at the end that each draft fills with its transient block K/V."""
@@ -390,7 +390,7 @@ class Drafter:
             self.kv.append((kbuf, vbuf, keep))
         self.ctx_len = n
 
-    # --- block forward (spec §5) ----------------------------------------------------------
+    # --- block forward (docs/model.md) ----------------------------------------------------
     def _mask(self, l, qpos, kpos):
         c = self.cfg
         if not c.causal[l] and not c.sliding[l]:
@@ -469,7 +469,7 @@ class Drafter:
             z = torch.tanh(z / c.cap) * c.cap
         return z
 
-    # --- greedy selection (spec §6) -------------------------------------------------------
+    # --- greedy selection (docs/sampling.md) ----------------------------------------------
     def _candidates(self, logits):
         """Top-k per row ordered by logit descending, ties to the lower id."""
         k = self.cfg.top_k

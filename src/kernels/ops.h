@@ -37,7 +37,7 @@ struct ContextView {
 
 // Attention of the block's queries over [the session's context positions < anchor] U [block rows].
 // Query row r of session s sits at position anchor[s] + r. Query head h reads kv head
-// h / (n_q / n_kv). Visibility (spec §5 step 4): causal -> key pos <= query pos; window W > 0 ->
+// h / (n_q / n_kv). Visibility (docs/model.md): causal -> key pos <= query pos; window W > 0 ->
 // q - k < W, and when not causal also k - q < W.
 struct AttentionParams {
   const float* q = nullptr;  // [S*B, n_q, D]   (normed, rotated)

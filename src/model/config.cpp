@@ -1,4 +1,4 @@
-// config.json parsing for DFlash / DFlash 2 drafters: key fallbacks of spec/dflash.md §2,
+// config.json parsing for DFlash / DFlash 2 drafters: key fallbacks as docs/checkpoint.md lists them,
 // errors that name the file and the key.
 #include "model/config.h"
 

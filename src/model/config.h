@@ -1,4 +1,4 @@
-// The drafter's geometry and behaviour, read from an HF `config.json` (spec/dflash.md §2) with
+// The drafter's geometry and behaviour, read from an HF `config.json` (docs/checkpoint.md) with
 // every key and fallback, checked at load; and the small target-side config (vocab, tie).
 #pragma once
 
@@ -55,7 +55,7 @@ struct DrafterConfig {
   static DrafterConfig from_file(const std::string& path);
   // An HF-style config.json that from_json reads back to the same config.
   nlohmann::json to_json() const;
-  // Re-checks the constraints of spec §2 (called by from_json; public for programmatic configs).
+  // Re-checks the constraints of docs/checkpoint.md (called by from_json; public for programmatic configs).
   void validate(const std::string& source) const;
 };
 

@@ -1,4 +1,4 @@
-// FLOP and byte counts per draft and per settle, straight from spec §4-§5 and the shard plan.
+// FLOP and byte counts per draft and per settle, straight from docs/model.md and the shard plan.
 #include "model/cost.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The drafter's forward passes (spec §4, §5) and the host-side selection (§6) on one rank.
+// The drafter's forward passes (docs/model.md) and the host-side selection (docs/sampling.md) on one rank.
 // Every matmul is the rank's shard; the two all-reduces per layer restore the full sums.
 #include "model/drafter.h"
 

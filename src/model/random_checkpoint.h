@@ -22,7 +22,7 @@ struct RandomCheckpointOptions {
   int threads = 0;
 };
 
-// Tensors of a drafter checkpoint (names as spec §3, no prefix) / a target (HF names with the
+// Tensors of a drafter checkpoint (docs/checkpoint.md names, no prefix) / a target (HF names with the
 // "model." prefix), generated in parallel; `progress(done, total)` is called as tensors finish.
 std::vector<OwnedTensor> random_drafter_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                 const std::function<void(size_t, size_t)>& progress = {});

@@ -1,4 +1,4 @@
-// Choosing draft tokens on the host from the head's results (spec §6, docs/sampling.md):
+// Choosing draft tokens on the host from the head's results (docs/sampling.md):
 // candidate merging, greedy / sampled DFlash picks, and the DFlash 2 selector walk. Every rank
 // runs this on identical inputs, so every rank proposes the same tokens.
 #pragma once

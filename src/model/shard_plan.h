@@ -1,4 +1,4 @@
-// Which rows and columns of each weight a rank holds (spec/parallel.md §1), derived from the
+// Which rows and columns of each weight a rank holds (docs/parallel.md, the shard plan), derived from the
 // config and (rank, tp). One rank (tp = 1) holds everything; the same code serves every size.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Head results when the vocabulary is split across ranks (spec/parallel.md §3): merging local
+// Head results when the vocabulary is split across ranks (docs/parallel.md): merging local
 // top-k candidates into the same global list on every rank, exact sampling without gathering
 // the distribution (a max and a sum-of-exp exchange give the exact normaliser; the draw is a
 // Gumbel-max over keyed noise), and the full-logits gather for dumps. With one rank every

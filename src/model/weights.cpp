@@ -1,4 +1,4 @@
-// Loading a rank's share of the drafter: every tensor checked against spec §3's shape, only the
+// Loading a rank's share of the drafter: every tensor's shape checked (docs/checkpoint.md), only the
 // rank's rows / columns copied (in chunks of ~64 MiB, so a rank never stages a whole matrix).
 #include "model/weights.h"
 

@@ -76,7 +76,7 @@ class DrafterWeights {
   int64_t target_vocab_ = 0;
 };
 
-// Every tensor name a drafter checkpoint must hold, with its full shape (spec §3).
+// Every tensor name a drafter checkpoint must hold, with its full shape (docs/checkpoint.md).
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& cfg);
 
 }  // namespace tpdraft::model

@@ -1,4 +1,4 @@
-// Drafter config parsing (spec/dflash.md §2): the tiny configs shipped in configs/, each key
+// Drafter config parsing (docs/checkpoint.md): the tiny configs shipped in configs/, each key
 // fallback, the to_json() round trip, and one test per error a user can meet, checking that the
 // message names the file and the key at fault.
 #include <fstream>
@@ -153,7 +153,7 @@ TEST(Config, TinyDFlash2) {
   EXPECT_EQ(c.in_scale, 1.0);
 }
 
-// ---- fallbacks of spec §2 --------------------------------------------------------------------
+// ---- fallbacks of docs/checkpoint.md ---------------------------------------------------------
 
 TEST(ConfigFallbacks, BlockSize) {
   json j = base();

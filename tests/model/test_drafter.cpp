@@ -216,7 +216,7 @@ TEST(DrafterParity, SeveralSessionsInOneBatch) {
   }
 }
 
-// The speculative round of spec §7: settle the prompt, draft, keep m rows, roll back, repeat;
+// The speculative round of docs/model.md: settle the prompt, draft, keep m rows, roll back, repeat;
 // the context must equal one settle of the kept rows.
 TEST(DrafterParity, SettleInPiecesWithRollbackEqualsOneSettle) {
   const Case c{"rounds", tiny("tiny-dflash2.json")};  // sliding window 6 < context

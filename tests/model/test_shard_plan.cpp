@@ -1,4 +1,4 @@
-// The shard plan of spec/parallel.md §1: who holds which heads, FFN rows and vocabulary rows at
+// The shard plan of docs/parallel.md: who holds which heads, FFN rows and vocabulary rows at
 // every tp, kv replication when tp > Nk, vocabulary padding, and the start-up errors.
 #include <gtest/gtest.h>
 

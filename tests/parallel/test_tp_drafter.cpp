@@ -1,7 +1,7 @@
 // Tensor-parallel drafts in one process (one thread per rank, the in-process communicator):
 // tp = 2, 4, 8 and tp > Nk must give the tp = 1 tokens, with hidden rows and logits within f32
 // rounding, for DFlash and DFlash 2, sliding windows, seeded sampling, several sessions and
-// settle + rollback; and the wire carries only what spec/parallel.md says.
+// settle + rollback; and the wire carries only what docs/parallel.md lists.
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -1,5 +1,5 @@
-// The float64 reference drafter: settle (spec/dflash.md §4), the block forward (§5, §5.1) and
-// the choice of draft tokens (§6, docs/sampling.md), written as plain double loops. It shares
+// The float64 reference drafter: settle and the block forward of docs/model.md, and the choice
+// of draft tokens of docs/sampling.md, written as plain double loops. It shares
 // nothing with the fast path but the config and checkpoint readers, so a slip there cannot hide
 // by being repeated here. Clarity over speed: every vector is a fresh std::vector.
 #include "reference/reference.h"
@@ -48,7 +48,7 @@ void norm_rope_heads(Vec& x, int64_t heads, int64_t d, const Vec& w, double eps,
 
 double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
-// Spec §5.1: out_t[c] = Σ_j (base[side][j][c] + δ_t[side][j][c / gs]) · in_{t-j}[c], block-local.
+// docs/model.md: out_t[c] = Σ_j (base[side][j][c] + δ_t[side][j][c / gs]) · in_{t-j}[c], block-local.
 Rows conv(const Rows& in, const Vec& base, const Rows& delta, int64_t side, int64_t k, int64_t gs) {
   const int64_t rows = static_cast<int64_t>(in.size());
   const int64_t h = static_cast<int64_t>(in[0].size());
@@ -67,7 +67,7 @@ Rows conv(const Rows& in, const Vec& base, const Rows& delta, int64_t side, int6
   return out;
 }
 
-// Whether the query at position q sees the key at position k (spec §5 step 4).
+// Whether the query at position q sees the key at position k (docs/model.md).
 bool visible(int64_t q, int64_t k, bool causal, bool sliding, int64_t window) {
   if (causal && k > q) return false;
   if (sliding) {

@@ -1,5 +1,5 @@
 // The independent float64 reference of the DFlash / DFlash 2 drafter: plain loops written
-// straight from spec/dflash.md, sharing no code with the fast path except the config and
+// straight from docs/model.md, sharing no code with the fast path except the config and
 // checkpoint readers. Slow on purpose; used on tiny configs to check whole drafts.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 namespace tpdraft::reference {
 
-// How draft tokens are chosen (spec §6 and docs/sampling.md).
+// How draft tokens are chosen (docs/sampling.md).
 struct RefSampling {
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;         // 0: off (DFlash 1 only)
@@ -41,9 +41,9 @@ class RefModel {
   const model::DrafterConfig& config() const { return cfg_; }
 
   // Settles rows u [n, T*H] at positions p0 .. p0+n-1: the context is first cut to p0 rows,
-  // then the new rows are appended (spec §4).
+  // then the new rows are appended (docs/model.md, settle).
   void settle(RefContext& ctx, int64_t p0, const std::vector<double>& u, int64_t n) const;
-  // Drafts one block with the anchor token at position ctx.length() (spec §5, §6).
+  // Drafts one block with the anchor token at position ctx.length() (docs/model.md, docs/sampling.md).
   RefDraft draft(const RefContext& ctx, int64_t anchor_token, const RefSampling& sampling) const;
 
  private:
@@ -56,12 +56,12 @@ class RefModel {
   const Tensor& w(const std::string& name) const;
   // W x (+ bias when the config has biases and `bias` asks for it) for the Linear `name`.
   std::vector<double> linear(const std::string& name, const std::vector<double>& x, bool bias) const;
-  // Attention of one layer for the block rows x (already normed and convolved), spec §5 step 3-4.
+  // Attention of one layer for the block rows x (already normed and convolved), docs/model.md steps 3-4.
   std::vector<std::vector<double>> attention(int64_t l, const RefContext& ctx,
                                              const std::vector<std::vector<double>>& x) const;
-  // One decoder layer over the block rows h (spec §5 steps 1-9).
+  // One decoder layer over the block rows h (docs/model.md, steps 1-10).
   void layer(int64_t l, const RefContext& ctx, std::vector<std::vector<double>>& h) const;
-  // Fills tokens and probs from logits and hidden (spec §6, docs/sampling.md).
+  // Fills tokens and probs from logits and hidden (docs/sampling.md).
   void choose(RefDraft& d, int64_t anchor, const RefSampling& s) const;
   std::vector<std::pair<std::string, Tensor>> weights_;
   std::vector<double> embed_;  // [V, H] first V rows of the target embedding

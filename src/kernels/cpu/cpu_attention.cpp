@@ -1,4 +1,4 @@
-// Block attention over a session's context ring and the block's own keys (spec §5 step 4).
+// Block attention over a session's context ring and the block's own keys (docs/model.md).
 // One task is (session, kv head, group of the q heads reading it): the group's B x heads query
 // rows share every K/V row read, so scores come from the matmul dot engine (queries as rows,
 // keys as weight rows), softmax runs in f32 on whole score rows, and P.V is a register-blocked

@@ -1,5 +1,5 @@
-// DFlash 2's grouped dynamic causal convolution along the rows of each session's block (spec
-// §5.1), one thread per output element. The taps are added in order j = 0, 1, ... to a zero with
+// DFlash 2's grouped dynamic causal convolution (docs/model.md) along the rows of each session's
+// block, one thread per output element. The taps are added in order j = 0, 1, ... to a zero with
 // explicitly rounded operations (no fused multiply-add), the order of the CPU twin; the CPU's
 // vector variants may contract a multiply and an add into one FMA, so the two agree to f32
 // rounding, not always bit for bit.
