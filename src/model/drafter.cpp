@@ -6,11 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
-#include "core/log.h"
-#include "model/sharded_head.h"
 
 namespace tpdraft::model {
 
@@ -32,7 +31,8 @@ struct CodebookRows {
 
 Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& ops, parallel::Communicator& comm,
                  DrafterLimits limits)
-    : weights_(std::move(weights)), cfg_(weights_->config()), ops_(ops), comm_(comm), limits_(limits) {
+    : weights_(std::move(weights)), cfg_(weights_->config()), ops_(ops), comm_(comm), limits_(limits),
+      recorder_(ops, comm, limits.graphs) {
   TPDRAFT_CHECK(limits_.max_sessions >= 1, "max sessions must be at least 1, got {}", limits_.max_sessions);
   TPDRAFT_CHECK(limits_.max_context >= 1, "max context must be at least 1, got {}", limits_.max_context);
   TPDRAFT_CHECK(limits_.settle_chunk >= 1, "settle chunk must be at least 1, got {}", limits_.settle_chunk);
@@ -45,11 +45,11 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   ffn_local_ = plan.ffn.size();
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block;
   const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1);
-  x_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  xc_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  o_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  g_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  g_draft_ = kernels::Buffer(ops_, f32_bytes(Md * H));
+  normed_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  conv_out_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  partial_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  final_normed_ = kernels::Buffer(ops_, f32_bytes(M * H));
+  draft_rows_ = kernels::Buffer(ops_, f32_bytes(Md * H));
   q_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
   attn_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
   k_ = kernels::Buffer(ops_, f32_bytes(M * nkv_local_ * D));
@@ -57,15 +57,15 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   gate_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
   up_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
   if (cfg_.is_dflash2()) {
-    delta_ = kernels::Buffer(ops_, f32_bytes(M * 2 * cfg_.conv_kernel * cfg_.conv_groups()));
-    sel_ = kernels::Buffer(ops_, f32_bytes(Md * cfg_.selector_rank));
+    conv_delta_ = kernels::Buffer(ops_, f32_bytes(M * 2 * cfg_.conv_kernel * cfg_.conv_groups()));
+    selector_ = kernels::Buffer(ops_, f32_bytes(Md * cfg_.selector_rank));
   }
   const int64_t kmax = std::max<int64_t>(1, cfg_.selector_topk);
-  topv_ = kernels::Buffer(ops_, f32_bytes(Md * kmax));
-  topi_ = kernels::Buffer(ops_, static_cast<size_t>(Md * kmax) * sizeof(int64_t));
+  top_values_ = kernels::Buffer(ops_, f32_bytes(Md * kmax));
+  top_ids_ = kernels::Buffer(ops_, static_cast<size_t>(Md * kmax) * sizeof(int64_t));
   const int64_t C = limits_.settle_chunk;
-  settle_u_ = kernels::Buffer(ops_, f32_bytes(C * cfg_.n_taps() * H));
-  settle_c_ = kernels::Buffer(ops_, f32_bytes(C * H));
+  settle_taps_ = kernels::Buffer(ops_, f32_bytes(C * cfg_.n_taps() * H));
+  settle_context_ = kernels::Buffer(ops_, f32_bytes(C * H));
   settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   // The step table: positions [M], anchors [S], views [layers][S], then the block rows [M, H]
@@ -87,16 +87,9 @@ size_t Drafter::context_bytes_per_position() const {
   return static_cast<size_t>(cfg_.layers) * 2 * static_cast<size_t>(nkv_local_ * cfg_.head_dim) * sizeof(float);
 }
 
-size_t Session::bytes() const {
-  size_t b = 0;
-  for (const auto& l : layers_) b += l.k.bytes() + l.v.bytes();
-  return b;
-}
-
 std::unique_ptr<Session> Drafter::new_session() {
   auto s = std::unique_ptr<Session>(new Session());
   s->max_context_ = limits_.max_context;
-  s->id_ = next_session_id_++;
   const size_t row = f32_bytes(nkv_local_ * cfg_.head_dim);
   s->layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t l = 0; l < cfg_.layers; ++l) {
@@ -159,18 +152,18 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
   for (int64_t j0 = 0; j0 < n; j0 += limits_.settle_chunk) {
     const int64_t rows = std::min(limits_.settle_chunk, n - j0);
     const int64_t first = p0 + j0;
-    ops_.to_device(settle_u_.get(), taps + j0 * TH, f32_bytes(rows * TH));
+    ops_.to_device(settle_taps_.get(), taps + j0 * TH, f32_bytes(rows * TH));
     for (int64_t j = 0; j < rows; ++j) positions_[static_cast<size_t>(j)] = first + j;
     ops_.to_device(settle_pos_.get(), positions_.data(), static_cast<size_t>(rows) * sizeof(int64_t));
     const auto* positions = static_cast<const int64_t*>(settle_pos_.get());
-    ops_.matmul(weights_->fc, settle_u_.f32(), rows, settle_c_.f32());
-    ops_.rms_norm(settle_c_.f32(), weights_->hidden_norm, settle_c_.f32(), rows, H, eps);
+    ops_.matmul(weights_->fc, settle_taps_.f32(), rows, settle_context_.f32());
+    ops_.rms_norm(settle_context_.f32(), weights_->hidden_norm, settle_context_.f32(), rows, H, eps);
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
       auto& lc = s.layers_[static_cast<size_t>(l)];
-      ops_.matmul(w.k, settle_c_.f32(), rows, settle_k_.f32(), w.k_bias);
+      ops_.matmul(w.k, settle_context_.f32(), rows, settle_k_.f32(), w.k_bias);
       ops_.head_norm_rope(settle_k_.f32(), w.k_norm, rows, nkv_local_, D, eps, positions, cfg_.rope_theta);
-      ops_.matmul(w.v, settle_c_.f32(), rows, settle_v_.f32(), w.v_bias);
+      ops_.matmul(w.v, settle_context_.f32(), rows, settle_v_.f32(), w.v_bias);
       // Only the last `capacity` rows of a chunk can survive in the ring; writing just those
       // keeps every slot written once.
       const int64_t skip = std::max<int64_t>(0, rows - lc.capacity);
@@ -231,83 +224,7 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
   ops_.to_device(step_.get(), base, rows_offset_ + f32_bytes(S * B * H));
 }
 
-size_t Drafter::graph_segments(int64_t sessions) const {
-  const auto it = graphs_.find(sessions);
-  return it == graphs_.end() ? 0 : it->second.segments.size();
-}
-
-void Drafter::forward(int64_t S) {
-  times_.replayed = false;
-  if (limits_.graphs) {
-    const auto it = graphs_.find(S);
-    if (it != graphs_.end()) {
-      const ForwardGraph& g = it->second;
-      for (size_t i = 0; i < g.segments.size(); ++i) {
-        ops_.replay(*g.segments[i]);
-        if (i < g.reduces.size()) comm_.all_reduce_sum(g.reduces[i].first, g.reduces[i].second);
-      }
-      comm_.count_replayed(g.captured);
-      if (g.captured.all_reduce_calls > 0) comm_.wait_replayed(fmt::format("the block forward's graph ({} sessions)", S));
-      times_.replayed = true;
-      return;
-    }
-  }
-  run_layers(S);
-  // This first forward with S sessions has sized every workspace its ops use, so capturing the
-  // same ops now allocates nothing.
-  if (limits_.graphs) capture(S);
-}
-
-void Drafter::capture(int64_t S) {
-  ForwardGraph g;
-  const parallel::CommStats before = comm_.stats();
-  std::string failure;
-  capturing_ = &g;
-  try {
-    ops_.begin_capture();
-    run_layers(S);
-    g.segments.push_back(ops_.end_capture());
-  } catch (const std::exception& e) {
-    ops_.abort_capture();
-    failure = e.what();
-  }
-  capturing_ = nullptr;
-  // Collectives that joined the capture were counted as if they had run; they run on replay.
-  g.captured = comm_.stats();
-  g.captured -= before;
-  g.captured.seconds = 0;
-  // Every rank must go on issuing the same collectives, so graphs stay only where all captured.
-  float failed = failure.empty() ? 0.0f : 1.0f;
-  if (comm_.size() > 1) comm_.all_reduce_sum(&failed, 1);
-  parallel::CommStats extra = comm_.stats();
-  extra -= before;
-  comm_.uncount_captured(extra);  // neither the capture nor the agreement moved draft data
-  if (failed == 0.0f) {
-    graphs_.emplace(S, std::move(g));
-    return;
-  }
-  graphs_.clear();
-  limits_.graphs = false;
-  if (!failure.empty())
-    TPDRAFT_LOG_WARN("capturing the block forward for {} session(s) failed; drafting without graphs from now on: {}",
-                     S, failure);
-  else
-    TPDRAFT_LOG_WARN("another rank could not capture the block forward for {} session(s); drafting without graphs "
-                     "from now on",
-                     S);
-}
-
-void Drafter::reduce(float* data, size_t count) {
-  if (capturing_ != nullptr && !comm_.can_capture()) {
-    // This communicator runs on the host: close the segment here; on replay the all-reduce runs
-    // between this segment and the next.
-    capturing_->segments.push_back(ops_.end_capture());
-    capturing_->reduces.emplace_back(data, count);
-    ops_.begin_capture();
-    return;
-  }
-  comm_.all_reduce_sum(data, count);
-}
+size_t Drafter::graph_segments(int64_t sessions) const { return recorder_.segments(sessions); }
 
 void Drafter::run_layers(int64_t S) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block, M = S * B;
@@ -318,17 +235,18 @@ void Drafter::run_layers(int64_t S) {
   const auto* anchors = reinterpret_cast<const int64_t*>(step + anchors_offset_);
   const auto* views = reinterpret_cast<const kernels::ContextView*>(step + views_offset_);
   float* h = reinterpret_cast<float*>(static_cast<unsigned char*>(step_.get()) + rows_offset_);
-  float* x = x_.f32();
-  float* xc = xc_.f32();
-  float* o = o_.f32();
+  float* x = normed_.f32();
+  float* xc = conv_out_.f32();
+  float* o = partial_.f32();
+  float* delta = conv_delta_.f32();
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
     // Attention sublayer.
     ops_.rms_norm(h, w.input_norm, x, M, H, eps);
     const float* xin = x;
     if (v2) {
-      ops_.matmul(w.attn_conv_proj, x, M, delta_.f32());
-      conv(x, xc, w.attn_conv_base, delta_.f32(), 0, S);
+      ops_.matmul(w.attn_conv_proj, x, M, delta);
+      conv(x, xc, w.attn_conv_base, delta, 0, S);
       xin = xc;
     }
     ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
@@ -355,9 +273,9 @@ void Drafter::run_layers(int64_t S) {
     ops_.attention(ap);
     // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
-    reduce(o, static_cast<size_t>(M * H));
+    recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
     if (v2) {
-      conv(o, xc, w.attn_conv_base, delta_.f32(), 1, S);
+      conv(o, xc, w.attn_conv_base, delta, 1, S);
       ops_.add(h, xc, M * H);
     } else {
       ops_.add(h, o, M * H);
@@ -366,29 +284,29 @@ void Drafter::run_layers(int64_t S) {
     ops_.rms_norm(h, w.post_norm, x, M, H, eps);
     xin = x;
     if (v2) {
-      ops_.matmul(w.mlp_conv_proj, x, M, delta_.f32());
-      conv(x, xc, w.mlp_conv_base, delta_.f32(), 0, S);
+      ops_.matmul(w.mlp_conv_proj, x, M, delta);
+      conv(x, xc, w.mlp_conv_base, delta, 0, S);
       xin = xc;
     }
     ops_.matmul(w.gate, xin, M, gate_.f32());
     ops_.matmul(w.up, xin, M, up_.f32());
     ops_.silu_mul(gate_.f32(), up_.f32(), gate_.f32(), M * ffn_local_);
     ops_.matmul(w.down, gate_.f32(), M, o);
-    reduce(o, static_cast<size_t>(M * H));
+    recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
     if (v2) {
-      conv(o, xc, w.mlp_conv_base, delta_.f32(), 1, S);
+      conv(o, xc, w.mlp_conv_base, delta, 1, S);
       ops_.add(h, xc, M * H);
     } else {
       ops_.add(h, o, M * H);
     }
   }
-  ops_.rms_norm(h, weights_->final_norm, g_.f32(), M, H, eps);
+  ops_.rms_norm(h, weights_->final_norm, final_normed_.f32(), M, H, eps);
   // The draft rows (1..B-1 of each session) side by side for the head.
   for (int64_t s = 0; s < S; ++s)
-    ops_.store_rows(g_.f32() + (s * B + 1) * H, B - 1, H, g_draft_.f32() + s * (B - 1) * H, B - 1, 0);
+    ops_.store_rows(final_normed_.f32() + (s * B + 1) * H, B - 1, H, draft_rows_.f32() + s * (B - 1) * H, B - 1, 0);
 }
 
-std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& requests, DraftDump* dump) {
+void Drafter::check_requests(const std::vector<DraftRequest>& requests) const {
   const int64_t S = static_cast<int64_t>(requests.size());
   TPDRAFT_CHECK(S >= 1 && S <= limits_.max_sessions, "draft: {} sessions requested, expected 1..{} (max sessions)", S,
                 limits_.max_sessions);
@@ -409,106 +327,156 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
                   "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
                   cfg_.selector_topk);
   }
-  const auto t0 = Clock::now();
-  upload_step(requests);
-  forward(S);
-  ops_.sync();
-  times_.layers = seconds_since(t0);
-  return select(requests, dump);
 }
 
-std::vector<DraftResult> Drafter::select(const std::vector<DraftRequest>& requests, DraftDump* dump) {
-  const int64_t S = static_cast<int64_t>(requests.size());
-  const int64_t H = cfg_.hidden, B = cfg_.block, Md = S * (B - 1);
-  const bool v2 = cfg_.is_dflash2();
+std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& requests, DraftDump* dump) {
+  check_requests(requests);
+  const int64_t S = static_cast<int64_t>(requests.size()), H = cfg_.hidden, B = cfg_.block;
   const auto t0 = Clock::now();
-  bool any_sampling = false;
-  for (const auto& r : requests) any_sampling = any_sampling || (!v2 && !r.sampling.greedy());
+  upload_step(requests);
+  times_.replayed = recorder_.run(S, [&] { run_layers(S); }, fmt::format("the block forward ({} sessions)", S));
+  ops_.sync();
+  times_.layers = seconds_since(t0);
 
+  const auto t1 = Clock::now();
+  HeadOutput head = candidates(requests, dump != nullptr);
+  times_.head = seconds_since(t1);
+  const auto t2 = Clock::now();
+  std::vector<Pick> picks = choose(requests, head);
+  publish(requests, &picks);
+  times_.select = seconds_since(t2);
+
+  std::vector<DraftResult> results(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t r = 0; r < B - 1; ++r) {
+      const Pick& p = picks[static_cast<size_t>(s * (B - 1) + r)];
+      results[static_cast<size_t>(s)].tokens.push_back(p.token);
+      results[static_cast<size_t>(s)].probs.push_back(p.prob);
+    }
+  if (dump != nullptr) {
+    dump->hidden.resize(static_cast<size_t>(S * B * H));
+    ops_.to_host(dump->hidden.data(), final_normed_.get(), dump->hidden.size() * sizeof(float));
+    dump->logits = gather_logits(head.logits.data(), S * (B - 1), vocab_slice(), comm_);
+  }
+  return results;
+}
+
+VocabSlice Drafter::vocab_slice() const {
   const ShardPlan& plan = weights_->plan();
+  return {plan.vocab.begin, plan.vocab.size(), plan.vocab_padded / plan.tp, cfg_.vocab};
+}
+
+Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& requests, bool dump) {
+  const int64_t Md = static_cast<int64_t>(requests.size()) * (cfg_.block - 1);
+  const bool v2 = cfg_.is_dflash2();
+  bool sampling = false, greedy = v2;
+  for (const auto& r : requests) (v2 || r.sampling.greedy() ? greedy : sampling) = true;
+  const VocabSlice slice = vocab_slice();
+  const int64_t k = v2 ? cfg_.selector_topk : 1, vl = slice.width;
+  // The selector's projection goes first, while its input is on the backend anyway; the copies
+  // below wait for it.
+  if (v2) ops_.matmul(weights_->selector_proj, draft_rows_.f32(), Md, selector_.f32());
   kernels::HeadParams hp;
   hp.head = weights_->head;
-  hp.g = g_draft_.f32();
+  hp.g = draft_rows_.f32();
   hp.m = Md;
   hp.valid_rows = weights_->head.rows;
   hp.scale = static_cast<float>(cfg_.out_scale);
   hp.cap = static_cast<float>(cfg_.softcap);
-  const VocabSlice slice{plan.vocab.begin, plan.vocab.size(), plan.vocab_padded / plan.tp, cfg_.vocab};
-  const int64_t k = v2 ? cfg_.selector_topk : 1;
-  const int64_t vl = slice.width;
 
-  // Local candidates of every draft row: from this rank's logits when those are needed anyway
-  // (sampling, dumps), else straight from the head's top-k.
+  HeadOutput out;
+  // Every local candidate of every draft row: from this rank's logits when those are needed
+  // anyway (sampling, dumps), else straight from the head's top-k.
   std::vector<std::vector<Candidate>> local(static_cast<size_t>(Md));
-  std::vector<float> logits;  // [Md, vl] on the host
-  if (dump != nullptr || any_sampling) {
-    if (!logits_dev_.get()) logits_dev_ = kernels::Buffer(ops_, f32_bytes(limits_.max_sessions * (B - 1) * vl));
-    logits.resize(static_cast<size_t>(Md * vl));
-    ops_.head_logits(hp, logits_dev_.f32());
-    ops_.to_host(logits.data(), logits_dev_.get(), logits.size() * sizeof(float));
-    for (int64_t m = 0; m < Md; ++m) local[static_cast<size_t>(m)] = local_top(logits.data() + m * vl, vl, slice.id_base, k);
+  if (dump || sampling) {
+    if (!logits_.get()) logits_ = kernels::Buffer(ops_, f32_bytes(limits_.max_sessions * (cfg_.block - 1) * vl));
+    ops_.head_logits(hp, logits_.f32());
+    out.logits.resize(static_cast<size_t>(Md * vl));
+    ops_.to_host(out.logits.data(), logits_.get(), out.logits.size() * sizeof(float));
+    if (greedy)
+      for (int64_t m = 0; m < Md; ++m) local[static_cast<size_t>(m)] = local_top(out.logits.data() + m * vl, vl, slice.id_base, k);
   } else {
-    ops_.head_topk(hp, static_cast<int>(k), slice.id_base, topv_.f32(), static_cast<int64_t*>(topi_.get()));
-    std::vector<float> vals(static_cast<size_t>(Md * k));
+    ops_.head_topk(hp, static_cast<int>(k), slice.id_base, top_values_.f32(), static_cast<int64_t*>(top_ids_.get()));
+    std::vector<float> values(static_cast<size_t>(Md * k));
     std::vector<int64_t> ids(static_cast<size_t>(Md * k));
-    ops_.to_host(vals.data(), topv_.get(), vals.size() * sizeof(float));
-    ops_.to_host(ids.data(), topi_.get(), ids.size() * sizeof(int64_t));
+    ops_.to_host(values.data(), top_values_.get(), values.size() * sizeof(float));
+    ops_.to_host(ids.data(), top_ids_.get(), ids.size() * sizeof(int64_t));
     const int64_t kk = std::min(k, vl);
     for (int64_t m = 0; m < Md; ++m)
       for (int64_t j = 0; j < kk; ++j)
-        local[static_cast<size_t>(m)].push_back({vals[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
+        local[static_cast<size_t>(m)].push_back({values[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
   }
-  const std::vector<std::vector<Candidate>> cands = merge_candidates(local, k, comm_);
-  std::vector<float> proj;
+  // Rows drafted by sampling take their own exchanges; the merge is for greedy and selector rows.
+  if (greedy) out.candidates = merge_candidates(local, k, comm_);
   if (v2) {
-    proj.resize(static_cast<size_t>(Md * cfg_.selector_rank));
-    ops_.matmul(weights_->selector_proj, g_draft_.f32(), Md, sel_.f32());
-    ops_.to_host(proj.data(), sel_.get(), proj.size() * sizeof(float));
+    out.selector.resize(static_cast<size_t>(Md * cfg_.selector_rank));
+    ops_.to_host(out.selector.data(), selector_.get(), out.selector.size() * sizeof(float));
   }
   ops_.sync();
-  times_.head = seconds_since(t0);
-  const auto t1 = Clock::now();
+  return out;
+}
 
-  std::vector<int64_t> tokens(static_cast<size_t>(Md));
-  std::vector<float> probs(static_cast<size_t>(Md));
-  for (int64_t s = 0; s < S; ++s) {
-    const DraftRequest& req = requests[static_cast<size_t>(s)];
-    std::vector<Pick> picks;
-    if (v2) {
-      const int64_t R = cfg_.selector_rank;
-      std::vector<std::vector<Candidate>> c(cands.begin() + s * (B - 1), cands.begin() + (s + 1) * (B - 1));
-      std::vector<std::vector<float>> p(static_cast<size_t>(B - 1));
-      for (int64_t r = 0; r < B - 1; ++r)
-        p[static_cast<size_t>(r)].assign(proj.begin() + (s * (B - 1) + r) * R, proj.begin() + (s * (B - 1) + r + 1) * R);
-      picks = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling);
+std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, const HeadOutput& head) {
+  const int64_t B = cfg_.block, R = cfg_.selector_rank;
+  const size_t rows = static_cast<size_t>(B - 1);
+  std::vector<Pick> picks;
+  picks.reserve(requests.size() * rows);
+  for (size_t s = 0; s < requests.size(); ++s) {
+    const DraftRequest& req = requests[s];
+    std::vector<Pick> mine;
+    if (cfg_.is_dflash2()) {
+      const auto first = head.candidates.begin() + static_cast<std::ptrdiff_t>(s * rows);
+      const std::vector<std::vector<Candidate>> c(first, first + static_cast<std::ptrdiff_t>(rows));
+      std::vector<std::vector<float>> p(rows);
+      for (size_t r = 0; r < rows; ++r) {
+        const auto row = head.selector.begin() + static_cast<std::ptrdiff_t>((s * rows + r) * static_cast<size_t>(R));
+        p[r].assign(row, row + R);
+      }
+      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling);
     } else if (req.sampling.greedy()) {
-      for (int64_t r = 0; r < B - 1; ++r) picks.push_back({cands[static_cast<size_t>(s * (B - 1) + r)].front().id, 1.0f});
+      for (size_t r = 0; r < rows; ++r) {
+        const auto& c = head.candidates[s * rows + r];
+        mine.push_back({c.empty() ? -1 : c.front().id, 1.0f});
+      }
     } else {
-      picks = sample_sharded(logits.data() + s * (B - 1) * vl, B - 1, 1, slice, req.sampling, comm_);
+      const int64_t vl = vocab_slice().width;
+      mine = sample_sharded(head.logits.data() + static_cast<int64_t>(s * rows) * vl, B - 1, 1, vocab_slice(),
+                            req.sampling, comm_);
     }
-    for (int64_t r = 0; r < B - 1; ++r) {
-      tokens[static_cast<size_t>(s * (B - 1) + r)] = picks[static_cast<size_t>(r)].token;
-      probs[static_cast<size_t>(s * (B - 1) + r)] = picks[static_cast<size_t>(r)].prob;
+    picks.insert(picks.end(), mine.begin(), mine.end());
+  }
+  return picks;
+}
+
+void Drafter::publish(const std::vector<DraftRequest>& requests, std::vector<Pick>* picks) {
+  // Greedy DFlash rows come from the merged candidates, the same bits on every rank. The selector
+  // walk and sampling also read values every rank computed for itself (the selector projection,
+  // the sum of exponentials), so rank 0's picks travel to the others, tokens then probabilities
+  // in one broadcast: no rounding difference can split the ranks.
+  bool computed_per_rank = cfg_.is_dflash2();
+  for (const auto& r : requests) computed_per_rank = computed_per_rank || !r.sampling.greedy();
+  if (comm_.size() > 1 && computed_per_rank) {
+    const size_t n = picks->size();
+    std::vector<unsigned char> wire(n * (sizeof(int64_t) + sizeof(float)));
+    auto* probs = wire.data() + n * sizeof(int64_t);
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(wire.data() + i * sizeof(int64_t), &(*picks)[i].token, sizeof(int64_t));
+      std::memcpy(probs + i * sizeof(float), &(*picks)[i].prob, sizeof(float));
+    }
+    comm_.broadcast(wire.data(), wire.size(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(&(*picks)[i].token, wire.data() + i * sizeof(int64_t), sizeof(int64_t));
+      std::memcpy(&(*picks)[i].prob, probs + i * sizeof(float), sizeof(float));
     }
   }
-  // Every rank took the same decisions on identical inputs; rank 0's tokens are broadcast anyway
-  // (a few bytes) so that no rounding difference can ever split the ranks.
-  if (comm_.size() > 1) {
-    comm_.broadcast(tokens.data(), tokens.size() * sizeof(int64_t), 0);
-    comm_.broadcast(probs.data(), probs.size() * sizeof(float), 0);
+  const int64_t rows = cfg_.block - 1;
+  for (size_t i = 0; i < picks->size(); ++i) {
+    const Pick& p = (*picks)[i];
+    TPDRAFT_CHECK(p.token >= 0 && p.token < cfg_.vocab && std::isfinite(p.prob),
+                  "draft row {} of session {} has no valid token (got {} with probability {}): its logits are not "
+                  "finite; the inputs or weights hold NaN or Inf",
+                  static_cast<int64_t>(i) % rows + 1, static_cast<int64_t>(i) / rows, p.token, p.prob);
   }
-  std::vector<DraftResult> results(static_cast<size_t>(S));
-  for (int64_t s = 0; s < S; ++s) {
-    results[static_cast<size_t>(s)].tokens.assign(tokens.begin() + s * (B - 1), tokens.begin() + (s + 1) * (B - 1));
-    results[static_cast<size_t>(s)].probs.assign(probs.begin() + s * (B - 1), probs.begin() + (s + 1) * (B - 1));
-  }
-  times_.select = seconds_since(t1);
-  if (dump != nullptr) {
-    dump->hidden.resize(static_cast<size_t>(S * B * H));
-    ops_.to_host(dump->hidden.data(), g_.get(), dump->hidden.size() * sizeof(float));
-    dump->logits = gather_logits(logits.data(), Md, slice, comm_);
-  }
-  return results;
 }
 
 }  // namespace tpdraft::model

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -13,8 +12,10 @@
 #include "kernels/ops.h"
 #include "model/selection.h"
 #include "model/session.h"
+#include "model/sharded_head.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
+#include "parallel/forward_recorder.h"
 
 namespace tpdraft::model {
 
@@ -74,7 +75,7 @@ class Drafter {
   const DraftTimes& last_times() const { return times_; }
   // Whether the block forward is captured and replayed (DrafterLimits::graphs, unless a capture
   // failed and the drafter went back to issuing ops one by one).
-  bool graphs() const { return limits_.graphs; }
+  bool graphs() const { return recorder_.enabled(); }
   // Graph segments per captured forward: 1 when the communicator joins the capture, else one
   // more than the forward's all-reduces, which then run between segments. 0: nothing captured.
   size_t graph_segments(int64_t sessions) const;
@@ -85,42 +86,58 @@ class Drafter {
   size_t context_bytes_per_position() const;
 
  private:
-  // A captured block forward for one session count: graph segments, and the all-reduces that
-  // run between them (none when the communicator can be captured).
-  struct ForwardGraph {
-    std::vector<std::unique_ptr<kernels::OpGraph>> segments;
-    std::vector<std::pair<float*, size_t>> reduces;  // reduces[i] runs after segments[i]
-    parallel::CommStats captured;  // collectives inside the segments, counted on each replay
+  // The head's results for the draft rows of one batch, on the host: what `choose` decides from.
+  struct HeadOutput {
+    std::vector<std::vector<Candidate>> candidates;  // merged top-k of each row (greedy and selector rows)
+    std::vector<float> logits;                       // [rows, local vocab]: when sampling or dumping
+    std::vector<float> selector;                     // [rows, R]: s_r of the DFlash 2 selector
   };
 
   void check_rollback(const Session& s, int64_t length) const;
+  void check_requests(const std::vector<DraftRequest>& requests) const;
   int64_t layer_capacity(int64_t layer) const;
+  VocabSlice vocab_slice() const;
   // Writes the step table (positions, anchors, context views, block input rows) for the requests
   // to the backend, in one copy.
   void upload_step(const std::vector<DraftRequest>& requests);
-  // The block forward from the step table's rows into g_draft_: replayed, captured or issued op
-  // by op.
-  void forward(int64_t sessions);
+  // The block forward for S sessions from the step table's rows into draft_rows_, one layer at a
+  // time; the recorder replays it from a graph when it can.
   void run_layers(int64_t sessions);
-  void reduce(float* data, size_t count);
-  void capture(int64_t sessions);
   void conv(const float* in, float* out, const float* base, const float* delta, int64_t side, int64_t sessions);
-  std::vector<DraftResult> select(const std::vector<DraftRequest>& requests, DraftDump* dump);
+  // The end of a draft: the head's candidates, the tokens chosen from them, and the same tokens
+  // published on every rank.
+  HeadOutput candidates(const std::vector<DraftRequest>& requests, bool dump);
+  std::vector<Pick> choose(const std::vector<DraftRequest>& requests, const HeadOutput& head);
+  void publish(const std::vector<DraftRequest>& requests, std::vector<Pick>* picks);
 
   std::shared_ptr<const DrafterWeights> weights_;
   const DrafterConfig& cfg_;
   kernels::Ops& ops_;
   parallel::Communicator& comm_;
   DrafterLimits limits_;
+  parallel::ForwardRecorder recorder_;
   int64_t nq_local_ = 0, nkv_local_ = 0, ffn_local_ = 0;
-  int64_t next_session_id_ = 0;
   DraftTimes times_;
 
-  // Workspaces (backend memory), sized for max_sessions * B rows or settle_chunk rows.
-  kernels::Buffer x_, xc_, q_, k_, v_, attn_, o_, gate_, up_, delta_, g_, g_draft_, sel_;
-  kernels::Buffer topv_, settle_u_, settle_c_, settle_k_, settle_v_;
-  kernels::Buffer topi_;
-  kernels::Buffer logits_dev_;  // [max_sessions * (B-1), local vocab], made on first need (sampling, dumps)
+  // Workspaces (backend memory), sized at construction for max_sessions * B block rows (M) or
+  // settle_chunk rows. Block forward, per layer:
+  kernels::Buffer normed_;        // [M, H] RMSNorm of the residual stream (sublayer input)
+  kernels::Buffer conv_out_;      // [M, H] DFlash 2 convolution output
+  kernels::Buffer conv_delta_;    // [M, 2*K*G] DFlash 2 dynamic kernel coefficients
+  kernels::Buffer q_, k_, v_;     // [M, local heads, D] projections of the local heads
+  kernels::Buffer attn_;          // [M, local q heads, D] attention output
+  kernels::Buffer partial_;       // [M, H] o / down projection: this rank's partial sum, then the all-reduced sum
+  kernels::Buffer gate_, up_;     // [M, local ffn] SwiGLU halves (gate_ then holds silu(gate) * up)
+  // End of the forward and the head:
+  kernels::Buffer final_normed_;  // [M, H] final RMSNorm of every block row
+  kernels::Buffer draft_rows_;    // [M', H] the draft rows (1..B-1 of each session) side by side
+  kernels::Buffer selector_;      // [M', R] DFlash 2 selector projections
+  kernels::Buffer top_values_, top_ids_;  // [M', k] this rank's head top-k
+  kernels::Buffer logits_;        // [M', local vocab], made on first need (sampling, dumps)
+  // Settle, per chunk:
+  kernels::Buffer settle_taps_;     // [C, T*H] tap rows
+  kernels::Buffer settle_context_;  // [C, H] fc and hidden_norm of the rows
+  kernels::Buffer settle_k_, settle_v_;  // [C, local kv heads, D] the rows' keys and values
 
   // The step table in backend memory, read by the ops when they run (so that a replayed graph
   // sees this draft's positions and contexts): positions [M] and anchors [S] (int64), the context
@@ -131,9 +148,6 @@ class Drafter {
   std::vector<unsigned char> step_host_;
   size_t anchors_offset_ = 0, views_offset_ = 0, rows_offset_ = 0;
   std::vector<int64_t> positions_;  // host staging of settle positions
-
-  std::map<int64_t, ForwardGraph> graphs_;  // by session count
-  ForwardGraph* capturing_ = nullptr;       // the graph being captured, if any
 };
 
 }  // namespace tpdraft::model

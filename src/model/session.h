@@ -16,10 +16,6 @@ class Session {
   // Context length: positions [0, length()) are settled; the next anchor sits at length().
   int64_t length() const { return end_; }
   int64_t max_context() const { return max_context_; }
-  // The lowest position layer l still holds.
-  int64_t first_kept(int64_t layer) const { return layers_[static_cast<size_t>(layer)].begin; }
-  int64_t capacity(int64_t layer) const { return layers_[static_cast<size_t>(layer)].capacity; }
-  size_t bytes() const;
 
  private:
   friend class Drafter;
@@ -31,7 +27,6 @@ class Session {
   std::vector<LayerCache> layers_;
   int64_t end_ = 0;
   int64_t max_context_ = 0;
-  int64_t id_ = 0;
 };
 
 }  // namespace tpdraft::model

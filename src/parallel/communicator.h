@@ -3,7 +3,6 @@
 // in-process, MPI and NCCL ones. Buffers are of the backend the drafter runs on.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,7 +13,7 @@ namespace tpdraft::parallel {
 // Per-operation counters: calls made and payload bytes this rank passed in (all-reduce: the
 // buffer; all-gather: its own block; broadcast: the buffer, on the root and the receivers alike).
 struct CommStats {
-  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;  // f32 and bf16 together
+  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
   uint64_t all_gather_calls = 0, all_gather_bytes = 0;
   uint64_t broadcast_calls = 0, broadcast_bytes = 0;
   uint64_t barrier_calls = 0;
@@ -43,6 +42,10 @@ inline CommStats& CommStats::operator-=(const CommStats& b) {
   return *this;
 }
 
+class ForwardRecorder;
+
+// The collectives are public, non-virtual: they count and time the call here, once for every
+// implementation, and hand the work to the implementation's do_* function.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,14 +54,11 @@ class Communicator {
   virtual std::string name() const = 0;
 
   // In place: data[i] = sum over ranks of data[i].
-  virtual void all_reduce_sum(float* data, size_t count) = 0;
-  // In place on bf16 bits: the sum is formed in f32 and rounded to bf16 once at the end, so the
-  // result does not depend on how many partial sums were rounded on the way; identical on all ranks.
-  virtual void all_reduce_sum_bf16(uint16_t* data, size_t count) = 0;
+  void all_reduce_sum(float* data, size_t count);
   // recv holds size() blocks of `bytes` each, block r from rank r.
-  virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
-  virtual void broadcast(void* data, size_t bytes, int root) = 0;
-  virtual void barrier() = 0;
+  void all_gather(const void* send, void* recv, size_t bytes);
+  void broadcast(void* data, size_t bytes, int root);
+  void barrier();
   // Tells the peers to give up (a failing rank calls this before exiting).
   virtual void abort(const std::string& reason) = 0;
 
@@ -72,28 +72,17 @@ class Communicator {
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
-  // Counts collectives that ran inside a replayed graph (they pass no host call to count them).
-  void count_replayed(const CommStats& captured) { stats_ += captured; }
-  // Takes back the counts of collectives issued into a graph during its capture (they ran not then).
-  void uncount_captured(const CommStats& captured) { stats_ -= captured; }
 
  protected:
-  // Adds the wall time of one collective to stats_.seconds; a scope guard, so a collective that
-  // throws is timed too.
-  class Timed {
-   public:
-    explicit Timed(CommStats& stats) : stats_(stats), start_(std::chrono::steady_clock::now()) {}
-    ~Timed() {
-      stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    }
-    Timed(const Timed&) = delete;
-    Timed& operator=(const Timed&) = delete;
+  virtual void do_all_reduce_sum(float* data, size_t count) = 0;
+  virtual void do_all_gather(const void* send, void* recv, size_t bytes) = 0;
+  virtual void do_broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void do_barrier() = 0;
 
-   private:
-    CommStats& stats_;
-    std::chrono::steady_clock::time_point start_;
-  };
-
+ private:
+  // Collectives captured into a graph run when it replays, not when they are issued: the class
+  // that records forwards moves their counts accordingly.
+  friend class ForwardRecorder;
   CommStats stats_;
 };
 

@@ -22,7 +22,6 @@ bool mpi_launched() {
 #include <cstdio>
 #include <cstring>
 
-#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -89,34 +88,14 @@ MpiCommunicator::~MpiCommunicator() {
   if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
 }
 
-void MpiCommunicator::all_reduce_sum(float* data, size_t count) {
-  Timed timed(stats_);
-  ++stats_.all_reduce_calls;
-  stats_.all_reduce_bytes += count * sizeof(float);
+void MpiCommunicator::do_all_reduce_sum(float* data, size_t count) {
   for (size_t done = 0; done < count; done += kMaxChunk) {
     const int n = static_cast<int>(std::min(kMaxChunk, count - done));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_));
   }
 }
 
-void MpiCommunicator::all_reduce_sum_bf16(uint16_t* data, size_t count) {
-  Timed timed(stats_);
-  ++stats_.all_reduce_calls;
-  stats_.all_reduce_bytes += count * sizeof(uint16_t);
-  if (widened_.size() < count) widened_.resize(count);
-  float* wide = widened_.data();
-  for (size_t i = 0; i < count; ++i) wide[i] = bf16_to_f32(data[i]);
-  for (size_t done = 0; done < count; done += kMaxChunk) {
-    const int n = static_cast<int>(std::min(kMaxChunk, count - done));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, wide + done, n, MPI_FLOAT, MPI_SUM, comm_));
-  }
-  for (size_t i = 0; i < count; ++i) data[i] = f32_to_bf16(wide[i]);
-}
-
-void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
-  Timed timed(stats_);
-  ++stats_.all_gather_calls;
-  stats_.all_gather_bytes += bytes;
+void MpiCommunicator::do_all_gather(const void* send, void* recv, size_t bytes) {
   TPDRAFT_CHECK(bytes <= kMaxChunk, "rank {}: all_gather block of {} bytes is over the {}-byte limit of one MPI call",
                 rank_, bytes, kMaxChunk);
   if (bytes == 0) return;
@@ -126,10 +105,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
   MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
 }
 
-void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
-  Timed timed(stats_);
-  ++stats_.broadcast_calls;
-  stats_.broadcast_bytes += bytes;
+void MpiCommunicator::do_broadcast(void* data, size_t bytes, int root) {
   TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
                 size_);
   auto* bytes_ptr = static_cast<uint8_t*>(data);
@@ -139,11 +115,7 @@ void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
   }
 }
 
-void MpiCommunicator::barrier() {
-  Timed timed(stats_);
-  ++stats_.barrier_calls;
-  MPI_CHECK(MPI_Barrier(comm_));
-}
+void MpiCommunicator::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
 
 void MpiCommunicator::abort(const std::string& reason) { mpi_abort_job(reason); }
 

@@ -17,7 +17,6 @@ bool mpi_launched();
 
 #include <mpi.h>
 
-#include <vector>
 
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
@@ -54,19 +53,18 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
 
-  void all_reduce_sum(float* data, size_t count) override;
-  // Widened to f32, summed by MPI in f32, rounded to bf16 once.
-  void all_reduce_sum_bf16(uint16_t* data, size_t count) override;
-  void all_gather(const void* send, void* recv, size_t bytes) override;
-  void broadcast(void* data, size_t bytes, int root) override;
-  void barrier() override;
   // Logs the reason with the rank, then MPI_Abort on MPI_COMM_WORLD: the launcher ends every rank.
   void abort(const std::string& reason) override;
+
+ protected:
+  void do_all_reduce_sum(float* data, size_t count) override;
+  void do_all_gather(const void* send, void* recv, size_t bytes) override;
+  void do_broadcast(void* data, size_t bytes, int root) override;
+  void do_barrier() override;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  std::vector<float> widened_;  // bf16 all-reduce scratch, grown once to the largest call
 };
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);

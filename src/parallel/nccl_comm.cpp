@@ -47,8 +47,7 @@ std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Op
 
 #include "core/log.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/cuda/runtime.h"
 
 namespace tpdraft::parallel {
 namespace {
@@ -79,11 +78,10 @@ class HostStaged final : public Communicator {
   // One rank moves nothing (the all-reduce of a device buffer returns at once), so a graph may
   // hold it; with more ranks the copies and the host collective run between graph segments.
   bool can_capture() const override { return size() == 1; }
+  void abort(const std::string& reason) override { host_.abort(reason); }
 
-  void all_reduce_sum(float* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(float);
+ protected:
+  void do_all_reduce_sum(float* data, size_t count) override {
     if (!on_device(data)) return host_.all_reduce_sum(data, count);
     if (size() == 1 || count == 0) return;  // a sum over one rank is the data itself
     auto* h = static_cast<float*>(download(data, count * sizeof(float), &a_));
@@ -91,21 +89,7 @@ class HostStaged final : public Communicator {
     upload(data, h, count * sizeof(float));
   }
 
-  void all_reduce_sum_bf16(uint16_t* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(uint16_t);
-    if (!on_device(data)) return host_.all_reduce_sum_bf16(data, count);
-    if (size() == 1 || count == 0) return;
-    auto* h = static_cast<uint16_t*>(download(data, count * sizeof(uint16_t), &a_));
-    host_.all_reduce_sum_bf16(h, count);
-    upload(data, h, count * sizeof(uint16_t));
-  }
-
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    Timed timed(stats_);
-    ++stats_.all_gather_calls;
-    stats_.all_gather_bytes += bytes;
+  void do_all_gather(const void* send, void* recv, size_t bytes) override {
     const bool dev_send = on_device(send), dev_recv = on_device(recv);
     if (!dev_send && !dev_recv) return host_.all_gather(send, recv, bytes);
     const size_t total = bytes * static_cast<size_t>(size());
@@ -119,10 +103,7 @@ class HostStaged final : public Communicator {
     if (dev_recv) upload(recv, hr, total);
   }
 
-  void broadcast(void* data, size_t bytes, int root) override {
-    Timed timed(stats_);
-    ++stats_.broadcast_calls;
-    stats_.broadcast_bytes += bytes;
+  void do_broadcast(void* data, size_t bytes, int root) override {
     if (!on_device(data)) return host_.broadcast(data, bytes, root);
     void* h = download(data, bytes, &a_);
     host_.broadcast(h, bytes, root);
@@ -131,13 +112,9 @@ class HostStaged final : public Communicator {
 
   // The host's barrier only: unlike the NCCL one it does not wait for work queued on the stream
   // (collectives of device buffers here synchronise the stream themselves).
-  void barrier() override {
-    Timed timed(stats_);
-    ++stats_.barrier_calls;
+  void do_barrier() override {
     host_.barrier();
   }
-
-  void abort(const std::string& reason) override { host_.abort(reason); }
 
  private:
   // After the work queued before the collective (which produced the buffer).
@@ -242,7 +219,7 @@ class NcclCommunicator final : public Communicator {
       else
         TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     }
-    for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &wide_, &barrier_}) w->reset();
+    for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &barrier_}) w->reset();
     cudaGetLastError();
   }
 
@@ -256,10 +233,14 @@ class NcclCommunicator final : public Communicator {
     wait(what);
   }
 
-  void all_reduce_sum(float* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(float);
+  void abort(const std::string& reason) override {
+    if (comm_ == nullptr) return;
+    TPDRAFT_LOG_ERROR("rank {}: aborting the NCCL communicator: {}", rank_, reason);
+    abort_comm();
+  }
+
+ protected:
+  void do_all_reduce_sum(float* data, size_t count) override {
     require_live("all_reduce_sum");
     if (count == 0) return;
     DeviceGuard guard(device_);
@@ -277,31 +258,7 @@ class NcclCommunicator final : public Communicator {
     if (staged) stage_out(data, d, bytes);
   }
 
-  // Widened to f32 on the device, summed by NCCL in f32, rounded to bf16 once.
-  void all_reduce_sum_bf16(uint16_t* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(uint16_t);
-    require_live("all_reduce_sum_bf16");
-    refuse_capture("all_reduce_sum_bf16");
-    if (count == 0) return;
-    DeviceGuard guard(device_);
-    const size_t bytes = count * sizeof(uint16_t);
-    const bool staged = !on_device(data);
-    auto* d = staged ? static_cast<uint16_t*>(stage_in(data, bytes, &stage_a_)) : data;
-    float* wide = wide_.as<float>(count, stream_);
-    const auto n = static_cast<int64_t>(count);
-    kernels::cuda::launch_bf16_to_f32(d, wide, n, stream_);
-    start("all_reduce_sum_bf16", TPDRAFT_LAZY(nccl, ncclAllReduce)(wide, wide, count, ncclFloat, ncclSum, comm_, stream_));
-    kernels::cuda::launch_f32_to_bf16(wide, d, n, stream_);
-    wait(fmt::format("all_reduce_sum_bf16({} elements)", count));
-    if (staged) stage_out(data, d, bytes);
-  }
-
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    Timed timed(stats_);
-    ++stats_.all_gather_calls;
-    stats_.all_gather_bytes += bytes;
+  void do_all_gather(const void* send, void* recv, size_t bytes) override {
     require_live("all_gather");
     refuse_capture("all_gather");
     if (bytes == 0) return;
@@ -315,10 +272,7 @@ class NcclCommunicator final : public Communicator {
     if (stage_recv) stage_out(recv, dr, total);
   }
 
-  void broadcast(void* data, size_t bytes, int root) override {
-    Timed timed(stats_);
-    ++stats_.broadcast_calls;
-    stats_.broadcast_bytes += bytes;
+  void do_broadcast(void* data, size_t bytes, int root) override {
     TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
                   size_);
     require_live("broadcast");
@@ -333,9 +287,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   // A one-element all-reduce: returns once every rank has reached it.
-  void barrier() override {
-    Timed timed(stats_);
-    ++stats_.barrier_calls;
+  void do_barrier() override {
     require_live("barrier");
     refuse_capture("barrier");
     DeviceGuard guard(device_);
@@ -343,12 +295,6 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));  // a defined sum, for the checkers
     start("barrier", TPDRAFT_LAZY(nccl, ncclAllReduce)(one, one, 1, ncclFloat, ncclSum, comm_, stream_));
     wait("barrier");
-  }
-
-  void abort(const std::string& reason) override {
-    if (comm_ == nullptr) return;
-    TPDRAFT_LOG_ERROR("rank {}: aborting the NCCL communicator: {}", rank_, reason);
-    abort_comm();
   }
 
  private:
@@ -429,7 +375,7 @@ class NcclCommunicator final : public Communicator {
   const int rank_, size_, device_;
   cudaStream_t stream_;
   const double timeout_;
-  kernels::cuda::Workspace stage_a_, stage_b_, wide_, barrier_;
+  kernels::cuda::Workspace stage_a_, stage_b_, barrier_;
 };
 
 }  // namespace

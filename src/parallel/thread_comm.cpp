@@ -13,18 +13,17 @@
 #include <thread>
 #include <utility>
 
-#include "core/dtype.h"
 #include "core/error.h"
 
 namespace tpdraft::parallel {
 namespace {
 
-enum class Op : uint8_t { kAllReduceF32, kAllReduceBf16, kAllGather, kBroadcast, kBarrier };
+enum class Op : uint8_t { kAllReduceF32, kAllGather, kBroadcast, kBarrier };
 
 // What one rank asked for in the current collective.
 struct Call {
   Op op = Op::kBarrier;
-  size_t size = 0;  // elements for the all-reduces, bytes otherwise
+  size_t size = 0;  // elements for the all-reduce, bytes otherwise
   int root = 0;     // broadcast only
   const void* send = nullptr;
   void* recv = nullptr;  // the buffer this rank's result goes to
@@ -33,7 +32,6 @@ struct Call {
 std::string describe(const Call& c) {
   switch (c.op) {
     case Op::kAllReduceF32: return fmt::format("all_reduce_sum(f32, {} elements)", c.size);
-    case Op::kAllReduceBf16: return fmt::format("all_reduce_sum_bf16({} elements)", c.size);
     case Op::kAllGather: return fmt::format("all_gather({} bytes)", c.size);
     case Op::kBroadcast: return fmt::format("broadcast({} bytes, root {})", c.size, c.root);
     case Op::kBarrier: return "barrier()";
@@ -157,28 +155,18 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   std::string name() const override { return "threads"; }
 
-  void all_reduce_sum(float* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(float);
+  void abort(const std::string& reason) override { group_->abort(rank_, reason); }
+
+  void depart() { group_->depart(rank_); }
+
+ protected:
+  void do_all_reduce_sum(float* data, size_t count) override {
     group_->enter(rank_, Call{Op::kAllReduceF32, count, 0, data, data});
     reduce_f32_slice(count);
     group_->finish();
   }
 
-  void all_reduce_sum_bf16(uint16_t* data, size_t count) override {
-    Timed timed(stats_);
-    ++stats_.all_reduce_calls;
-    stats_.all_reduce_bytes += count * sizeof(uint16_t);
-    group_->enter(rank_, Call{Op::kAllReduceBf16, count, 0, data, data});
-    reduce_bf16_slice(count);
-    group_->finish();
-  }
-
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    Timed timed(stats_);
-    ++stats_.all_gather_calls;
-    stats_.all_gather_bytes += bytes;
+  void do_all_gather(const void* send, void* recv, size_t bytes) override {
     group_->enter(rank_, Call{Op::kAllGather, bytes, 0, send, recv});
     auto* out = static_cast<uint8_t*>(recv);
     for (int k = 0; k < size() && bytes > 0; ++k) {
@@ -189,24 +177,13 @@ class ThreadCommunicator final : public Communicator {
     group_->finish();
   }
 
-  void broadcast(void* data, size_t bytes, int root) override {
-    Timed timed(stats_);
-    ++stats_.broadcast_calls;
-    stats_.broadcast_bytes += bytes;
+  void do_broadcast(void* data, size_t bytes, int root) override {
     group_->enter(rank_, Call{Op::kBroadcast, bytes, root, data, data});
     if (rank_ != root && bytes > 0) std::memcpy(data, group_->call(root).send, bytes);
     group_->finish();
   }
 
-  void barrier() override {
-    Timed timed(stats_);
-    ++stats_.barrier_calls;
-    group_->enter(rank_, Call{});
-  }
-
-  void abort(const std::string& reason) override { group_->abort(rank_, reason); }
-
-  void depart() { group_->depart(rank_); }
+  void do_barrier() override { group_->enter(rank_, Call{}); }
 
  private:
   // This rank's slice, summed in rank order into rank 0's buffer and copied to the others. No
@@ -221,26 +198,6 @@ class ThreadCommunicator final : public Communicator {
     }
     for (int k = 1; k < size(); ++k)
       std::memcpy(static_cast<float*>(group_->call(k).recv) + begin, acc + begin, (end - begin) * sizeof(float));
-  }
-
-  // As above, with the sum held in f32 (a stack chunk) and rounded to bf16 once.
-  void reduce_bf16_slice(size_t count) {
-    constexpr size_t kChunk = 512;
-    float acc[kChunk];
-    const auto [begin, end] = slice_of(count, size(), rank_);
-    for (size_t c0 = begin; c0 < end; c0 += kChunk) {
-      const size_t m = std::min(kChunk, end - c0);
-      const uint16_t* x0 = static_cast<const uint16_t*>(group_->call(0).recv) + c0;
-      for (size_t j = 0; j < m; ++j) acc[j] = bf16_to_f32(x0[j]);
-      for (int k = 1; k < size(); ++k) {
-        const uint16_t* x = static_cast<const uint16_t*>(group_->call(k).recv) + c0;
-        for (size_t j = 0; j < m; ++j) acc[j] += bf16_to_f32(x[j]);
-      }
-      for (int k = 0; k < size(); ++k) {
-        uint16_t* y = static_cast<uint16_t*>(group_->call(k).recv) + c0;
-        for (size_t j = 0; j < m; ++j) y[j] = f32_to_bf16(acc[j]);
-      }
-    }
   }
 
   std::shared_ptr<Group> group_;

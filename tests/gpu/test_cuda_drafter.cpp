@@ -276,9 +276,6 @@ TEST(HostStaging, HostBuffersPassStraightThrough) {
     std::vector<float> x(10, static_cast<float>(comm.rank() + 1));
     staged->all_reduce_sum(x.data(), x.size());
     EXPECT_EQ(x, std::vector<float>(10, 6.0f));
-    std::vector<uint16_t> b(4, f32_to_bf16(static_cast<float>(comm.rank())));
-    staged->all_reduce_sum_bf16(b.data(), b.size());
-    EXPECT_EQ(bf16_to_f32(b[3]), 3.0f);
     const int64_t mine = 10 + comm.rank();
     std::vector<int64_t> all(3);
     staged->all_gather(&mine, all.data(), sizeof(mine));
@@ -287,7 +284,7 @@ TEST(HostStaging, HostBuffersPassStraightThrough) {
     staged->broadcast(&token, sizeof(token), 2);
     EXPECT_EQ(token, 42);
     staged->barrier();
-    EXPECT_EQ(staged->stats().all_reduce_calls, 2u);
+    EXPECT_EQ(staged->stats().all_reduce_calls, 1u);
     EXPECT_EQ(staged->stats().all_gather_calls, 1u);
     EXPECT_EQ(staged->stats().broadcast_calls, 1u);
     EXPECT_EQ(staged->stats().barrier_calls, 1u);
@@ -315,11 +312,6 @@ void check_collectives(parallel::Communicator& nccl, kernels::Ops& ops) {
   std::vector<float> host = mine;
   nccl.all_reduce_sum(host.data(), count);
   EXPECT_EQ(host, sum) << "all_reduce_sum on host memory";
-  // bf16: small integers are exact in bf16.
-  std::vector<uint16_t> b(count);
-  for (size_t i = 0; i < count; ++i) b[i] = f32_to_bf16(mine[i]);
-  nccl.all_reduce_sum_bf16(b.data(), count);
-  for (size_t i = 0; i < count; ++i) ASSERT_EQ(bf16_to_f32(b[i]), sum[i]) << "bf16 element " << i;
   // all_gather (host in, host out) and broadcast (device).
   std::vector<int64_t> block = {r, 10 * r + 1, 100 * r + 2};
   std::vector<int64_t> all(block.size() * static_cast<size_t>(n));
@@ -334,7 +326,7 @@ void check_collectives(parallel::Communicator& nccl, kernels::Ops& ops) {
   EXPECT_EQ(back, std::vector<float>(count, static_cast<float>(n))) << "broadcast from the last rank";
   nccl.barrier();
   const parallel::CommStats& st = nccl.stats();
-  EXPECT_EQ(st.all_reduce_calls, 3u);
+  EXPECT_EQ(st.all_reduce_calls, 2u);
   EXPECT_EQ(st.all_gather_calls, 1u);
   EXPECT_EQ(st.broadcast_calls, 1u);
   EXPECT_EQ(st.barrier_calls, 1u);

@@ -1,4 +1,4 @@
-// The in-process communicator at N = 1, 2, 3, 4, 8 ranks: all-reduce (f32, bf16), all-gather,
+// The in-process communicator at N = 1, 2, 3, 4, 8 ranks: all-reduce, all-gather,
 // broadcast and barrier on exactly representable inputs checked value by value, bit-identical
 // results on random floats, exact counters, and the failure paths (abort, mismatched calls, a rank
 // that fails or leaves) which must raise errors naming the ranks instead of hanging.
@@ -73,14 +73,6 @@ std::vector<std::string> run_each(std::vector<std::unique_ptr<Communicator>>& co
   return errors;
 }
 
-// A bf16 from a float that bf16 holds exactly (the low 16 bits are zero).
-uint16_t bf16_exact(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  EXPECT_EQ(u & 0xffffu, 0u) << f << " is not exactly a bf16";
-  return static_cast<uint16_t>(u >> 16);
-}
-
 uint8_t pattern_byte(int rank, size_t j) { return static_cast<uint8_t>(rank * 37 + j * 11 + 5); }
 
 class Collectives : public ::testing::TestWithParam<int> {
@@ -105,42 +97,6 @@ TEST_P(Collectives, AllReduceF32ExactIntegers) {
       }
       EXPECT_EQ(bad, 0u) << "rank " << r << " count " << count;
     }
-  });
-}
-
-TEST_P(Collectives, AllReduceBf16ExactValues) {
-  const int n = this->n();
-  run_ranks(n, [n](Communicator& comm) {
-    const int r = comm.rank();
-    for (size_t count : {0, 1, 9, 1001}) {
-      // (r + 1) * 2^e with e in [-4, 4]: the sum n(n+1)/2 * 2^e has at most 6 significant bits.
-      std::vector<uint16_t> x(count);
-      auto scale = [](size_t i) { return std::ldexp(i % 2 ? -1.0 : 1.0, static_cast<int>(i % 9) - 4); };
-      for (size_t i = 0; i < count; ++i) x[i] = bf16_exact(static_cast<float>((r + 1) * scale(i)));
-      comm.all_reduce_sum_bf16(x.data(), count);
-      size_t bad = 0;
-      for (size_t i = 0; i < count; ++i) {
-        const double expect = n * (n + 1) / 2.0 * scale(i);
-        if (static_cast<double>(bf16_to_f32(x[i])) != expect && bad++ == 0)
-          ADD_FAILURE() << "rank " << r << " [" << i << "] = " << bf16_to_f32(x[i]) << ", expected " << expect;
-      }
-      EXPECT_EQ(bad, 0u) << "rank " << r << " count " << count;
-    }
-  });
-}
-
-// 256 on rank 0 and 1 on every other rank: bf16 steps by 2 above 256, so rounding after each
-// addition would stay at 256, while one rounding of the exact sum 255 + n gives the nearest even step.
-TEST_P(Collectives, AllReduceBf16RoundsOnceAtTheEnd) {
-  const int n = this->n();
-  const int sum = 255 + n;
-  int half = sum / 2;
-  if (sum % 2 == 1 && half % 2 == 1) ++half;  // a tie: to the even mantissa
-  const float expect = static_cast<float>(2 * half);
-  run_ranks(n, [expect](Communicator& comm) {
-    std::vector<uint16_t> x(5, bf16_exact(comm.rank() == 0 ? 256.0f : 1.0f));
-    comm.all_reduce_sum_bf16(x.data(), x.size());
-    for (uint16_t v : x) EXPECT_EQ(bf16_to_f32(v), expect) << "rank " << comm.rank();
   });
 }
 
@@ -202,24 +158,22 @@ TEST_P(Collectives, CountersAreExact) {
   const int n = this->n();
   run_ranks(n, [n](Communicator& comm) {
     std::vector<float> f(10);
-    std::vector<uint16_t> h(6);
     std::vector<uint8_t> block(5), gathered(5 * n), bytes(7);
     comm.all_reduce_sum(f.data(), f.size());
-    comm.all_reduce_sum_bf16(h.data(), h.size());
     comm.all_reduce_sum(f.data(), 3);
     comm.all_gather(block.data(), gathered.data(), block.size());
     comm.broadcast(bytes.data(), bytes.size(), n - 1);
     comm.broadcast(bytes.data(), 2, 0);
     for (int i = 0; i < 3; ++i) comm.barrier();
     const CommStats& s = comm.stats();
-    EXPECT_EQ(s.all_reduce_calls, 3u);
-    EXPECT_EQ(s.all_reduce_bytes, 10u * 4 + 6u * 2 + 3u * 4);
+    EXPECT_EQ(s.all_reduce_calls, 2u);
+    EXPECT_EQ(s.all_reduce_bytes, 10u * 4 + 3u * 4);
     EXPECT_EQ(s.all_gather_calls, 1u);
     EXPECT_EQ(s.all_gather_bytes, 5u);
     EXPECT_EQ(s.broadcast_calls, 2u);
     EXPECT_EQ(s.broadcast_bytes, 9u);
     EXPECT_EQ(s.barrier_calls, 3u);
-    EXPECT_EQ(s.total_bytes(), 64u + 5u + 9u);
+    EXPECT_EQ(s.total_bytes(), 52u + 5u + 9u);
     EXPECT_GE(s.seconds, 0.0);
     EXPECT_EQ(comm.size(), n);
     EXPECT_EQ(comm.name(), "threads");
@@ -230,37 +184,26 @@ TEST_P(Collectives, CountersAreExact) {
 }
 
 // Random non-integer inputs: every rank must hold the same bits, those of the sum taken in rank
-// order 0..n-1 (in f32; for bf16 the f32 sum rounded once).
+// order 0..n-1.
 TEST_P(Collectives, RandomSumsAreBitIdenticalInRankOrder) {
   const int n = this->n();
   const size_t count = 1001;
   std::vector<std::vector<float>> in(n), out(n);
-  std::vector<std::vector<uint16_t>> in16(n), out16(n);
   for (int r = 0; r < n; ++r) {
     std::mt19937 gen(1234 + r);
     std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
-    for (size_t i = 0; i < count; ++i) {
-      in[r].push_back(dist(gen));
-      in16[r].push_back(f32_to_bf16(dist(gen)));
-    }
+    for (size_t i = 0; i < count; ++i) in[r].push_back(dist(gen));
   }
   run_ranks(n, [&](Communicator& comm) {
     const int r = comm.rank();
     out[r] = in[r];
-    out16[r] = in16[r];
     comm.all_reduce_sum(out[r].data(), count);
-    comm.all_reduce_sum_bf16(out16[r].data(), count);
   });
   for (size_t i = 0; i < count; ++i) {
-    float sum = in[0][i], sum16 = bf16_to_f32(in16[0][i]);
-    for (int k = 1; k < n; ++k) {
-      sum += in[k][i];
-      sum16 += bf16_to_f32(in16[k][i]);
-    }
-    for (int r = 0; r < n; ++r) {
+    float sum = in[0][i];
+    for (int k = 1; k < n; ++k) sum += in[k][i];
+    for (int r = 0; r < n; ++r)
       ASSERT_EQ(std::memcmp(&out[r][i], &sum, 4), 0) << "rank " << r << " [" << i << "] " << out[r][i] << " vs " << sum;
-      ASSERT_EQ(out16[r][i], f32_to_bf16(sum16)) << "rank " << r << " [" << i << "]";
-    }
   }
 }
 
@@ -357,16 +300,6 @@ TEST(ThreadComm, RankThatLeavesEarlyDoesNotHangThePeers) {
 
 TEST(ThreadComm, GroupSizeMustBePositive) {
   EXPECT_THROW(make_thread_group(0), Error);
-}
-
-TEST(SingleRank, Bf16AllReduceIsCountedIdentity) {
-  auto comm = make_single_rank();
-  std::vector<uint16_t> x = {bf16_exact(1.5f), bf16_exact(-3.0f), bf16_exact(0.25f)};
-  const auto before = x;
-  comm->all_reduce_sum_bf16(x.data(), x.size());
-  EXPECT_EQ(x, before);
-  EXPECT_EQ(comm->stats().all_reduce_calls, 1u);
-  EXPECT_EQ(comm->stats().all_reduce_bytes, 6u);
 }
 
 }  // namespace

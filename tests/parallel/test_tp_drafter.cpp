@@ -131,26 +131,33 @@ TEST(TensorParallel, SeveralSessionsWithRollback) {
   check_sizes("tiny-dflash2.json", sc, {2, 4});
 }
 
-// One greedy draft moves 2 L all-reduces of [M, H] f32, one gather of k candidates per draft row
-// and the broadcast of the tokens: nothing that grows with the vocabulary.
+// One greedy draft moves 2 L all-reduces of [M, H] f32 and one gather of k candidates per draft
+// row; a DFlash 2 draft (k = k_top) also one broadcast of rank 0's tokens and probabilities, which
+// a greedy DFlash draft (k = 1, all ranks merge the same candidates) does without: nothing that
+// grows with the vocabulary.
 TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
-  DrafterConfig cfg = wide("tiny-dflash2.json");
-  cfg.vocab = 40000;  // large enough that any O(V) exchange would dwarf the rest
-  testing::TempDir dir;
-  model::write_random_checkpoint(cfg, dir.path(), {}, 0);
-  Scenario sc;
-  sc.dump = false;
-  for (int tp : {2, 4}) {
-    const auto out = run_tp(dir.path(), cfg, tp, sc);
-    const uint64_t M = static_cast<uint64_t>(cfg.block), Md = M - 1, H = static_cast<uint64_t>(cfg.hidden);
-    const uint64_t k = static_cast<uint64_t>(cfg.selector_topk), L = static_cast<uint64_t>(cfg.layers);
-    for (const RankOutput& r : out) {
-      EXPECT_EQ(r.stats.all_reduce_calls, 2 * L);
-      EXPECT_EQ(r.stats.all_reduce_bytes, 2 * L * M * H * 4);
-      EXPECT_EQ(r.stats.all_gather_calls, 1u);
-      EXPECT_EQ(r.stats.all_gather_bytes, Md * k * 16);
-      EXPECT_EQ(r.stats.broadcast_bytes, Md * (8 + 4));
-      EXPECT_LT(r.stats.total_bytes(), static_cast<uint64_t>(cfg.vocab) * 4) << "an O(V) transfer slipped in";
+  for (const char* file : {"tiny-dflash2.json", "tiny-dflash.json"}) {
+    SCOPED_TRACE(file);
+    DrafterConfig cfg = wide(file);
+    cfg.vocab = 40000;  // large enough that any O(V) exchange would dwarf the rest
+    testing::TempDir dir;
+    model::write_random_checkpoint(cfg, dir.path(), {}, 0);
+    Scenario sc;
+    sc.dump = false;
+    const bool v2 = cfg.is_dflash2();
+    for (int tp : {2, 4}) {
+      const auto out = run_tp(dir.path(), cfg, tp, sc);
+      const uint64_t M = static_cast<uint64_t>(cfg.block), Md = M - 1, H = static_cast<uint64_t>(cfg.hidden);
+      const uint64_t k = v2 ? static_cast<uint64_t>(cfg.selector_topk) : 1, L = static_cast<uint64_t>(cfg.layers);
+      for (const RankOutput& r : out) {
+        EXPECT_EQ(r.stats.all_reduce_calls, 2 * L);
+        EXPECT_EQ(r.stats.all_reduce_bytes, 2 * L * M * H * 4);
+        EXPECT_EQ(r.stats.all_gather_calls, 1u);
+        EXPECT_EQ(r.stats.all_gather_bytes, Md * k * 16);
+        EXPECT_EQ(r.stats.broadcast_calls, v2 ? 1u : 0u);
+        EXPECT_EQ(r.stats.broadcast_bytes, v2 ? Md * (8 + 4) : 0u);
+        EXPECT_LT(r.stats.total_bytes(), static_cast<uint64_t>(cfg.vocab) * 4) << "an O(V) transfer slipped in";
+      }
     }
   }
 }

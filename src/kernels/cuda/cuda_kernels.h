@@ -14,9 +14,6 @@ namespace tpdraft::kernels::cuda {
 // ---- cuda_elementwise.cu ----------------------------------------------------------------------
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
-// Exact widening, and round-to-nearest-even narrowing that matches f32_to_bf16 on the host.
-void launch_bf16_to_f32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream);
-void launch_f32_to_bf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream);
 
 // ---- cuda_norm_rope.cu ------------------------------------------------------------------------
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,

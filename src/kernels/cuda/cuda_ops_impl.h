@@ -10,56 +10,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
-#include <new>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels::cuda {
-
-// Makes `device` current on the calling thread for the guard's lifetime (ops may be called from
-// any thread, e.g. one per in-process rank).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device);
-  // For destructors and other paths that must not throw: failures are ignored.
-  DeviceGuard(int device, std::nothrow_t) noexcept;
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1, device_ = -1;
-};
-
-// Device memory that only grows; its contents do not survive a growth (per-call scratch). A
-// graph captured with the current block keeps using it, so pin() makes a later growth retire the
-// block (freed by reset) instead of freeing it under the graph.
-class Workspace {
- public:
-  Workspace() = default;
-  ~Workspace();
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  // At least `bytes` bytes; reallocates (after the stream has drained) only to grow.
-  void* get(size_t bytes, cudaStream_t stream);
-  template <typename T>
-  T* as(size_t count, cudaStream_t stream) {
-    return static_cast<T*>(get(count * sizeof(T), stream));
-  }
-  void reset();  // frees the memory, retired blocks included (the owner's device must be current)
-  void pin() { pinned_ = ptr_ != nullptr; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool pinned_ = false;
-  std::vector<void*> retired_;  // blocks that captured graphs may still use
-};
-
-// Whether work issued to `stream` is being captured into a graph now.
-bool stream_capturing(cudaStream_t stream);
 
 class CudaOps final : public Ops {
  public:
@@ -100,14 +57,14 @@ class CudaOps final : public Ops {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
-  // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   void check_not_capturing(const char* what) const;
   void free_deferred() noexcept;  // frees what release() put aside during a capture
   // Every workspace of this backend (for reset and pin).
   std::array<Workspace*, 7> workspaces() {
     return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_};
   }
+  // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
+  // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
 
   int device_ = 0;
