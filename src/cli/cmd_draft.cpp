@@ -1,6 +1,7 @@
 // `tpdraft draft`: settle a taps file, draft one block, print the tokens as JSON; --dump writes
 // every intermediate a reference needs to check the draft.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -53,6 +54,12 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
     taps.converted = model::to_f32(*t);
     taps.rows = taps.converted.data();
   }
+  // A NaN or Inf would spread through every later draft of the session: refuse it here, by row.
+  const int64_t width = t->shape[1];
+  for (int64_t r = 0; r < taps.n; ++r)
+    for (int64_t c = 0; c < width; ++c)
+      TPDRAFT_CHECK(std::isfinite(taps.rows[r * width + c]), "{}: tensor 'taps' row {} (position {}) holds {} at column {}",
+                    path, r, r, taps.rows[r * width + c], c);
   return taps;
 }
 

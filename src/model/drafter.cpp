@@ -407,7 +407,18 @@ Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& request
         local[static_cast<size_t>(m)].push_back({values[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
   }
   // Rows drafted by sampling take their own exchanges; the merge is for greedy and selector rows.
-  if (greedy) out.candidates = merge_candidates(local, k, comm_);
+  if (greedy) {
+    out.candidates = merge_candidates(local, k, comm_);
+    for (size_t m = 0; m < out.candidates.size(); ++m) {
+      const auto& c = out.candidates[m];
+      // A NaN logit sorts anywhere and an Inf one wins every comparison: either way no token can
+      // be chosen honestly, so the draft fails instead of returning one.
+      TPDRAFT_CHECK(!c.empty() && std::isfinite(c.front().value),
+                    "draft row {} of session {} has non-finite logits ({}): the taps or the weights hold NaN or Inf",
+                    static_cast<int64_t>(m) % (cfg_.block - 1) + 1, static_cast<int64_t>(m) / (cfg_.block - 1),
+                    c.empty() ? std::string("no candidate") : fmt::format("best {}", c.front().value));
+    }
+  }
   if (v2) {
     out.selector.resize(static_cast<size_t>(Md * cfg_.selector_rank));
     ops_.to_host(out.selector.data(), selector_.get(), out.selector.size() * sizeof(float));

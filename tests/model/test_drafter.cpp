@@ -272,5 +272,29 @@ TEST(DrafterErrors, BadRequestsAreRefusedWithoutChangingTheSession) {
   EXPECT_EQ(s->length(), 32);
 }
 
+// A NaN or Inf that reaches the logits fails the draft naming the row, on every selection path;
+// no token (least of all -1) is returned.
+TEST(DrafterErrors, NonFiniteTapsFailTheDraftInsteadOfReturningAToken) {
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"})
+    for (float bad : {std::nanf(""), INFINITY}) {
+      const Case c{file, tiny(file)};
+      Fixture f(c, 1, 32);
+      auto s = f.drafter->new_session();
+      auto taps = model::random_taps(c.cfg, 10, 1);
+      taps[3 * c.cfg.n_taps() * c.cfg.hidden + 5] = bad;
+      f.drafter->settle(*s, 0, taps.data(), 10);
+      std::vector<model::SamplingParams> modes = {{}, {0.8, 0, 1.0, 3}};
+      if (!c.cfg.is_dflash2()) modes.push_back({0.8, 4, 0.9, 3});
+      for (const auto& sp : modes) {
+        try {
+          const auto r = f.drafter->draft({{s.get(), 1, sp}});
+          ADD_FAILURE() << file << " T " << sp.temperature << ": drafted " << r[0].tokens[0] << " from " << bad;
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("draft row"), std::string::npos) << e.what();
+        }
+      }
+    }
+}
+
 }  // namespace
 }  // namespace tpdraft
