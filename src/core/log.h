@@ -15,12 +15,6 @@ spdlog::logger& logger();
 
 }  // namespace tpdraft::log
 
-#define TPDRAFT_LOG_DEBUG(...) ::tpdraft::log::logger().debug(__VA_ARGS__)
 #define TPDRAFT_LOG_INFO(...) ::tpdraft::log::logger().info(__VA_ARGS__)
 #define TPDRAFT_LOG_WARN(...) ::tpdraft::log::logger().warn(__VA_ARGS__)
 #define TPDRAFT_LOG_ERROR(...) ::tpdraft::log::logger().error(__VA_ARGS__)
-// Summaries: printed by rank 0 only.
-#define TPDRAFT_LOG_INFO_RANK0(...)                                      \
-  do {                                                                   \
-    if (::tpdraft::log::rank() == 0) ::tpdraft::log::logger().info(__VA_ARGS__); \
-  } while (0)

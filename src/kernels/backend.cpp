@@ -21,17 +21,17 @@ bool cuda_device_available() { return cuda_devices() > 0; }
 
 std::string default_backend() { return cuda_device_available() ? "cuda" : "cpu"; }
 
-std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int device) {
+std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int local_rank) {
+  if (backend == "auto") return make_ops(default_backend(), threads, local_rank);
   if (backend == "cpu") return make_cpu_ops(threads);
-  TPDRAFT_CHECK(backend == "cuda", "unknown backend '{}': expected 'cpu' or 'cuda'", backend);
+  TPDRAFT_CHECK(backend == "cuda", "unknown backend '{}': expected 'cpu', 'cuda' or 'auto'", backend);
 #ifdef TPDRAFT_HAVE_CUDA
   const int count = cuda_device_count();
   TPDRAFT_CHECK(count > 0, "backend 'cuda': no CUDA device is available on this machine (no driver or no GPU)");
-  TPDRAFT_CHECK(device >= 0 && device < count, "backend 'cuda': device {} does not exist ({} device(s) visible)",
-                device, count);
-  return make_cuda_ops(device);
+  TPDRAFT_CHECK(local_rank >= 0, "backend 'cuda': a rank's place on its machine must be >= 0, got {}", local_rank);
+  return make_cuda_ops(local_rank % count);
 #else
-  (void)device;
+  (void)local_rank;
   TPDRAFT_FAIL("backend 'cuda': this tpdraft was built without the CUDA backend (configure with -DTPDRAFT_CUDA=ON "
                "on a machine with the CUDA toolkit)");
 #endif

@@ -15,13 +15,14 @@ namespace tpdraft::kernels {
 bool cuda_device_available();
 // CUDA devices visible (0 without the CUDA backend, a driver or a device).
 int cuda_devices();
-// "cuda" when cuda_device_available(), else "cpu": what --backend defaults to.
+// "cuda" when cuda_device_available(), else "cpu": what "auto" stands for.
 std::string default_backend();
 
-// backend "cpu": make_cpu_ops(threads); "cuda": the CUDA backend on `device` (threads unused).
-// Throws tpdraft::Error naming the reason when the backend is unknown, not compiled in, or has
-// no device.
-std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int device);
+// backend "cpu": make_cpu_ops(threads); "cuda": the CUDA backend on device local_rank modulo the
+// machine's devices (a rank's index among the ranks on its machine picks its GPU; threads
+// unused); "auto": default_backend(). Throws tpdraft::Error naming the reason when the backend is
+// unknown, not compiled in, or has no device.
+std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int local_rank);
 
 // For a CUDA backend: GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on `dtype` (BF16 or F16)
 // operands, f32 accumulation. Throws for other backends and in builds without CUDA.

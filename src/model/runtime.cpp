@@ -1,8 +1,6 @@
 // Building a rank: ops -> device communicator -> shard plan -> weights -> drafter.
 #include "model/runtime.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "parallel/nccl_comm.h"
@@ -17,19 +15,10 @@ ModelSource ModelSource::open(const std::string& drafter_dir, const std::string&
   return s;
 }
 
-namespace {
-
-int pick_device(const RuntimeOptions& o, const parallel::Communicator& group) {
-  const int local = o.local_rank >= 0 ? o.local_rank : group.rank();
-  return local % std::max(1, kernels::cuda_devices());
-}
-
-}  // namespace
-
 RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& group, const RuntimeOptions& options) {
   TPDRAFT_CHECK(source.drafter && source.target, "a rank needs both a drafter and a target checkpoint");
-  const std::string backend = options.backend == "auto" ? kernels::default_backend() : options.backend;
-  ops_ = kernels::make_ops(backend, options.threads, backend == "cuda" ? pick_device(options, group) : 0);
+  ops_ = kernels::make_ops(options.backend, options.threads,
+                           options.local_rank >= 0 ? options.local_rank : group.rank());
   device_comm_ = parallel::make_backend_comm(group, *ops_, options.nccl);
   comm_ = device_comm_ ? device_comm_.get() : &group;
   const ShardPlan plan = ShardPlan::make(source.config, comm_->rank(), comm_->size());

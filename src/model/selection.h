@@ -1,6 +1,6 @@
-// Choosing draft tokens on the host from the head's results (docs/sampling.md):
-// candidate merging, greedy / sampled DFlash picks, and the DFlash 2 selector walk. Every rank
-// runs this on identical inputs, so every rank proposes the same tokens.
+// Choosing draft tokens on the host (docs/sampling.md): the order of candidates, the counter-based
+// noise of every draw, sampling from one row's whole logits, and the DFlash 2 selector walk.
+// Merging candidates and sampling across vocabulary slices of several ranks is sharded_head.h.
 #pragma once
 
 #include <cstdint>

@@ -22,8 +22,11 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
     EXPECT_NE(std::string(e.what()).find("unknown backend 'tpu'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(default_backend(), cuda_device_available() ? "cuda" : "cpu");
+  EXPECT_STREQ(make_ops("auto", 1, 0)->name(), default_backend().c_str());
   if (cuda_device_available()) {
-    EXPECT_THROW(make_ops("cuda", 1, cuda_devices()), Error);  // one past the last device
+    EXPECT_THROW(make_ops("cuda", 1, -1), Error);
+    // A rank's place on its machine wraps around the devices.
+    EXPECT_STREQ(make_ops("cuda", 1, cuda_devices())->name(), "cuda");
     return;
   }
   try {

@@ -160,8 +160,6 @@ class CpuOps final : public Ops {
     float value;
     int64_t row;
   };
-  // Scratch is grown on demand and kept: a draft issues the same shapes every step, so after the
-  // first step no op allocates. An instance serves one calling thread at a time.
   // Scratch owned by one pool worker (index = the worker argument of parallel_for).
   struct Worker {
     Scratch<float> buf;
@@ -174,6 +172,8 @@ class CpuOps final : public Ops {
   std::vector<Worker> workers_;
   std::unique_ptr<std::vector<std::function<void()>>> tape_;  // the capture in progress, if any
   std::vector<void*> deferred_free_;  // released during the capture
+  // Scratch is grown on demand and kept: a draft issues the same shapes every step, so after the
+  // first step no op allocates. An instance serves one calling thread at a time.
   Scratch<float> packed_;           // packed activation rows
   Scratch<uint16_t> packed_bf16_;   // head input rows rounded to bf16
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack
