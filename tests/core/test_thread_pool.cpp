@@ -121,7 +121,7 @@ TEST(ThreadPool, SpreadsWorkOverSeveralThreads) {
 TEST(ThreadPool, WorkerIndexAlwaysNamesTheSameThread) {
   ThreadPool pool(4);
   std::map<int, std::thread::id> owner;
-  for (int call = 0; call < 200; ++call) {
+  for (int call = 0; call < 100; ++call) {
     for (const Chunk& c : record_chunks(pool, 4 + call % 13, 1)) {
       auto it = owner.emplace(c.worker, c.thread).first;
       ASSERT_EQ(it->second, c.thread) << "worker " << c.worker << " moved threads at call " << call;
@@ -159,7 +159,7 @@ TEST(ThreadPool, PoolOfOneRunsEverythingInline) {
 // that returned before all its chunks ran shows as a wrong sum, a lost wake-up as a hang.
 TEST(ThreadPool, ThousandsOfBackToBackRegions) {
   ThreadPool pool(3);
-  for (int call = 0; call < 2000; ++call) {
+  for (int call = 0; call < 1500; ++call) {
     const int64_t n = 1 + call % 37;
     std::atomic<int64_t> sum{0};
     pool.parallel_for(n, [&](int64_t begin, int64_t end, int) {
