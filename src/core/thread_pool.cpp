@@ -2,6 +2,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace tpdraft {
 
@@ -40,8 +41,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  fn(0, std::min(n, chunk), 0);
+  // The workers hold &fn until they are done: an exception from this thread's chunk waits for
+  // them before it leaves, or fn would die under them and the next region inherit their count.
+  std::exception_ptr failure;
+  try {
+    fn(0, std::min(n, chunk), 0);
+  } catch (...) {
+    failure = std::current_exception();
+  }
   while (pending_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void ThreadPool::worker_loop(int index) {

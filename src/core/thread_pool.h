@@ -22,7 +22,9 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // fn(begin, end, worker) over a partition of [0, n) into at most size() chunks, each a
-  // multiple of `grain` long (except the last). Runs inline when there is one chunk.
+  // multiple of `grain` long (except the last). Runs inline when there is one chunk. An
+  // exception from the calling thread's chunk is rethrown once the workers are done; fn must not
+  // throw on a worker thread (that ends the process).
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain = 1);
 
  private:
