@@ -94,6 +94,8 @@ std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSl
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
                                  const SamplingParams& s, parallel::Communicator& comm) {
   TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
+  TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
+  TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
   const double inv_t = 1.0 / s.temperature;
   const int64_t w = slice.width;
   const bool filtered = s.top_k > 0 || s.top_p < 1.0;

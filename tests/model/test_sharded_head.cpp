@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "model/selection.h"
 #include "model/sharded_head.h"
 #include "parallel/communicator.h"
@@ -368,6 +369,29 @@ TEST(ShardedHead, TopPPoolOverflowGathersTheRowsAndMatches) {
       EXPECT_EQ(bytes[1] - bytes[0], static_cast<uint64_t>(rows * (strides[1] - strides[0])) * sizeof(float))
           << "tp " << tp << " T " << t;
     }
+  }
+}
+
+// The sharded draw refuses the parameters the whole-row draw refuses, with the same words.
+TEST(ShardedHead, SamplingRefusesParametersLikeTheWholeRow) {
+  const std::vector<float> row = {0.5f, 1.0f, -2.0f};
+  const VocabSlice slice{0, 3, 3, 3};
+  auto comm = parallel::make_single_rank();
+  for (const SamplingParams& bad : {SamplingParams{0.0, 0, 1.0, 1}, SamplingParams{1.0, 0, 0.0, 1},
+                                    SamplingParams{1.0, 0, 1.5, 1}, SamplingParams{1.0, -1, 1.0, 1}}) {
+    std::string sharded, whole;
+    try {
+      sample_sharded(row.data(), 1, 1, slice, bad, *comm);
+    } catch (const Error& e) {
+      sharded = e.what();
+    }
+    try {
+      sample_from_logits(row.data(), 3, 1, bad);
+    } catch (const Error& e) {
+      whole = e.what();
+    }
+    EXPECT_FALSE(whole.empty());
+    EXPECT_EQ(sharded, whole);
   }
 }
 
