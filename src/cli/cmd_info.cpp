@@ -5,6 +5,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/job.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -128,9 +130,9 @@ void add_info(CLI::App& app) {
                                              "memory, tensors; with --tp N, what each rank holds");
   cmd->add_option("--drafter", o->drafter, "Drafter directory")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--target", o->target, "Target directory (embedding + head)")->check(CLI::ExistingDirectory);
-  cmd->add_option("--tp", o->tp, "Tensor-parallel size to plan for")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", o->tp, "Tensor-parallel size to plan for")->capture_default_str()->check(whole_number(1));
   cmd->add_flag("--tensors", o->tensors, "List every tensor");
-  cmd->callback([o] { run_info(*o); });
+  cmd->callback([o] { run_alone([&] { run_info(*o); }); });
 }
 
 }  // namespace tpdraft::cli

@@ -316,17 +316,20 @@ void Drafter::check_requests(const std::vector<DraftRequest>& requests) const {
     TPDRAFT_CHECK(seen.insert(r.session).second, "draft: a session appears twice in one batch");
     TPDRAFT_CHECK(r.session->layers_.size() == static_cast<size_t>(cfg_.layers),
                   "draft: the session belongs to another drafter");
-    TPDRAFT_CHECK(r.anchor_token >= 0 && r.anchor_token < cfg_.vocab, "draft: anchor token {} outside [0, {})",
-                  r.anchor_token, cfg_.vocab);
-    const SamplingParams& sp = r.sampling;
-    TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
-                  sp.temperature);
-    TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
-    TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
-    TPDRAFT_CHECK(!cfg_.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),
-                  "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
-                  cfg_.selector_topk);
+    check_request(cfg_, r.anchor_token, r.sampling);
   }
+}
+
+void Drafter::check_request(const DrafterConfig& cfg, int64_t anchor_token, const SamplingParams& sp) {
+  TPDRAFT_CHECK(anchor_token >= 0 && anchor_token < cfg.vocab, "draft: anchor token {} outside [0, {})", anchor_token,
+                cfg.vocab);
+  TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
+                sp.temperature);
+  TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
+  TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
+  TPDRAFT_CHECK(!cfg.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),
+                "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
+                cfg.selector_topk);
 }
 
 std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& requests, DraftDump* dump) {

@@ -62,6 +62,10 @@ class Drafter {
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLimits& limits() const { return limits_; }
 
+  // The checks draft() makes of one request's anchor and sampling, for callers that want to
+  // refuse a bad request before any work (names the value and what was expected).
+  static void check_request(const DrafterConfig& cfg, int64_t anchor_token, const SamplingParams& sampling);
+
   std::unique_ptr<Session> new_session();
   // Settles n rows of taps (host, [n, T*H] f32) at positions p0 .. p0+n-1. The context is cut to
   // p0 first, so p0 must not exceed the session's length. Inputs are checked before anything

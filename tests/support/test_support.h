@@ -27,4 +27,14 @@ double relative_error(const std::vector<float>& a, const std::vector<double>& b)
 
 void write_text(const std::string& path, const std::string& text);
 
+// A shell command's exit status (-1 when a signal ended it) and its stdout and stderr together.
+struct CommandResult {
+  int status = -1;
+  std::string out;
+};
+CommandResult run_command(const std::string& command);
+
+// How many times `needle` occurs in `text`.
+size_t count_of(const std::string& text, const std::string& needle);
+
 }  // namespace tpdraft::testing
