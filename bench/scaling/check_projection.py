@@ -1,10 +1,8 @@
 #!/usr/bin/env python3
-"""How well the scaling model predicts latency on this machine: a small tp = 1, 2 sweep of
-`tpdraft bench` under mpirun on a small geometry, then the latency the model predicts for points
-it never saw against the measured medians. Prints each prediction and a verdict (within
-TOLERANCE or not), with the machine's load during the sweep: a benchmark, not a test (speed is
-judged here, never by a timed assertion in the test suite).
-Usage: check_projection.py [--bin build/tpdraft] [--keep DIR]   (--keep: write the records to DIR)"""
+"""A benchmark of the scaling model on this machine: a small tp = 1, 2 sweep of `tpdraft bench`
+under mpirun, the latency the model predicts for points it never saw against the measured
+medians, the machine's load, and a verdict (within TOLERANCE or not). Speed is judged here,
+never by a timed assertion in the test suite. Usage: check_projection.py [--bin B] [--keep DIR]"""
 
 import argparse
 import json

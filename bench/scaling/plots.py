@@ -1,8 +1,7 @@
-"""The scaling plots (gnuplot, PNG): for latency, efficiency and communication share, the measured
-runs (left, p10–p90 spread as error bars, runs on a machine that was not idle circled) beside
-the multi-GPU projection (right, clearly marked, the parameter ranges as error bars), each with
-its ideal-scaling line. Writes OUT/latency.png, OUT/efficiency.png, OUT/comm_share.png and
-keeps their data in OUT/plot-data/."""
+"""The scaling plots (gnuplot PNGs latency, efficiency, comm_share; data in plot-data/): measured
+runs (left: p10–p90 error bars, runs on a machine that was not idle circled) beside the
+multi-GPU projection (right, marked PROJECTED, the parameter ranges as error bars), each with its
+ideal-scaling line."""
 
 import os
 import shutil
@@ -105,7 +104,8 @@ def figure_script(out_dir, fig, measured, projected, tps, shared_note, projectio
     size = (1500 if two else 900, 520 + 18 * entries)
     script = [f"set terminal {gnuplot_terminal(*size)}", f"set output '{os.path.join(out_dir, name)}'",
               "set logscale x 2", "set grid", "set key below left Left reverse font ',10'",
-              "set xlabel 'tensor-parallel ranks (tp)' offset 0,0.3", f"set bmargin {4 + entries}", f"set yrange {yrange}", "set format y '%g'"]
+              "set xlabel 'tensor-parallel ranks (tp)' offset 0,0.3", f"set bmargin {4 + entries}",
+              f"set yrange {yrange}", "set format y '%g'"]
     script.append("set multiplot layout 1,2" if two else "")
     script += panel(f"MEASURED\\n{title}", f"{ylabel} (median)", measured, y, spread, ideal, tps["measured"],
                     shared_note)

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""Projects the per-draft latency of a drafter on multi-GPU systems: T(tp) = compute(tp) + comm(tp),
-compute from measurements (GPU records, else CPU records carried to a GPU roofline), comm from an
-alpha-beta model per collective and fabric (bench/scaling/comm-model.json) over the collectives
-`tpdraft info --json` counts for the draft. Also sets the same model beside this machine's CPU
-MPI runs. Writes OUT/projection.md and OUT/projection.json."""
+"""Projects the per-draft latency on multi-GPU systems (OUT/projection.md, .json): T(tp) = compute +
+comm, compute from measurements (GPU records, else CPU records carried to a GPU roofline), comm
+from the alpha-beta model of comm-model.json over the collectives `tpdraft info --json` counts;
+and the same model beside this machine's CPU MPI runs."""
 
 import argparse
 import os

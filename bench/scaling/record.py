@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Small helpers of launch/scale.sh: run one benchmark while recording the machine's load around
-it (/proc/loadavg, and from /proc/stat the CPU time of other processes and the stolen time),
-append its `tpdraft bench --json` result with the run's parameters, the machine and that load to
-records.jsonl, tell whether a tp can shard a config, and write the vocabulary-study configs."""
+"""Helpers of launch/scale.sh: run one benchmark and record the machine's load around it
+(/proc/loadavg; other processes' and stolen CPU time from /proc/stat), append its bench JSON with
+the run's parameters, machine and load to records.jsonl, tell whether a tp can shard a config,
+and write the vocabulary-study configs."""
 
 import argparse
 import json

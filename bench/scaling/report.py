@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""Scaling tables and plots from the records of launch/scale.sh: strong scaling (one problem, tp
-grows: latency, speedup, efficiency T1/(tp·Ttp), communication share) and weak scaling (sessions
-grow with tp), each run flagged when its spread or the load recorded around it says the machine
-was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, the plots of plots.py
-(measured beside the projection of --projection, when given)."""
+"""Scaling tables and plots from the records of launch/scale.sh: strong scaling (latency, speedup,
+efficiency T1/(tp·Ttp), comm share) and weak scaling, runs marked when their spread or load says
+the machine was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, the plots
+of plots.py (measured beside the projection of --projection)."""
 
 import argparse
 import json

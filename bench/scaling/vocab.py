@@ -1,10 +1,8 @@
 #!/usr/bin/env python3
-"""The head at large vocabularies: bytes of the default candidate exchange (an all-gather of
-M'·tp·k pairs of 16 bytes) against a full-logits all-gather (M'·Vp·4 bytes), both as
-`tpdraft info --json` counts them; the head time measured by `tpdraft bench` on configs that
-differ only in vocab_size; both exchanges measured (the same points run with and without
-`--gather-logits`) and projected on NVLink, InfiniBand and this machine's CPU MPI.
-Writes OUT/vocab.md and OUT/vocab.json."""
+"""The head at large vocabularies (OUT/vocab.md, .json): the bytes of the candidate exchange against a
+full-logits all-gather as `tpdraft info --json` counts them, the head time `tpdraft bench` measured
+on configs that differ only in vocab_size, both exchanges measured (runs with and without
+--gather-logits) and projected on NVLink, InfiniBand and this machine's CPU MPI."""
 
 import argparse
 import os

@@ -163,7 +163,8 @@ void print_ranks(const Source& src, int tp) {
     const auto plan = model::ShardPlan::make(src.cfg, r, tp);
     const model::RankMemory m =
         model::rank_memory(src.cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
-    const std::string head = human_bytes(m.head) + (src.head_from_target ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype)));
+    const std::string assumed = src.head_from_target ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
+    const std::string head = human_bytes(m.head) + assumed;
     std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
                 human_bytes(m.sharded).c_str(), head.c_str(), human_bytes(m.replicated).c_str(),
                 human_bytes(m.total()).c_str(),

@@ -61,7 +61,8 @@ std::vector<RankCounts> count_drafts(const std::string& ckpt, const DrafterConfi
     }
     for (const DraftCase& c : cases) {
       std::vector<model::DraftRequest> reqs;
-      for (int64_t s = 0; s < c.sessions; ++s) reqs.push_back({sessions[static_cast<size_t>(s)].get(), 3 + 5 * s, c.sampling});
+      for (int64_t s = 0; s < c.sessions; ++s)
+        reqs.push_back({sessions[static_cast<size_t>(s)].get(), 3 + 5 * s, c.sampling});
       model::DraftDump dump;
       comm.reset_stats();
       drafter.draft(reqs, c.gather_logits ? &dump : nullptr);
@@ -174,7 +175,8 @@ void check_memory(const DrafterConfig& cfg, DType dtype, bool tie) {
       const double per_layer = 2 * (static_cast<double>(cfg.n_q) / tp) * D * H +
                                2 * static_cast<double>(plan.kv_heads.size()) * D * H +
                                3 * (static_cast<double>(cfg.ffn) / tp) * H;
-      const double biases = cfg.bias ? ((static_cast<double>(cfg.n_q) / tp) + 2 * static_cast<double>(plan.kv_heads.size())) * D * 4 : 0;
+      const double bias_rows = (static_cast<double>(cfg.n_q) / tp + 2 * static_cast<double>(plan.kv_heads.size())) * D;
+      const double biases = cfg.bias ? bias_rows * 4 : 0;  // f32
       EXPECT_EQ(m.sharded, static_cast<double>(cfg.layers) * (per_layer * e + biases)) << at;
       EXPECT_EQ(m.head, static_cast<double>(plan.vocab.size()) * H * e) << at;
     }

@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
-"""The scaling scripts' inputs against real CPU MPI runs of `tpdraft bench` on a small geometry:
-every run's collective counters, work counts and bytes per rank, read through records.py, must
-equal what `tpdraft info --json` (the C++ cost model) says for that point, read through
-geometry.py. Exact checks only; the latency check is bench/scaling/check_projection.py.
-Usage: test_counters.py TPDRAFT_BIN"""
+"""Real CPU MPI runs of `tpdraft bench` on a small geometry: every run's collective counters, work
+and bytes per rank (read through records.py) must equal `tpdraft info --json` for that point
+(read through geometry.py). Exact checks only; the latency check is
+bench/scaling/check_projection.py. Usage: test_counters.py TPDRAFT_BIN"""
 
 import json
 import os
