@@ -84,7 +84,7 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
 Drafter::~Drafter() = default;
 
 size_t Drafter::context_bytes_per_position() const {
-  return static_cast<size_t>(cfg_.layers) * 2 * static_cast<size_t>(nkv_local_ * cfg_.head_dim) * sizeof(float);
+  return model::context_bytes_per_position(cfg_, weights_->plan());
 }
 
 std::unique_ptr<Session> Drafter::new_session() {

@@ -14,13 +14,13 @@ namespace tpdraft::model {
 
 namespace {
 
-// A candidate as it travels: fixed layout, 16 bytes.
+// A candidate as it travels: fixed layout.
 struct WireCandidate {
   float value;
   uint32_t valid;
   int64_t id;
 };
-static_assert(sizeof(WireCandidate) == 16, "wire layout");
+static_assert(sizeof(WireCandidate) == kCandidateWireBytes, "wire layout");
 
 // A rank's best Gumbel key of one row, with the logit behind it.
 struct WireDraw {
@@ -29,10 +29,7 @@ struct WireDraw {
   float logit = 0;
   uint32_t valid = 0;
 };
-static_assert(sizeof(WireDraw) == 24, "wire layout");
-
-// Tokens a top-p draw without top-k may need before falling back to the full gather.
-constexpr int64_t kTopPPool = 256;
+static_assert(sizeof(WireDraw) == kDrawWireBytes, "wire layout");
 
 }  // namespace
 

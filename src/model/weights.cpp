@@ -1,5 +1,6 @@
 // Loading a rank's share of the drafter: every tensor's shape checked (docs/checkpoint.md), only the
-// rank's rows / columns copied (in chunks of ~64 MiB, so a rank never stages a whole matrix).
+// rows / columns tensor_share() assigns the rank copied (in chunks of ~64 MiB, so a rank never
+// stages a whole matrix).
 #include "model/weights.h"
 
 #include <algorithm>
@@ -91,40 +92,37 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                      list, unknown.size() > 8 ? ", ..." : "");
   }
 
-  const Range all_h{0, H};
-  const Range q_rows{plan.q_heads.begin * D, plan.q_heads.end * D};
-  const Range kv_rows{plan.kv_heads.begin * D, plan.kv_heads.end * D};
-  fc = load_matrix(d, "fc.weight", {H, T * H}, {0, H}, {0, T * H});
-  hidden_norm = load_vector(d, "hidden_norm.weight", {H}, all_h);
-  final_norm = load_vector(d, "norm.weight", {H}, all_h);
+  fc = load_matrix(d, "fc.weight", {H, T * H});
+  hidden_norm = load_vector(d, "hidden_norm.weight", {H});
+  final_norm = load_vector(d, "norm.weight", {H});
 
   layers.resize(static_cast<size_t>(cfg.layers));
   for (int64_t l = 0; l < cfg.layers; ++l) {
     LayerWeights& w = layers[static_cast<size_t>(l)];
     auto n = [&](const std::string& rest) { return layer_name(l, rest); };
-    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H}, all_h);
-    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H}, all_h);
-    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H}, q_rows, all_h);
-    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
-    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
-    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D}, all_h, q_rows);
-    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D}, {0, D});
-    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D}, {0, D});
+    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H});
+    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H});
+    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H});
+    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H});
+    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H});
+    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D});
+    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D});
+    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D});
     if (cfg.bias) {
-      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D}, q_rows);
-      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D}, kv_rows);
-      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D}, kv_rows);
-      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H}, all_h);
+      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D});
+      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D});
+      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D});
+      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H});
     }
-    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
-    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
-    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn}, all_h, plan.ffn);
+    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H});
+    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H});
+    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn});
     if (cfg.is_dflash2()) {
       const int64_t K = cfg.conv_kernel, KG2 = 2 * K * cfg.conv_groups();
-      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
-      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
-      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
-      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
+      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H});
+      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H});
+      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H});
+      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H});
     }
   }
 
@@ -149,11 +147,11 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg.vocab,
                 "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
                 head_info->file, head_info->shape_str(), cfg.vocab, H);
-  head = load_matrix(t, head_name, head_info->shape, plan.vocab, all_h);
+  // A tied head is read from the embedding table, with the head's share.
+  head = load_matrix(t, head_name, head_info->shape, tensor_share(cfg, plan, "lm_head.weight", head_info->shape));
 
   if (cfg.is_dflash2()) {
-    selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H},
-                                {0, cfg.selector_rank}, all_h);
+    selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H});
     pred_ = &codebook("candidate_selector.predecessor_codebook");
     succ_ = &codebook("candidate_selector.successor_codebook");
   }
@@ -177,12 +175,21 @@ const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
 }
 
 kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
-                                            const std::vector<int64_t>& shape, Range rows, Range cols) {
+                                            const std::vector<int64_t>& shape) {
+  return load_matrix(store, name, shape, tensor_share(cfg_, plan_, name, shape));
+}
+
+kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
+                                            const std::vector<int64_t>& shape, const TensorShare& share) {
+  // Memory estimates (tpdraft info) count what tensor_share says; the load must agree.
+  TPDRAFT_CHECK(!share.as_f32 && share.placement != Placement::HostMapped,
+                "the shard rules do not keep tensor '{}' as a matrix in backend memory", name);
   const TensorInfo& info = store.require(name, shape);
   const size_t esize = dtype_size(info.dtype);
   const int64_t full_cols = info.cols();
   kernels::Matrix m;
   m.dtype = info.dtype;
+  const Range rows = share.rows, cols = share.cols;
   m.rows = rows.size();
   m.cols = cols.size();
   const size_t out_row_bytes = static_cast<size_t>(m.cols) * esize;
@@ -210,8 +217,11 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
 }
 
 const float* DrafterWeights::load_vector(const TensorStore& store, const std::string& name,
-                                         const std::vector<int64_t>& shape, Range part) {
+                                         const std::vector<int64_t>& shape) {
   const TensorInfo& info = store.require(name, shape);
+  const TensorShare share = tensor_share(cfg_, plan_, name, shape);
+  TPDRAFT_CHECK(share.as_f32, "the shard rules do not keep tensor '{}' as an f32 vector", name);
+  const Range part = share.flat();
   std::vector<float> all = to_f32(info);
   kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
   ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());

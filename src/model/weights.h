@@ -57,10 +57,11 @@ class DrafterWeights {
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
 
  private:
+  // The rank's share of a tensor (tensor_share of `name`, or the one given), checked against `shape`.
+  kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
-                              Range rows, Range cols);
-  const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
-                           Range part);
+                              const TensorShare& share);
+  const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   const TensorInfo& codebook(const std::string& base) const;
 
   DrafterConfig cfg_;

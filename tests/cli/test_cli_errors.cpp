@@ -55,6 +55,14 @@ TEST(CliErrors, ExitStatusesAreTheDocumentedOnes) {
   EXPECT_TRUE(std::regex_search(version.out, std::regex("^tpdraft [0-9]+\\.[0-9]+\\.[0-9]+"))) << version.out;
 }
 
+TEST(CliErrors, InfoStopsAtAPlanItCannotMakeBeforePrinting) {
+  Checkpoint c;
+  const auto r = run("info --drafter " + c.ck + "/drafter --tp 3");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find("not divisible by tp = 3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("geometry"), std::string::npos) << "printed before the error: " << r.out;
+}
+
 TEST(CliErrors, BoundsAreReadable) {
   Checkpoint c;
   for (const std::string& args : {c.draft_args() + " --threads 100000", c.draft_args() + " --temperature -1",
