@@ -3,10 +3,7 @@
 // meets on the command line, each produced here.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <cstring>
-#include <sys/wait.h>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -21,26 +18,9 @@
 namespace tpdraft {
 namespace {
 
-struct Result {
-  int status = 0;
-  std::string out;  // stdout and stderr together
-};
+using Result = testing::CommandResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(TPDRAFT_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    r.status = -1;
-    return r;
-  }
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Result run(const std::string& args) { return testing::run_command(std::string(TPDRAFT_BIN) + " " + args); }
 
 // The JSON result line among the log lines (logs go to stderr, captured here too).
 std::string json_line(const std::string& s) {

@@ -13,22 +13,13 @@
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
 #include "parallel/thread_comm.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
 namespace {
 
 using model::DrafterConfig;
-
-// 8 query heads over 2 kv heads, so tp = 4 replicates kv heads.
-DrafterConfig wide(const std::string& file) {
-  DrafterConfig c = DrafterConfig::from_file(testing::source_path("configs/" + file));
-  c.n_q = 8;
-  c.n_kv = 2;
-  c.head_dim = 8;
-  c.ffn = 96;
-  return c;
-}
 
 struct DraftCase {
   std::string name;
@@ -45,16 +36,13 @@ std::vector<RankCounts> count_drafts(const std::string& ckpt, const DrafterConfi
                                      const std::vector<DraftCase>& cases) {
   std::vector<RankCounts> out(static_cast<size_t>(tp));
   auto body = [&](parallel::Communicator& comm) {
-    auto ops = kernels::make_cpu_ops(1);
-    auto weights = std::make_shared<model::DrafterWeights>(
-        cfg, model::TensorStore::open(ckpt + "/drafter"), model::TensorStore::open(ckpt + "/target"),
-        model::ShardPlan::make(cfg, comm.rank(), tp), *ops);
-    model::DrafterLimits limits;
-    limits.max_sessions = 3;
-    limits.max_context = 64;
-    model::Drafter drafter(weights, *ops, comm, limits);
+    model::RuntimeOptions ro = testing::backend("cpu");
+    ro.limits.max_sessions = 3;
+    ro.limits.max_context = 64;
+    const auto rt = testing::open_rank(comm, ckpt, cfg, ro);
+    model::Drafter& drafter = rt->drafter();
     std::vector<std::unique_ptr<model::Session>> sessions;
-    for (int64_t s = 0; s < limits.max_sessions; ++s) {
+    for (int64_t s = 0; s < ro.limits.max_sessions; ++s) {
       const auto taps = model::random_taps(cfg, 20 + 7 * s, 11 + static_cast<uint64_t>(s));
       sessions.push_back(drafter.new_session());
       drafter.settle(*sessions.back(), 0, taps.data(), 20 + 7 * s);
@@ -88,7 +76,7 @@ void expect_counts(const model::DraftCollectives& want, const parallel::CommStat
 }
 
 void check_model(const std::string& file, const std::vector<DraftCase>& cases) {
-  const DrafterConfig cfg = wide(file);
+  const DrafterConfig cfg = testing::eight_heads_over_two(file);
   testing::TempDir dir;
   model::RandomCheckpointOptions o;
   o.target_vocab = cfg.vocab + 5;
@@ -136,7 +124,7 @@ TEST(CostModel, DFlash2CollectivesEqualTheCounters) {
 // Hand count for one case, so that the model is not only checked against itself: tp = 2 greedy
 // DFlash 2 with 2 sessions of B = 8 rows over H = 64 and 2 layers, k = 4 candidates.
 TEST(CostModel, GreedyDraftByHand) {
-  const DrafterConfig cfg = wide("tiny-dflash2.json");
+  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash2.json");
   ASSERT_EQ(cfg.block, 8);
   ASSERT_EQ(cfg.hidden, 64);
   ASSERT_EQ(cfg.layers, 2);
@@ -184,26 +172,23 @@ void check_memory(const DrafterConfig& cfg, DType dtype, bool tie) {
 }
 
 TEST(CostModel, RankMemoryEqualsWhatTheLoaderHolds) {
-  check_memory(wide("tiny-dflash.json"), DType::BF16, false);
-  check_memory(wide("tiny-dflash2.json"), DType::F32, true);  // biases, tied head
+  check_memory(testing::eight_heads_over_two("tiny-dflash.json"), DType::BF16, false);
+  check_memory(testing::eight_heads_over_two("tiny-dflash2.json"), DType::F32, true);  // biases, tied head
 }
 
 // Context per position: what a session holds per settled position, read back layer by layer.
 TEST(CostModel, ContextBytesPerPositionEqualTheSessionsAllocation) {
-  const DrafterConfig cfg = wide("tiny-dflash2.json");
+  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash2.json");
   testing::TempDir dir;
   model::write_random_checkpoint(cfg, dir.path(), {}, 0);
   for (int tp : {1, 2, 4}) {
     std::vector<size_t> session_bytes(static_cast<size_t>(tp)), drafter_says(static_cast<size_t>(tp));
     parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-      auto ops = kernels::make_cpu_ops(1);
-      auto w = std::make_shared<model::DrafterWeights>(cfg, model::TensorStore::open(dir.path() + "/drafter"),
-                                                       model::TensorStore::open(dir.path() + "/target"),
-                                                       model::ShardPlan::make(cfg, comm.rank(), tp), *ops);
-      model::DrafterLimits limits;
-      limits.max_context = 50;
-      limits.keep_all_positions = true;
-      model::Drafter drafter(w, *ops, comm, limits);
+      model::RuntimeOptions ro = testing::backend("cpu");
+      ro.limits.max_context = 50;
+      ro.limits.keep_all_positions = true;
+      const auto rt = testing::open_rank(comm, dir.path(), cfg, ro);
+      model::Drafter& drafter = rt->drafter();
       auto session = drafter.new_session();
       const auto taps = model::random_taps(cfg, 10, 3);
       drafter.settle(*session, 0, taps.data(), 10);
