@@ -15,18 +15,19 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 }  // namespace
 
 void fail_mul(const std::string& what, int64_t a, int64_t b) {
-  TPDRAFT_FAIL("{}: {} x {} does not fit in a 64-bit integer", what, a, b);
+  TPDRAFT_FAIL("{}: {} x {} overflows a 64-bit integer", what, a, b);
 }
 
 void fail_add(const std::string& what, int64_t a, int64_t b) {
-  TPDRAFT_FAIL("{}: {} + {} does not fit in a 64-bit integer", what, a, b);
+  TPDRAFT_FAIL("{}: {} + {} overflows a 64-bit integer", what, a, b);
 }
 
 void fail_shape(const std::string& what, const std::vector<int64_t>& shape, size_t elem_size, bool negative) {
   if (negative) TPDRAFT_FAIL("{}: shape {} has a negative dimension", what, shape_string(shape));
   if (elem_size == 0)
-    TPDRAFT_FAIL("{}: shape {} has more elements than a 64-bit integer can count", what, shape_string(shape));
-  TPDRAFT_FAIL("{}: shape {} of {}-byte elements has more bytes than a 64-bit integer can count", what,
+    TPDRAFT_FAIL("{}: shape {} overflows: its element count does not fit in a 64-bit integer", what,
+                 shape_string(shape));
+  TPDRAFT_FAIL("{}: shape {} of {}-byte elements overflows: its byte count does not fit in a 64-bit integer", what,
                shape_string(shape), elem_size);
 }
 

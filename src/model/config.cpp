@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace tpdraft::model {
@@ -35,9 +37,17 @@ const json* find_top(const json& j, const char* key) {
 }
 
 int64_t as_int(const json* v, const std::string& source, const char* key) {
-  TPDRAFT_CHECK(v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()),
+  // The JSON parser keeps integers above 2^63 as unsigned and longer ones as doubles (1e+300).
+  if (v->is_number_unsigned()) {
+    const auto u = v->get<uint64_t>();
+    TPDRAFT_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                  "{}: key '{}': {} is not an integer in the 64-bit range", source, key, u);
+    return static_cast<int64_t>(u);
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  TPDRAFT_CHECK(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>(),
                 "{}: key '{}' must be an integer, got {}", source, key, v->dump());
-  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+  return checked_to_int64(v->get<double>(), "{}: key '{}'", source, key);
 }
 
 double as_double(const json* v, const std::string& source, const char* key) {

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -58,9 +59,8 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
   t.name = name;
   t.dtype = dtype;
   t.shape = shape;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  t.bytes.resize(static_cast<size_t>(n) * dtype_size(dtype));
+  const int64_t n = checked_numel(shape, "random tensor '{}'", name);
+  t.bytes.resize(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name));
   const uint64_t key = mix(seed ^ name_hash(name));
   const double a = std::sqrt(3.0) * law.sigma;
   const bool base_kernel = name.size() > 11 && name.compare(name.size() - 11, 11, "base_kernel") == 0;
@@ -131,8 +131,8 @@ std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const R
 }
 
 std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed) {
-  const int64_t w = cfg.n_taps() * cfg.hidden;
-  std::vector<float> taps(static_cast<size_t>(n * w));
+  const int64_t w = checked_mul(cfg.n_taps(), cfg.hidden, "random taps: row width T*H");
+  std::vector<float> taps(static_cast<size_t>(checked_numel({n, w}, "random taps: {} rows of T*H = {} values", n, w)));
   const uint64_t key = mix(seed ^ name_hash("taps"));
   for (size_t i = 0; i < taps.size(); ++i) {
     const double u = static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);

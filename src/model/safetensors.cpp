@@ -14,10 +14,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace tpdraft::model {
@@ -46,18 +46,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string canonical_name(const std::string& name) {
   return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
-}
-
-// numel x element size, refusing shapes whose byte count does not fit in 64 bits.
-bool checked_nbytes(const std::vector<int64_t>& shape, size_t elem, uint64_t* out) {
-  uint64_t n = elem;
-  for (int64_t d : shape) {
-    const auto ud = static_cast<uint64_t>(d);
-    if (ud != 0 && n > std::numeric_limits<uint64_t>::max() / ud) return false;
-    n *= ud;
-  }
-  *out = n;
-  return true;
 }
 
 bool convertible(DType t) {
@@ -106,11 +94,7 @@ const ojson& require_key(const ojson& entry, const char* key, const std::string&
 
 // ---- TensorInfo ------------------------------------------------------------------------------
 
-int64_t TensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t TensorInfo::numel() const { return checked_numel(shape, "{}: tensor '{}'", file, name); }
 
 int64_t TensorInfo::rows() const { return shape.size() >= 2 ? shape[0] : 1; }
 
@@ -118,7 +102,7 @@ int64_t TensorInfo::cols() const {
   if (shape.empty()) return 1;
   if (shape.size() == 1) return shape[0];
   int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  for (size_t i = 1; i < shape.size(); ++i) n = checked_mul(n, shape[i], "{}: columns of tensor '{}'", file, name);
   return n;
 }
 
@@ -165,9 +149,7 @@ Range parse_entry(const std::string& path, const std::string& name, const ojson&
                 "{}: tensor '{}' has data_offsets [{}, {}] past the end of the data area ({} bytes)", path, name,
                 begin, end, data_size);
 
-  uint64_t expected = 0;
-  TPDRAFT_CHECK(checked_nbytes(info->shape, dtype_size(info->dtype), &expected),
-                "{}: tensor '{}' has shape {} whose byte size overflows", path, name, shape_to_string(info->shape));
+  const uint64_t expected = checked_bytes(info->shape, dtype_size(info->dtype), "{}: tensor '{}'", path, name);
   TPDRAFT_CHECK(expected == end - begin,
                 "{}: tensor '{}' with shape {} and dtype {} needs {} bytes, but its data_offsets span {} bytes", path,
                 name, shape_to_string(info->shape), dtype_name(info->dtype), expected, end - begin);
@@ -484,8 +466,8 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
     TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
                   shape_to_string(shape));
   }
-  uint64_t expected = 0;
-  TPDRAFT_CHECK(checked_nbytes(shape, dtype_size(dtype), &expected) && expected == nbytes,
+  const size_t expected = checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name);
+  TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
                 shape_to_string(shape), dtype_name(dtype), expected, nbytes);
   Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
@@ -497,10 +479,8 @@ void SafetensorsWriter::add_f32(const std::string& name, DType dtype, const std:
                                 const float* data) {
   TPDRAFT_CHECK(is_float_weight(dtype), "safetensors writer: tensor '{}': cannot store f32 values as {}", name,
                 dtype_name(dtype));
-  uint64_t n = 0;
-  TPDRAFT_CHECK(checked_nbytes(shape, 1, &n), "safetensors writer: tensor '{}' shape {} overflows", name,
-                shape_to_string(shape));
-  std::vector<std::byte> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  const int64_t n = checked_numel(shape, "safetensors writer: tensor '{}'", name);
+  std::vector<std::byte> bytes(checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name));
   convert_from_f32(dtype, data, bytes.data(), static_cast<size_t>(n));
   add(name, dtype, shape, bytes.data(), bytes.size());
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -31,30 +32,34 @@ TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
-  const int64_t H = c.hidden, D = c.head_dim, T = c.n_taps();
+  const int64_t H = c.hidden, D = c.head_dim;
+  // Products of config values: checked, since a programmatic config need not have been validated.
+  const int64_t TH = checked_mul(c.n_taps(), H, "fc columns (taps x hidden_size)");
+  const int64_t QD = checked_mul(c.n_q, D, "q rows (num_attention_heads x head_dim)");
+  const int64_t KD = checked_mul(c.n_kv, D, "k/v rows (num_key_value_heads x head_dim)");
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
-      {"fc.weight", {H, T * H}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
+      {"fc.weight", {H, TH}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
   for (int64_t l = 0; l < c.layers; ++l) {
     auto add = [&](const std::string& n, std::vector<int64_t> s) { out.emplace_back(layer_name(l, n), std::move(s)); };
     add("input_layernorm.weight", {H});
     add("post_attention_layernorm.weight", {H});
-    add("self_attn.q_proj.weight", {c.n_q * D, H});
-    add("self_attn.k_proj.weight", {c.n_kv * D, H});
-    add("self_attn.v_proj.weight", {c.n_kv * D, H});
-    add("self_attn.o_proj.weight", {H, c.n_q * D});
+    add("self_attn.q_proj.weight", {QD, H});
+    add("self_attn.k_proj.weight", {KD, H});
+    add("self_attn.v_proj.weight", {KD, H});
+    add("self_attn.o_proj.weight", {H, QD});
     add("self_attn.q_norm.weight", {D});
     add("self_attn.k_norm.weight", {D});
     if (c.bias) {
-      add("self_attn.q_proj.bias", {c.n_q * D});
-      add("self_attn.k_proj.bias", {c.n_kv * D});
-      add("self_attn.v_proj.bias", {c.n_kv * D});
+      add("self_attn.q_proj.bias", {QD});
+      add("self_attn.k_proj.bias", {KD});
+      add("self_attn.v_proj.bias", {KD});
       add("self_attn.o_proj.bias", {H});
     }
     add("mlp.gate_proj.weight", {c.ffn, H});
     add("mlp.up_proj.weight", {c.ffn, H});
     add("mlp.down_proj.weight", {H, c.ffn});
     if (c.is_dflash2()) {
-      const int64_t KG2 = 2 * c.conv_kernel * c.conv_groups();
+      const int64_t KG2 = checked_mul(2 * c.conv_kernel, c.conv_groups(), "kernel projection rows (2 x K x G)");
       add("attention_conv.base_kernel", {2, c.conv_kernel, H});
       add("mlp_conv.base_kernel", {2, c.conv_kernel, H});
       add("attention_conv.kernel_projection.weight", {KG2, H});

@@ -3,6 +3,7 @@
 // message names the file and the key at fault.
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -421,6 +422,38 @@ TEST(ConfigErrors, WrongValueTypes) {
   j["dflash_config"]["target_layer_ids"] = 3;
   expect_config_error(j, {"target_layer_ids", "list"});
   expect_error([] { DrafterConfig::from_json(json::array(), kSource); }, {kSource, "object"});
+}
+
+TEST(ConfigErrors, NumbersOutsideTheIntegerRange) {
+  // Doubles that are integers but no int64 (the cast was undefined), and integers past int64.
+  for (double v : {1e30, -1e30, 1e300, 9223372036854775808.0}) {
+    json j = base();
+    j["hidden_size"] = v;
+    expect_config_error(j, {"'hidden_size'", fmt::format("{}", v), "64-bit"});
+  }
+  json j = base();
+  j["vocab_size"] = std::numeric_limits<uint64_t>::max();
+  expect_config_error(j, {"'vocab_size'", "18446744073709551615"});
+  j = base();
+  j["dflash_config"]["target_layer_ids"] = {1, 1e19};
+  expect_config_error(j, {"'target_layer_ids'", "1e+19"});
+  // A 300-digit literal parses as a double; the message stays short.
+  testing::TempDir dir;
+  const std::string path = dir.file("config.json");
+  json text = base();
+  text["intermediate_size"] = 0;
+  std::string dumped = text.dump();
+  dumped.replace(dumped.find("\"intermediate_size\":0"), 21, "\"intermediate_size\":1" + std::string(300, '0'));
+  testing::write_text(path, dumped);
+  try {
+    DrafterConfig::from_file(path);
+    ADD_FAILURE() << "a 301-digit intermediate_size was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'intermediate_size'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1e+300"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 200u) << msg;
+  }
 }
 
 TEST(ConfigErrors, NonPositiveSizes) {

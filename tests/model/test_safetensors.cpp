@@ -431,6 +431,26 @@ TEST(TensorStore, RequireMessages) {
   expect_error([&] { store->require("ids", {2}); }, {path, "'ids'", "I64", "F32"});
 }
 
+TEST(TensorStore, FromMemoryChecksBytesAgainstShape) {
+  std::vector<OwnedTensor> ok(1);
+  ok[0] = {"model.w", DType::F32, {3, 2}, std::vector<std::byte>(24)};
+  auto store = TensorStore::from_memory("random weights", std::move(ok));
+  EXPECT_EQ(store->require("w", {3, 2}).nbytes, 24u);
+
+  std::vector<OwnedTensor> short_one(1);
+  short_one[0] = {"w", DType::F32, {3, 2}, std::vector<std::byte>(20)};
+  expect_error([&] { TensorStore::from_memory("random weights", std::move(short_one)); },
+               {"random weights", "'w'", "20 bytes", "24", "[3, 2]"});
+  // 2^58 + 1 rows of 64 bf16 values wrap to 128 bytes in unchecked int64 arithmetic.
+  std::vector<OwnedTensor> wrapped(1);
+  wrapped[0] = {"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64}, std::vector<std::byte>(128)};
+  expect_error([&] { TensorStore::from_memory("bench (target)", std::move(wrapped)); },
+               {"bench (target)", "'lm_head.weight'", "[288230376151711745, 64]", "64-bit"});
+  std::vector<OwnedTensor> negative(1);
+  negative[0] = {"n", DType::F32, {-2, 3}, {}};
+  expect_error([&] { TensorStore::from_memory("mem", std::move(negative)); }, {"'n'", "negative"});
+}
+
 // ---- corrupted files -------------------------------------------------------------------------
 
 class Corrupt : public ::testing::Test {
