@@ -3,9 +3,12 @@
 // variance each tensor kind needs (1/fan_in for projections, ~1 for norms and embeddings).
 #include "model/random_checkpoint.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -89,8 +92,6 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
 std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs,
                                       const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                       const std::function<void(size_t, size_t)>& progress) {
-  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
-                dtype_name(opt.dtype));
   ThreadPool pool(opt.threads);
   std::vector<OwnedTensor> out;
   out.reserve(specs.size());
@@ -99,6 +100,83 @@ std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, s
     if (progress) progress(out.size(), specs.size());
   }
   return out;
+}
+
+// This machine's physical memory in bytes; 0 when unknown (the checks are then skipped).
+uint64_t machine_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
+
+using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  return opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
+}
+
+// The config keys that size a tensor, with their values: what a user would shrink.
+std::string sized_by(const std::string& name, const DrafterConfig& c, int64_t vt) {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (name.rfind("layers.", 0) == 0)
+    return fmt::format("the layers: num_hidden_layers = {} of hidden_size = {}, intermediate_size = {}", c.layers,
+                       c.hidden, c.ffn);
+  if (name == "fc.weight")
+    return fmt::format("fc.weight: hidden_size = {} x {} target_layer_ids x hidden_size", c.hidden, c.n_taps());
+  if (ends_with("_codebook"))
+    return fmt::format("the selector codebooks: vocab_size = {} x selector_rank = {}", c.vocab, c.selector_rank);
+  if (ends_with("embed_tokens.weight") || ends_with("lm_head.weight"))
+    return fmt::format("the target embedding and head: {} = {} x hidden_size = {}",
+                       vt == c.vocab ? "vocab_size" : "target vocab", vt, c.hidden);
+  return "the norms and small projections";
+}
+
+// Refuses, before anything is generated, random weights (drafter and target together: every use
+// holds both) whose bytes exceed this machine's memory, naming the keys of the largest part.
+void check_fits_in_memory(const Specs& specs, const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  std::map<std::string, int64_t> parts;
+  int64_t total = 0;
+  for (const auto& [name, shape] : specs) {
+    const auto bytes = static_cast<int64_t>(checked_bytes(shape, dtype_size(opt.dtype), "random tensor '{}'", name));
+    int64_t& part = parts[sized_by(name, cfg, target_rows(cfg, opt))];
+    part = checked_add(part, bytes, "random weights: bytes of {}", name);
+    total = checked_add(total, bytes, "random weights: bytes in all");
+  }
+  const uint64_t memory = machine_memory();
+  if (memory == 0 || static_cast<uint64_t>(total) <= memory) return;
+  auto largest = parts.begin();
+  for (auto it = parts.begin(); it != parts.end(); ++it)
+    if (it->second > largest->second) largest = it;
+  TPDRAFT_FAIL("random {} weights for this config take {} bytes ({:.1f} GiB), more than this machine's memory of {} "
+               "bytes ({:.1f} GiB); the largest part is {} ({} bytes)",
+               dtype_name(opt.dtype), total, gib(static_cast<uint64_t>(total)), memory, gib(memory), largest->first,
+               largest->second);
+}
+
+// Validates the config (it may have been made in code) and the options, then the memory all of
+// the random tensors will take; throws before anything is allocated.
+Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt);
+void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  cfg.validate("random weights' config");
+  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
+                dtype_name(opt.dtype));
+  TPDRAFT_CHECK(opt.threads >= 0, "random weights: thread count must be >= 0, got {}", opt.threads);
+  Specs all = expected_drafter_tensors(cfg);
+  for (auto& spec : target_specs(cfg, opt)) all.push_back(std::move(spec));
+  check_fits_in_memory(all, cfg, opt);
+}
+
+Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  const int64_t vt = target_rows(cfg, opt);
+  TPDRAFT_CHECK(opt.target_vocab == 0 || (opt.target_vocab >= cfg.vocab && opt.target_vocab <= size_limit("vocab_size")),
+                "target vocab {} must be 0 (the drafter's vocab_size) or in [vocab_size = {}, {}]", opt.target_vocab,
+                cfg.vocab, size_limit("vocab_size"));
+  Specs specs = {{"model.embed_tokens.weight", {vt, cfg.hidden}}};
+  if (!opt.tie_embeddings) specs.push_back({"lm_head.weight", {vt, cfg.hidden}});
+  return specs;
 }
 
 void write_tensors(const std::vector<OwnedTensor>& tensors, const std::string& path) {
@@ -118,21 +196,25 @@ void write_json(const nlohmann::json& j, const std::string& path) {
 
 std::vector<OwnedTensor> random_drafter_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                 const std::function<void(size_t, size_t)>& progress) {
+  check_random_weights(cfg, opt);
   return generate_all(expected_drafter_tensors(cfg), cfg, opt, progress);
 }
 
 std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                const std::function<void(size_t, size_t)>& progress) {
-  const int64_t vt = opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
-  TPDRAFT_CHECK(vt >= cfg.vocab, "target vocab {} must be >= the drafter's vocab_size {}", vt, cfg.vocab);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {{"model.embed_tokens.weight", {vt, cfg.hidden}}};
-  if (!opt.tie_embeddings) specs.push_back({"lm_head.weight", {vt, cfg.hidden}});
-  return generate_all(specs, cfg, opt, progress);
+  check_random_weights(cfg, opt);
+  return generate_all(target_specs(cfg, opt), cfg, opt, progress);
 }
 
 std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed) {
   const int64_t w = checked_mul(cfg.n_taps(), cfg.hidden, "random taps: row width T*H");
-  std::vector<float> taps(static_cast<size_t>(checked_numel({n, w}, "random taps: {} rows of T*H = {} values", n, w)));
+  const size_t bytes = checked_bytes({n, w}, sizeof(float), "random taps: {} rows of T*H = {} values", n, w);
+  const uint64_t memory = machine_memory();
+  TPDRAFT_CHECK(memory == 0 || bytes <= memory,
+                "random taps: {} rows of T*H = {} f32 values take {} bytes ({:.1f} GiB), more than this machine's "
+                "memory of {} bytes ({:.1f} GiB)",
+                n, w, bytes, gib(bytes), memory, gib(memory));
+  std::vector<float> taps(bytes / sizeof(float));
   const uint64_t key = mix(seed ^ name_hash("taps"));
   for (size_t i = 0; i < taps.size(); ++i) {
     const double u = static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);

@@ -96,6 +96,18 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                      list, unknown.size() > 8 ? ", ..." : "");
   }
 
+  // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
+  // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg)) {
+    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) d.require(name, shape);
+  }
+  if (cfg.is_dflash2()) {
+    pred_ = &codebook("candidate_selector.predecessor_codebook");
+    succ_ = &codebook("candidate_selector.successor_codebook");
+  }
+  std::string head_name;
+  const TensorInfo& head_info = target_tables(&head_name);
+
   const Range all_h{0, H};
   const Range q_rows{plan.q_heads.begin * D, plan.q_heads.end * D};
   const Range kv_rows{plan.kv_heads.begin * D, plan.kv_heads.end * D};
@@ -134,38 +146,44 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   }
 
   // Target tables: embedding always host-mapped; the head's vocab slice copied in.
-  const TensorStore& t = *target_;
-  embed_ = t.find("embed_tokens.weight");
-  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
-                t.source(), cfg.vocab, H);
-  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg.vocab,
-                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                embed_->file, embed_->shape_str(), cfg.vocab, H);
-  TPDRAFT_CHECK(is_float_weight(embed_->dtype), "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16",
-                embed_->file, dtype_name(embed_->dtype));
-  target_vocab_ = embed_->shape[0];
-  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
-  const TensorInfo* head_info = t.find("lm_head.weight");
-  std::string head_name = "lm_head.weight";
-  if (tcfg.tie_word_embeddings || head_info == nullptr) {
-    head_info = embed_;
-    head_name = "embed_tokens.weight";
-  }
-  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg.vocab,
-                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                head_info->file, head_info->shape_str(), cfg.vocab, H);
-  head = load_matrix(t, head_name, head_info->shape, plan.vocab, all_h);
+  head = load_matrix(*target_, head_name, head_info.shape, plan.vocab, all_h);
 
   if (cfg.is_dflash2()) {
     selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H},
                                 {0, cfg.selector_rank}, all_h);
-    pred_ = &codebook("candidate_selector.predecessor_codebook");
-    succ_ = &codebook("candidate_selector.successor_codebook");
   }
   if (plan.rank == 0)
     TPDRAFT_LOG_INFO("loaded {} ({}): {:.1f} MiB on this rank in {:.2f} s", d.source(), plan.describe(),
                      static_cast<double>(backend_bytes_) / (1 << 20),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
+  const TensorStore& t = *target_;
+  const int64_t H = cfg_.hidden;
+  embed_ = t.find("embed_tokens.weight");
+  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
+                t.source(), cfg_.vocab, H);
+  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                embed_->file, embed_->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(embed_->dtype),
+                "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16", embed_->file,
+                dtype_name(embed_->dtype));
+  target_vocab_ = embed_->shape[0];
+  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
+  const TensorInfo* head_info = t.find("lm_head.weight");
+  *head_name = "lm_head.weight";
+  if (tcfg.tie_word_embeddings || head_info == nullptr) {
+    head_info = embed_;
+    *head_name = "embed_tokens.weight";
+  }
+  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                head_info->file, head_info->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(head_info->dtype), "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16",
+                head_info->file, *head_name, dtype_name(head_info->dtype));
+  return *head_info;
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sys/wait.h>
@@ -167,6 +168,50 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
   }
+}
+
+// A drafter config from configs/ with some keys replaced, written into dir.
+std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
+                         const std::string& base = "configs/tiny-dflash.json") {
+  std::ifstream in(testing::source_path(base));
+  nlohmann::json j = nlohmann::json::parse(in);
+  j.merge_patch(changes);
+  const std::string path = dir.file(name);
+  testing::write_text(path, j.dump(2));
+  return path;
+}
+
+TEST(Cli, HugeVocabIsAnErrorNotACrash) {
+  // 2^58 (+ 1) rows x 64 columns wrapped to 0 (128) bytes of random weights, then read past them.
+  testing::TempDir dir;
+  for (int64_t vocab : {int64_t{1} << 58, (int64_t{1} << 58) + 1}) {
+    const std::string config = write_config(dir, "v.json", {{"vocab_size", vocab}});
+    Result r = run("bench --config " + config + " --ctx 4 --repeat 1 --warmup 0 --threads 1");
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find("'vocab_size'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(config), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, BenchConfigBeyondMemoryNamesTheKeysAndBytes) {
+  // Every key within its bound, but 8 TiB of random weights: refused before generating them.
+  testing::TempDir dir;
+  const std::string config =
+      write_config(dir, "big.json", {{"hidden_size", 131072}, {"vocab_size", 16777216}, {"num_attention_heads", 32}});
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = run("bench --config " + config + " --ctx 4 --repeat 1 --warmup 0 --threads 1");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_EQ(r.status, 1) << r.out;
+  for (const char* part : {"bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConfigGivenAsDirectoryNamesThePath) {
+  testing::TempDir dir;
+  Result r = run("bench --config " + dir.path() + " --ctx 4 --repeat 1 --warmup 0");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(dir.path() + ": is a directory"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+// Loading a rank's weights (src/model/weights.cpp) and making random ones
+// (src/model/random_checkpoint.cpp) from bad inputs: every tensor is checked before the first
+// allocation, a NaN or Inf is found where the rank copies it or where a row lookup reads it, and
+// random weights that cannot fit in memory are refused before anything is generated.
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "model/runtime.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "parallel/communicator.h"
+#include "support/test_support.h"
+
+namespace tpdraft::model {
+namespace {
+
+// Runs f, expects a tpdraft::Error whose message holds every one of `parts`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
+}
+
+DrafterConfig tiny(const std::string& file) { return DrafterConfig::from_file(testing::source_path("configs/" + file)); }
+
+// The CPU backend, counting its allocations.
+class CountingOps final : public kernels::Ops {
+ public:
+  int allocs = 0;
+  const char* name() const override { return inner_->name(); }
+  bool host_memory() const override { return inner_->host_memory(); }
+  void* alloc(size_t bytes) override {
+    ++allocs;
+    return inner_->alloc(bytes);
+  }
+  void release(void* p) override { inner_->release(p); }
+  void to_device(void* dst, const void* src, size_t n) override { inner_->to_device(dst, src, n); }
+  void to_host(void* dst, const void* src, size_t n) override { inner_->to_host(dst, src, n); }
+  void sync() override { inner_->sync(); }
+  void matmul(const kernels::Matrix& w, const float* x, int64_t m, float* y, const float* bias) override {
+    inner_->matmul(w, x, m, y, bias);
+  }
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    inner_->rms_norm(x, w, y, rows, n, eps);
+  }
+  void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t d, float eps,
+                      const int64_t* positions, double theta) override {
+    inner_->head_norm_rope(x, w, rows, heads, d, eps, positions, theta);
+  }
+  void attention(const kernels::AttentionParams& p) override { inner_->attention(p); }
+  void dyn_conv(const kernels::ConvParams& p) override { inner_->dyn_conv(p); }
+  void silu_mul(const float* g, const float* u, float* out, int64_t n) override { inner_->silu_mul(g, u, out, n); }
+  void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void store_rows(const float* src, int64_t rows, int64_t len, float* dst, int64_t cap, int64_t first) override {
+    inner_->store_rows(src, rows, len, dst, cap, first);
+  }
+  void head_logits(const kernels::HeadParams& p, float* logits) override { inner_->head_logits(p, logits); }
+  void head_topk(const kernels::HeadParams& p, int k, int64_t base, float* v, int64_t* ids) override {
+    inner_->head_topk(p, k, base, v, ids);
+  }
+  void begin_capture() override { inner_->begin_capture(); }
+  std::unique_ptr<kernels::OpGraph> end_capture() override { return inner_->end_capture(); }
+  void abort_capture() noexcept override { inner_->abort_capture(); }
+  void replay(const kernels::OpGraph& g) override { inner_->replay(g); }
+
+ private:
+  std::unique_ptr<kernels::Ops> inner_ = kernels::make_cpu_ops(1);
+};
+
+std::vector<OwnedTensor> without(std::vector<OwnedTensor> tensors, const std::string& name) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == name) {
+      tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  return tensors;
+}
+
+// ---- presence and shapes before any allocation ------------------------------------------------
+
+TEST(Weights, EveryTensorIsCheckedBeforeTheFirstAllocation) {
+  const DrafterConfig cfg = tiny("tiny-dflash2.json");
+  RandomCheckpointOptions o;
+  o.threads = 1;
+  const auto drafter = random_drafter_tensors(cfg, o);
+  const auto target = random_target_tensors(cfg, o);
+  const ShardPlan plan = ShardPlan::make(cfg, 0, 1);
+  auto load = [&](std::vector<OwnedTensor> d, std::vector<OwnedTensor> t, CountingOps& ops) {
+    DrafterWeights w(cfg, TensorStore::from_memory("drafter", std::move(d)),
+                     TensorStore::from_memory("target", std::move(t)), plan, ops);
+  };
+  {
+    CountingOps ops;
+    load(drafter, target, ops);
+    EXPECT_GT(ops.allocs, 0);  // the complete checkpoint loads
+  }
+  // The last tensors read: the last layer's down projection, a codebook, the target's head.
+  const std::pair<std::string, std::vector<std::string>> missing[] = {
+      {"layers.1.mlp.down_proj.weight", {"drafter", "'layers.1.mlp.down_proj.weight'", "missing", "[64, 80]"}},
+      {"candidate_selector.successor_codebook", {"drafter", "'candidate_selector.successor_codebook'", "missing"}},
+  };
+  for (const auto& [name, parts] : missing) {
+    CountingOps ops;
+    expect_error([&] { load(without(drafter, name), target, ops); }, parts);
+    EXPECT_EQ(ops.allocs, 0) << name;
+  }
+  CountingOps ops;
+  expect_error([&] { load(drafter, without(target, "model.embed_tokens.weight"), ops); },
+               {"target", "'model.embed_tokens.weight'", "missing"});
+  EXPECT_EQ(ops.allocs, 0);
+  // A shape that differs from the config's.
+  auto wrong = drafter;
+  for (auto& t : wrong) {
+    if (t.name == "layers.1.self_attn.o_proj.weight") {
+      t.shape = {32, 128};
+    }
+  }
+  CountingOps ops2;
+  expect_error([&] { load(wrong, target, ops2); }, {"'layers.1.self_attn.o_proj.weight'", "[32, 128]", "[64, 64]"});
+  EXPECT_EQ(ops2.allocs, 0);
+}
+
+// ---- random weights and the machine's memory ------------------------------------------------
+
+TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
+  // Within every key's bound, but 2 x 2^24 x 2^17 bf16 target rows are 8 TiB.
+  DrafterConfig cfg = tiny("tiny-dflash.json");
+  cfg.hidden = 131072;
+  cfg.vocab = 1 << 24;
+  cfg.validate("big");
+  RandomCheckpointOptions o;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int which = 0; which < 2; ++which) {
+    expect_error(
+        [&] {
+          if (which == 0) random_drafter_tensors(cfg, o);
+          else random_target_tensors(cfg, o);
+        },
+        {"random BF16 weights", "bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"});
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // The layers dominate when they are what is large.
+  cfg = tiny("tiny-dflash.json");
+  cfg.hidden = 65536;
+  cfg.ffn = 1 << 20;
+  cfg.layers = 1024;
+  cfg.sliding.assign(1024, false);
+  cfg.causal.assign(1024, false);
+  expect_error([&] { random_drafter_tensors(cfg, o); }, {"num_hidden_layers = 1024", "intermediate_size = 1048576"});
+}
+
+TEST(RandomWeights, UncheckedProgrammaticConfigsAreValidatedFirst) {
+  // A config made in code skips from_json: the generator validates it before sizing anything.
+  DrafterConfig cfg = tiny("tiny-dflash.json");
+  cfg.vocab = (int64_t{1} << 58) + 1;
+  expect_error([&] { random_target_tensors(cfg, {}); }, {"'vocab_size'", "288230376151711745", "16777216"});
+  expect_error([&] { random_drafter_tensors(cfg, {}); }, {"'vocab_size'"});
+  RandomCheckpointOptions o;
+  o.target_vocab = -5;
+  expect_error([&] { random_target_tensors(tiny("tiny-dflash.json"), o); }, {"target vocab", "-5", "300"});
+}
+
+TEST(RandomWeights, TapRowsBeyondMemoryAreRefused) {
+  const DrafterConfig cfg = tiny("tiny-dflash.json");
+  EXPECT_EQ(random_taps(cfg, 3, 1).size(), 3u * 128u);
+  expect_error([&] { random_taps(cfg, int64_t{1} << 40, 1); }, {"random taps", "1099511627776 rows", "bytes", "memory"});
+  expect_error([&] { random_taps(cfg, -1, 1); }, {"random taps", "-1"});
+}
+
+}  // namespace
+}  // namespace tpdraft::model
