@@ -20,6 +20,15 @@ constexpr size_t kStageBytes = 16u << 20;
 std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
 // A view of rows [row0, row0 + n) of a 2-D tensor, for chunked copies.
+// Refuses a NaN or Inf among the n x width elements just staged from rows row0.. and columns
+// col0.. of t: one such weight turns every logit into NaN and the draft into token -1.
+void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t width, int64_t row0, int64_t col0) {
+  const int64_t i = find_non_finite(t.dtype, staged, static_cast<size_t>(n * width));
+  if (i < 0) return;
+  TPDRAFT_FAIL("{}: tensor '{}' holds a non-finite value (NaN or Inf) at row {}, column {}; weights must be finite",
+               t.file, t.name, row0 + i / width, col0 + i % width);
+}
+
 TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
   TensorInfo v = t;
   const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
@@ -220,6 +229,7 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
     } else {
       copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
     }
+    check_finite(info, stage.data(), n, m.cols, rows.begin + r, cols.begin);
     // The source pages are done with: drop them so a rank's resident memory stays its share
     // (a tied head's table stays mapped for embedding lookups).
     if (&info != embed_) release_pages(src);
@@ -236,6 +246,9 @@ const float* DrafterWeights::load_vector(const TensorStore& store, const std::st
                                          const std::vector<int64_t>& shape, Range part) {
   const TensorInfo& info = store.require(name, shape);
   std::vector<float> all = to_f32(info);
+  const int64_t bad = find_non_finite(DType::F32, all.data() + part.begin, static_cast<size_t>(part.size()));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' holds a non-finite value (NaN or Inf) at element {}; weights must be finite",
+                info.file, info.name, part.begin + bad);
   kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
   ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());
   const float* p = buf.f32();
@@ -248,8 +261,13 @@ namespace {
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
   const size_t esize = dtype_size(t.dtype);
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(t.cols()) * esize, out,
-                 static_cast<size_t>(t.cols()));
+  const int64_t cols = t.cols();
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
+                 static_cast<size_t>(cols));
+  // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
+                "finite", t.file, t.name, row, bad);
 }
 }  // namespace
 

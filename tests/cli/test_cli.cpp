@@ -214,5 +214,18 @@ TEST(Cli, ConfigGivenAsDirectoryNamesThePath) {
   EXPECT_NE(r.out.find(dir.path() + ": is a directory"), std::string::npos) << r.out;
 }
 
+TEST(Cli, NonFiniteWeightIsAnErrorNotATokenOfMinusOne) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  testing::set_element(ck + "/target/model.safetensors", "lm_head.weight", 17 * 64 + 5, NAN);
+  Result r = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
+                 "/taps.safetensors --anchor 3 --threads 1");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(ck + "/target/model.safetensors: tensor 'lm_head.weight'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row 17, column 5"), std::string::npos) << r.out;
+  EXPECT_EQ(json_line(r.out), "") << r.out;
+}
+
 }  // namespace
 }  // namespace tpdraft

@@ -137,6 +137,122 @@ TEST(Weights, EveryTensorIsCheckedBeforeTheFirstAllocation) {
   EXPECT_EQ(ops2.allocs, 0);
 }
 
+// ---- non-finite values ------------------------------------------------------------------------
+
+// A random checkpoint on disk, for tests to plant values in, and loads of a rank's share of it.
+struct Checkpoint {
+  testing::TempDir dir;
+  DrafterConfig cfg;
+  std::unique_ptr<kernels::Ops> ops = kernels::make_cpu_ops(1);
+
+  Checkpoint(const std::string& config, DType dtype, bool tie = false, int64_t target_vocab = 0) : cfg(tiny(config)) {
+    RandomCheckpointOptions o;
+    o.seed = 5;
+    o.dtype = dtype;
+    o.tie_embeddings = tie;
+    o.target_vocab = target_vocab;
+    o.threads = 1;
+    write_random_checkpoint(cfg, dir.path(), o, 0);
+  }
+  std::string drafter_file() const { return dir.file("drafter/model.safetensors"); }
+  std::string target_file() const { return dir.file("target/model.safetensors"); }
+  std::unique_ptr<DrafterWeights> load(int rank = 0, int tp = 1) {
+    return std::make_unique<DrafterWeights>(cfg, TensorStore::open(dir.file("drafter")),
+                                            TensorStore::open(dir.file("target")), ShardPlan::make(cfg, rank, tp),
+                                            *ops);
+  }
+};
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TEST(Weights, NonFiniteValuesAreFoundWhileLoading) {
+  struct Case {
+    std::string config;
+    DType dtype;
+    bool target;
+    std::string tensor;
+    int64_t index;
+    float value;
+    std::string where;
+  };
+  const Case cases[] = {
+      {"tiny-dflash2.json", DType::BF16, false, "fc.weight", 5, kNaN, "row 0, column 5"},
+      {"tiny-dflash2.json", DType::F16, false, "layers.1.mlp.down_proj.weight", 3 * 80 + 7, kInf, "row 3, column 7"},
+      {"tiny-dflash.json", DType::F32, true, "lm_head.weight", 10 * 64 + 2, -kInf, "row 10, column 2"},
+      {"tiny-dflash.json", DType::BF16, false, "layers.0.input_layernorm.weight", 9, kNaN, "element 9"},
+      {"tiny-dflash2.json", DType::BF16, false, "layers.0.attention_conv.base_kernel", 70, kInf, "element 70"},
+      {"tiny-dflash2.json", DType::F32, false, "candidate_selector.hidden_projection.weight", 64 + 1, kNaN,
+       "row 1, column 1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    Checkpoint ck(c.config, c.dtype);
+    const std::string file = c.target ? ck.target_file() : ck.drafter_file();
+    testing::set_element(file, c.tensor, c.index, c.value);
+    expect_error([&] { ck.load(); }, {file, "'" + c.tensor + "'", "non-finite", c.where});
+  }
+}
+
+TEST(Weights, EachRankChecksTheShareItCopies) {
+  // tiny-dflash2: V = 257; at tp 2 rank 0 holds head rows [0, 129), rank 1 [129, 257).
+  Checkpoint ck("tiny-dflash2.json", DType::BF16, false, 260);
+  testing::set_element(ck.target_file(), "lm_head.weight", 256 * 64 + 4, kNaN);
+  EXPECT_NO_THROW(ck.load(0, 2));
+  expect_error([&] { ck.load(1, 2); }, {"'lm_head.weight'", "row 256, column 4"});
+  // Padding rows past V are never read, so a NaN there costs nothing.
+  Checkpoint padded("tiny-dflash2.json", DType::BF16, false, 260);
+  testing::set_element(padded.target_file(), "lm_head.weight", 258 * 64, kNaN);
+  EXPECT_NO_THROW(padded.load());
+  // A tied head is the embedding: its rows are copied, and checked, at load.
+  Checkpoint tied("tiny-dflash.json", DType::BF16, true);
+  testing::set_element(tied.target_file(), "model.embed_tokens.weight", 2 * 64 + 63, kInf);
+  expect_error([&] { tied.load(); }, {tied.target_file(), "'model.embed_tokens.weight'", "row 2, column 63"});
+}
+
+TEST(Weights, TableRowsAreCheckedWhenLookedUp) {
+  Checkpoint ck("tiny-dflash2.json", DType::BF16);
+  testing::set_element(ck.target_file(), "model.embed_tokens.weight", 7 * 64 + 3, kNaN);
+  testing::set_element(ck.drafter_file(), "candidate_selector.predecessor_codebook", 11 * 8 + 2, kInf);
+  testing::set_element(ck.drafter_file(), "candidate_selector.successor_codebook", 12 * 8, -kInf);
+  auto w = ck.load();  // the embedding and codebooks stay mapped: nothing read yet
+  std::vector<float> row(64);
+  expect_error([&] { w->embedding_row(7, row.data()); },
+               {ck.target_file(), "'model.embed_tokens.weight'", "row 7", "column 3", "non-finite"});
+  expect_error([&] { w->predecessor_row(11, row.data()); },
+               {ck.drafter_file(), "'candidate_selector.predecessor_codebook'", "row 11", "column 2"});
+  expect_error([&] { w->successor_row(12, row.data()); },
+               {ck.drafter_file(), "'candidate_selector.successor_codebook'", "row 12", "column 0"});
+  // Their neighbours read back as written.
+  auto target = TensorStore::open(ck.dir.file("target"));
+  const std::vector<float> all = to_f32(*target->find("embed_tokens.weight"));
+  w->embedding_row(8, row.data());
+  EXPECT_EQ(row, std::vector<float>(all.begin() + 8 * 64, all.begin() + 9 * 64));
+  w->predecessor_row(12, row.data());
+  w->successor_row(11, row.data());
+}
+
+TEST(Weights, DraftFromANonFiniteEmbeddingRowFailsInsteadOfReturningGarbage) {
+  // Before the row check, this draft returned token -1 with probability 1.
+  Checkpoint ck("tiny-dflash.json", DType::BF16);
+  testing::set_element(ck.target_file(), "model.embed_tokens.weight", 7 * 64, kNaN);
+  auto comm = parallel::make_single_rank();
+  RuntimeOptions ro;
+  ro.backend = "cpu";
+  ro.threads = 1;
+  const ModelSource source{ck.cfg, TensorStore::open(ck.dir.file("drafter")), TensorStore::open(ck.dir.file("target"))};
+  RankRuntime rt(source, *comm, ro);
+  auto session = rt.drafter().new_session();
+  const std::vector<float> taps = random_taps(ck.cfg, 4, 1);
+  rt.drafter().settle(*session, 0, taps.data(), 4);
+  expect_error([&] { rt.drafter().draft({{session.get(), 7, {}}}); }, {"'model.embed_tokens.weight'", "row 7"});
+  const auto ok = rt.drafter().draft({{session.get(), 8, {}}});
+  for (int64_t t : ok[0].tokens) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, ck.cfg.vocab);
+  }
+}
+
 // ---- random weights and the machine's memory ------------------------------------------------
 
 TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
