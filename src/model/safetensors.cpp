@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +83,28 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
     }
     std::memcpy(dst + off * ds, out, m * ds);
   }
+}
+
+// Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
+// equal keys, so a header listing a tensor twice would load silently; its parser callback sees
+// every key as it is read. `what` names the document in messages ("header", "index").
+template <typename It>
+ojson parse_unique_keys(It begin, It end, const std::string& path, const char* what) {
+  std::vector<std::pair<std::string, std::set<std::string>>> open;  // per open object: where, keys
+  std::string last_key;
+  auto check = [&](int /*depth*/, ojson::parse_event_t event, ojson& parsed) {
+    if (event == ojson::parse_event_t::object_start) {
+      open.emplace_back(open.empty() ? std::string("the top level") : "'" + last_key + "'", std::set<std::string>{});
+    } else if (event == ojson::parse_event_t::object_end) {
+      open.pop_back();
+    } else if (event == ojson::parse_event_t::key) {
+      last_key = parsed.get<std::string>();
+      TPDRAFT_CHECK(open.back().second.insert(last_key).second, "{}: key '{}' appears twice in {} of the {}", path,
+                    last_key, open.back().first, what);
+    }
+    return true;
+  };
+  return ojson::parse(begin, end, check);
 }
 
 const ojson& require_key(const ojson& entry, const char* key, const std::string& path, const std::string& name) {
@@ -210,7 +233,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
     ojson header;
     try {
-      header = ojson::parse(bytes + 8, bytes + 8 + header_len);
+      header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
     } catch (const nlohmann::json::exception& e) {
       TPDRAFT_FAIL("{}: header is not valid JSON ({})", path, e.what());
     }
@@ -270,9 +293,10 @@ struct IndexEntry {
 std::vector<IndexEntry> read_index(const std::string& index_path) {
   std::ifstream in(index_path, std::ios::binary);
   TPDRAFT_CHECK(in.good(), "{}: cannot open index file", index_path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   ojson j;
   try {
-    j = ojson::parse(in);
+    j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
   } catch (const nlohmann::json::exception& e) {
     TPDRAFT_FAIL("{}: index is not valid JSON ({})", index_path, e.what());
   }
@@ -297,6 +321,23 @@ std::vector<std::string> safetensors_in(const fs::path& dir) {
   return out;
 }
 
+// A shard named by an index must lie inside the index's directory: a relative path that never
+// climbs out with '..' (a shard elsewhere would let a downloaded index read any file).
+void check_shard_inside(const std::string& index_path, const fs::path& dir, const IndexEntry& e) {
+  const fs::path shard(e.shard);
+  bool inside = !shard.empty() && shard.is_relative() && !shard.has_root_name();
+  int depth = 0;
+  for (const auto& part : shard.lexically_normal()) {
+    if (part == "..") --depth;
+    else if (part != "." && !part.empty()) ++depth;
+    inside = inside && depth >= 0;
+  }
+  TPDRAFT_CHECK(inside,
+                "{}: shard '{}' (holding tensor '{}') is outside the model directory {}; shards must be named by "
+                "paths relative to it, without '..'",
+                index_path, e.shard, e.tensor, dir.empty() ? "." : dir.string());
+}
+
 // Opens the shards an index names (each once), checking every mapped tensor is really there.
 std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::string& index_path) {
   const std::vector<IndexEntry> entries = read_index(index_path);
@@ -305,6 +346,7 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::strin
   std::map<std::string, const SafetensorsFile*> shards;  // shard name as written -> opened file
   for (const auto& e : entries) {
     if (shards.count(e.shard)) continue;
+    check_shard_inside(index_path, dir, e);
     const std::string shard_path = (dir / e.shard).string();
     std::error_code ec;
     TPDRAFT_CHECK(fs::is_regular_file(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",

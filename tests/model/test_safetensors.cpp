@@ -413,6 +413,35 @@ TEST(TensorStore, IndexErrors) {
   expect_error([&] { TensorStore::open(dir.path()); }, {index, "'a'"});
 }
 
+TEST(TensorStore, IndexShardsMustStayInsideTheModelDirectory) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("model/sub"));
+  write_f32(dir.file("outside.safetensors"), {{"a", {1}}});
+  write_f32(dir.file("model/sub/inside.safetensors"), {{"a", {1}}});
+  const std::string index = dir.file("model/model.safetensors.index.json");
+  for (const std::string& shard :
+       {std::string("../outside.safetensors"), dir.file("outside.safetensors"), std::string("../../etc/passwd"),
+        std::string("sub/../../outside.safetensors"), std::string("/etc/passwd")}) {
+    SCOPED_TRACE(shard);
+    testing::write_text(index, R"({"weight_map": {"a": ")" + shard + R"("}})");
+    expect_error([&] { TensorStore::open(dir.file("model")); },
+                 {index, "'" + shard + "'", "'a'", "outside the model directory"});
+  }
+  // A shard in a subdirectory of the model directory is inside it.
+  testing::write_text(index, R"({"weight_map": {"a": "sub/inside.safetensors"}})");
+  EXPECT_EQ(TensorStore::open(dir.file("model"))->find("a")->file, dir.file("model/sub/inside.safetensors"));
+}
+
+TEST(TensorStore, IndexKeysListedTwice) {
+  TempDir dir;
+  write_f32(dir.file("s1.safetensors"), {{"a", {1}}, {"b", {1}}});
+  const std::string index = dir.file("model.safetensors.index.json");
+  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "a": "s2.safetensors"}})");
+  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'a'", "twice", "'weight_map'"});
+  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors"}, "weight_map": {"b": "s1.safetensors"}})");
+  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'weight_map'", "twice"});
+}
+
 TEST(TensorStore, RequireMessages) {
   TempDir dir;
   const std::string path = dir.file("model.safetensors");
@@ -544,6 +573,21 @@ TEST_F(Corrupt, OverlappingRanges) {
             std::vector<uint8_t>(8));
   SafetensorsFile f(path_);
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST_F(Corrupt, KeysListedTwice) {
+  // The JSON parser keeps the last of two equal keys: without a check the first entry vanishes.
+  expect_rejected(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                      "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                  std::vector<uint8_t>(8), {"'w'", "twice", "top level"});
+  expect_rejected(R"({"w": {"dtype": "F16", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                  std::vector<uint8_t>(4), {"'dtype'", "twice", "'w'"});
+  expect_rejected(R"({"__metadata__": {"k": "v", "k": "u"}})", {}, {"'k'", "twice", "'__metadata__'"});
+  // Equal keys in different objects are fine.
+  write_raw(path_, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                      "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+            std::vector<uint8_t>(8));
+  EXPECT_EQ(SafetensorsFile(path_).names(), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(Corrupt, BadMetadata) {
