@@ -13,13 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace tpdraft::model {
 
@@ -200,12 +200,13 @@ void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TPDRAFT_CHECK(fd >= 0, "{}: cannot open safetensors file ({})", path, std::strerror(errno));
+  // Never blocks: a FIFO or device given as a checkpoint or taps file is refused, not waited on.
+  const int fd = open_regular_file(path, "safetensors file");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    TPDRAFT_FAIL("{}: not a regular file", path);
+    TPDRAFT_FAIL("{}: cannot read the size of the safetensors file ({})", path, std::strerror(err));
   }
   const auto file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -291,9 +292,7 @@ struct IndexEntry {
 
 // Reads weight_map of an index file, in file order.
 std::vector<IndexEntry> read_index(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  TPDRAFT_CHECK(in.good(), "{}: cannot open index file", index_path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_regular_file(index_path, "index file");
   ojson j;
   try {
     j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
@@ -349,7 +348,7 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::strin
     check_shard_inside(index_path, dir, e);
     const std::string shard_path = (dir / e.shard).string();
     std::error_code ec;
-    TPDRAFT_CHECK(fs::is_regular_file(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",
+    TPDRAFT_CHECK(fs::exists(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",
                   index_path, e.shard, e.tensor, shard_path);
     files.push_back(std::make_unique<SafetensorsFile>(shard_path));
     shards[e.shard] = files.back().get();

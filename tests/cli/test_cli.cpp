@@ -27,8 +27,9 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(TPDRAFT_BIN) + " " + args + " 2>&1";
+// Runs `prefix tpdraft args` (prefix: e.g. an environment assignment or `timeout`).
+Result run_prefixed(const std::string& prefix, const std::string& args) {
+  const std::string cmd = prefix + std::string(TPDRAFT_BIN) + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
@@ -42,6 +43,8 @@ Result run(const std::string& args) {
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
+
+Result run(const std::string& args) { return run_prefixed("", args); }
 
 // The JSON result line among the log lines (logs go to stderr, captured here too).
 std::string json_line(const std::string& s) {
@@ -225,6 +228,26 @@ TEST(Cli, NonFiniteWeightIsAnErrorNotATokenOfMinusOne) {
   EXPECT_NE(r.out.find(ck + "/target/model.safetensors: tensor 'lm_head.weight'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("row 17, column 5"), std::string::npos) << r.out;
   EXPECT_EQ(json_line(r.out), "") << r.out;
+}
+
+TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck).status, 0);
+  const std::string fifo = dir.file("pipe.safetensors");
+  testing::make_fifo(fifo);
+  // `timeout` ends a blocked run, so a regression fails here instead of hanging the suite.
+  const std::string limit = "timeout -s KILL 20 ";
+  Result r = run_prefixed(limit, "draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + fifo +
+                                     " --anchor 1 --threads 1");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(fifo + ": is a FIFO"), std::string::npos) << r.out;
+  r = run_prefixed(limit, "bench --config " + fifo + " --ctx 4 --repeat 1 --warmup 0");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find(fifo + ": is a FIFO"), std::string::npos) << r.out;
+  r = run_prefixed(limit, "init --config " + fifo + " --out " + dir.file("other"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(fifo), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -442,6 +442,32 @@ TEST(TensorStore, IndexKeysListedTwice) {
   expect_error([&] { TensorStore::open(dir.path()); }, {index, "'weight_map'", "twice"});
 }
 
+TEST(TensorStore, NonRegularFilesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  // model.safetensors, an explicit .safetensors path, an index and a shard: each a FIFO in turn.
+  const std::string fifo = dir.file("model.safetensors");
+  testing::make_fifo(fifo);
+  EXPECT_TRUE(testing::finishes_without_blocking(fifo, [&] {
+    expect_error([&] { TensorStore::open(dir.path()); }, {fifo, "FIFO", "regular file"});
+    expect_error([&] { TensorStore::open(fifo); }, {fifo, "FIFO"});
+    expect_error([&] { SafetensorsFile f(fifo); }, {fifo, "FIFO"});
+  }));
+  std::filesystem::remove(fifo);
+  const std::string index = dir.file("model.safetensors.index.json");
+  testing::make_fifo(index);
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      index, [&] { expect_error([&] { TensorStore::open(dir.path()); }, {index, "FIFO", "regular file"}); }));
+  std::filesystem::remove(index);
+  testing::write_text(index, R"({"weight_map": {"a": "shard.safetensors"}})");
+  const std::string shard = dir.file("shard.safetensors");
+  testing::make_fifo(shard);
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      shard, [&] { expect_error([&] { TensorStore::open(dir.path()); }, {shard, "FIFO"}); }));
+  // A directory named like a safetensors file.
+  std::filesystem::create_directory(dir.file("d.safetensors"));
+  expect_error([&] { SafetensorsFile f(dir.file("d.safetensors")); }, {dir.file("d.safetensors"), "is a directory"});
+}
+
 TEST(TensorStore, RequireMessages) {
   TempDir dir;
   const std::string path = dir.file("model.safetensors");
