@@ -3,11 +3,13 @@
 // meets on the command line, each produced here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sys/wait.h>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -248,6 +250,89 @@ TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
   r = run_prefixed(limit, "init --config " + fifo + " --out " + dir.file("other"));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(fifo), std::string::npos) << r.out;
+}
+
+// The names in a directory, sorted.
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
+  testing::TempDir dir;
+  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
+  struct Case {
+    std::string args, needle;
+  };
+  const Case cases[] = {
+      {"--target-vocab 100", "target vocab 100"},  // below vocab_size 300: the drafter was written first
+      {"--target-vocab -5", "--target-vocab: -5 is below the minimum 0"},
+      {"--target-vocab 33554432", "--target-vocab: 33554432 is above the maximum 16777216"},
+      {"--taps -1", "--taps: -1 is below the minimum 0"},
+      {"--taps 1099511627776", "bytes"},
+  };
+  for (const Case& c : cases) {
+    Result r = run("init --config " + tiny + " --out " + dir.file("ck") + " " + c.args);
+    EXPECT_NE(r.status, 0) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_LT(r.out.size(), 400u) << r.out;  // no bound printed with hundreds of digits
+    // No checkpoint, no half of one, no temporary directory beside it.
+    EXPECT_EQ(entries(dir.path()), std::vector<std::string>{}) << c.args;
+  }
+}
+
+TEST(Cli, InitReplacesAnEarlierCheckpointWhole) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "taps.safetensors", "target"}));
+  // Written again without taps and with another config: the old taps file must not survive.
+  Result r = run("init --config " + testing::source_path("configs/tiny-dflash2.json") + " --out " + ck + "/");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "target"}));
+  EXPECT_EQ(model::DrafterConfig::from_file(ck + "/drafter/config.json").arch_name, "DFlash2DraftModel");
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"ck"});
+  // An existing empty directory is filled.
+  std::filesystem::create_directory(dir.file("empty"));
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("empty")).status, 0);
+  EXPECT_EQ(entries(dir.file("empty")), (std::vector<std::string>{"drafter", "target"}));
+  // A destination whose parents do not exist yet is created.
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("a/b/c")).status, 0);
+  EXPECT_EQ(entries(dir.file("a/b/c")), (std::vector<std::string>{"drafter", "target"}));
+}
+
+TEST(Cli, InitRefusesToReplaceWhatIsNotACheckpoint) {
+  testing::TempDir dir;
+  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
+  std::filesystem::create_directory(dir.file("data"));
+  testing::write_text(dir.file("data/notes.txt"), "keep me");
+  Result r = run("init --config " + tiny + " --out " + dir.file("data"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(dir.file("data") + ": exists and is not a tpdraft checkpoint"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'notes.txt'"), std::string::npos) << r.out;
+  EXPECT_EQ(entries(dir.file("data")), std::vector<std::string>{"notes.txt"});
+  // A model directory with more than init writes (here a tokenizer) is not one of ours either.
+  std::filesystem::create_directories(dir.file("model/target"));
+  testing::write_text(dir.file("model/target/tokenizer.json"), "{}");
+  r = run("init --config " + tiny + " --out " + dir.file("model"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("'target/tokenizer.json'"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("model/target/tokenizer.json")));
+  // A file.
+  testing::write_text(dir.file("file"), "x");
+  r = run("init --config " + tiny + " --out " + dir.file("file"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(dir.file("file") + ": exists and is not a directory"), std::string::npos) << r.out;
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"data", "file", "model"}));
+}
+
+TEST(Cli, InitHelpSaysWhatAnExistingOutputBecomes) {
+  Result r = run("init --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* part : {"replaced", "empty", "drafter/, target/", "refused"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
 }
 
 }  // namespace
