@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tpdraft::cli::add_bench(app);
   int status = 0;
   try {
+    tpdraft::log::check_environment();
     tpdraft::cli::init_launch(&argc, &argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

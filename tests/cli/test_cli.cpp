@@ -335,5 +335,28 @@ TEST(Cli, InitHelpSaysWhatAnExistingOutputBecomes) {
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
 }
 
+TEST(Cli, UnknownLogLevelIsAnError) {
+  testing::TempDir dir;
+  const std::string init = "init --config " + testing::source_path("configs/tiny-dflash.json") + " --out ";
+  // A typo used to switch logging off silently, errors included.
+  for (const char* level : {"verbose", "wran", "0"}) {
+    Result r = run_prefixed(std::string("TPDRAFT_LOG_LEVEL=") + level + " ", init + dir.file("x"));
+    EXPECT_EQ(r.status, 1) << level << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("TPDRAFT_LOG_LEVEL='") + level + "'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("trace, debug, info, warn, error, critical, off"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("x"))) << level;
+  }
+  // Known levels work, in any case: warn hides the info lines, debug shows them.
+  Result r = run_prefixed("TPDRAFT_LOG_LEVEL=WARN ", init + dir.file("w"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("[info]"), std::string::npos) << r.out;
+  r = run_prefixed("TPDRAFT_LOG_LEVEL=debug ", init + dir.file("d"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[info] wrote " + dir.file("d")), std::string::npos) << r.out;
+  // Set but empty counts as unset.
+  r = run_prefixed("TPDRAFT_LOG_LEVEL= ", init + dir.file("e"));
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
 }  // namespace
 }  // namespace tpdraft
