@@ -105,17 +105,8 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                      list, unknown.size() > 8 ? ", ..." : "");
   }
 
-  // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
-  // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
-  for (const auto& [name, shape] : expected_drafter_tensors(cfg)) {
-    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) d.require(name, shape);
-  }
-  if (cfg.is_dflash2()) {
-    pred_ = &codebook("candidate_selector.predecessor_codebook");
-    succ_ = &codebook("candidate_selector.successor_codebook");
-  }
   std::string head_name;
-  const TensorInfo& head_info = target_tables(&head_name);
+  const TensorInfo& head_info = check_tensors(&head_name);
 
   const Range all_h{0, H};
   const Range q_rows{plan.q_heads.begin * D, plan.q_heads.end * D};
@@ -165,6 +156,19 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
     TPDRAFT_LOG_INFO("loaded {} ({}): {:.1f} MiB on this rank in {:.2f} s", d.source(), plan.describe(),
                      static_cast<double>(backend_bytes_) / (1 << 20),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
+  // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
+  // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
+    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) drafter_->require(name, shape);
+  }
+  if (cfg_.is_dflash2()) {
+    pred_ = &codebook("candidate_selector.predecessor_codebook");
+    succ_ = &codebook("candidate_selector.successor_codebook");
+  }
+  return target_tables(head_name);
 }
 
 const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {

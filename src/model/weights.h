@@ -62,8 +62,10 @@ class DrafterWeights {
   const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
                            Range part);
   const TensorInfo& codebook(const std::string& base) const;
-  // Finds and checks the target's embedding and head (sets embed_, target_vocab_); returns the
-  // head and its name in the store.
+  // Checks every drafter tensor and finds the codebooks and the target tables, before anything
+  // is allocated; returns the target's head and its name in the store.
+  const TensorInfo& check_tensors(std::string* head_name);
+  // Finds and checks the target's embedding and head (sets embed_, target_vocab_).
   const TensorInfo& target_tables(std::string* head_name);
 
   DrafterConfig cfg_;
