@@ -271,6 +271,8 @@ TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
       {"--target-vocab -5", "--target-vocab: -5 is below the minimum 0"},
       {"--target-vocab 33554432", "--target-vocab: 33554432 is above the maximum 16777216"},
       {"--taps -1", "--taps: -1 is below the minimum 0"},
+      {"--taps many", "--taps: 'many' is not a 64-bit integer"},
+      {"--taps 99999999999999999999", "--taps: '99999999999999999999' is not a 64-bit integer"},
       {"--taps 1099511627776", "bytes"},
   };
   for (const Case& c : cases) {

@@ -4,6 +4,7 @@
 // random weights that cannot fit in memory are refused before anything is generated.
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -291,6 +292,31 @@ TEST(RandomWeights, UncheckedProgrammaticConfigsAreValidatedFirst) {
   RandomCheckpointOptions o;
   o.target_vocab = -5;
   expect_error([&] { random_target_tensors(tiny("tiny-dflash.json"), o); }, {"target vocab", "-5", "300"});
+  o = {};
+  o.threads = -2;
+  expect_error([&] { random_drafter_tensors(tiny("tiny-dflash.json"), o); }, {"thread count", "-2"});
+  o = {};
+  o.dtype = DType::I32;
+  expect_error([&] { random_drafter_tensors(tiny("tiny-dflash.json"), o); }, {"dtype", "I32"});
+}
+
+TEST(RandomWeights, WriteCheckpointRefusesBeforeWriting) {
+  testing::TempDir dir;
+  const DrafterConfig cfg = tiny("tiny-dflash.json");
+  expect_error([&] { write_random_checkpoint(cfg, dir.file("ck"), {}, -1); }, {"random taps", "-1"});
+  expect_error([&] { write_random_checkpoint(cfg, "", {}, 0); }, {"output directory name is empty"});
+  // The parent of the destination is a file: its directory cannot be made.
+  testing::write_text(dir.file("file"), "x");
+  expect_error([&] { write_random_checkpoint(cfg, dir.file("file/ck"), {}, 0); }, {dir.file("file"), "cannot create"});
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ck")));
+  // The same destination, written twice, holds the second checkpoint only.
+  write_random_checkpoint(cfg, dir.file("ck"), {}, 3);
+  write_random_checkpoint(tiny("tiny-dflash2.json"), dir.file("ck"), {}, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ck/taps.safetensors")));
+  EXPECT_TRUE(DrafterConfig::from_file(dir.file("ck/drafter/config.json")).is_dflash2());
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) entries += e.path().filename() == "ck" ? 0 : 1;
+  EXPECT_EQ(entries, 1u);  // "file"; no temporary directory left beside ck
 }
 
 TEST(RandomWeights, TapRowsBeyondMemoryAreRefused) {
