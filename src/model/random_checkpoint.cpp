@@ -1,6 +1,8 @@
 // Random checkpoint generation: every element is a counter-based function of (seed, tensor
 // name, index), so the result does not depend on the thread count; uniform values with the
 // variance each tensor kind needs (1/fan_in for projections, ~1 for norms and embeddings).
+// Sizes are checked against memory before anything is generated, and a checkpoint on disk is
+// written beside its destination and moved into place whole.
 #include "model/random_checkpoint.h"
 
 #include <fcntl.h>
