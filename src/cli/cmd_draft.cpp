@@ -18,6 +18,7 @@
 #include "cli/options.h"
 #include "cli/job.h"
 #include "cli/ranks.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/runtime.h"
@@ -51,10 +52,11 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
   Taps taps;
   taps.store = model::TensorStore::open(path);
   const model::TensorInfo* t = taps.store->find("taps");
-  TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, cfg.n_taps() * cfg.hidden);
-  TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == cfg.n_taps() * cfg.hidden,
+  const int64_t width = checked_mul(cfg.n_taps(), cfg.hidden, "{}: taps row width T*H", path);
+  TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, width);
+  TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == width,
                 "{}: tensor 'taps' has shape {}, expected [N, T*H] = [N, {}] ({} taps x hidden {})", path,
-                t->shape_str(), cfg.n_taps() * cfg.hidden, cfg.n_taps(), cfg.hidden);
+                t->shape_str(), width, cfg.n_taps(), cfg.hidden);
   taps.info = t;
   taps.n = t->shape[0];
   if (t->dtype == DType::F32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0) {
@@ -64,7 +66,6 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
     taps.rows = taps.converted.data();
   }
   // A NaN or Inf would spread through every later draft of the session: refuse it here, by row.
-  const int64_t width = t->shape[1];
   for (int64_t r = 0; r < taps.n; ++r)
     for (int64_t c = 0; c < width; ++c)
       TPDRAFT_CHECK(std::isfinite(taps.rows[r * width + c]), "{}: tensor 'taps' row {} (position {}) holds {} at column {}",

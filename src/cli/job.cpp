@@ -29,8 +29,8 @@ std::vector<std::string> split_nul(const std::string& joined) {
 
 const char* exit_status_help() {
   return "Exit status: 0 success; 1 a fault while running (a rank, a device, a peer that is gone); 2 a usage "
-         "error on the command line; 3 an input error (a config, checkpoint or taps file, or a tensor-parallel "
-         "size the geometry cannot take).";
+         "error (the command line, or a TPDRAFT_ environment variable); 3 an input error (a config, checkpoint or "
+         "taps file, or a tensor-parallel size the geometry cannot take).";
 }
 
 bool under_mpi() { return g_mpi; }

@@ -16,7 +16,7 @@ namespace tpdraft::cli {
 enum ExitStatus : int {
   kExitOk = 0,
   kExitRuntime = 1,  // a fault while running: a rank, a device, a peer that is gone
-  kExitUsage = 2,    // the command line: an unknown option, a missing or out-of-range value
+  kExitUsage = 2,    // the command line (an unknown option, a missing or out-of-range value) or the environment
   kExitInput = 3,    // the input: a config, checkpoint or taps file, or a tp its geometry cannot take
 };
 // The paragraph `tpdraft --help` ends with.

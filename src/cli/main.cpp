@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   try {
     init_launch(&argc, &argv);
     check_same_arguments(argc, argv);
+    agree_on(*job_world(), kExitUsage, [] { tpdraft::log::check_environment(); });
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Every rank got the same command line, so rank 0 speaks for all of them.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace tpdraft::model {
@@ -105,7 +106,8 @@ int64_t Drafter::layer_capacity(int64_t layer) const {
   // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
   // positions so that a rollback after a draft never needs a row the ring has dropped.
   const bool sliding = cfg_.sliding[static_cast<size_t>(layer)] && !limits_.keep_all_positions;
-  return sliding ? std::min(limits_.max_context, cfg_.window + cfg_.block) : limits_.max_context;
+  return sliding ? std::min(limits_.max_context, checked_add(cfg_.window, cfg_.block, "sliding_window + block_size"))
+                 : limits_.max_context;
 }
 
 void Drafter::check_rollback(const Session& s, int64_t length) const {
@@ -142,7 +144,7 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "settle: row count must be >= 0, got {}", n);
   TPDRAFT_CHECK(p0 >= 0 && p0 <= s.end_, "settle at position {}: expected 0..{} (the session's length; no gaps)", p0,
                 s.end_);
-  TPDRAFT_CHECK(p0 + n <= s.max_context_, "settle of {} rows at position {} exceeds the session's max context {}", n,
+  TPDRAFT_CHECK(n <= s.max_context_ - p0, "settle of {} rows at position {} exceeds the session's max context {}", n,
                 p0, s.max_context_);
   TPDRAFT_CHECK(n == 0 || taps != nullptr, "settle: no tap rows given");
   check_rollback(s, p0);

@@ -73,6 +73,9 @@ class Drafter {
   void settle(Session& session, int64_t p0, const float* taps, int64_t n);
   // Drops positions >= length.
   void rollback(Session& session, int64_t length);
+  // Throws, naming what is missing, when the session cannot roll back to `length` (a sliding
+  // layer's ring may no longer hold a position a draft from there needs); changes nothing.
+  void check_rollback(const Session& session, int64_t length) const;
   // One batched draft; requests name distinct sessions.
   std::vector<DraftResult> draft(const std::vector<DraftRequest>& requests, DraftDump* dump = nullptr);
 
@@ -97,7 +100,6 @@ class Drafter {
     std::vector<float> selector;                     // [rows, R]: s_r of the DFlash 2 selector
   };
 
-  void check_rollback(const Session& s, int64_t length) const;
   void check_requests(const std::vector<DraftRequest>& requests) const;
   int64_t layer_capacity(int64_t layer) const;
   VocabSlice vocab_slice() const;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -20,6 +21,15 @@ constexpr size_t kStageBytes = 16u << 20;
 std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
 // A view of rows [row0, row0 + n) of a 2-D tensor, for chunked copies.
+// Refuses a NaN or Inf among the n x width elements just staged from rows row0.. and columns
+// col0.. of t: one such weight turns every logit into NaN and the draft into token -1.
+void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t width, int64_t row0, int64_t col0) {
+  const int64_t i = find_non_finite(t.dtype, staged, static_cast<size_t>(n * width));
+  if (i < 0) return;
+  TPDRAFT_FAIL("{}: tensor '{}' holds a non-finite value (NaN or Inf) at row {}, column {}; weights must be finite",
+               t.file, t.name, row0 + i / width, col0 + i % width);
+}
+
 TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
   TensorInfo v = t;
   const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
@@ -32,30 +42,34 @@ TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
-  const int64_t H = c.hidden, D = c.head_dim, T = c.n_taps();
+  const int64_t H = c.hidden, D = c.head_dim;
+  // Products of config values: checked, since a programmatic config need not have been validated.
+  const int64_t TH = checked_mul(c.n_taps(), H, "fc columns (taps x hidden_size)");
+  const int64_t QD = checked_mul(c.n_q, D, "q rows (num_attention_heads x head_dim)");
+  const int64_t KD = checked_mul(c.n_kv, D, "k/v rows (num_key_value_heads x head_dim)");
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
-      {"fc.weight", {H, T * H}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
+      {"fc.weight", {H, TH}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
   for (int64_t l = 0; l < c.layers; ++l) {
     auto add = [&](const std::string& n, std::vector<int64_t> s) { out.emplace_back(layer_name(l, n), std::move(s)); };
     add("input_layernorm.weight", {H});
     add("post_attention_layernorm.weight", {H});
-    add("self_attn.q_proj.weight", {c.n_q * D, H});
-    add("self_attn.k_proj.weight", {c.n_kv * D, H});
-    add("self_attn.v_proj.weight", {c.n_kv * D, H});
-    add("self_attn.o_proj.weight", {H, c.n_q * D});
+    add("self_attn.q_proj.weight", {QD, H});
+    add("self_attn.k_proj.weight", {KD, H});
+    add("self_attn.v_proj.weight", {KD, H});
+    add("self_attn.o_proj.weight", {H, QD});
     add("self_attn.q_norm.weight", {D});
     add("self_attn.k_norm.weight", {D});
     if (c.bias) {
-      add("self_attn.q_proj.bias", {c.n_q * D});
-      add("self_attn.k_proj.bias", {c.n_kv * D});
-      add("self_attn.v_proj.bias", {c.n_kv * D});
+      add("self_attn.q_proj.bias", {QD});
+      add("self_attn.k_proj.bias", {KD});
+      add("self_attn.v_proj.bias", {KD});
       add("self_attn.o_proj.bias", {H});
     }
     add("mlp.gate_proj.weight", {c.ffn, H});
     add("mlp.up_proj.weight", {c.ffn, H});
     add("mlp.down_proj.weight", {H, c.ffn});
     if (c.is_dflash2()) {
-      const int64_t KG2 = 2 * c.conv_kernel * c.conv_groups();
+      const int64_t KG2 = checked_mul(2 * c.conv_kernel, c.conv_groups(), "kernel projection rows (2 x K x G)");
       add("attention_conv.base_kernel", {2, c.conv_kernel, H});
       add("mlp_conv.base_kernel", {2, c.conv_kernel, H});
       add("attention_conv.kernel_projection.weight", {KG2, H});
@@ -92,6 +106,9 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                      list, unknown.size() > 8 ? ", ..." : "");
   }
 
+  std::string head_name;
+  const TensorInfo& head_info = check_tensors(&head_name);
+
   fc = load_matrix(d, "fc.weight", {H, T * H});
   hidden_norm = load_vector(d, "hidden_norm.weight", {H});
   final_norm = load_vector(d, "norm.weight", {H});
@@ -127,38 +144,56 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   }
 
   // Target tables: embedding always host-mapped; the head's vocab slice copied in.
-  const TensorStore& t = *target_;
-  embed_ = t.find("embed_tokens.weight");
-  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
-                t.source(), cfg.vocab, H);
-  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg.vocab,
-                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                embed_->file, embed_->shape_str(), cfg.vocab, H);
-  TPDRAFT_CHECK(is_float_weight(embed_->dtype), "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16",
-                embed_->file, dtype_name(embed_->dtype));
-  target_vocab_ = embed_->shape[0];
-  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
-  const TensorInfo* head_info = t.find("lm_head.weight");
-  std::string head_name = "lm_head.weight";
-  if (tcfg.tie_word_embeddings || head_info == nullptr) {
-    head_info = embed_;
-    head_name = "embed_tokens.weight";
-  }
-  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg.vocab,
-                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                head_info->file, head_info->shape_str(), cfg.vocab, H);
   // A tied head is read from the embedding table, with the head's share.
-  head = load_matrix(t, head_name, head_info->shape, tensor_share(cfg, plan, "lm_head.weight", head_info->shape));
+  head = load_matrix(*target_, head_name, head_info.shape, tensor_share(cfg, plan, "lm_head.weight", head_info.shape));
 
-  if (cfg.is_dflash2()) {
+  if (cfg.is_dflash2())
     selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H});
-    pred_ = &codebook("candidate_selector.predecessor_codebook");
-    succ_ = &codebook("candidate_selector.successor_codebook");
-  }
   if (plan.rank == 0)
     TPDRAFT_LOG_INFO("loaded {} ({}): {:.1f} MiB on this rank in {:.2f} s", d.source(), plan.describe(),
                      static_cast<double>(backend_bytes_) / (1 << 20),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
+  // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
+  // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
+    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) drafter_->require(name, shape);
+  }
+  if (cfg_.is_dflash2()) {
+    pred_ = &codebook("candidate_selector.predecessor_codebook");
+    succ_ = &codebook("candidate_selector.successor_codebook");
+  }
+  return target_tables(head_name);
+}
+
+const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
+  const TensorStore& t = *target_;
+  const int64_t H = cfg_.hidden;
+  embed_ = t.find("embed_tokens.weight");
+  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
+                t.source(), cfg_.vocab, H);
+  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                embed_->file, embed_->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(embed_->dtype),
+                "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16", embed_->file,
+                dtype_name(embed_->dtype));
+  target_vocab_ = embed_->shape[0];
+  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
+  const TensorInfo* head_info = t.find("lm_head.weight");
+  *head_name = "lm_head.weight";
+  if (tcfg.tie_word_embeddings || head_info == nullptr) {
+    head_info = embed_;
+    *head_name = "embed_tokens.weight";
+  }
+  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                head_info->file, head_info->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(head_info->dtype), "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16",
+                head_info->file, *head_name, dtype_name(head_info->dtype));
+  return *head_info;
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
@@ -204,6 +239,7 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
     } else {
       copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
     }
+    check_finite(info, stage.data(), n, m.cols, rows.begin + r, cols.begin);
     // The source pages are done with: drop them so a rank's resident memory stays its share
     // (a tied head's table stays mapped for embedding lookups).
     if (&info != embed_) release_pages(src);
@@ -223,6 +259,9 @@ const float* DrafterWeights::load_vector(const TensorStore& store, const std::st
   TPDRAFT_CHECK(share.as_f32, "the shard rules do not keep tensor '{}' as an f32 vector", name);
   const Range part = share.flat();
   std::vector<float> all = to_f32(info);
+  const int64_t bad = find_non_finite(DType::F32, all.data() + part.begin, static_cast<size_t>(part.size()));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' holds a non-finite value (NaN or Inf) at element {}; weights must be finite",
+                info.file, info.name, part.begin + bad);
   kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
   ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());
   const float* p = buf.f32();
@@ -235,8 +274,13 @@ namespace {
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
   const size_t esize = dtype_size(t.dtype);
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(t.cols()) * esize, out,
-                 static_cast<size_t>(t.cols()));
+  const int64_t cols = t.cols();
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
+                 static_cast<size_t>(cols));
+  // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
+                "finite", t.file, t.name, row, bad);
 }
 }  // namespace
 
