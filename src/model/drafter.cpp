@@ -319,6 +319,9 @@ void Drafter::check_requests(const std::vector<DraftRequest>& requests) const {
     TPDRAFT_CHECK(r.session->layers_.size() == static_cast<size_t>(cfg_.layers),
                   "draft: the session belongs to another drafter");
     check_request(cfg_, r.anchor_token, r.sampling);
+    TPDRAFT_CHECK(r.dist_width >= kFullDistribution && r.dist_width <= cfg_.vocab,
+                  "draft: a distribution width must be 0 (none), 1..{} (the most likely tokens) or {} (every token), "
+                  "got {}", cfg_.vocab, kFullDistribution, r.dist_width);
   }
 }
 
@@ -347,11 +350,11 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
   HeadOutput head = candidates(requests, dump != nullptr);
   times_.head = seconds_since(t1);
   const auto t2 = Clock::now();
-  std::vector<Pick> picks = choose(requests, head);
+  std::vector<DraftResult> results(static_cast<size_t>(S));
+  std::vector<Pick> picks = choose(requests, head, &results);
   publish(requests, &picks);
   times_.select = seconds_since(t2);
 
-  std::vector<DraftResult> results(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s)
     for (int64_t r = 0; r < B - 1; ++r) {
       const Pick& p = picks[static_cast<size_t>(s * (B - 1) + r)];
@@ -432,14 +435,18 @@ Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& request
   return out;
 }
 
-std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, const HeadOutput& head) {
-  const int64_t B = cfg_.block, R = cfg_.selector_rank;
+std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, const HeadOutput& head,
+                                  std::vector<DraftResult>* results) {
+  const int64_t B = cfg_.block, R = cfg_.selector_rank, V = cfg_.vocab;
   const size_t rows = static_cast<size_t>(B - 1);
   std::vector<Pick> picks;
   picks.reserve(requests.size() * rows);
   for (size_t s = 0; s < requests.size(); ++s) {
     const DraftRequest& req = requests[s];
+    std::vector<RowDistribution>& dists = (*results)[s].dists;
+    const bool want = req.dist_width != 0;
     std::vector<Pick> mine;
+    std::vector<Support> supports;
     if (cfg_.is_dflash2()) {
       const auto first = head.candidates.begin() + static_cast<std::ptrdiff_t>(s * rows);
       const std::vector<std::vector<Candidate>> c(first, first + static_cast<std::ptrdiff_t>(rows));
@@ -448,17 +455,19 @@ std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, con
         const auto row = head.selector.begin() + static_cast<std::ptrdiff_t>((s * rows + r) * static_cast<size_t>(R));
         p[r].assign(row, row + R);
       }
-      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling);
+      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling, want ? &supports : nullptr);
     } else if (req.sampling.greedy()) {
       for (size_t r = 0; r < rows; ++r) {
         const auto& c = head.candidates[s * rows + r];
         mine.push_back({c.empty() ? -1 : c.front().id, 1.0f});
+        if (want) supports.push_back({{mine.back().token, 1.0}});
       }
     } else {
       const int64_t vl = vocab_slice().width;
       mine = sample_sharded(head.logits.data() + static_cast<int64_t>(s * rows) * vl, B - 1, 1, vocab_slice(),
-                            req.sampling, comm_);
+                            req.sampling, comm_, req.dist_width, want ? &dists : nullptr);
     }
+    for (Support& support : supports) dists.push_back(shape_distribution(std::move(support), req.dist_width, V));
     picks.insert(picks.end(), mine.begin(), mine.end());
   }
   return picks;

@@ -33,11 +33,16 @@ struct DraftRequest {
   Session* session = nullptr;
   int64_t anchor_token = 0;  // sits at position session->length()
   SamplingParams sampling;
+  // Each row's draft distribution too (RowDistribution, selection.h): 0 none, w > 0 the w most
+  // likely tokens and the mass of the rest, kFullDistribution every token (on a sampled DFlash
+  // draft this gathers the logits of every rank).
+  int64_t dist_width = 0;
 };
 
 struct DraftResult {
   std::vector<int64_t> tokens;  // B-1 draft tokens for positions a+1 .. a+B-1
   std::vector<float> probs;     // q_r(d_r), 1 for greedy
+  std::vector<RowDistribution> dists;  // B-1 rows when asked (rank 0's are the ones to report)
 };
 
 // What `--dump` and the tests read: the block's final-normed rows and the full logits.
@@ -113,7 +118,8 @@ class Drafter {
   // The end of a draft: the head's candidates, the tokens chosen from them, and the same tokens
   // published on every rank.
   HeadOutput candidates(const std::vector<DraftRequest>& requests, bool dump);
-  std::vector<Pick> choose(const std::vector<DraftRequest>& requests, const HeadOutput& head);
+  std::vector<Pick> choose(const std::vector<DraftRequest>& requests, const HeadOutput& head,
+                           std::vector<DraftResult>* results);
   void publish(const std::vector<DraftRequest>& requests, std::vector<Pick>* picks);
 
   std::shared_ptr<const DrafterWeights> weights_;

@@ -42,8 +42,12 @@ std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSl
                                  parallel::Communicator& comm);
 
 // Samples one draft per row r = first_row .. first_row + rows - 1 from vocabulary-sharded logits
-// (local: [rows, slice.width]) following docs/sampling.md exactly; identical on every rank.
+// (local: [rows, slice.width]) following docs/sampling.md exactly; identical on every rank. With
+// `dists`, each row's draft distribution of `dist_width` (selection.h): exact over the kept set
+// when it is filtered; unfiltered, the top dist_width by the exact normaliser; the whole
+// vocabulary (kFullDistribution) gathers the logits.
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
-                                 const SamplingParams& s, parallel::Communicator& comm);
+                                 const SamplingParams& s, parallel::Communicator& comm, int64_t dist_width = 0,
+                                 std::vector<RowDistribution>* dists = nullptr);
 
 }  // namespace tpdraft::model
