@@ -9,10 +9,7 @@
 #include "cli/job.h"
 #include "core/error.h"
 #include "core/log.h"
-
-#ifndef TPDRAFT_VERSION
-#define TPDRAFT_VERSION "unknown"
-#endif
+#include "tpdraft/tpdraft.h"
 
 int main(int argc, char** argv) {
   using namespace tpdraft::cli;
@@ -20,7 +17,7 @@ int main(int argc, char** argv) {
       "tpdraft: DFlash / DFlash 2 block-diffusion drafters for speculative decoding, tensor-parallel.\n"
       "Start with `tpdraft init --config configs/tiny-dflash2.json --out ck --taps 64`, then\n"
       "`tpdraft draft --drafter ck/drafter --target ck/target --taps ck/taps.safetensors --anchor 1`."};
-  app.set_version_flag("--version", "tpdraft " TPDRAFT_VERSION);
+  app.set_version_flag("--version", "tpdraft " TPDRAFT_VERSION_STRING);
   app.footer(exit_status_help());
   app.require_subcommand(1);
   add_init(app);
