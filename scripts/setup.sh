@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          openmpi-bin libopenmpi-dev python3)
+          openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11 python3-numpy python3-pytest
+          python3-torch pkg-config)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
