@@ -21,6 +21,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/engine.h"
 #include "model/runtime.h"
 #include "model/safetensors.h"
 #include "parallel/communicator.h"
@@ -65,11 +66,6 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
     taps.converted = model::to_f32(*t);
     taps.rows = taps.converted.data();
   }
-  // A NaN or Inf would spread through every later draft of the session: refuse it here, by row.
-  for (int64_t r = 0; r < taps.n; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      TPDRAFT_CHECK(std::isfinite(taps.rows[r * width + c]), "{}: tensor 'taps' row {} (position {}) holds {} at column {}",
-                    path, r, r, taps.rows[r * width + c], c);
   return taps;
 }
 
@@ -111,24 +107,34 @@ void check_dump_destination(const std::string& path) {
   unlink(probe.c_str());
 }
 
-// Everything a rank loads and checks before drafting; every rank meets its errors alike.
+// Everything a rank loads and checks before drafting; every rank meets its errors alike. The
+// draft is one step of the engine, as a library caller's would be: one session, every tap row
+// of the file settled, one block drafted from the anchor.
 struct Prepared {
   model::ModelSource source;
   Taps taps;
-  std::unique_ptr<model::RankRuntime> rt;
+  std::unique_ptr<engine::Engine> engine;
+  engine::StepEntry entry;
 };
 
 void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
   p->source = model::ModelSource::open(o.drafter, o.target);
-  model::Drafter::check_request(p->source.config, o.anchor, {o.temperature, o.top_k, o.top_p, o.seed});
   p->taps = read_taps(o.taps, p->source.config);
   fault_point(ctx, "load");
   model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
   ro.limits.max_context = std::max<int64_t>(1, p->taps.n);
   ro.limits.keep_all_positions = !o.dump.empty();
   ro.graphs = model::GraphMode::Off;  // one draft: nothing would replay a capture
-  p->rt = std::make_unique<model::RankRuntime>(p->source, ctx.comm, ro);
+  p->engine = std::make_unique<engine::Engine>(p->source, ctx.comm, ro, 1);
+  engine::StepEntry& e = p->entry;
+  e.session = p->engine->open_session();
+  e.p0 = 0;
+  e.n_new = p->taps.n;
+  e.taps = {p->taps.rows, DType::F32, false, nullptr};
+  e.anchor = o.anchor;
+  e.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
+  p->engine->check({e});
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -158,36 +164,28 @@ void write_dump(const DraftOpts& o, const RankContext& ctx, model::RankRuntime& 
 void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   Prepared p;
   agree_on(ctx.world, kExitInput, [&] { prepare(o, ctx, &p); });
-  model::RankRuntime& rt = *p.rt;
-  model::Drafter& drafter = rt.drafter();
-  const int64_t n = p.taps.n;
-  auto session = drafter.new_session();
-  const auto t0 = std::chrono::steady_clock::now();
+  model::RankRuntime& rt = p.engine->runtime();
   fault_point(ctx, "settle");
-  drafter.settle(*session, 0, p.taps.rows, n);
-  model::release_pages(*p.taps.info);  // settled: the mapped rows are no longer needed
-  const double settle_ms = ms_since(t0);
-
-  model::DraftRequest req;
-  req.session = session.get();
-  req.anchor_token = o.anchor;
-  req.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
-  model::DraftDump dump;
   fault_point(ctx, "draft");
-  const auto t1 = std::chrono::steady_clock::now();
-  const auto results = drafter.draft({req}, o.dump.empty() ? nullptr : &dump);
-  const double draft_ms = ms_since(t1);
-  if (!o.dump.empty()) write_dump(o, ctx, rt, *session, dump, results[0]);
+  model::DraftDump dump;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = p.engine->apply({p.entry}, o.dump.empty() ? nullptr : &dump);
+  const double step_ms = ms_since(t0);
+  model::release_pages(*p.taps.info);  // settled: the mapped rows are no longer needed
+  const model::DraftTimes& t = rt.drafter().last_times();
+  const double draft_ms = std::round((t.layers + t.head + t.select) * 1e6) / 1000;
+  const model::Session& session = p.engine->session_state(p.entry.session);
+  if (!o.dump.empty()) write_dump(o, ctx, rt, session, dump, results[0]);
   if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
   nlohmann::json out;
   out["tokens"] = results[0].tokens;
   out["probs"] = results[0].probs;
   out["anchor"] = o.anchor;
-  out["anchor_position"] = n;
+  out["anchor_position"] = p.taps.n;
   out["architecture"] = rt.config().arch_name;
   out["tp"] = rt.comm().size();
   out["backend"] = rt.ops().name();
-  out["settle_ms"] = settle_ms;
+  out["settle_ms"] = std::max(0.0, step_ms - draft_ms);
   out["draft_ms"] = draft_ms;
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);

@@ -109,12 +109,12 @@ const float* Engine::taps_f32(const StepEntry& e) {
   return staged_.data();
 }
 
-std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries) {
+std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
   check(entries);
-  return apply(entries);
+  return apply(entries, dump);
 }
 
-std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries) {
+std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
   model::Drafter& d = rt_->drafter();
   std::vector<model::DraftRequest> requests;
   requests.reserve(entries.size());
@@ -125,7 +125,7 @@ std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entr
     d.settle(s, p0, taps_f32(e), e.n_new);
     requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
   }
-  return d.draft(requests);
+  return d.draft(requests, dump);
 }
 
 }  // namespace tpdraft::engine

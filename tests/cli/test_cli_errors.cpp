@@ -119,8 +119,8 @@ TEST(CliErrors, TapsWithNaNOrInfAreRefusedByRow) {
     const auto r = run("draft --drafter " + c.ck + "/drafter --target " + c.ck + "/target --taps " +
                        c.dir.file("bad-taps.safetensors") + " --anchor 1");
     EXPECT_EQ(r.status, 3) << r.out;
-    EXPECT_NE(r.out.find("row 2 (position 2)"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("at column 7"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("position 2 (new row 2)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("column 7"), std::string::npos) << r.out;
     EXPECT_FALSE(has_json_line(r.out)) << r.out;
   }
 }
