@@ -8,18 +8,51 @@
 
 namespace tpdraft::kernels::cuda {
 
-DeviceGuard::DeviceGuard(int device) : device_(device) {
-  CUDA_CHECK(cudaGetDevice(&previous_));
-  if (previous_ != device_) CUDA_CHECK(cudaSetDevice(device_));
+namespace {
+
+// cuDevicePrimaryCtxGetState through the runtime's driver entry points (no link to libcuda).
+using PrimaryCtxGetState = int (*)(int device, unsigned int* flags, int* active);
+using DeviceGet = int (*)(int* device, int ordinal);
+
+template <typename F>
+F driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<F>(fn);
 }
 
-DeviceGuard::DeviceGuard(int device, std::nothrow_t) noexcept : device_(device) {
-  if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-  if (previous_ != device_) cudaSetDevice(device_);
+}  // namespace
+
+bool CudaDeviceCalls::current(int* device) { return cudaGetDevice(device) == cudaSuccess; }
+
+bool CudaDeviceCalls::make_current(int device) { return cudaSetDevice(device) == cudaSuccess; }
+
+bool CudaDeviceCalls::context_active(int device) {
+  static const auto get_state = driver_entry<PrimaryCtxGetState>("cuDevicePrimaryCtxGetState");
+  static const auto device_get = driver_entry<DeviceGet>("cuDeviceGet");
+  if (get_state == nullptr || device_get == nullptr) return false;  // unknown: never restore into it
+  int handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (device_get(&handle, device) != 0 || get_state(handle, &flags, &active) != 0) return false;
+  return active != 0;
 }
 
-DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+void CudaDeviceCalls::clear_error() { cudaGetLastError(); }
+
+void CudaDeviceCalls::fail(const char* what, int device) {
+  const cudaError_t e = cudaGetLastError();
+  TPDRAFT_FAIL("cuda: {} (device {}) failed: {}", what, device, cudaGetErrorString(e));
+}
+
+CudaDeviceCalls& cuda_device_calls() {
+  static CudaDeviceCalls calls;
+  return calls;
 }
 
 Workspace::~Workspace() { reset(); }

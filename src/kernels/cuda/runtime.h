@@ -9,21 +9,26 @@
 #include <new>
 #include <vector>
 
+#include "kernels/device_guard.h"
+
 namespace tpdraft::kernels::cuda {
 
-// Makes `device` current on the calling thread for the guard's lifetime (ops may be called from
-// any thread, e.g. one per in-process rank).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device);
-  // For destructors and other paths that must not throw: failures are ignored.
-  DeviceGuard(int device, std::nothrow_t) noexcept;
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
+// The CUDA calls of the device guard (kernels/device_guard.h).
+struct CudaDeviceCalls {
+  bool current(int* device);
+  bool make_current(int device);
+  bool context_active(int device);  // the device's primary context exists already
+  void clear_error();
+  [[noreturn]] void fail(const char* what, int device);
+};
+CudaDeviceCalls& cuda_device_calls();
 
- private:
-  int previous_ = -1, device_ = -1;
+// Makes `device` current on the calling thread for the guard's lifetime (ops may be called from
+// any thread, e.g. one per in-process rank), by the policy of kernels/device_guard.h.
+class DeviceGuard : public BasicDeviceGuard<CudaDeviceCalls> {
+ public:
+  explicit DeviceGuard(int device) : BasicDeviceGuard(cuda_device_calls(), device) {}
+  DeviceGuard(int device, std::nothrow_t) noexcept : BasicDeviceGuard(cuda_device_calls(), device, std::nothrow) {}
 };
 
 // Device memory that only grows; its contents do not survive a growth (per-call scratch). A
