@@ -67,9 +67,11 @@ class Communicator {
   // issued while the backend captures, becoming part of the graph (NCCL enqueues on the captured
   // stream; one rank has nothing to move). Otherwise the caller runs it between graph segments.
   virtual bool can_capture() const { return false; }
-  // After replaying a graph that holds collectives: waits until they are done, with this
-  // communicator's own error and hang detection; `what` names the graph in errors.
-  virtual void wait_replayed(const std::string& what) { (void)what; }
+  // Waits until the collectives this rank has queued without waiting for them (those of a
+  // replayed graph; NCCL's all-reduces of device buffers, which only enqueue) are done, with
+  // this communicator's own error and hang detection; `what` names them in errors. Every other
+  // collective returns done.
+  virtual void wait_pending(const std::string& what) { (void)what; }
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }

@@ -37,7 +37,7 @@ void ForwardRecorder::replay(const Graph& g, const std::string& what) {
     if (i < g.reduces.size()) comm_.all_reduce_sum(g.reduces[i].first, g.reduces[i].second);
   }
   comm_.stats_ += g.captured;
-  if (g.captured.all_reduce_calls > 0) comm_.wait_replayed(what);
+  if (g.captured.all_reduce_calls > 0) comm_.wait_pending(what);
 }
 
 void ForwardRecorder::all_reduce_sum(float* data, size_t count) {

@@ -227,8 +227,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
   bool can_capture() const override { return true; }
-  void wait_replayed(const std::string& what) override {
-    require_live("wait_replayed");
+  void wait_pending(const std::string& what) override {
+    require_live("wait_pending");
     DeviceGuard guard(device_);
     wait(what);
   }
@@ -247,15 +247,21 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = count * sizeof(float);
     const bool staged = !on_device(data);
     if (kernels::cuda::stream_capturing(stream_)) {
-      // Part of a graph: it runs when the graph does, and wait_replayed() then waits for it.
+      // Part of a graph: it runs when the graph does, and wait_pending() then waits for it.
       TPDRAFT_CHECK(!staged, "rank {}: all_reduce_sum of a host buffer cannot be captured into a graph", rank_);
       start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(data, data, count, ncclFloat, ncclSum, comm_, stream_));
       return;
     }
     float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
     start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
+    if (!staged) {
+      // Device memory: the kernels queued after it on the same stream wait for it, so the host
+      // need not; the caller waits once for all of them (wait_pending), with the deadline.
+      check_async("all_reduce_sum");
+      return;
+    }
     wait(fmt::format("all_reduce_sum(f32, {} elements)", count));
-    if (staged) stage_out(data, d, bytes);
+    stage_out(data, d, bytes);
   }
 
   void do_all_gather(const void* send, void* recv, size_t bytes) override {
@@ -353,6 +359,15 @@ class NcclCommunicator final : public Communicator {
         give_up(what, fmt::format("did not complete within {} s (TPDRAFT_NCCL_TIMEOUT_S)", timeout_));
       std::this_thread::yield();
     }
+  }
+
+  // NCCL's asynchronous error state, once, without waiting.
+  void check_async(const char* what) {
+    ncclResult_t state = ncclSuccess;
+    if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+        state != ncclInProgress)
+      give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state),
+                                TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
   }
 
   // Polls the stream (and NCCL's error state while it is busy) until the collective is done.
