@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -75,7 +76,9 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "options.graphs is {}, expected -1 (auto), 0 or 1", o.graphs);
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
-  r.threads = o.threads;
+  // threads 0: the machine's cores shared among the ranks of this process, as the header says.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  r.threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, o.tp));
   r.limits.max_sessions = o.max_sessions;
   r.limits.max_context = o.max_context;
   r.graphs = o.graphs < 0 ? model::GraphMode::Auto : o.graphs ? model::GraphMode::On : model::GraphMode::Off;
