@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          openmpi-bin libopenmpi-dev python3)
+          openmpi-bin libopenmpi-dev python3 pkg-config)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
