@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -31,24 +32,25 @@ namespace model = tpdraft::model;
 
 thread_local std::string t_last_error;
 
-// Runs fn; a tpdraft::Error becomes `on_error`, anything else TPDRAFT_ERROR_RUNTIME.
+// Runs fn; a tpdraft::Error becomes `on_error`, its message prefixed with the entry point
+// `where`; anything else TPDRAFT_ERROR_RUNTIME.
 template <typename F>
-tpdraft_status guarded(tpdraft_status on_error, F&& fn) noexcept {
+tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexcept {
   try {
     fn();
     t_last_error.clear();
     return TPDRAFT_OK;
   } catch (const Error& e) {
-    t_last_error = e.what();
+    t_last_error = std::string(where) + ": " + e.what();
     return on_error;
   } catch (const std::bad_alloc&) {
-    t_last_error = "out of memory";
+    t_last_error = std::string(where) + ": out of memory";
     return TPDRAFT_ERROR_RUNTIME;
   } catch (const std::exception& e) {
-    t_last_error = e.what();
+    t_last_error = std::string(where) + ": " + e.what();
     return TPDRAFT_ERROR_RUNTIME;
   } catch (...) {
-    t_last_error = "unknown failure";
+    t_last_error = std::string(where) + ": unknown failure";
     return TPDRAFT_ERROR_RUNTIME;
   }
 }
@@ -58,29 +60,38 @@ tpdraft_status refuse(const std::string& why) {
   return TPDRAFT_ERROR_ARGUMENT;
 }
 
+// Refuses an option field below its least value, naming the field.
+void check_at_least(const char* field, int64_t value, int64_t least) {
+  TPDRAFT_CHECK(value >= least, "options.{} is {}, expected >= {}", field, value, least);
+}
+
 model::RuntimeOptions runtime_options(const tpdraft_options& o) {
-  TPDRAFT_CHECK(o.struct_size >= sizeof(tpdraft_options), "tpdraft_open: options.struct_size is {}, expected {}: "
+  TPDRAFT_CHECK(o.struct_size >= sizeof(tpdraft_options), "options.struct_size is {}, expected {}: "
                 "initialise the options with tpdraft_options_init", o.struct_size, sizeof(tpdraft_options));
-  TPDRAFT_CHECK(o.threads >= 0 && o.tp >= 0 && o.max_sessions >= 1 && o.max_context >= 1 && o.max_open_sessions >= 1,
-                "tpdraft_open: threads and tp must be >= 0, max_sessions, max_context and max_open_sessions >= 1 "
-                "(got {}, {}, {}, {}, {})", o.threads, o.tp, o.max_sessions, o.max_context, o.max_open_sessions);
-  TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "tpdraft_open: graphs must be -1 (auto), 0 or 1, got {}", o.graphs);
+  check_at_least("threads", o.threads, 0);
+  check_at_least("tp", o.tp, 0);
+  check_at_least("max_sessions", o.max_sessions, 1);
+  check_at_least("max_context", o.max_context, 1);
+  check_at_least("max_open_sessions", o.max_open_sessions, 1);
+  TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "options.graphs is {}, expected -1 (auto), 0 or 1", o.graphs);
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
-  r.threads = o.threads;
+  // threads 0: the machine's cores shared among the ranks of this process, as the header says.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  r.threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, o.tp));
   r.limits.max_sessions = o.max_sessions;
   r.limits.max_context = o.max_context;
   r.graphs = o.graphs < 0 ? model::GraphMode::Auto : o.graphs ? model::GraphMode::On : model::GraphMode::Off;
   return r;
 }
 
-tpdraft::DType dtype_of(tpdraft_dtype d) {
+tpdraft::DType dtype_of(tpdraft_dtype d, size_t i) {
   switch (d) {
     case TPDRAFT_F32: return tpdraft::DType::F32;
     case TPDRAFT_BF16: return tpdraft::DType::BF16;
     case TPDRAFT_F16: return tpdraft::DType::F16;
   }
-  TPDRAFT_FAIL("taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", static_cast<int>(d));
+  TPDRAFT_FAIL("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, static_cast<int>(d));
 }
 
 // The engine's entry, and the output buffers an entry must bring.
@@ -95,7 +106,7 @@ engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
   s.keep = e.keep;
   s.p0 = e.p0;
   s.n_new = e.n_new;
-  s.taps = {e.taps, dtype_of(e.taps_dtype), e.taps_on_device != 0, e.taps_stream};
+  s.taps = {e.taps, dtype_of(e.taps_dtype, i), e.taps_on_device != 0, e.taps_stream};
   s.anchor = e.anchor;
   s.sampling = {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed};
   s.dist_width = e.dist_width;
@@ -155,7 +166,7 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
   tpdraft_options defaults;
   tpdraft_options_init(&defaults);
   const tpdraft_options& o = options != nullptr ? *options : defaults;
-  return guarded(TPDRAFT_ERROR_INPUT, [&] {
+  return guarded("tpdraft_open", TPDRAFT_ERROR_INPUT, [&] {
     const model::RuntimeOptions ro = runtime_options(o);
     auto d = std::make_unique<tpdraft_drafter>();
     d->group = std::make_unique<engine::LocalGroup>(model::ModelSource::open(drafter_dir, target_dir), ro,
@@ -202,7 +213,7 @@ tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
   if (open >= d->caps.max_open_sessions)
     return refuse("tpdraft_session_open: all " + std::to_string(open) + " sessions allowed (max_open_sessions) are open");
   tpdraft_session id = -1;
-  const tpdraft_status st = guarded(TPDRAFT_ERROR_RUNTIME, [&] {
+  const tpdraft_status st = guarded("tpdraft_session_open", TPDRAFT_ERROR_RUNTIME, [&] {
     d->group->on_all([&](engine::Engine& e) {
       const int64_t mine = e.open_session();
       if (&e == &d->group->leader()) id = mine;
@@ -215,28 +226,31 @@ tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
 tpdraft_status tpdraft_session_close(tpdraft_drafter* d, tpdraft_session session) {
   if (d == nullptr) return refuse("tpdraft_session_close: drafter is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
-  const tpdraft_status st = guarded(TPDRAFT_ERROR_ARGUMENT, [&] { d->group->leader().check_open(session); });
+  const tpdraft_status st =
+      guarded("tpdraft_session_close", TPDRAFT_ERROR_ARGUMENT, [&] { d->group->leader().check_open(session); });
   if (st != TPDRAFT_OK) return st;
-  return guarded(TPDRAFT_ERROR_RUNTIME, [&] { d->group->on_all([&](engine::Engine& e) { e.close_session(session); }); });
+  return guarded("tpdraft_session_close", TPDRAFT_ERROR_RUNTIME,
+                 [&] { d->group->on_all([&](engine::Engine& e) { e.close_session(session); }); });
 }
 
 tpdraft_status tpdraft_session_length(tpdraft_drafter* d, tpdraft_session session, int64_t* out) {
   if (d == nullptr || out == nullptr) return refuse("tpdraft_session_length: drafter or out is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
-  return guarded(TPDRAFT_ERROR_ARGUMENT, [&] { *out = d->group->leader().session_length(session); });
+  return guarded("tpdraft_session_length", TPDRAFT_ERROR_ARGUMENT,
+                 [&] { *out = d->group->leader().session_length(session); });
 }
 
 tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {
   if (d == nullptr) return refuse("tpdraft_step: drafter is NULL");
   if (entries == nullptr && count > 0) return refuse("tpdraft_step: entries is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
-  tpdraft_status st = guarded(TPDRAFT_ERROR_ARGUMENT, [&] {
+  tpdraft_status st = guarded("tpdraft_step", TPDRAFT_ERROR_ARGUMENT, [&] {
     d->entries.clear();
     for (size_t i = 0; i < count; ++i) d->entries.push_back(translate(entries[i], i));
     d->group->leader().check(d->entries);
   });
   if (st != TPDRAFT_OK) return st;
-  st = guarded(TPDRAFT_ERROR_RUNTIME, [&] {
+  st = guarded("tpdraft_step", TPDRAFT_ERROR_RUNTIME, [&] {
     d->group->on_all([&](engine::Engine& e) {
       auto results = e.apply(d->entries);
       if (&e == &d->group->leader()) d->results = std::move(results);

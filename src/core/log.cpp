@@ -47,8 +47,11 @@ bool level_from_env(spdlog::level::level_enum* out) {
   return true;
 }
 
+// The logger is kept out of spdlog's process-wide registry: a process that holds two copies of
+// this code (a program beside libtpdraft.so) or registers a "tpdraft" logger of its own would
+// otherwise fail to create it ("logger with name 'tpdraft' already exists").
 std::shared_ptr<spdlog::logger> make_logger() {
-  auto l = spdlog::stderr_color_mt("tpdraft");
+  auto l = std::make_shared<spdlog::logger>("tpdraft", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
   auto formatter = std::make_unique<spdlog::pattern_formatter>();
   formatter->add_flag<RankFlag>('Q').set_pattern("[%H:%M:%S.%e] [rank %Q] [%^%l%$] %v");
   l->set_formatter(std::move(formatter));

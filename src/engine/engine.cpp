@@ -48,23 +48,21 @@ model::Session& Engine::session(int64_t id) const {
 
 int64_t Engine::session_length(int64_t id) const { return session(id).length(); }
 
-void Engine::check_taps(const StepEntry& e, size_t i) const {
+void Engine::check_taps(const StepEntry& e) const {
   if (e.n_new == 0) return;
-  TPDRAFT_CHECK(e.taps.data != nullptr, "entry {}: {} new rows but no taps", i, e.n_new);
+  TPDRAFT_CHECK(e.taps.data != nullptr, "{} new rows but no taps", e.n_new);
   TPDRAFT_CHECK(e.taps.dtype == DType::F32 || e.taps.dtype == DType::BF16 || e.taps.dtype == DType::F16,
-                "entry {}: taps must be f32, bf16 or f16, got {}", i, dtype_name(e.taps.dtype));
+                "taps must be f32, bf16 or f16, got {}", dtype_name(e.taps.dtype));
   if (e.taps.on_device) {
     // Device rows are read where they lie; their values show in the draft's own checks.
-    TPDRAFT_CHECK(!rt_->ops().host_memory(), "entry {}: taps in device memory, but the {} backend has no device", i,
+    TPDRAFT_CHECK(!rt_->ops().host_memory(), "taps in device memory, but the {} backend has no device",
                   rt_->ops().name());
-    TPDRAFT_CHECK(e.taps.dtype == DType::F32, "entry {}: taps in device memory must be f32, got {}", i,
-                  dtype_name(e.taps.dtype));
+    TPDRAFT_CHECK(e.taps.dtype == DType::F32, "taps in device memory must be f32, got {}", dtype_name(e.taps.dtype));
     return;
   }
-  const int64_t count = checked_mul(e.n_new, caps_.taps_width, "entry {}: {} tap rows of {} floats", i, e.n_new,
-                                    caps_.taps_width);
+  const int64_t count = checked_mul(e.n_new, caps_.taps_width, "{} tap rows of {} floats", e.n_new, caps_.taps_width);
   const int64_t bad = find_non_finite(e.taps.dtype, e.taps.data, static_cast<size_t>(count));
-  TPDRAFT_CHECK(bad < 0, "entry {}: the taps of position {} (new row {}) hold NaN or Inf at column {}", i,
+  TPDRAFT_CHECK(bad < 0, "the taps of position {} (new row {}) hold NaN or Inf at column {}",
                 e.p0 + bad / caps_.taps_width, bad / caps_.taps_width, bad % caps_.taps_width);
 }
 
@@ -73,27 +71,33 @@ void Engine::check(const std::vector<StepEntry>& entries) const {
                 "a step takes 1 to {} entries (max sessions), got {}", caps_.max_sessions, entries.size());
   std::set<int64_t> seen;
   for (size_t i = 0; i < entries.size(); ++i) {
-    const StepEntry& e = entries[i];
-    TPDRAFT_CHECK(seen.insert(e.session).second, "entry {}: session {} appears twice in one step", i, e.session);
-    const model::Session& s = session(e.session);
-    const model::Drafter& d = rt_->drafter();
-    TPDRAFT_CHECK(e.keep >= -1 && e.keep <= s.length(), "entry {}: keep {} outside 0..{} (session {} holds {})", i,
-                  e.keep, s.length(), e.session, s.length());
-    const int64_t kept = e.keep < 0 ? s.length() : e.keep;
-    TPDRAFT_CHECK(e.p0 >= -1 && e.p0 <= kept, "entry {}: p0 {} outside 0..{} (the length after keep)", i, e.p0, kept);
-    const int64_t p0 = e.p0 < 0 ? kept : e.p0;
-    d.check_rollback(s, p0);  // keep >= p0: a roll-back there is possible too
-    TPDRAFT_CHECK(e.n_new >= 0 && e.n_new <= caps_.max_context - p0,
-                  "entry {}: {} new rows at position {} do not fit the max context {}", i, e.n_new, p0,
-                  caps_.max_context);
-    StepEntry at = e;
-    at.p0 = p0;
-    check_taps(at, i);
-    model::Drafter::check_request(rt_->config(), e.anchor, e.sampling);
-    TPDRAFT_CHECK(e.dist_width >= model::kFullDistribution && e.dist_width <= caps_.vocab,
-                  "entry {}: a distribution width must be 0, 1..{} or {} (every token), got {}", i, caps_.vocab,
-                  model::kFullDistribution, e.dist_width);
+    // Every refusal names its entry, the drafter's own checks (anchor, sampling, roll-back) too.
+    try {
+      check_entry(entries[i], &seen);
+    } catch (const Error& e) {
+      throw Error(fmt::format("entry {}: {}", i, e.what()));
+    }
   }
+}
+
+void Engine::check_entry(const StepEntry& e, std::set<int64_t>* seen) const {
+  TPDRAFT_CHECK(seen->insert(e.session).second, "session {} appears twice in one step", e.session);
+  const model::Session& s = session(e.session);
+  TPDRAFT_CHECK(e.keep >= -1 && e.keep <= s.length(), "keep {} outside 0..{} (session {} holds {})", e.keep,
+                s.length(), e.session, s.length());
+  const int64_t kept = e.keep < 0 ? s.length() : e.keep;
+  TPDRAFT_CHECK(e.p0 >= -1 && e.p0 <= kept, "p0 {} outside 0..{} (the length after keep)", e.p0, kept);
+  const int64_t p0 = e.p0 < 0 ? kept : e.p0;
+  rt_->drafter().check_rollback(s, p0);  // keep >= p0: a roll-back there is possible too
+  TPDRAFT_CHECK(e.n_new >= 0 && e.n_new <= caps_.max_context - p0,
+                "{} new rows at position {} do not fit the max context {}", e.n_new, p0, caps_.max_context);
+  StepEntry at = e;
+  at.p0 = p0;
+  check_taps(at);
+  model::Drafter::check_request(rt_->config(), e.anchor, e.sampling);
+  TPDRAFT_CHECK(e.dist_width >= model::kFullDistribution && e.dist_width <= caps_.vocab,
+                "a distribution width must be 0, 1..{} or {} (every token), got {}", caps_.vocab,
+                model::kFullDistribution, e.dist_width);
 }
 
 const float* Engine::taps_f32(const StepEntry& e) {

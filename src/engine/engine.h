@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,10 @@ class Engine {
 
  private:
   model::Session& session(int64_t id) const;
-  void check_taps(const StepEntry& e, size_t index) const;
+  // One entry's checks (`seen`: the sessions of the entries before it); check() prefixes the
+  // entry's index to whatever they refuse.
+  void check_entry(const StepEntry& e, std::set<int64_t>* seen) const;
+  void check_taps(const StepEntry& e) const;
   // The entry's tap rows as f32 where the drafter reads them (converted into staged_ if need be).
   const float* taps_f32(const StepEntry& e);
 

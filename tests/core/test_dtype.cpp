@@ -269,5 +269,29 @@ TEST(DType, FindNonFiniteOnWideFloats) {
   EXPECT_EQ(find_non_finite(DType::I32, ints, 2), -1);
 }
 
+// Long arrays are scanned a block at a time: the first hit is found wherever it lies (each edge
+// of a block, the last element, two hits in one block or in two), for every float dtype.
+TEST(DType, FindNonFiniteReportsTheFirstHitInLongArrays) {
+  const size_t n = 3001;
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<float> ones(n, 1.0f);
+    std::vector<uint8_t> bytes(n * dtype_size(t) + 1);
+    auto scan = [&](const std::vector<float>& v) {
+      convert_from_f32(t, v.data(), bytes.data() + 1, n);  // one byte off alignment
+      return find_non_finite(t, bytes.data() + 1, n);
+    };
+    EXPECT_EQ(scan(ones), -1) << dtype_name(t);
+    for (size_t at : {size_t{0}, size_t{511}, size_t{512}, size_t{1023}, size_t{1024}, size_t{2999}, n - 1}) {
+      std::vector<float> v = ones;
+      v[at] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_EQ(scan(v), static_cast<int64_t>(at)) << dtype_name(t) << " NaN at " << at;
+      v[at] = -INFINITY;
+      if (at + 7 < n) v[at + 7] = INFINITY;
+      if (at >= 600) v[at - 600] = INFINITY;
+      EXPECT_EQ(scan(v), static_cast<int64_t>(at >= 600 ? at - 600 : at)) << dtype_name(t) << " Inf at " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpdraft

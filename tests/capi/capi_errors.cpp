@@ -1,0 +1,417 @@
+// The C ABI's refusals and promises beyond drafting: every bad step entry, handle and option the
+// header lists returns its documented status with a message naming the entry or field and moves
+// no session; the open-session limit; closing what is not open; two threads stepping one handle;
+// the last error per thread; threads = 0 sharing the cores among the ranks.
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/capi_harness.h"
+#include "core/dtype.h"
+#include "model/random_checkpoint.h"
+
+namespace tpdraft::capi_test {
+namespace {
+
+// Asserts the thread's last error holds every needle.
+void expect_message(const std::vector<std::string>& needles) {
+  const std::string message = tpdraft_last_error();
+  for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
+}
+
+// A DFlash 2 drafter (max context 32, two entries a step) with two sessions: a of 10 positions,
+// b of 4. A bad entry follows a good one on a, which must not move either.
+class CapiStepErrors : public ::testing::Test {
+ protected:
+  CapiStepErrors() : ck_(config_file("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
+    std::vector<tpdraft_step_entry> entries = {a_.plan({-1, -1, 10, 3, greedy(), 1}),
+                                               b_.plan({-1, -1, 4, 4, greedy(), 2})};
+    step_ok(h_, entries);
+    taps_ = model::random_taps(ck_.cfg, 3, 9);
+  }
+  static tpdraft_options options() {
+    tpdraft_options o = cpu_options();
+    o.max_sessions = 2;
+    o.max_context = 32;
+    return o;
+  }
+  // A good entry on b: 2 new rows, a greedy draft.
+  tpdraft_step_entry good_on_b() {
+    tpdraft_step_entry e{};
+    e.session = b_.session();
+    e.keep = -1;
+    e.p0 = -1;
+    e.n_new = 2;
+    e.taps = taps_.data();
+    e.taps_dtype = TPDRAFT_F32;
+    e.anchor = 6;
+    e.sampling = greedy();
+    e.tokens = tokens_.data();
+    return e;
+  }
+  // Steps [good entry on a, `bad`]: refused with ARGUMENT, a message naming entry 1 and the
+  // needles, and no session moved.
+  void expect_refused(const tpdraft_step_entry& bad, const std::vector<std::string>& needles) {
+    tpdraft_step_entry on_a{};
+    on_a.session = a_.session();
+    on_a.n_new = 1;
+    on_a.keep = on_a.p0 = -1;
+    on_a.taps = taps_.data();
+    on_a.anchor = 1;
+    on_a.sampling = greedy();
+    on_a.tokens = tokens_.data();
+    std::vector<tpdraft_step_entry> entries = {on_a, bad};
+    EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), entries.size()), TPDRAFT_ERROR_ARGUMENT);
+    std::vector<std::string> all = {"entry 1"};
+    all.insert(all.end(), needles.begin(), needles.end());
+    expect_message(all);
+    expect_unmoved();
+  }
+  void expect_unmoved() {
+    EXPECT_EQ(h_.length(a_.session()), 10);
+    EXPECT_EQ(h_.length(b_.session()), 4);
+  }
+
+  Checkpoint ck_;
+  Handle h_;
+  Lane a_, b_;
+  std::vector<float> taps_;
+  std::vector<int64_t> tokens_ = std::vector<int64_t>(16);
+};
+
+TEST_F(CapiStepErrors, AGoodEntryAloneSucceeds) {
+  std::vector<tpdraft_step_entry> entries = {good_on_b()};
+  step_ok(h_, entries);
+  EXPECT_EQ(h_.length(b_.session()), 6);
+}
+
+TEST_F(CapiStepErrors, SessionsUnknownOrTwice) {
+  tpdraft_step_entry e = good_on_b();
+  e.session = 999;
+  expect_refused(e, {"session 999", "not open"});
+  e.session = a_.session();
+  expect_refused(e, {"session " + std::to_string(a_.session()), "twice"});
+}
+
+TEST_F(CapiStepErrors, KeepOrP0BeyondTheSession) {
+  tpdraft_step_entry e = good_on_b();
+  e.keep = 5;
+  expect_refused(e, {"keep 5", "holds 4"});
+  e.keep = -2;
+  expect_refused(e, {"keep -2"});
+  e.keep = 3;
+  e.p0 = 4;
+  expect_refused(e, {"p0 4", "after keep"});
+  e.keep = -1;
+  e.p0 = 5;
+  expect_refused(e, {"p0 5"});
+}
+
+TEST_F(CapiStepErrors, ARollBackTheSlidingRingCannotMake) {
+  // 30 positions: the sliding layer's ring (window 6 + block 8) no longer holds position 0.
+  std::vector<tpdraft_step_entry> grow = {b_.plan({-1, -1, 26, 4, greedy(), 3})};
+  step_ok(h_, grow);
+  tpdraft_step_entry e = good_on_b();
+  e.keep = 2;
+  tpdraft_step_entry on_a = good_on_b();
+  on_a.session = a_.session();
+  std::vector<tpdraft_step_entry> entries = {on_a, e};
+  EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), entries.size()), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"entry 1", "cannot roll back to length 2"});
+  EXPECT_EQ(h_.length(a_.session()), 10);
+  EXPECT_EQ(h_.length(b_.session()), 30);
+}
+
+TEST_F(CapiStepErrors, NonFiniteTaps) {
+  const int64_t width = ck_.cfg.n_taps() * ck_.cfg.hidden;
+  std::vector<float> bad = taps_;
+  bad[static_cast<size_t>(width + 5)] = std::nanf("");
+  tpdraft_step_entry e = good_on_b();
+  e.taps = bad.data();
+  expect_refused(e, {"NaN", "position 5", "column 5"});
+  bad[static_cast<size_t>(width + 5)] = -INFINITY;
+  expect_refused(e, {"Inf", "position 5"});
+  std::vector<uint16_t> bf16(bad.size());
+  convert_from_f32(DType::BF16, bad.data(), bf16.data(), bad.size());
+  e.taps = bf16.data();
+  e.taps_dtype = TPDRAFT_BF16;
+  expect_refused(e, {"NaN or Inf", "position 5"});
+}
+
+TEST_F(CapiStepErrors, TapsMissingOrUnreadable) {
+  tpdraft_step_entry e = good_on_b();
+  e.taps = nullptr;
+  expect_refused(e, {"no taps"});
+  e = good_on_b();
+  e.taps_dtype = static_cast<tpdraft_dtype>(7);
+  expect_refused(e, {"taps_dtype 7"});
+  e = good_on_b();
+  e.taps_on_device = 1;
+  expect_refused(e, {"device memory", "cpu"});
+  e = good_on_b();
+  e.n_new = -1;
+  expect_refused(e, {"-1 new rows"});
+  e = good_on_b();
+  e.n_new = 29;  // 4 + 29 > the max context 32
+  expect_refused(e, {"29 new rows", "max context 32"});
+}
+
+TEST_F(CapiStepErrors, AnchorOutsideTheVocabulary) {
+  tpdraft_step_entry e = good_on_b();
+  e.anchor = ck_.cfg.vocab;
+  expect_refused(e, {"anchor", std::to_string(ck_.cfg.vocab)});
+  e.anchor = -1;
+  expect_refused(e, {"anchor", "-1"});
+}
+
+TEST_F(CapiStepErrors, BadSampling) {
+  tpdraft_step_entry e = good_on_b();
+  e.sampling = {0.8, 5, 1.0, 1};
+  expect_refused(e, {"top_k", "DFlash 2"});
+  e.sampling = {-0.5, 0, 1.0, 1};
+  expect_refused(e, {"temperature", "-0.5"});
+  e.sampling = {0.5, 0, 0.0, 1};
+  expect_refused(e, {"top_p"});
+  e.sampling = {NAN, 0, 1.0, 1};
+  expect_refused(e, {"temperature"});
+}
+
+TEST_F(CapiStepErrors, MissingOutputBuffers) {
+  tpdraft_step_entry e = good_on_b();
+  e.tokens = nullptr;
+  expect_refused(e, {"tokens"});
+  std::vector<float> probs(100);
+  std::vector<int64_t> ids(100);
+  e = good_on_b();
+  e.dist_width = 3;
+  e.dist_ids = ids.data();
+  expect_refused(e, {"dist_probs"});
+  e.dist_ids = nullptr;
+  e.dist_probs = probs.data();
+  expect_refused(e, {"dist_ids"});
+  e.dist_ids = ids.data();
+  e.dist_width = -2;
+  expect_refused(e, {"distribution width", "-2"});
+  e.dist_width = ck_.cfg.vocab + 1;
+  expect_refused(e, {"distribution width", std::to_string(ck_.cfg.vocab + 1)});
+}
+
+TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
+  std::vector<tpdraft_step_entry> three = {good_on_b(), good_on_b(), good_on_b()};
+  three[1].session = a_.session();
+  three[2].session = 12345;
+  EXPECT_EQ(tpdraft_step(h_.get(), three.data(), 3), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"1 to 2 entries", "got 3"});
+  EXPECT_EQ(tpdraft_step(h_.get(), three.data(), 0), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"got 0"});
+  EXPECT_EQ(tpdraft_step(h_.get(), nullptr, 1), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_step", "entries is NULL"});
+  EXPECT_EQ(tpdraft_step(nullptr, three.data(), 1), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_step", "drafter is NULL"});
+  int64_t n = 0;
+  EXPECT_EQ(tpdraft_session_length(nullptr, a_.session(), &n), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_session_length", "NULL"});
+  EXPECT_EQ(tpdraft_session_length(h_.get(), a_.session(), nullptr), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_session_length", "NULL"});
+  tpdraft_session s = 0;
+  EXPECT_EQ(tpdraft_session_open(nullptr, &s), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_session_open", "NULL"});
+  EXPECT_EQ(tpdraft_session_close(nullptr, a_.session()), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_session_close", "NULL"});
+  tpdraft_caps caps{};
+  caps.struct_size = sizeof caps;
+  EXPECT_EQ(tpdraft_caps_get(nullptr, &caps), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_caps_get", "NULL"});
+  caps.struct_size = 8;
+  EXPECT_EQ(tpdraft_caps_get(h_.get(), &caps), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_caps_get", "struct_size"});
+  tpdraft_close(nullptr);  // allowed
+  expect_unmoved();
+}
+
+TEST_F(CapiStepErrors, AClosedSessionIsUnknown) {
+  const tpdraft_session b = b_.session();
+  ASSERT_EQ(tpdraft_session_close(h_.get(), b), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_EQ(tpdraft_session_close(h_.get(), b), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"session " + std::to_string(b), "not open"});
+  int64_t n = -5;
+  EXPECT_EQ(tpdraft_session_length(h_.get(), b, &n), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"session " + std::to_string(b)});
+  EXPECT_EQ(tpdraft_session_close(h_.get(), 77), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"session 77", "not open"});
+  std::vector<tpdraft_step_entry> entries = {good_on_b()};
+  EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), 1), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"entry 0", "session " + std::to_string(b)});
+  EXPECT_EQ(h_.length(a_.session()), 10);
+}
+
+// ---- tpdraft_open ------------------------------------------------------------------------------
+
+// Opens with `o`; expects `status`, no handle, and the needles in the message.
+void expect_open_refused(const Checkpoint& ck, const tpdraft_options& o, tpdraft_status status,
+                         const std::vector<std::string>& needles) {
+  tpdraft_drafter* d = reinterpret_cast<tpdraft_drafter*>(&d);  // must be reset to NULL
+  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, &d), status);
+  EXPECT_EQ(d, nullptr);
+  expect_message(needles);
+}
+
+TEST(CapiOpenErrors, BadOptionsNameTheField) {
+  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const tpdraft_options good = cpu_options();
+  tpdraft_options o = good;
+  o.struct_size = sizeof(tpdraft_options) - 4;
+  expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"tpdraft_open", "struct_size"});
+  o = good;
+  o.struct_size = 0;
+  expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"struct_size", "tpdraft_options_init"});
+  const std::vector<std::pair<std::function<void(tpdraft_options&)>, std::string>> fields = {
+      {[](tpdraft_options& x) { x.threads = -1; }, "options.threads is -1"},
+      {[](tpdraft_options& x) { x.tp = -2; }, "options.tp is -2"},
+      {[](tpdraft_options& x) { x.max_sessions = 0; }, "options.max_sessions is 0"},
+      {[](tpdraft_options& x) { x.max_sessions = -3; }, "options.max_sessions is -3"},
+      {[](tpdraft_options& x) { x.max_context = 0; }, "options.max_context is 0"},
+      {[](tpdraft_options& x) { x.max_open_sessions = -1; }, "options.max_open_sessions is -1"},
+      {[](tpdraft_options& x) { x.graphs = 2; }, "options.graphs is 2"},
+      {[](tpdraft_options& x) { x.backend = "tpu"; }, "backend 'tpu'"},
+      {[](tpdraft_options& x) { x.tp = 3; }, "tp = 3"},
+  };
+  for (const auto& [spoil, needle] : fields) {
+    o = good;
+    spoil(o);
+    SCOPED_TRACE(needle);
+    expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"tpdraft_open", needle});
+  }
+}
+
+TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const std::string missing = ck.dir.file("no-such-drafter");
+  tpdraft_drafter* d = nullptr;
+  const tpdraft_options o = cpu_options();
+  EXPECT_EQ(tpdraft_open(missing.c_str(), ck.target_dir().c_str(), &o, &d), TPDRAFT_ERROR_INPUT);
+  EXPECT_EQ(d, nullptr);
+  expect_message({missing});
+  const std::string no_target = ck.dir.file("no-such-target");
+  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), no_target.c_str(), &o, &d), TPDRAFT_ERROR_INPUT);
+  expect_message({no_target});
+  EXPECT_EQ(tpdraft_open(nullptr, ck.target_dir().c_str(), &o, &d), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_open", "NULL"});
+  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, nullptr), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_open", "out is NULL"});
+}
+
+// ---- sessions and threads ----------------------------------------------------------------------
+
+TEST(CapiSessions, TheOpenSessionLimitHolds) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  tpdraft_options o = cpu_options(2);
+  o.max_open_sessions = 2;
+  Handle h(ck, o);
+  const tpdraft_session a = h.open_session(), b = h.open_session();
+  EXPECT_NE(a, b);
+  tpdraft_session c = -1;
+  EXPECT_EQ(tpdraft_session_open(h.get(), &c), TPDRAFT_ERROR_ARGUMENT);
+  expect_message({"tpdraft_session_open", "max_open_sessions"});
+  EXPECT_EQ(c, -1);
+  ASSERT_EQ(tpdraft_session_close(h.get(), a), TPDRAFT_OK) << tpdraft_last_error();
+  ASSERT_EQ(tpdraft_session_open(h.get(), &c), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_NE(c, a);  // ids are not reused
+  EXPECT_NE(c, b);
+  EXPECT_EQ(h.length(c), 0);
+}
+
+// Threads of this process (Linux: the entries of /proc/self/task).
+int thread_count() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  closedir(dir);
+  return n;
+}
+
+TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  tpdraft_options o = cpu_options(2);
+  o.threads = 0;
+  const int before = thread_count();
+  ASSERT_GT(before, 0);
+  Handle h(ck, o);
+  // Each rank computes on its own thread plus its pool's workers; all of them together (the
+  // caller's thread included) are the cores, or one per rank where there are fewer cores.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_LE(thread_count() - before + 1, std::max(cores, 2));
+}
+
+TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
+  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  Handle h(ck, cpu_options(2));
+  const int64_t rows = 6, anchors[] = {3, 50, 120, 200};
+  const std::vector<float> taps = model::random_taps(ck.cfg, rows, 17);
+  reference::RefContext ctx;
+  ck.ref->settle(ctx, 0, widen(taps), rows);
+  std::vector<std::vector<int64_t>> want;
+  for (int64_t a : anchors) want.push_back(ck.ref->draft(ctx, a, {}).tokens);
+
+  // Each thread: its own session, rolled back to 0 and given the same rows every step.
+  auto worker = [&](int steps) {
+    const tpdraft_session s = h.open_session();
+    int mismatches = 0;
+    std::vector<int64_t> tokens(static_cast<size_t>(ck.cfg.block - 1));
+    for (int i = 0; i < steps; ++i) {
+      tpdraft_step_entry e{};
+      e.session = s;
+      e.keep = i == 0 ? -1 : 0;
+      e.p0 = -1;
+      e.n_new = rows;
+      e.taps = taps.data();
+      e.anchor = anchors[i % 4];
+      e.sampling = greedy();
+      e.tokens = tokens.data();
+      if (tpdraft_step(h.get(), &e, 1) != TPDRAFT_OK || tokens != want[static_cast<size_t>(i % 4)]) ++mismatches;
+    }
+    return mismatches;
+  };
+  auto first = std::async(std::launch::async, worker, 40);
+  auto second = std::async(std::launch::async, worker, 40);
+  EXPECT_EQ(first.get(), 0);
+  EXPECT_EQ(second.get(), 0);
+}
+
+TEST(CapiThreads, TheLastErrorIsPerThread) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  Handle h(ck, cpu_options());
+  const tpdraft_session s = h.open_session();
+  std::promise<void> first_failed, second_failed;
+  auto first = std::async(std::launch::async, [&] {
+    int64_t n = 0;
+    EXPECT_EQ(tpdraft_session_length(h.get(), 4242, &n), TPDRAFT_ERROR_ARGUMENT);
+    first_failed.set_value();
+    second_failed.get_future().wait();
+    return std::string(tpdraft_last_error());
+  });
+  first_failed.get_future().wait();
+  auto second = std::async(std::launch::async, [&] {
+    EXPECT_EQ(tpdraft_session_close(h.get(), 5353), TPDRAFT_ERROR_ARGUMENT);
+    second_failed.set_value();
+    return std::string(tpdraft_last_error());
+  });
+  const std::string second_error = second.get(), first_error = first.get();
+  EXPECT_NE(first_error.find("session 4242"), std::string::npos) << first_error;
+  EXPECT_NE(second_error.find("session 5353"), std::string::npos) << second_error;
+  // This thread's own calls succeeded: its last error is empty.
+  EXPECT_EQ(h.length(s), 0);
+  EXPECT_STREQ(tpdraft_last_error(), "");
+}
+
+}  // namespace
+}  // namespace tpdraft::capi_test

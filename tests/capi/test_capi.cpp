@@ -1,0 +1,377 @@
+// libtpdraft.so driven through its C ABI as a speculative-decoding engine drives it, against the
+// float64 reference: a loop of steps on one session (settle a prefix, keep all and settle more,
+// roll back, overwrite), several sessions in one step, DFlash and DFlash 2, tp 1 and 2, bf16 and
+// f16 taps, seeded sampling, the draft distributions as the header lays them out, and the caps.
+// The refused calls, the limits and the threading promises are in capi_errors.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "capi/capi_harness.h"
+#include "core/dtype.h"
+#include "model/random_checkpoint.h"
+
+namespace tpdraft::capi_test {
+namespace {
+
+// The steps of one decoding loop; the comment says what the target did before each.
+std::vector<StepSpec> loop_steps(const tpdraft_sampling& s) {
+  return {
+      {-1, -1, 20, 5, s, 1},   // the prompt: 20 rows, then draft from the anchor at position 20
+      {-1, -1, 3, 17, s, 2},   // every draft accepted: keep all, settle 3 more rows
+      {18, -1, 2, 40, s, 3},   // a rejection: back to 18 positions, settle 2 rows
+      {-1, 19, 2, 41, s, 4},   // p0 inside the session: position 19 replaced, 20 added
+      {19, 17, 1, 60, s, 5},   // keep 19, then settle from 17: the context is cut to 17 first
+      {-1, -1, 0, 255, s, 6},  // no new rows: draft again from another anchor
+  };
+}
+
+// Runs the loop on a fresh handle of `tp` ranks; every step is checked against the reference.
+// Returns the tokens of every step.
+std::vector<std::vector<int64_t>> run_loop(const Checkpoint& ck, int tp, const tpdraft_sampling& s) {
+  Handle h(ck, cpu_options(tp));
+  Lane lane(h, ck);
+  std::vector<std::vector<int64_t>> tokens;
+  int n = 0;
+  for (const StepSpec& spec : loop_steps(s)) {
+    std::vector<tpdraft_step_entry> entries = {lane.plan(spec)};
+    step_ok(h, entries);
+    lane.check("tp " + std::to_string(tp) + " step " + std::to_string(++n));
+    tokens.push_back(lane.tokens());
+  }
+  return tokens;
+}
+
+struct LoopCase {
+  const char* config;
+  tpdraft_sampling sampling;
+};
+
+class CapiLoop : public ::testing::TestWithParam<LoopCase> {};
+
+TEST_P(CapiLoop, EveryStepDraftsWhatTheReferenceDraftsAtTp1AndTp2) {
+  const Checkpoint ck(config_file(GetParam().config));
+  const auto tp1 = run_loop(ck, 1, GetParam().sampling);
+  const auto tp2 = run_loop(ck, 2, GetParam().sampling);
+  EXPECT_EQ(tp1, tp2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafters, CapiLoop,
+                         ::testing::Values(LoopCase{"tiny-dflash.json", greedy()},
+                                           LoopCase{"tiny-dflash.json", sampled(0.8, 42)},
+                                           LoopCase{"tiny-dflash.json", {1.2, 20, 0.9, 5}},
+                                           LoopCase{"tiny-dflash2.json", greedy()},
+                                           LoopCase{"tiny-dflash2.json", sampled(0.7, 9)}));
+
+TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    SCOPED_TRACE(file);
+    const Checkpoint ck(config_file(file));
+    Handle h(ck, cpu_options());
+    Lane a(h, ck), b(h, ck), c(h, ck);
+    std::vector<tpdraft_step_entry> first = {a.plan({-1, -1, 0, 11, greedy(), 1}),
+                                             b.plan({-1, -1, 9, 12, greedy(), 2}),
+                                             c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})};
+    step_ok(h, first);
+    a.check("a, first step");
+    b.check("b, first step");
+    c.check("c, first step");
+    std::vector<tpdraft_step_entry> second = {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
+                                              a.plan({-1, -1, 4, 15, greedy(), 5}),
+                                              b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})};
+    step_ok(h, second);
+    a.check("a, second step");
+    b.check("b, second step");
+    c.check("c, second step");
+  }
+}
+
+// Taps rounded to `dtype` and back to f32, as the library must read the dtype's bytes.
+std::vector<float> rounded(const std::vector<float>& taps, DType dtype) {
+  std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
+  convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
+  std::vector<float> back(taps.size());
+  convert_to_f32(dtype, bytes.data(), back.data(), taps.size());
+  return back;
+}
+
+// One entry's outputs, with a distribution of width 4.
+struct Draft {
+  std::vector<int64_t> tokens, ids;
+  std::vector<float> q, probs, rest;
+  explicit Draft(int64_t rows)
+      : tokens(static_cast<size_t>(rows)), ids(static_cast<size_t>(rows) * 4), q(tokens.size()),
+        probs(ids.size()), rest(tokens.size()) {}
+  void attach(tpdraft_step_entry& e) {
+    e.tokens = tokens.data();
+    e.q = q.data();
+    e.dist_width = 4;
+    e.dist_ids = ids.data();
+    e.dist_probs = probs.data();
+    e.dist_rest = rest.data();
+  }
+};
+
+// Settles `rows` tap rows given as `dtype` bytes into a fresh session and drafts (sampled).
+Draft draft_from(const Handle& h, const Checkpoint& ck, const void* taps, tpdraft_dtype dtype, int64_t rows) {
+  Draft d(ck.cfg.block - 1);
+  tpdraft_step_entry e{};
+  e.session = h.open_session();
+  e.keep = -1;
+  e.p0 = -1;
+  e.n_new = rows;
+  e.taps = taps;
+  e.taps_dtype = dtype;
+  e.anchor = 77;
+  e.sampling = sampled(0.9, 8);
+  d.attach(e);
+  std::vector<tpdraft_step_entry> entries = {e};
+  step_ok(h, entries);
+  return d;
+}
+
+TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  Handle h(ck, cpu_options());
+  const int64_t rows = 12;
+  const std::vector<float> taps = model::random_taps(ck.cfg, rows, 31);
+  const std::pair<DType, tpdraft_dtype> kinds[] = {{DType::BF16, TPDRAFT_BF16}, {DType::F16, TPDRAFT_F16}};
+  for (const auto& [dtype, abi] : kinds) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
+    convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
+    const std::vector<float> same = rounded(taps, dtype);
+    const Draft got = draft_from(h, ck, bytes.data(), abi, rows);
+    const Draft want = draft_from(h, ck, same.data(), TPDRAFT_F32, rows);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.q, want.q);
+    EXPECT_EQ(got.ids, want.ids);
+    EXPECT_EQ(got.probs, want.probs);
+    EXPECT_EQ(got.rest, want.rest);
+    // The rounding is the one the reference sees too (and differs from the f32 taps).
+    EXPECT_NE(same, taps);
+    reference::RefContext ctx;
+    ck.ref->settle(ctx, 0, widen(same), rows);
+    const reference::RefDraft ref = ck.ref->draft(ctx, 77, {0.9, 0, 1.0, 8});
+    EXPECT_EQ(got.tokens, ref.tokens);
+    for (size_t i = 0; i < got.q.size(); ++i) EXPECT_NEAR(got.q[i], ref.probs[i], 1e-4) << "row " << i + 1;
+  }
+}
+
+
+// ---- distributions -----------------------------------------------------------------------------
+
+constexpr int64_t kGuardId = -99;
+constexpr float kGuardProb = -9.0f;
+constexpr size_t kGuard = 16;  // entries past the end of each buffer that must stay untouched
+
+// Distribution buffers of `rows` x `width`, followed by guard entries.
+struct DistBuffers {
+  std::vector<int64_t> tokens, ids;
+  std::vector<float> q, probs, rest;
+  DistBuffers(size_t rows, size_t width)
+      : tokens(rows), ids(rows * width + kGuard, kGuardId), q(rows), probs(rows * width + kGuard, kGuardProb),
+        rest(rows + kGuard, kGuardProb) {}
+  void attach(tpdraft_step_entry& e, int64_t dist_width) {
+    e.tokens = tokens.data();
+    e.q = q.data();
+    e.dist_width = dist_width;
+    e.dist_ids = dist_width > 0 ? ids.data() : nullptr;
+    e.dist_probs = probs.data();
+    e.dist_rest = rest.data();
+  }
+  void expect_guards_intact(size_t rows, size_t width) const {
+    for (size_t i = rows * width; i < ids.size(); ++i) EXPECT_EQ(ids[i], kGuardId) << "ids[" << i << "]";
+    for (size_t i = rows * width; i < probs.size(); ++i) EXPECT_EQ(probs[i], kGuardProb) << "probs[" << i << "]";
+    for (size_t i = rows; i < rest.size(); ++i) EXPECT_EQ(rest[i], kGuardProb) << "rest[" << i << "]";
+  }
+};
+
+// softmax(logits / T) of one reference row, every token.
+std::vector<double> softmax_row(const std::vector<double>& logits, size_t row, size_t vocab, double temperature) {
+  std::vector<double> p(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab),
+                        logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * vocab));
+  const double top = *std::max_element(p.begin(), p.end());
+  double z = 0;
+  for (double& x : p) z += (x = std::exp((x - top) / temperature));
+  for (double& x : p) x /= z;
+  return p;
+}
+
+// One session with `rows` settled taps, and a step drafting from it with `dist_width`.
+struct DistRun {
+  DistBuffers out;
+  reference::RefDraft want;
+  DistRun(const Checkpoint& ck, const Handle& h, const tpdraft_sampling& s, int64_t dist_width, size_t width)
+      : out(static_cast<size_t>(ck.cfg.block - 1), width) {
+    const std::vector<float> taps = model::random_taps(ck.cfg, 15, 41);
+    tpdraft_step_entry e{};
+    e.session = h.open_session();
+    e.keep = -1;
+    e.p0 = -1;
+    e.n_new = 15;
+    e.taps = taps.data();
+    e.anchor = 21;
+    e.sampling = s;
+    out.attach(e, dist_width);
+    std::vector<tpdraft_step_entry> entries = {e};
+    step_ok(h, entries);
+    reference::RefContext ctx;
+    ck.ref->settle(ctx, 0, widen(taps), 15);
+    want = ck.ref->draft(ctx, 21, {s.temperature, s.top_k, s.top_p, s.seed});
+    EXPECT_EQ(out.tokens, want.tokens);
+    out.expect_guards_intact(out.tokens.size(), width);
+  }
+};
+
+// Row r of a width-w listing against the exact distribution p: the ids by probability (a near
+// tie may swap two, so each listed probability is checked against its own id and against the
+// exact w largest), and the rest mass.
+void expect_top(const DistBuffers& out, size_t r, size_t w, const std::vector<double>& p) {
+  std::vector<double> sorted = p;
+  std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+  double listed = 0;
+  for (size_t j = 0; j < w; ++j) {
+    const int64_t id = out.ids[r * w + j];
+    ASSERT_TRUE(id >= 0 && id < static_cast<int64_t>(p.size())) << "row " << r << " id " << id;
+    EXPECT_NEAR(out.probs[r * w + j], p[static_cast<size_t>(id)], 2e-4) << "row " << r << " id " << id;
+    EXPECT_NEAR(out.probs[r * w + j], sorted[j], 2e-4) << "row " << r << " place " << j;
+    if (j > 0) {
+      EXPECT_GE(out.probs[r * w + j - 1], out.probs[r * w + j]) << "row " << r;
+    }
+    listed += sorted[j];
+  }
+  EXPECT_NEAR(out.rest[r], 1.0 - listed, 2e-4) << "row " << r;
+}
+
+TEST(CapiDistributions, DFlashSampledTopWidthAndFullAgainstTheReference) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  Handle h(ck, cpu_options());
+  const size_t rows = static_cast<size_t>(ck.cfg.block - 1), V = static_cast<size_t>(ck.cfg.vocab), w = 5;
+  const tpdraft_sampling s = sampled(0.8, 12);
+  const DistRun top(ck, h, s, static_cast<int64_t>(w), w);
+  const DistRun full(ck, h, s, TPDRAFT_DIST_FULL, V);
+  for (size_t r = 0; r < rows; ++r) {
+    const std::vector<double> p = softmax_row(top.want.logits, r, V, s.temperature);
+    expect_top(top.out, r, w, p);
+    EXPECT_NEAR(top.out.q[r], p[static_cast<size_t>(top.out.tokens[r])], 2e-4) << "row " << r;
+    double total = 0;
+    for (size_t v = 0; v < V; ++v) {
+      EXPECT_NEAR(full.out.probs[r * V + v], p[v], 2e-4) << "row " << r << " token " << v;
+      total += full.out.probs[r * V + v];
+    }
+    EXPECT_NEAR(total, 1.0, 1e-4) << "row " << r;
+  }
+  // dist_ids is not needed for the full distribution: it was left NULL and nothing failed.
+}
+
+TEST(CapiDistributions, GreedyListsThePickAlone) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  Handle h(ck, cpu_options());
+  const size_t rows = static_cast<size_t>(ck.cfg.block - 1), w = 3;
+  const DistRun run(ck, h, greedy(), static_cast<int64_t>(w), w);
+  for (size_t r = 0; r < rows; ++r) {
+    const std::vector<int64_t> ids(run.out.ids.begin() + static_cast<std::ptrdiff_t>(r * w),
+                                   run.out.ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * w));
+    EXPECT_EQ(ids, (std::vector<int64_t>{run.want.tokens[r], -1, -1})) << "row " << r;
+    EXPECT_EQ(run.out.probs[r * w], 1.0f);
+    EXPECT_EQ(run.out.probs[r * w + 1], 0.0f);
+    EXPECT_EQ(run.out.probs[r * w + 2], 0.0f);
+    EXPECT_EQ(run.out.rest[r], 0.0f);
+    EXPECT_EQ(run.out.q[r], 1.0f);
+  }
+}
+
+// A DFlash 2 draw is among the selector's candidates: a width past their count lists them all,
+// then -1 with probability 0, and the drafted token with its q among them.
+TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
+  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  Handle h(ck, cpu_options());
+  const size_t rows = static_cast<size_t>(ck.cfg.block - 1), k = static_cast<size_t>(ck.cfg.selector_topk),
+               w = k + 2;
+  const DistRun run(ck, h, sampled(0.7, 9), static_cast<int64_t>(w), w);
+  for (size_t r = 0; r < rows; ++r) {
+    double total = 0;
+    bool drafted_listed = false;
+    for (size_t j = 0; j < w; ++j) {
+      const int64_t id = run.out.ids[r * w + j];
+      const float p = run.out.probs[r * w + j];
+      if (j >= k) {
+        EXPECT_EQ(id, -1) << "row " << r << " place " << j;
+        EXPECT_EQ(p, 0.0f) << "row " << r << " place " << j;
+        continue;
+      }
+      EXPECT_TRUE(id >= 0 && id < ck.cfg.vocab) << "row " << r << " id " << id;
+      if (id == run.out.tokens[r]) {
+        drafted_listed = true;
+        EXPECT_NEAR(p, run.out.q[r], 1e-6) << "row " << r;
+      }
+      total += p;
+    }
+    EXPECT_TRUE(drafted_listed) << "row " << r;
+    EXPECT_NEAR(total, 1.0, 1e-5) << "row " << r;
+    EXPECT_NEAR(run.out.rest[r], 0.0f, 1e-5) << "row " << r;
+    EXPECT_NEAR(run.out.q[r], run.want.probs[r], 1e-4) << "row " << r;
+  }
+}
+
+// ---- caps --------------------------------------------------------------------------------------
+
+TEST(CapiCaps, EqualTheConfigAndTheOptions) {
+  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  tpdraft_options o = cpu_options(2);
+  o.max_sessions = 3;
+  o.max_context = 100;
+  o.max_open_sessions = 5;
+  Handle h(ck, o);
+  tpdraft_caps caps{};
+  caps.struct_size = sizeof caps;
+  ASSERT_EQ(tpdraft_caps_get(h.get(), &caps), TPDRAFT_OK) << tpdraft_last_error();
+  const model::DrafterConfig& c = ck.cfg;
+  EXPECT_STREQ(caps.architecture, "DFlash2DraftModel");
+  EXPECT_STREQ(caps.backend, "cpu");
+  EXPECT_EQ(caps.block_size, c.block);
+  EXPECT_EQ(caps.tp, 2);
+  EXPECT_EQ(caps.taps_width, c.n_taps() * c.hidden);
+  EXPECT_EQ(caps.hidden_size, c.hidden);
+  EXPECT_EQ(caps.vocab_size, c.vocab);
+  EXPECT_EQ(caps.mask_token_id, c.mask_token);
+  ASSERT_EQ(caps.n_target_layers, static_cast<int32_t>(c.taps.size()));
+  EXPECT_EQ(std::vector<int64_t>(caps.target_layer_ids, caps.target_layer_ids + caps.n_target_layers),
+            (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_EQ(caps.max_sessions, 3);
+  EXPECT_EQ(caps.max_context, 100);
+  EXPECT_EQ(caps.max_open_sessions, 5);
+}
+
+TEST(CapiCaps, NullOptionsGiveTheDocumentedDefaults) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  tpdraft_drafter* d = nullptr;
+  ASSERT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), nullptr, &d), TPDRAFT_OK)
+      << tpdraft_last_error();
+  tpdraft_caps caps{};
+  caps.struct_size = sizeof caps;
+  EXPECT_EQ(tpdraft_caps_get(d, &caps), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_STREQ(caps.architecture, "DFlashDraftModel");
+  EXPECT_EQ(caps.tp, 1);
+  EXPECT_EQ(caps.max_sessions, 8);
+  EXPECT_EQ(caps.max_context, 4096);
+  EXPECT_EQ(caps.max_open_sessions, 64);
+  EXPECT_EQ(caps.n_target_layers, 2);
+  tpdraft_close(d);
+}
+
+TEST(CapiCaps, VersionAndStatusNames) {
+  EXPECT_STREQ(tpdraft_version(), TPDRAFT_VERSION_STRING);
+  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_OK), "ok");
+  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_ARGUMENT), "argument");
+  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_INPUT), "input");
+  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_RUNTIME), "runtime");
+}
+
+}  // namespace
+}  // namespace tpdraft::capi_test
