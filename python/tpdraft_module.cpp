@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,9 @@ class Drafter {
     tpdraft_status st;
     {
       py::gil_scoped_release unlocked;
+      const auto t0 = std::chrono::steady_clock::now();
       st = tpdraft_step(live(), raw.data(), raw.size());
+      last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     raise_for(st);
     py::list out;
@@ -189,6 +192,11 @@ class Drafter {
 
   tpdraft_drafter* handle_ = nullptr;
   Caps caps_;
+
+ public:
+  // Seconds the last step spent inside tpdraft_step: a caller's wall time minus this is what
+  // Python and the module added.
+  double last_step_seconds_ = 0;
 };
 
 }  // namespace
@@ -234,6 +242,8 @@ PYBIND11_MODULE(tpdraft, m) {
            "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
            "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict per "
            "entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.")
+      .def_readonly("last_step_seconds", &Drafter::last_step_seconds_,
+                    "Seconds the last step spent inside the C library (tpdraft_step)")
       .def("close", &Drafter::close)
       .def("__enter__", [](Drafter& d) -> Drafter& { return d; }, py::return_value_policy::reference)
       .def("__exit__", [](Drafter& d, py::object, py::object, py::object) { d.close(); });

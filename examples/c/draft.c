@@ -68,16 +68,12 @@ int main(int argc, char** argv) {
   int64_t n_new = 12, anchor = 1;
   for (int step = 1; step <= steps; ++step) {
     make_taps(taps, n_new * caps.taps_width, &state);
-    tpdraft_step_entry entry = {0};
+    tpdraft_step_entry entry;
+    tpdraft_step_entry_init(&entry); /* keep and p0 -1, greedy, no distribution */
     entry.session = session;
-    entry.keep = -1;
-    entry.p0 = -1;
     entry.n_new = n_new;
     entry.taps = taps;
-    entry.taps_dtype = TPDRAFT_F32;
     entry.anchor = anchor;
-    entry.sampling.temperature = 0.0; /* greedy */
-    entry.sampling.top_p = 1.0;
     entry.tokens = tokens;
     entry.q = q;
     check(tpdraft_step(drafter, &entry, 1), "tpdraft_step");

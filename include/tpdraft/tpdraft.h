@@ -133,6 +133,10 @@ typedef struct tpdraft_step_entry {
   float* dist_rest;        /* [B - 1]: the mass outside the w listed, or NULL */
 } tpdraft_step_entry;
 
+/* Fills an entry with what changes nothing: keep = -1, p0 = -1, no rows, greedy (top_p = 1),
+ * no distribution, no buffers. Set the session, the anchor, the taps and the buffers after it. */
+TPDRAFT_API void tpdraft_step_entry_init(tpdraft_step_entry* entry);
+
 /* For each entry: roll back to keep, settle the new rows, draft one block from the anchor; all
  * entries in one batched forward. Every entry is checked first (an unknown or repeated session,
  * taps missing or holding NaN, keep or p0 beyond what the session holds, an anchor outside the

@@ -158,6 +158,15 @@ void tpdraft_options_init(tpdraft_options* o) {
   o->graphs = -1;
 }
 
+void tpdraft_step_entry_init(tpdraft_step_entry* e) {
+  if (e == nullptr) return;
+  *e = tpdraft_step_entry{};
+  e->keep = -1;
+  e->p0 = -1;
+  e->taps_dtype = TPDRAFT_F32;
+  e->sampling.top_p = 1.0;
+}
+
 tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, const tpdraft_options* options,
                             tpdraft_drafter** out) {
   if (out == nullptr) return refuse("tpdraft_open: out is NULL");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -371,6 +372,27 @@ TEST(CapiCaps, VersionAndStatusNames) {
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_ARGUMENT), "argument");
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_INPUT), "input");
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_RUNTIME), "runtime");
+}
+
+// An entry from tpdraft_step_entry_init asks for nothing beyond a greedy draft: keep and p0 -1,
+// no rows, top_p 1 (a zeroed entry's top_p 0 would be refused), no distribution, no buffers.
+TEST(CapiEntry, InitAsksForAPlainGreedyDraft) {
+  tpdraft_step_entry e;
+  std::memset(&e, 0x5a, sizeof(e));
+  tpdraft_step_entry_init(&e);
+  EXPECT_EQ(e.keep, -1);
+  EXPECT_EQ(e.p0, -1);
+  EXPECT_EQ(e.n_new, 0);
+  EXPECT_EQ(e.taps, nullptr);
+  EXPECT_EQ(e.taps_dtype, TPDRAFT_F32);
+  EXPECT_EQ(e.taps_on_device, 0);
+  EXPECT_EQ(e.sampling.temperature, 0.0);
+  EXPECT_EQ(e.sampling.top_k, 0);
+  EXPECT_EQ(e.sampling.top_p, 1.0);
+  EXPECT_EQ(e.dist_width, 0);
+  EXPECT_EQ(e.tokens, nullptr);
+  EXPECT_EQ(e.q, nullptr);
+  tpdraft_step_entry_init(nullptr);  // harmless
 }
 
 }  // namespace
