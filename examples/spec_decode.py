@@ -354,6 +354,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.drafter and not args.target:
         p.error("--drafter needs --target")
+    os.environ.setdefault("TPDRAFT_LOG_LEVEL", "warn")  # no load messages between the rounds
     with tempfile.TemporaryDirectory() as scratch:
         return run(args, scratch)
 
