@@ -1,0 +1,237 @@
+"""A small Qwen3-style causal language model in PyTorch (float64), the target of spec_decode.py:
+random decoder layers from a seed around the embedding and head of a target checkpoint, giving
+the logits of every position and the hidden states after chosen layers (a drafter's taps)."""
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def read_safetensors(path):
+    """Every tensor of a safetensors file (8-byte header length, JSON header, raw data) as float32."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        values = np.frombuffer(raw[8 + size + begin:8 + size + end], dtype=_NUMPY_DTYPES[info["dtype"]])
+        if info["dtype"] == "BF16":  # the upper half of an f32
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = values.astype(np.float32).reshape(info["shape"])
+    return tensors
+
+
+def write_safetensors(path, tensors):
+    """Writes name -> array as F32 tensors in one safetensors file."""
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        blob = np.ascontiguousarray(array, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+
+
+def read_target_tables(target_dir):
+    """(embedding [Vt, H], head [Vt, H]) of a target checkpoint in one model.safetensors (as
+    `tpdraft init` writes it); a tied model's head is its embedding."""
+    tensors = read_safetensors(os.path.join(target_dir, "model.safetensors"))
+    embed = tensors["model.embed_tokens.weight"]
+    return embed, tensors.get("lm_head.weight", embed)
+
+
+@dataclass
+class TargetConfig:
+    """The target's geometry: H, V, decoder layers, query and key/value heads (D = H / heads)."""
+    hidden: int
+    vocab: int
+    layers: int
+    heads: int = 4
+    kv_heads: int = 2
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+
+def config_for(caps, extra_layers=1):
+    """A target whose layers include every tap layer of the drafter, with the drafter's H and V."""
+    return TargetConfig(hidden=caps.hidden_size, vocab=caps.vocab_size,
+                        layers=max(caps.target_layer_ids) + 1 + extra_layers)
+
+
+def rms_norm(x, weight, eps):
+    """weight * x / sqrt(mean(x^2) + eps) over the last axis (Qwen's convention: the weight itself)."""
+    return weight * (x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps))
+
+
+def rope_angles(positions, head_dim, theta):
+    """(cos, sin) [S, n, 1, D/2] of the angles p * theta^(-2i/D) at positions [S, n]."""
+    freqs = theta ** (-torch.arange(head_dim // 2, dtype=torch.float64) * 2 / head_dim)
+    angles = (positions.to(torch.float64)[:, :, None] * freqs)[:, :, None, :]
+    return torch.cos(angles), torch.sin(angles)
+
+
+def rope(x, angles):
+    """NeoX rotate-half RoPE of x [S, n, heads, D]: the pair (x[i], x[i + D/2]) turns by angle i."""
+    cos, sin = angles
+    x1, x2 = x[..., :cos.shape[-1]], x[..., cos.shape[-1]:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class KVCache:
+    """Every layer's keys and values for S sequences, by absolute position. Rows past a sequence's
+    committed length are stale (refused drafts, padding): a forward writes its positions before
+    reading them, and no query reads a position above its own, so nothing ever needs rolling back."""
+
+    def __init__(self, config, batch, capacity):
+        shape = (batch, config.kv_heads, capacity, config.head_dim)
+        self.keys = [torch.zeros(shape, dtype=torch.float64) for _ in range(config.layers)]
+        self.values = [torch.zeros(shape, dtype=torch.float64) for _ in range(config.layers)]
+
+
+class _Where:
+    """Where a forward's rows go: cache rows, positions [S, n], their RoPE angles, the span of
+    positions read, and which of them lie in each query's future (masked)."""
+
+    def __init__(self, shape, starts, rows, config):
+        self.rows = torch.arange(shape[0]) if rows is None else torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        self.positions = torch.as_tensor(np.asarray(starts), dtype=torch.long)[:, None] + torch.arange(shape[1])
+        self.angles = rope_angles(self.positions, config.head_dim, config.rope_theta)
+        self.span = int(self.positions.max()) + 1
+        future = torch.arange(self.span)[None, None, :] > self.positions[:, :, None]  # [S, n, span]
+        self.future = future[:, None, None]
+
+
+class Qwen3Target:
+    """Decoder layers with random weights from `seed`; embedding and head given ([>= V, H] arrays)."""
+
+    def __init__(self, config, embed, head, seed=0):
+        self.config = config
+        self.embed = torch.from_numpy(np.asarray(embed[:config.vocab], dtype=np.float64))
+        self.head = torch.from_numpy(np.asarray(head[:config.vocab], dtype=np.float64))
+        gen = torch.Generator().manual_seed(seed)
+        self.layers = [self._random_layer(gen) for _ in range(config.layers)]
+        self.final_norm = self._norm_weight(gen, config.hidden)
+        self.preference = None  # (token, bias, period): see make_agree
+
+    @staticmethod
+    def _norm_weight(gen, n):
+        return 1 + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+
+    @staticmethod
+    def _linear(gen, rows, cols):
+        return torch.randn(rows, cols, generator=gen, dtype=torch.float64) / math.sqrt(cols)
+
+    def _random_layer(self, gen):
+        c = self.config
+        h, d, ffn = c.hidden, c.head_dim, 2 * c.hidden
+        q, k, v = (self._linear(gen, n * d, h) for n in (c.heads, c.kv_heads, c.kv_heads))
+        o = self._linear(gen, h, c.heads * d)
+        q_norm, k_norm = self._norm_weight(gen, d), self._norm_weight(gen, d)
+        gate, up, down = self._linear(gen, ffn, h), self._linear(gen, ffn, h), self._linear(gen, h, ffn)
+        # q, k, v (and gate, up) stacked: one product each, split after.
+        return {"input_norm": self._norm_weight(gen, h), "post_norm": self._norm_weight(gen, h),
+                "qkv": torch.cat([q, k, v]).T.contiguous(), "o": o.T.contiguous(), "q_norm": q_norm, "k_norm": k_norm,
+                "gate_up": torch.cat([gate, up]).T.contiguous(), "down": down.T.contiguous()}
+
+    def new_cache(self, batch, capacity):
+        """An empty cache for `batch` sequences of up to `capacity` positions."""
+        return KVCache(self.config, batch, capacity)
+
+    def _attention(self, layer, x, at, keys, values):
+        """x [S, n, H]; writes its keys and values into the cache, then attends over every cached
+        position up to its own. Grouped-query: query head h reads key/value head h // group."""
+        c = self.config
+        s, n, _ = x.shape
+        group, d = c.heads // c.kv_heads, c.head_dim
+        q, k, v = (x @ layer["qkv"]).view(s, n, c.heads + 2 * c.kv_heads, d).split([c.heads, c.kv_heads, c.kv_heads], 2)
+        keys[at.rows[:, None], :, at.positions] = rope(rms_norm(k, layer["k_norm"], c.eps), at.angles)
+        values[at.rows[:, None], :, at.positions] = v
+        q = rope(rms_norm(q, layer["q_norm"], c.eps), at.angles)  # [S, n, kv_heads * group, D]
+        q = q.view(s, n, c.kv_heads, group, d).permute(0, 2, 3, 1, 4)  # [S, kv_heads, group, n, D]
+        k_all, v_all = keys[at.rows, :, None, :at.span], values[at.rows, :, None, :at.span]
+        scores = (q @ k_all.transpose(-1, -2) / math.sqrt(d)).masked_fill(at.future, float("-inf"))
+        out = (torch.softmax(scores, dim=-1) @ v_all).permute(0, 3, 1, 2, 4).reshape(s, n, c.heads * d)
+        return out @ layer["o"]
+
+    def _layer(self, index, h, at, cache):
+        layer = self.layers[index]
+        x = rms_norm(h, layer["input_norm"], self.config.eps)
+        h = h + self._attention(layer, x, at, cache.keys[index], cache.values[index])
+        gate, up = (rms_norm(h, layer["post_norm"], self.config.eps) @ layer["gate_up"]).chunk(2, dim=-1)
+        return h + (torch.nn.functional.silu(gate) * up) @ layer["down"]
+
+    @torch.no_grad()
+    def forward(self, tokens, starts, cache, tap_layers, rows=None):
+        """tokens [S, n] at positions starts[s] .. starts[s] + n - 1 of the cache's sequences `rows`
+        (default: all) -> logits [S, n, V] and taps [S, n, T*H] (the hidden states after each tap
+        layer, side by side), as numpy float64."""
+        tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        at = _Where(tokens.shape, starts, rows, self.config)
+        h = self.embed[tokens]
+        after = []
+        for index in range(len(self.layers)):
+            h = self._layer(index, h, at, cache)
+            after.append(h)
+        taps = torch.cat([after[t] for t in tap_layers], dim=-1)
+        logits = rms_norm(h, self.final_norm, self.config.eps) @ self.head.T
+        if self.preference:
+            token, bias, period = self.preference
+            logits[..., token] += bias * ((at.positions + 1) % period != 0)
+        return logits.numpy(), taps.numpy()
+
+    def forward_all(self, sequences, tap_layers):
+        """A fresh forward over whole token lists (padded on the right, which causality hides)."""
+        width = max(len(s) for s in sequences)
+        cache = self.new_cache(len(sequences), width)
+        padded = [list(s) + [0] * (width - len(s)) for s in sequences]
+        return self.forward(padded, [0] * len(sequences), cache, tap_layers)
+
+
+# A target and a drafter that agree by construction. A drafter's draft rows start from the
+# embedding of the MASK token; give that row a spike in one channel and the draft rows' residual
+# stream is dominated by it, so their final-normed rows point along that channel and the head's
+# column there decides the logits: only `token` is non-zero in it. The target's final norm weight
+# is zero on that channel, so its own logits ignore the column; a bias on its logits makes it
+# prefer `token`, except at every period-th position, where its own logits decide: drafts are
+# accepted in long runs, and refused there.
+
+
+def write_agreeing_target(target_dir, out_dir, mask_token, token, channel=0, spike=1000.0, weight=5.0):
+    """A copy of a target checkpoint (F32) whose tables make any drafter reading it propose `token`."""
+    embed, head = read_target_tables(target_dir)
+    embed, head = embed.copy(), head.copy()
+    embed[mask_token, channel] = spike
+    head[:, channel] = 0.0
+    head[token, channel] = weight
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(target_dir, "config.json")) as f:
+        config = json.load(f)
+    config["tie_word_embeddings"] = False
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    write_safetensors(os.path.join(out_dir, "model.safetensors"),
+                      {"model.embed_tokens.weight": embed, "lm_head.weight": head})
+
+
+def make_agree(target, token, channel=0, bias=10.0, period=13):
+    """Turns a target built on write_agreeing_target's tables into one that prefers `token` at
+    every position p with (p % period) != 0 (the logits of position p - 1 get the bias)."""
+    target.final_norm[channel] = 0.0
+    target.preference = (token, bias, period)

@@ -1,0 +1,223 @@
+"""examples/spec_decode.py against its target alone: greedy output token for token (DFlash and
+DFlash 2, tp 1 and 2, a random and an agreeing drafter), and sampled output distributed as the
+target's own by a chi-square test on a small vocabulary, which the same loop fails with a wrong q."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the example's target model needs PyTorch")
+import tpdraft  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+import qwen3_target  # noqa: E402
+import spec_decode  # noqa: E402
+from spec_decode import Sampling, SpeculativeDecoder, target_decode  # noqa: E402
+
+GREEDY = Sampling()
+PROMPT = [11, 3, 7, 2, 9, 4]
+
+
+def init(tmp_path, config, name):
+    """`tpdraft init` of a config (a file of configs/ or a dict) -> (drafter_dir, target_dir)."""
+    if isinstance(config, dict):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(config))
+    else:
+        path = os.path.join(spec_decode.REPO, "configs", config)
+    out = tmp_path / name
+    subprocess.run([os.environ["TPDRAFT_BIN"], "init", "--config", str(path), "--out", str(out), "--seed", "5"],
+                   check=True, capture_output=True)
+    return str(out / "drafter"), str(out / "target")
+
+
+def open_drafter(drafter_dir, target_dir, **options):
+    return tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1, **options)
+
+
+def caps_of(drafter_dir, target_dir):
+    with open_drafter(drafter_dir, target_dir) as d:
+        return d.caps
+
+
+def make_target(caps, target_dir, seed=1):
+    embed, head = qwen3_target.read_target_tables(target_dir)
+    return qwen3_target.Qwen3Target(qwen3_target.config_for(caps), embed, head, seed=seed)
+
+
+def test_the_cached_target_equals_a_fresh_forward(tmp_path):
+    # Prefill, a block whose last rows are then refused, and a block over them: every logit and
+    # tap as a forward over the committed sequence from scratch gives them.
+    drafter_dir, target_dir = init(tmp_path, "tiny-dflash2.json", "ck")
+    caps = caps_of(drafter_dir, target_dir)
+    target = make_target(caps, target_dir)
+    layers = caps.target_layer_ids
+    cache = target.new_cache(1, 32)
+    target.forward([PROMPT], [0], cache, layers)
+    target.forward([[1, 2, 3, 4]], [6], cache, layers)  # positions 6..9; 8 and 9 refused below
+    logits, taps = target.forward([[5, 6, 7]], [8], cache, layers)
+    whole_logits, whole_taps = target.forward_all([PROMPT + [1, 2, 5, 6, 7]], layers)
+    np.testing.assert_allclose(logits[0], whole_logits[0, 8:], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(taps[0], whole_taps[0, 8:], rtol=0, atol=1e-12)
+    assert taps.shape == (1, 3, caps.taps_width)
+
+
+@pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
+def test_greedy_output_is_the_targets_and_tp_2_decodes_as_tp_1(tmp_path, config):
+    drafter_dir, target_dir = init(tmp_path, config, "ck")
+    caps = caps_of(drafter_dir, target_dir)
+    target = make_target(caps, target_dir)
+    want = target_decode(target, caps.target_layer_ids, [PROMPT], 200, GREEDY, None)[0]
+    sampled = Sampling(temperature=1.0, top_k=20)
+    runs = []
+    for tp in (1, 2):
+        with open_drafter(drafter_dir, target_dir, tp=tp) as d:
+            got, rounds = SpeculativeDecoder(target, d, drafter_dir, GREEDY).decode([PROMPT], 200, None)
+            assert got[0] == want
+            assert all(len(drafts) == caps.block_size - 1 for drafts, _ in rounds[0])
+            seeded = SpeculativeDecoder(target, d, drafter_dir, sampled).decode([PROMPT], 48, np.random.default_rng(7))
+        runs.append((rounds, seeded))
+    # Drafts, their distributions and so the seeded sampled output are the same on any number of ranks.
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
+def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(tmp_path, config):
+    # The second decode gives the session only keep = len(PROMPT): the first continuation is
+    # rolled back, and the drafter sees the context it saw the first time, so every round drafts
+    # alike (a session keeping that continuation would draft from other positions).
+    drafter_dir, target_dir = init(tmp_path, config, "ck")
+    caps = caps_of(drafter_dir, target_dir)
+    target = make_target(caps, target_dir)
+    with open_drafter(drafter_dir, target_dir) as d:
+        decoder = SpeculativeDecoder(target, d, drafter_dir, GREEDY)
+        session = d.open_session()
+        first, rounds = decoder.decode([PROMPT], 8, None, sessions=[session])
+        assert d.session_length(session) > len(PROMPT) and len(rounds[0]) > 3
+        again, rounds_again = decoder.decode([PROMPT], 8, None, sessions=[session], prompt_held=len(PROMPT))
+        assert again == first and rounds_again == rounds
+        if caps.architecture == "DFlash2DraftModel":
+            # Its sliding layers keep W + B positions: a roll-back further than that is refused
+            # and leaves the session as it was.
+            decoder.decode([PROMPT], 40, None, sessions=[session], prompt_held=len(PROMPT))
+            held = d.session_length(session)
+            with pytest.raises(tpdraft.ArgumentError, match="cannot roll back to length 6"):
+                decoder.decode([PROMPT], 8, None, sessions=[session], prompt_held=len(PROMPT))
+            assert d.session_length(session) == held
+
+
+@pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
+def test_an_agreeing_drafter_is_accepted_in_runs_and_refused_at_the_period(tmp_path, config):
+    drafter_dir, target_dir = init(tmp_path, config, "ck")
+    caps = caps_of(drafter_dir, target_dir)
+    agreeing_dir = str(tmp_path / "agreeing")
+    qwen3_target.write_agreeing_target(target_dir, agreeing_dir, caps.mask_token_id, token=5)
+    target = make_target(caps, agreeing_dir)
+    qwen3_target.make_agree(target, token=5, period=13)
+    b, n = caps.block_size, 256
+    want = target_decode(target, caps.target_layer_ids, [PROMPT], n + b, GREEDY, None)[0]
+    # The target takes 5 except at positions that are multiples of 13.
+    assert all(t == 5 for i, t in enumerate(want) if (len(PROMPT) + i) % 13)
+    with open_drafter(drafter_dir, agreeing_dir) as d:
+        got, rounds = SpeculativeDecoder(target, d, drafter_dir, GREEDY).decode([PROMPT], n, None)
+    assert got[0] == want[:n]
+    # Every draft is 5, so a round from the anchor at position a accepts the run of 5s the target
+    # makes at a + 1 ... a + B - 1, and the next round starts past the target's own token.
+    anchor = len(PROMPT)
+    for drafts, accepted in rounds[0]:
+        assert drafts == [5] * (b - 1)
+        ahead = want[anchor + 1 - len(PROMPT):anchor + b - len(PROMPT)]
+        assert accepted == next((i for i, t in enumerate(ahead) if t != 5), b - 1)
+        anchor += accepted + 1
+    accepted = [m for _, m in rounds[0]]
+    assert accepted.count(b - 1) >= 10 and any(0 < m < b - 1 for m in accepted)
+
+
+def test_the_example_with_agree_accepts_long_runs_and_matches_the_target(capsys):
+    config = os.path.join(spec_decode.REPO, "configs", "tiny-dflash2.json")
+    assert spec_decode.main(["--drafter-config", config, "--tokens", "60", "--agree", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "identical to the target's own greedy decode: yes" in out
+    mean = float(out.split("mean acceptance length ")[1].split()[0])
+    assert mean > 4 and out.count("accepted 7/7") >= 4
+
+
+# Small drafters for the sampling test: 16 tokens, so the target's distribution of two tokens
+# can be enumerated.
+SMALL = {"architectures": ["DFlashDraftModel"], "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 48, "vocab_size": 16, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "dflash_config": {"block_size": 4, "target_layer_ids": [0, 1], "mask_token_id": 15}}
+SMALL_DFLASH2 = dict(SMALL, architectures=["DFlash2DraftModel"],
+                     dflash_config=dict(SMALL["dflash_config"], conv_kernel_size=2, conv_group_size=16,
+                                        selector_rank=4, selector_top_k=6))
+RUNS, BATCH, SHORT_PROMPT = 4096, 512, [11, 3, 7]
+# The drafters draw at a lower temperature than the target, so that q is far from flat and a
+# verifier taking sqrt(q) for it errs visibly.
+DRAFT = {"DFlashDraftModel": Sampling(0.5, top_k=8), "DFlash2DraftModel": Sampling(0.5)}
+
+
+def exact_pair_distribution(target, tap_layers, sampling):
+    """P(x1, x2) of the target's own sampling, the two tokens after the first one it samples
+    from the prompt, by enumerating that first token and the next."""
+    v, n = target.config.vocab, len(SHORT_PROMPT)
+    logits, _ = target.forward_all([SHORT_PROMPT + [x0, x1] for x0 in range(v) for x1 in range(v)], tap_layers)
+    p = spec_decode.target_probs(logits, sampling)
+    first, second, third = p[0, n - 1], p[::v, n], p[:, n + 1].reshape(v, v, v)
+    return np.einsum("a,ab,abc->bc", first, second, third)
+
+
+def sampled_pair_counts(decoder, seed):
+    """Counts of (x1, x2) over RUNS speculative decodes of three tokens from SHORT_PROMPT."""
+    v = decoder.caps.vocab_size
+    rng = np.random.default_rng(seed)
+    counts, accepted = np.zeros((v, v)), []
+    for _ in range(RUNS // BATCH):
+        tokens, rounds = decoder.decode([SHORT_PROMPT] * BATCH, 3, rng)
+        for (_, x1, x2), first_round in zip(tokens, rounds):
+            counts[x1, x2] += 1
+            accepted.append(first_round[0][1])
+    return counts, np.array(accepted)
+
+
+def chi_square(counts, probs):
+    """(statistic, degrees of freedom, p-value); cells expecting fewer than 5 are pooled."""
+    assert counts[probs == 0].sum() == 0, "a pair the target never makes"
+    expected = counts.sum() * probs
+    big, small = expected >= 5, (expected < 5) & (probs > 0)
+    observed, wanted = counts[big], expected[big]
+    if small.any():
+        observed, wanted = np.append(observed, counts[small].sum()), np.append(wanted, expected[small].sum())
+    statistic = float(((observed - wanted) ** 2 / wanted).sum())
+    dof = len(observed) - 1
+    return statistic, dof, float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(statistic / 2)))
+
+
+def normalized(rows):
+    rows = np.asarray(rows, dtype=np.float64)
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
+def test_sampled_output_is_distributed_as_the_targets(tmp_path, config):
+    drafter_dir, target_dir = init(tmp_path, config, "small")
+    caps = caps_of(drafter_dir, target_dir)
+    target = make_target(caps, target_dir)
+    sampling = Sampling(temperature=1.0, top_k=12)
+    want = exact_pair_distribution(target, caps.target_layer_ids, sampling)
+    verifiers = {"q": None, "sqrt(q)": lambda q: normalized(np.sqrt(q)), "uniform": lambda q: normalized(q > 0)}
+    results = {}
+    with open_drafter(drafter_dir, target_dir, max_sessions=BATCH, max_open_sessions=BATCH, max_context=32) as d:
+        for seed, (name, verify_q) in enumerate(verifiers.items()):
+            decoder = SpeculativeDecoder(target, d, drafter_dir, sampling, DRAFT[caps.architecture], verify_q)
+            counts, accepted = sampled_pair_counts(decoder, seed)
+            results[name] = chi_square(counts, want)
+            print(f"{caps.architecture} {name}: chi2 {results[name][0]:.1f}, dof {results[name][1]}, "
+                  f"p {results[name][2]:.3g}, first-round acceptance {np.bincount(accepted).tolist()}")
+            if verify_q is None:  # drafts both taken and refused, so both branches count
+                assert 0.1 < np.mean(accepted > 0) < 0.9
+    assert results["q"][2] > 1e-3
+    assert results["sqrt(q)"][2] < 1e-6 and results["uniform"][2] < 1e-6
