@@ -90,6 +90,15 @@ class Drafter {
     return s;
   }
   void close_session(int64_t s) { raise_for(tpdraft_session_close(live(), s)); }
+  py::dict last_times() {
+    tpdraft_step_times t{};
+    raise_for(tpdraft_last_step_times(live(), &t));
+    py::dict out;
+    out["settle"] = t.settle_seconds;
+    out["draft"] = t.draft_seconds;
+    out["total"] = t.total_seconds;
+    return out;
+  }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
     raise_for(tpdraft_session_length(live(), s, &n));
@@ -244,6 +253,8 @@ PYBIND11_MODULE(tpdraft, m) {
            "entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.")
       .def_readonly("last_step_seconds", &Drafter::last_step_seconds_,
                     "Seconds the last step spent inside the C library (tpdraft_step)")
+      .def_property_readonly("last_times", &Drafter::last_times,
+                             "Where the last step's time went (seconds): settle, draft, total (inside the library)")
       .def("close", &Drafter::close)
       .def("__enter__", [](Drafter& d) -> Drafter& { return d; }, py::return_value_policy::reference)
       .def("__exit__", [](Drafter& d, py::object, py::object, py::object) { d.close(); });

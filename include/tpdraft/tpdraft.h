@@ -144,6 +144,14 @@ TPDRAFT_API void tpdraft_step_entry_init(tpdraft_step_entry* entry);
  * TPDRAFT_ERROR_ARGUMENT naming it, and no session changes. */
 TPDRAFT_API tpdraft_status tpdraft_step(tpdraft_drafter* drafter, tpdraft_step_entry* entries, size_t count);
 
+/* Where the last successful tpdraft_step on this handle spent its time, in seconds (rank 0's). */
+typedef struct tpdraft_step_times {
+  double settle_seconds; /* roll-backs and settling the new tap rows */
+  double draft_seconds;  /* the batched draft: forward, head, token choice */
+  double total_seconds;  /* the whole call: checks, the above, hand-offs between ranks, copies out */
+} tpdraft_step_times;
+TPDRAFT_API tpdraft_status tpdraft_last_step_times(tpdraft_drafter* drafter, tpdraft_step_times* out);
+
 #ifdef __cplusplus
 }
 #endif

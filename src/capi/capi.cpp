@@ -4,6 +4,7 @@
 #include "tpdraft/tpdraft.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -22,6 +23,7 @@ struct tpdraft_drafter {
   std::string backend;
   std::vector<tpdraft::engine::StepEntry> entries;  // reused from step to step
   std::vector<tpdraft::model::DraftResult> results;
+  tpdraft_step_times times{};
 };
 
 namespace {
@@ -249,7 +251,16 @@ tpdraft_status tpdraft_session_length(tpdraft_drafter* d, tpdraft_session sessio
                  [&] { *out = d->group->leader().session_length(session); });
 }
 
+tpdraft_status tpdraft_last_step_times(tpdraft_drafter* d, tpdraft_step_times* out) {
+  if (d == nullptr || out == nullptr) return refuse("tpdraft_last_step_times: drafter or out is NULL");
+  std::lock_guard<std::mutex> lock(d->mutex);
+  *out = d->times;
+  t_last_error.clear();
+  return TPDRAFT_OK;
+}
+
 tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {
+  const auto started = std::chrono::steady_clock::now();
   if (d == nullptr) return refuse("tpdraft_step: drafter is NULL");
   if (entries == nullptr && count > 0) return refuse("tpdraft_step: entries is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
@@ -267,6 +278,8 @@ tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, siz
   });
   if (st != TPDRAFT_OK) return st;
   for (size_t i = 0; i < count; ++i) copy_out(d->results[i], entries[i], d->caps.vocab);
+  const engine::StepTimes& t = d->group->leader().last_times();
+  d->times = {t.settle, t.draft, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
   return TPDRAFT_OK;
 }
 

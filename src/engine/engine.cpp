@@ -1,6 +1,7 @@
 // A step on one rank: check every entry, then roll back, settle and draft.
 #include "engine/engine.h"
 
+#include <chrono>
 #include <set>
 
 #include "core/checked.h"
@@ -119,9 +120,11 @@ std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entri
 }
 
 std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
+  using Clock = std::chrono::steady_clock;
   model::Drafter& d = rt_->drafter();
   std::vector<model::DraftRequest> requests;
   requests.reserve(entries.size());
+  const auto t0 = Clock::now();
   for (const StepEntry& e : entries) {
     model::Session& s = session(e.session);
     if (e.keep >= 0) d.rollback(s, e.keep);
@@ -129,7 +132,11 @@ std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entr
     d.settle(s, p0, taps_f32(e), e.n_new);
     requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
   }
-  return d.draft(requests, dump);
+  const auto t1 = Clock::now();
+  auto results = d.draft(requests, dump);
+  times_.settle = std::chrono::duration<double>(t1 - t0).count();
+  times_.draft = std::chrono::duration<double>(Clock::now() - t1).count();
+  return results;
 }
 
 }  // namespace tpdraft::engine

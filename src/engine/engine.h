@@ -44,6 +44,12 @@ struct TapRows {
   void* stream = nullptr;
 };
 
+// Where the last step's time went on this rank (seconds).
+struct StepTimes {
+  double settle = 0;  // roll-backs and settling the new rows
+  double draft = 0;   // the batched draft: forward, head, selection (and a dump, when asked)
+};
+
 struct StepEntry {
   int64_t session = -1;
   int64_t keep = -1;  // roll the session back to this length first; -1: keep what it holds
@@ -64,6 +70,7 @@ class Engine {
   ~Engine();
 
   const Caps& caps() const { return caps_; }
+  const StepTimes& last_times() const { return times_; }
   model::RankRuntime& runtime() { return *rt_; }
 
   int64_t open_session();
@@ -101,6 +108,7 @@ class Engine {
   std::map<int64_t, std::unique_ptr<model::Session>> sessions_;
   int64_t next_id_ = 1;
   std::vector<float> staged_;
+  StepTimes times_;
 };
 
 }  // namespace tpdraft::engine

@@ -88,6 +88,12 @@ TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
     a.check("a, second step");
     b.check("b, second step");
     c.check("c, second step");
+    // The library says where the step's time went: parts within the whole, all of them spent.
+    tpdraft_step_times t{};
+    ASSERT_EQ(tpdraft_last_step_times(h.get(), &t), TPDRAFT_OK);
+    EXPECT_GT(t.settle_seconds, 0.0);
+    EXPECT_GT(t.draft_seconds, 0.0);
+    EXPECT_LE(t.settle_seconds + t.draft_seconds, t.total_seconds);
   }
 }
 
