@@ -118,6 +118,9 @@ class Ops {
   virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
   // y[i] += x[i]
   virtual void add(float* y, const float* x, int64_t n) = 0;
+  // dst[r] = src[index[r]] for r < rows, rows of row_len floats; index [rows] in backend memory
+  // (so a captured graph reads each draft's table). src and dst must not overlap.
+  virtual void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;
   // Writes rows src[j] (row_len floats) to ring slot (first_pos + j) % capacity of dst.
   virtual void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                           int64_t first_pos) = 0;

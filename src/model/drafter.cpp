@@ -69,15 +69,17 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   settle_context_ = kernels::Buffer(ops_, f32_bytes(C * H));
   settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
-  // The step table: positions [M], anchors [S], views [layers][S], then the block rows [M, H]
-  // (64-byte aligned), which the forward updates in place as its residual stream.
+  // The step table: positions [M], anchors [S], views [layers][S], the block's row table [M],
+  // then the distinct input rows [1 + S, H] (64-byte aligned): the MASK row and each anchor's.
   const size_t S = static_cast<size_t>(limits_.max_sessions);
   anchors_offset_ = static_cast<size_t>(M) * sizeof(int64_t);
   views_offset_ = anchors_offset_ + S * sizeof(int64_t);
-  const size_t views_end = views_offset_ + static_cast<size_t>(cfg_.layers) * S * sizeof(kernels::ContextView);
-  rows_offset_ = (views_end + 63) / 64 * 64;
-  step_host_.assign(rows_offset_ + f32_bytes(M * H), 0);
+  row_table_offset_ = views_offset_ + static_cast<size_t>(cfg_.layers) * S * sizeof(kernels::ContextView);
+  const size_t table_end = row_table_offset_ + static_cast<size_t>(M) * sizeof(int64_t);
+  rows_offset_ = (table_end + 63) / 64 * 64;
+  step_host_.assign(rows_offset_ + f32_bytes(static_cast<int64_t>(1 + S) * H), 0);
   step_ = kernels::Buffer(ops_, step_host_.size());
+  block_ = kernels::Buffer(ops_, f32_bytes(M * H));
   positions_.resize(static_cast<size_t>(C));
   settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
 }
@@ -204,8 +206,12 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
   auto* positions = reinterpret_cast<int64_t*>(base);
   auto* anchors = reinterpret_cast<int64_t*>(base + anchors_offset_);
   auto* views = reinterpret_cast<kernels::ContextView*>(base + views_offset_);
+  auto* row_table = reinterpret_cast<int64_t*>(base + row_table_offset_);
   auto* rows = reinterpret_cast<float*>(base + rows_offset_);
   const float m_in = static_cast<float>(cfg_.in_scale);
+  // Block inputs: m_in * E[anchor] for row 0, m_in * E[mask] for the others (host lookups). Only
+  // the distinct rows travel; the forward's first op expands them by the row table.
+  weights_->embedding_row(cfg_.mask_token, rows);
   for (int64_t s = 0; s < S; ++s) {
     const DraftRequest& req = requests[static_cast<size_t>(s)];
     const Session& sess = *req.session;
@@ -215,15 +221,13 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
       const auto& lc = sess.layers_[static_cast<size_t>(l)];
       views[l * Smax + s] = {lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
     }
-    // Block inputs: m_in * E[anchor] for row 0, m_in * E[mask] for the others (host lookups).
-    float* block = rows + s * B * H;
-    weights_->embedding_row(req.anchor_token, block);
-    weights_->embedding_row(cfg_.mask_token, block + H);
-    for (int64_t i = 0; i < 2 * H; ++i) block[i] *= m_in;
-    for (int64_t r = 2; r < B; ++r) std::copy(block + H, block + 2 * H, block + r * H);
+    weights_->embedding_row(req.anchor_token, rows + (1 + s) * H);
+    row_table[s * B] = 1 + s;
+    for (int64_t r = 1; r < B; ++r) row_table[s * B + r] = 0;
   }
-  // One copy per draft, up to this batch's last block row.
-  ops_.to_device(step_.get(), base, rows_offset_ + f32_bytes(S * B * H));
+  for (int64_t i = 0; i < (1 + S) * H; ++i) rows[i] *= m_in;
+  // One copy per draft, up to this batch's last distinct row.
+  ops_.to_device(step_.get(), base, rows_offset_ + f32_bytes((1 + S) * H));
 }
 
 size_t Drafter::graph_segments(int64_t sessions) const { return recorder_.segments(sessions); }
@@ -236,7 +240,10 @@ void Drafter::run_layers(int64_t S) {
   const auto* positions = reinterpret_cast<const int64_t*>(step);
   const auto* anchors = reinterpret_cast<const int64_t*>(step + anchors_offset_);
   const auto* views = reinterpret_cast<const kernels::ContextView*>(step + views_offset_);
-  float* h = reinterpret_cast<float*>(static_cast<unsigned char*>(step_.get()) + rows_offset_);
+  const auto* row_table = reinterpret_cast<const int64_t*>(step + row_table_offset_);
+  const auto* rows = reinterpret_cast<const float*>(step + rows_offset_);
+  float* h = block_.f32();  // the residual stream
+  ops_.gather_rows(rows, row_table, M, H, h);
   float* x = normed_.f32();
   float* xc = conv_out_.f32();
   float* o = partial_.f32();

@@ -153,12 +153,14 @@ class Drafter {
 
   // The step table in backend memory, read by the ops when they run (so that a replayed graph
   // sees this draft's positions and contexts): positions [M] and anchors [S] (int64), the context
-  // views [layers][S], then the block rows [M, H] (f32), which the forward updates in place as
-  // its residual stream. Staged on the host in step_host_ (allocated once). settle_pos_ holds a
-  // settle chunk's positions.
-  kernels::Buffer step_, settle_pos_;
+  // views [layers][S], the block's row table [M] (which distinct row each block row starts
+  // from), then the distinct rows [1 + S, H] (f32: the MASK row, then each session's anchor
+  // row), so that a draft uploads S + 1 rows, not M. Staged on the host in step_host_
+  // (allocated once). block_ [M, H] is the residual stream the forward builds from them and
+  // updates in place. settle_pos_ holds a settle chunk's positions.
+  kernels::Buffer step_, block_, settle_pos_;
   std::vector<unsigned char> step_host_;
-  size_t anchors_offset_ = 0, views_offset_ = 0, rows_offset_ = 0;
+  size_t anchors_offset_ = 0, views_offset_ = 0, row_table_offset_ = 0, rows_offset_ = 0;
   std::vector<int64_t> positions_;  // host staging of settle positions
 };
 

@@ -255,6 +255,15 @@ TEST_F(CudaOpsTest, SiluMulAddAndRingStores) {
     EXPECT_EQ(get<float>(*gpu, dg, dst.size()), get<float>(*cpu, dc, dst.size()))
         << "store_rows rows " << c.rows << " capacity " << c.capacity << " first " << c.first;
   }
+  // The gather that builds a draft's block rows, by a table in device memory.
+  const int64_t len = 4096 + 3;
+  const auto src = randn(static_cast<size_t>(3 * len), rng);
+  const std::vector<int64_t> index = {0, 2, 2, 2, 1, 2, 2, 0};
+  Buffer sc = put(*cpu, src), sg = put(*gpu, src), ic = put(*cpu, index), ig = put(*gpu, index);
+  Buffer oc = poisoned(*cpu, index.size() * len), og = poisoned(*gpu, index.size() * len);
+  cpu->gather_rows(sc.f32(), static_cast<const int64_t*>(ic.get()), 8, len, oc.f32());
+  gpu->gather_rows(sg.f32(), static_cast<const int64_t*>(ig.get()), 8, len, og.f32());
+  EXPECT_EQ(get<float>(*gpu, og, index.size() * len), get<float>(*cpu, oc, index.size() * len)) << "gather_rows";
 }
 
 // ---- attention -----------------------------------------------------------------------------------

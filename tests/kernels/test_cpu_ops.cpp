@@ -411,6 +411,20 @@ TEST(CpuOps, SiluMulAddStoreRows) {
   for (int64_t c = 0; c < len; ++c) EXPECT_EQ(ring[2 * len + c], -7.0f);  // untouched slot
 }
 
+// A gather by a table: every destination row is the indexed source row, repeats included.
+TEST(CpuOps, GatherRows) {
+  auto ops = make_cpu_ops(1);
+  std::mt19937_64 rng(52);
+  const int64_t len = 37;
+  const auto src = randn(4 * len, rng);
+  const std::vector<int64_t> index = {2, 3, 3, 3, 0, 3, 1, 2};
+  std::vector<float> dst(index.size() * len, kNaN);
+  ops->gather_rows(src.data(), index.data(), static_cast<int64_t>(index.size()), len, dst.data());
+  for (size_t r = 0; r < index.size(); ++r)
+    for (int64_t c = 0; c < len; ++c) ASSERT_EQ(dst[r * len + c], src[index[r] * len + c]) << "row " << r;
+  ops->gather_rows(nullptr, nullptr, 0, len, nullptr);  // nothing to do is fine
+}
+
 // ------------------------------------------------------------------------------------------------
 // head
 

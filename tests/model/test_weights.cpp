@@ -68,6 +68,9 @@ class CountingOps final : public kernels::Ops {
   void dyn_conv(const kernels::ConvParams& p) override { inner_->dyn_conv(p); }
   void silu_mul(const float* g, const float* u, float* out, int64_t n) override { inner_->silu_mul(g, u, out, n); }
   void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t len, float* dst) override {
+    inner_->gather_rows(src, index, rows, len, dst);
+  }
   void store_rows(const float* src, int64_t rows, int64_t len, float* dst, int64_t cap, int64_t first) override {
     inner_->store_rows(src, rows, len, dst, cap, first);
   }

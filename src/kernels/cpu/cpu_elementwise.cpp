@@ -1,4 +1,4 @@
-// Elementwise ops (silu_mul, add, store_rows) and the vector exp they share with attention's
+// Elementwise ops (silu_mul, add, gather_rows, store_rows) and the vector exp they share with attention's
 // softmax. These are memory bound and small (a draft's silu_mul is 16 x 6144 floats), so threads
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
@@ -169,6 +169,14 @@ void CpuOps::add(float* y, const float* x, int64_t n) {
   };
   if (n < kParallelMin) return body(0, n, 0);
   pool_.parallel_for(n, body, 64);
+}
+
+void CpuOps::gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
+  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "gather_rows: bad shape [{}, {}]", rows, row_len);
+  TPDRAFT_CHECK(rows == 0 || (src != nullptr && index != nullptr && dst != nullptr), "gather_rows: a buffer is missing");
+  if (recording(&CpuOps::gather_rows, src, index, rows, row_len, dst)) return;
+  const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row_len, src + index[r] * row_len, bytes);
 }
 
 void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,

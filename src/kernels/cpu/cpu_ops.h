@@ -110,6 +110,7 @@ class CpuOps final : public Ops {
   void dyn_conv(const ConvParams& p) override;
   void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
   void add(float* y, const float* x, int64_t n) override;
+  void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
   void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                   int64_t first_pos) override;
   void head_logits(const HeadParams& p, float* logits) override;

@@ -1,4 +1,4 @@
-// Element-wise kernels: silu_mul and add. Memory bound: grid-stride loops, one element per
+// Element-wise kernels: silu_mul, add and the row gather that builds a draft's block rows. Memory bound: grid-stride loops, one element per
 // thread per step; a draft's largest call is 16 x 12288 floats.
 #include <cuda_runtime.h>
 
@@ -29,7 +29,22 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
     y[i] = __fadd_rn(y[i], x[i]);
 }
 
+// One block per row: the row's index is read once, the copy strides over its floats.
+__global__ void gather_rows_kernel(const float* src, const int64_t* index, int64_t row_len, float* dst) {
+  const int64_t r = blockIdx.x;
+  const float* from = src + index[r] * row_len;
+  float* to = dst + r * row_len;
+  for (int64_t c = threadIdx.x; c < row_len; c += blockDim.x) to[c] = from[c];
+}
+
 }  // namespace
+
+void launch_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst,
+                        cudaStream_t stream) {
+  if (rows <= 0 || row_len <= 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(src, index, row_len, dst);
+  TPDRAFT_CHECK_LAUNCH("gather_rows");
+}
 
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

@@ -14,6 +14,9 @@ namespace tpdraft::kernels::cuda {
 // ---- cuda_elementwise.cu ----------------------------------------------------------------------
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// dst[r] = src[index[r]], rows of row_len floats; index on the device.
+void launch_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst,
+                        cudaStream_t stream);
 
 // ---- cuda_norm_rope.cu ------------------------------------------------------------------------
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,

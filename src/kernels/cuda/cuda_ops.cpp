@@ -267,6 +267,14 @@ void CudaOps::add(float* y, const float* x, int64_t n) {
   launch_add(y, x, n, stream_);
 }
 
+void CudaOps::gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
+  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "gather_rows: bad shape [{}, {}]", rows, row_len);
+  TPDRAFT_CHECK(rows == 0 || (src != nullptr && index != nullptr && dst != nullptr), "gather_rows: a buffer is missing");
+  if (rows == 0 || row_len == 0) return;
+  DeviceGuard guard(device_);
+  launch_gather_rows(src, index, rows, row_len, dst, stream_);
+}
+
 void CudaOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                          int64_t first_pos) {
   TPDRAFT_CHECK(capacity > 0, "store_rows: ring capacity must be > 0, got {}", capacity);
