@@ -135,6 +135,7 @@ struct BenchResult {
   std::string config, architecture, backend, communicator, dtype;
   int threads = 0, tp = 1, replicas = 1;
   int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
+  size_t graph_nodes = 0;  // nodes of the captured forward (0: not captured)
   bool gather_logits = false, graphs = false, gpu = false;
   Stats draft;                                          // seconds
   double layers = 0, head = 0, select = 0;              // medians, seconds
@@ -241,6 +242,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["gather_logits"] = r.gather_logits;
   j["graphs"] = r.graphs;
   j["replayed_drafts"] = r.replayed;
+  j["graph_nodes"] = r.graph_nodes;
   j["replicas"] = r.replicas;
   j["communicator"] = r.communicator;
   j["comm_ms"] = r.comm_mean * 1e3;
@@ -299,9 +301,9 @@ void print_table(const BenchResult& r) {
               r.draft.median * 1e3, r.draft.min * 1e3, r.draft.max * 1e3, r.draft.p10 * 1e3, r.draft.p90 * 1e3,
               static_cast<long long>(r.repeat));
   std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld "
-              "replayed)\n",
+              "replayed, %zu graph nodes)\n",
               r.layers * 1e3, r.head * 1e3, r.select * 1e3, r.graphs ? "captured once, replayed" : "issued op by op",
-              static_cast<long long>(r.replayed), static_cast<long long>(r.repeat));
+              static_cast<long long>(r.replayed), static_cast<long long>(r.repeat), r.graph_nodes);
   std::printf("  comm       %.3f ms per draft: all-reduce %s, all-gather %s, broadcast %s\n", r.comm_mean * 1e3,
               calls_and_bytes(r, c.all_reduce_calls, c.all_reduce_bytes).c_str(),
               calls_and_bytes(r, c.all_gather_calls, c.all_gather_bytes).c_str(),
@@ -358,6 +360,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   r.context = o.ctx;
   r.gather_logits = o.gather_logits;
   r.graphs = rt.drafter().graphs();
+  r.graph_nodes = rt.drafter().graph_nodes(o.batch);
   r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
   r.context_bytes = static_cast<double>(rt.drafter().context_bytes_per_position() * static_cast<size_t>(o.ctx * o.batch));
   if (o.json)

@@ -82,6 +82,8 @@ struct HeadParams {
 class OpGraph {
  public:
   virtual ~OpGraph() = default;
+  // What it runs: kernels and copies of a CUDA graph, calls of a CPU tape.
+  virtual size_t nodes() const = 0;
 };
 
 class Ops {

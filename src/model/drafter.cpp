@@ -231,6 +231,7 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
 }
 
 size_t Drafter::graph_segments(int64_t sessions) const { return recorder_.segments(sessions); }
+size_t Drafter::graph_nodes(int64_t sessions) const { return recorder_.nodes(sessions); }
 
 void Drafter::run_layers(int64_t S) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block, M = S * B;

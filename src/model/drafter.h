@@ -91,6 +91,7 @@ class Drafter {
   // Graph segments per captured forward: 1 when the communicator joins the capture, else one
   // more than the forward's all-reduces, which then run between segments. 0: nothing captured.
   size_t graph_segments(int64_t sessions) const;
+  size_t graph_nodes(int64_t sessions) const;  // kernels and copies a replay runs (CPU: calls)
   // Copies layer l's context of the session, positions [0, length), as [length, Nk_local, D]
   // f32 each; every position must still be held (see DrafterLimits::keep_all_positions).
   void read_context(const Session& session, int64_t layer, std::vector<float>* k, std::vector<float>* v) const;

@@ -18,6 +18,14 @@ size_t ForwardRecorder::segments(int64_t key) const {
   return it == graphs_.end() ? 0 : it->second.segments.size();
 }
 
+size_t ForwardRecorder::nodes(int64_t key) const {
+  const auto it = graphs_.find(key);
+  size_t n = 0;
+  if (it != graphs_.end())
+    for (const auto& s : it->second.segments) n += s->nodes();
+  return n;
+}
+
 bool ForwardRecorder::run(int64_t key, const std::function<void()>& issue, const std::string& what) {
   if (enabled_) {
     const auto it = graphs_.find(key);

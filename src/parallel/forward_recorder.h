@@ -39,8 +39,10 @@ class ForwardRecorder {
   // or, while capturing for a communicator that cannot join, recorded to run between segments.
   void all_reduce_sum(float* data, size_t count);
 
-  // Graph segments held for `key` (0: none captured).
+  // Graph segments held for `key` (0: none captured), and the nodes (kernels, copies; calls on
+  // the CPU) they hold together.
   size_t segments(int64_t key) const;
+  size_t nodes(int64_t key) const;
 
  private:
   struct Graph {

@@ -23,7 +23,7 @@ std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Op
   const int device = kernels::cuda_device_of(ops);
   cudaStream_t stream = kernels::cuda_stream_of(ops);
 #ifdef TPDRAFT_HAVE_NCCL
-  if (prefer_nccl && group.size() > 1) return make_nccl(group, device, stream);
+  if (prefer_nccl) return make_nccl(group, device, stream);  // at one rank too: nothing moves, but graphs hold it
 #else
   (void)prefer_nccl;
 #endif

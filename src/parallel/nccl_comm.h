@@ -13,7 +13,7 @@ namespace tpdraft::parallel {
 
 // The communicator a rank computing with `ops` uses over `group`, or nullptr when `group` takes
 // the backend's buffers as they are (every host backend). For the CUDA backend: NCCL over
-// `group` when prefer_nccl and this build has NCCL, else `group` with host staging. The result
+// `group` when prefer_nccl and this build has NCCL (at one rank too), else `group` with host staging. The result
 // refers to `group` and must not outlive it.
 std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl);
 

@@ -373,6 +373,50 @@ TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   expect_same(want, got[1], "nccl rank 1");
 }
 
+// NCCL inside a captured forward: the all-reduces join the graph (one segment), which a replay
+// runs and wait_pending waits for. Replays must equal the same rounds issued op by op, at one
+// rank on one GPU, and at two ranks on two GPUs where they exist.
+void check_nccl_graph_rounds(int tp) {
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    const DrafterConfig cfg = testing::eight_heads_over_two(file);
+    testing::TempDir dir;
+    const std::string ckpt = write_checkpoint(dir, cfg);
+    std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
+    auto body = [&](parallel::Communicator& comm) {
+      eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false, true);
+      graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true, true);
+    };
+    if (tp == 1) {
+      auto single = parallel::make_single_rank();
+      body(*single);
+    } else {
+      parallel::run_ranks(tp, body);
+    }
+    for (int r = 0; r < tp; ++r)
+      for (size_t i = 0; i < graphs[static_cast<size_t>(r)].size(); ++i) {
+        const auto& g = graphs[static_cast<size_t>(r)][i];
+        const auto& e = eager[static_cast<size_t>(r)][i];
+        const std::string at = std::string(file) + " tp " + std::to_string(tp) + " round " + std::to_string(i);
+        EXPECT_EQ(g.replayed, testing::draft_rounds_replayed()[i]) << at;
+        EXPECT_EQ(g.segments, 1u) << at << ": NCCL's all-reduces should have joined the graph";
+        for (size_t s = 0; s < g.results.size(); ++s) EXPECT_EQ(g.results[s].tokens, e.results[s].tokens) << at;
+        EXPECT_EQ(g.stats.all_reduce_calls, e.stats.all_reduce_calls) << at;
+        const std::vector<double> h(e.dump.hidden.begin(), e.dump.hidden.end());
+        EXPECT_LT(testing::relative_error(g.dump.hidden, h), 1e-6) << at;
+      }
+  }
+}
+
+TEST(NcclCommunicator, CapturedForwardAtOneRankEqualsDirectOps) {
+  REQUIRE_GPUS(1);
+  check_nccl_graph_rounds(1);
+}
+
+TEST(NcclCommunicator, CapturedForwardAtTwoRanksEqualsDirectOps) {
+  REQUIRE_GPUS(2);
+  check_nccl_graph_rounds(2);
+}
+
 #endif  // TPDRAFT_HAVE_NCCL
 
 }  // namespace

@@ -11,12 +11,14 @@
 namespace tpdraft::testing {
 
 std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const std::string& backend,
-                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs) {
+                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs,
+                                         bool nccl) {
   model::RuntimeOptions ro = testing::backend(backend);
   ro.limits.max_sessions = 2;
   ro.limits.max_context = 160;
   ro.limits.settle_chunk = 32;
   ro.graphs = graphs ? model::GraphMode::On : model::GraphMode::Off;
+  ro.nccl = nccl;
   const auto rt = open_rank(group, ckpt, cfg, ro);
   model::Drafter& drafter = rt->drafter();
   parallel::Communicator& comm = rt->comm();
@@ -38,6 +40,7 @@ std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const st
     r.stats = comm.stats();
     r.replayed = drafter.last_times().replayed;
     r.segments = drafter.graph_segments(static_cast<int64_t>(reqs.size()));
+    r.nodes = drafter.graph_nodes(static_cast<int64_t>(reqs.size()));
     out.push_back(std::move(r));
   };
   draft({{a.get(), 11, {}}, {b.get(), 12, sampled}});  // first with two sessions

@@ -18,12 +18,15 @@ struct DraftRound {
   parallel::CommStats stats;  // this draft's collectives
   bool replayed = false;      // the forward was a graph replay
   size_t segments = 0;        // graph segments held for this draft's session count
+  size_t nodes = 0;           // and the nodes they hold (CPU: recorded calls)
 };
 
 // Runs the rounds on one rank of `group` (checkpoint directory `ckpt` as written by
 // write_random_checkpoint for `cfg`) on a fresh rank runtime of the given backend.
+// nccl: device buffers over NCCL (RuntimeOptions::nccl) instead of host staging.
 std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const std::string& backend,
-                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs);
+                                         const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs,
+                                         bool nccl = false);
 
 // Which rounds replay a graph when graphs are on: the first draft of each session count is
 // issued op by op (and captured), the others replay.

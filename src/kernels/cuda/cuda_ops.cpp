@@ -145,7 +145,8 @@ namespace {
 // An instantiated CUDA graph of one device.
 class CudaGraph final : public OpGraph {
  public:
-  CudaGraph(int device, cudaGraphExec_t exec) : device_(device), exec_(exec) {}
+  CudaGraph(int device, cudaGraphExec_t exec, size_t nodes) : device_(device), exec_(exec), nodes_(nodes) {}
+  size_t nodes() const override { return nodes_; }
   ~CudaGraph() override {
     DeviceGuard guard(device_, std::nothrow);
     cudaGraphExecDestroy(exec_);
@@ -158,6 +159,7 @@ class CudaGraph final : public OpGraph {
  private:
   int device_;
   cudaGraphExec_t exec_;
+  size_t nodes_;
 };
 
 }  // namespace
@@ -180,12 +182,15 @@ std::unique_ptr<OpGraph> CudaOps::end_capture() {
   free_deferred();
   CUDA_CHECK(ended);
   cudaGraphExec_t exec = nullptr;
+  size_t nodes = 0;
+  const cudaError_t counted = cudaGraphGetNodes(graph, nullptr, &nodes);
   const cudaError_t rc = cudaGraphInstantiateWithFlags(&exec, graph, 0);
   cudaGraphDestroy(graph);
+  CUDA_CHECK(counted);
   CUDA_CHECK(rc);
   // The graph holds the workspaces' current blocks: growing them later must not free those.
   for (Workspace* w : workspaces()) w->pin();
-  return std::make_unique<CudaGraph>(device_, exec);
+  return std::make_unique<CudaGraph>(device_, exec, nodes);
 }
 
 void CudaOps::abort_capture() noexcept {
