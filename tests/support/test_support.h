@@ -11,6 +11,10 @@ class Communicator;
 
 namespace tpdraft::testing {
 
+// Exit status of a test binary in which every test skipped itself (support/gtest_main.cpp);
+// CTest's SKIP_RETURN_CODE of every test registered by tests/CMakeLists.txt.
+constexpr int kAllSkipped = 77;
+
 // A fresh directory under the system temp dir, removed when the object dies.
 class TempDir {
  public:
