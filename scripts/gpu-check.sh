@@ -124,7 +124,7 @@ if [[ $build_status == ok* ]]; then
     test_status="FAILED"
     tail -60 "$LOGS/ctest.log" >&2
   fi
-  # A test that skipped itself (no device seen, too few GPUs) passes; say how many did.
+  # A test that skipped itself (no device seen, too few GPUs) does not fail ctest; say how many did.
   skipped=$(grep -c "\[  SKIPPED \] .*(" "$LOGS/ctest.log" 2>/dev/null || true)
   [ "${skipped:-0}" -gt 0 ] && test_status="$test_status, $skipped test(s) skipped (see ctest.log)"
 fi

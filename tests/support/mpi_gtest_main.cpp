@@ -41,6 +41,7 @@ class AbortOnFatalFailure : public ::testing::EmptyTestEventListener {
   void OnTestStart(const ::testing::TestInfo& test) override {
     test_ = std::string(test.test_suite_name()) + "." + test.name();
   }
+  void OnTestEnd(const ::testing::TestInfo&) override { test_.clear(); }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.fatally_failed()) return;
     std::fprintf(stderr, "[rank %d] fatal failure in %s: ending the job (MPI_Abort) so that no rank waits for this one\n",
