@@ -11,7 +11,10 @@ Usage: launch/scale.sh --out DIR [options]
 
 Runs `tpdraft bench` at every tp (MPI ranks, one per core or per GPU), appends one JSON line per
 run to DIR/records.jsonl (the bench result plus the run's parameters and the machine), then
-writes DIR/scaling.md (+ PNG plots), DIR/projection.md/.json and DIR/vocab.md/.json.
+writes DIR/scaling.md (+ PNG plots: measured beside projected), DIR/projection.md/.json and
+DIR/vocab.md/.json. Each record also holds the machine's load around its run; runs on a machine
+that was not idle are marked in the reports. The reports take bytes, work and collectives from
+`tpdraft info --json`, so --report-only needs the binary too.
 
   --out DIR          output directory (created; records are appended, see --fresh)
   --configs LIST     comma list of drafter configs (default: configs/bench-dflash2-2048.json)
@@ -144,7 +147,7 @@ run_sweep() {
     [ -z "${done_runs[$key]:-}" ] || return 0
     done_runs[$key]=1
     local why
-    if ! why=$("$py" "$tools/record.py" valid-tp "$config" "$tp"); then
+    if ! why=$("$py" "$tools/record.py" valid-tp --bin "$bin" "$config" "$tp"); then
       echo "scale.sh: skip $(basename "$config") tp=$tp: $why" >&2; skipped=$((skipped + 1)); return 0
     fi
     if [ "$backend" != cpu ] && ((tp > gpus)); then
@@ -172,16 +175,19 @@ run_sweep() {
       cmd=(mpirun "${flags[@]}" "$bin" "${args[@]}" --tp "$tp")
     fi
     n=$((n + 1))
-    local tag log result
+    local tag log result load
     tag=$(printf '%03d-%s-tp%d-b%d-c%d%s' "$n" "$(basename "$config" .json)" "$tp" "$b" "$ctx" "$( ((gather)) && echo -gather)")
     log="$out/logs/$tag.log"
     result=$(mktemp)
+    load=$(mktemp)
     local note=""
     ((over)) && note=", oversubscribed"
     ((gather)) && note="$note, full-logits gather"
     echo "scale.sh: [$tag] $study$note" >&2
-    if step --timeout "$timeout_s" "${cmd[@]}" >"$result" 2>"$log" \
-       && "$py" "$tools/record.py" append --out "$records" --config "$config" --set "study=$study" \
+    # record.py measure notes the machine's load around the run (other processes, stolen time).
+    # The limit covers it and the run; both sit in the step's process group (steps.bash).
+    if step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
+       && "$py" "$tools/record.py" append --out "$records" --config "$config" --load "$load" --set "study=$study" \
             --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
             ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; then
       :
@@ -189,7 +195,7 @@ run_sweep() {
       echo "scale.sh: run $tag failed; see $log" >&2
       failed=$((failed + 1))
     fi
-    rm -f "$result"
+    rm -f "$result" "$load"
   }
 
   local config ctx b tp
@@ -226,13 +232,15 @@ run_sweep() {
 ((report_only)) || run_sweep
 [ -s "$records" ] || { echo "scale.sh: $records is empty: nothing to report" >&2; exit 1; }
 ensure_gnuplot
-popts=()
+[ -x "$bin" ] || { echo "scale.sh: $bin is not built: the reports ask it for the cost model (tpdraft info --json)" >&2; exit 2; }
+popts=(--bin "$bin")
 [ -z "$params" ] || popts+=(--params "$params")
-"$py" "$tools/report.py" --records "$records" --out "$out" >/dev/null
+# The projection first: the report plots it beside the measurements.
 proj=(--records "$records" --out "$out" "${popts[@]}")
 [ -z "$layouts" ] || proj+=(--layouts "$layouts")
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
+"$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null
 if [ "$vocab" != none ]; then
   "$py" "$tools/vocab.py" --records "$records" --out "$out" --base "$vocab_base" --vocab "$vocab" "${popts[@]}" >/dev/null
 fi

@@ -38,19 +38,27 @@ cd "$(dirname "$0")/.."
 . scripts/lib/steps.bash
 
 packages=(build-essential cmake libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-          openmpi-bin libopenmpi-dev python3)
-((sanitize)) && packages+=(clang libclang-rt-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}" >&2
+          openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11 python3-numpy python3-pytest
+          python3-torch pkg-config)
+sanitize_packages=()  # clang and its runtimes, without the recommended LLVM development files
+((sanitize)) && sanitize_packages=(clang libclang-rt-14-dev)
+not_installed() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+  done
+}
+mapfile -t missing < <(not_installed "${packages[@]}")
+mapfile -t missing_sanitize < <(not_installed "${sanitize_packages[@]}")
+if ((${#missing[@]} + ${#missing_sanitize[@]})); then
+  echo "setup: installing ${missing[*]} ${missing_sanitize[*]}" >&2
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  step "${sudo_cmd[@]}" apt-get update -qq >&2
-  step "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >&2
+  # In the foreground, not as a step: sudo may have to ask for a password on the terminal.
+  apt=("${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+  "${apt[@]}" update -qq >&2
+  ((${#missing[@]} == 0)) || "${apt[@]}" install -y -qq "${missing[@]}" >&2
+  ((${#missing_sanitize[@]} == 0)) || "${apt[@]}" install -y -qq --no-install-recommends "${missing_sanitize[@]}" >&2
 fi
 
 if ((sanitize)); then

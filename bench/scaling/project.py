@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Projects the per-draft latency of a drafter on multi-GPU systems: T(tp) = compute(tp) + comm(tp),
-compute from measurements (GPU records, else CPU records carried to a GPU roofline), comm from an
-alpha-beta model per collective and fabric (bench/scaling/comm-model.json). Also checks the same
-model against this machine's CPU MPI runs. Writes OUT/projection.md and OUT/projection.json."""
+"""Projects the per-draft latency on multi-GPU systems (OUT/projection.md, .json): T(tp) = compute +
+comm, compute from measurements (GPU records, else CPU records carried to a GPU roofline), comm
+from the alpha-beta model of comm-model.json over the collectives `tpdraft info --json` counts;
+and the same model beside this machine's CPU MPI runs."""
 
 import argparse
 import os
@@ -10,15 +10,17 @@ import sys
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scalelib as sl  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import commmodel as cm  # noqa: E402
+import compute  # noqa: E402
+import geometry  # noqa: E402
+import records  # noqa: E402
+import tables as tb  # noqa: E402
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", help="records.jsonl written by launch/scale.sh (optional: without it, ideal rooflines)")
-    p.add_argument("--params", default=sl.default_params_path(), help="comm-model.json to use (default: the one beside this script)")
+    p.add_argument("--params", default=cm.default_params_path(), help="comm-model.json to use (default: the one beside this script)")
     p.add_argument("--out", help="directory for projection.md and projection.json (default: print only)")
     p.add_argument("--config", action="append", default=[], help="drafter config.json to project (repeatable; default: the configs of the records)")
     p.add_argument("--sessions", help="comma list of sessions per draft (default: those measured, else 1)")
@@ -30,7 +32,8 @@ def parse_args(argv):
     p.add_argument("--gpu", help="GPU entry of comm-model.json (default: defaults.gpu)")
     p.add_argument("--intra", help="intra-node fabric (default: defaults.intra)")
     p.add_argument("--inter", help="inter-node fabric (default: defaults.inter)")
-    p.add_argument("--cpu-tp", default="1,2,4,8", help="tp values of the CPU MPI check table")
+    p.add_argument("--cpu-tp", default="1,2,4,8", help="tp values of the CPU MPI table")
+    p.add_argument("--bin", help="the tpdraft binary that answers `info --json` (default: build/tpdraft)")
     return p.parse_args(argv)
 
 
@@ -38,186 +41,188 @@ def ints(text):
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def resolve_config(path):
-    for cand in (path, os.path.join(REPO, path)):
-        if os.path.isfile(cand):
-            return cand
-    raise SystemExit(f"project.py: config '{path}' not found (as given, or relative to the repository)")
-
-
-def scaling_records(recs):
-    """The records of the scaling sweep (the vocabulary study's configs and full-logits runs stay out)."""
-    return sl.scaling_records(recs)
-
-
-class Legend:
-    """Numbered assumption tags printed beside the numbers and spelled out under each table."""
-
-    def __init__(self, prefix):
-        self.prefix = prefix
-        self.items = {}
-
-    def tag(self, text):
-        if text not in self.items:
-            self.items[text] = f"{self.prefix}{len(self.items) + 1}"
-        return self.items[text]
-
-    def markdown(self):
-        return "\n".join(f"- **{t}**: {text}" for text, t in self.items.items())
-
-
 def parse_layout(text):
     nodes, per_node = text.lower().split("x")
     return int(nodes), int(per_node)
 
 
-def gpu_compute(recs, machine, geo, tp, sessions, ctx, wbytes):
+class Setting:
+    """What every projected point of one run of this script shares."""
+
+    def __init__(self, params, runs, info, machine, intra, inter, alt_intra, span, dtype):
+        self.params, self.runs, self.info, self.machine = params, runs, info, machine
+        self.intra, self.inter, self.alt_intra, self.span, self.dtype = intra, inter, alt_intra, span, dtype
+
+
+def gpu_compute(s, config, tp, sessions, ctx):
     """(ms, source, kind): GPU records first, else the CPU records carried to the GPU roofline."""
-    ms, src = sl.estimate_compute(recs, geo, tp, sessions, ctx, backend="cuda", machine=machine)
+    ms, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx, backend="cuda", machine=s.machine)
     if ms is not None:
         return ms, "GPU " + src, "measured"
-    return sl.estimate_compute_on(machine, recs, geo, tp, sessions, ctx, wbytes)
+    return compute.estimate_compute_on(s.machine, s.runs, s.info, config, tp, sessions, ctx, s.dtype)
 
 
-def project_gpu(recs, params, geo, ctx, sessions, layouts, span, machine, intra, inter, alt_intra, legend):
-    d = params["defaults"]
+def gpu_point(s, config, answer, layout, legend):
+    nodes, per_node = parse_layout(layout)
+    tp, sessions, ctx = answer["tp"], answer["sessions"], answer["context"]
+    tp_nodes, replicas = (nodes, 1) if s.span else (1, nodes)
+    comp, src, kind = gpu_compute(s, config, tp, sessions, ctx)
+    colls = geometry.collectives(answer)
+    comm, lo, hi = (cm.comm_time(colls, tp, s.intra[w], s.inter[w], tp_nodes) * 1e3 for w in ("value", "low", "high"))
+    total = comp + comm
+    fabric = s.intra["value"].describe() + (f"; across nodes {s.inter['value'].describe()}" if tp_nodes > 1 else "")
+    sources = s.intra["value"].source.rstrip(".") + (f"; {s.inter['value'].source.rstrip('.')}" if tp_nodes > 1 else "")
+    tokens = sessions * (geometry.block(answer) - 1)
+    return {
+        "layout": layout, "nodes": nodes, "gpus_per_node": per_node, "tp": tp, "tp_nodes": tp_nodes,
+        "replicas": replicas, "compute_ms": comp, "compute_source": src, "compute_kind": kind, "comm_ms": comm,
+        "comm_ms_range": [lo, hi], "total_ms": total, "total_ms_range": [comp + lo, comp + hi],
+        "comm_share": comm / total if total > 0 else 0.0, "comm_model": fabric,
+        "drafts_per_s": replicas * 1e3 / total, "tokens_per_s": replicas * tokens * 1e3 / total,
+        "compute_tag": legend.tag(f"compute: {src}"),
+        "comm_tag": legend.tag("comm: none (one rank)") if tp == 1 else legend.tag(f"comm: {fabric} ({sources})"),
+        "alt_total_ms": {name: comp + cm.comm_time(colls, tp, fab, s.inter["value"], tp_nodes) * 1e3
+                         for name, fab in s.alt_intra.items()},
+    }
+
+
+def project_gpu(s, config, ctx, sessions, layouts, legend):
     rows = []
     for layout in layouts:
         nodes, per_node = parse_layout(layout)
-        tp = nodes * per_node if span else per_node
-        tp_nodes = nodes if span else 1
-        replicas = 1 if span else nodes
-        problem = sl.tp_problem(geo, tp)
-        if problem:
-            rows.append({"layout": layout, "tp": tp, "skipped": problem})
+        tp = nodes * per_node if s.span else per_node
+        try:
+            answer = s.info.query(config, tp, sessions, ctx, s.dtype)
+        except geometry.NotShardable as e:
+            rows.append({"layout": layout, "tp": tp, "skipped": str(e)})
             continue
-        comp, src, kind = gpu_compute(recs, machine, geo, tp, sessions, ctx, d.get("weight_bytes", 2))
-        colls = sl.collectives(geo, tp, sessions, d.get("reduce_elem_bytes", 4))
-        comm = sl.comm_time(colls, tp, intra["value"], inter["value"], tp_nodes) * 1e3
-        lo = sl.comm_time(colls, tp, intra["low"], inter["low"], tp_nodes) * 1e3
-        hi = sl.comm_time(colls, tp, intra["high"], inter["high"], tp_nodes) * 1e3
-        total = comp + comm
-        fabric_text = intra["value"].describe() + (f"; across nodes {inter['value'].describe()}" if tp_nodes > 1 else "")
-        row = {
-            "layout": layout, "nodes": nodes, "gpus_per_node": per_node, "tp": tp, "tp_nodes": tp_nodes,
-            "replicas": replicas, "compute_ms": comp, "compute_source": src, "compute_kind": kind,
-            "comm_ms": comm, "comm_ms_range": [lo, hi], "total_ms": total, "total_ms_range": [comp + lo, comp + hi],
-            "comm_share": comm / total if total > 0 else 0.0, "comm_model": fabric_text,
-            "drafts_per_s": replicas * 1e3 / total, "tokens_per_s": replicas * sessions * (geo.B - 1) * 1e3 / total,
-            "compute_tag": legend.tag(f"compute: {src}"),
-            "comm_tag": legend.tag("comm: none (one rank)") if tp == 1 else
-                        legend.tag(f"comm: {fabric_text} ({intra['value'].source.rstrip('.')}"
-                                   + (f"; {inter['value'].source.rstrip('.')}" if tp_nodes > 1 else "") + ")"),
-        }
-        for name, fab in alt_intra.items():
-            row.setdefault("alt_total_ms", {})[name] = comp + sl.comm_time(colls, tp, fab, inter["value"], tp_nodes) * 1e3
-        rows.append(row)
+        rows.append(gpu_point(s, config, answer, layout, legend))
     return rows
 
 
-def project_cpu(recs, geo, ctx, sessions, tps, fabric, legend):
+def project_cpu(s, config, ctx, sessions, tps, fabric, legend):
     """The model on this machine's CPU MPI ranks beside what was measured there."""
     rows = []
-    measured = {r["tp"]: r for r in sl.dedupe(recs) if sl.config_name(r) == geo.name and r.get("context") == ctx
-                and r.get("sessions") == sessions and r.get("backend", "cpu") == "cpu"}
+    name = geometry.config_name(config)
+    measured = {r.tp: r for r in records.dedupe(s.runs) if r.config_name == name and r.context == ctx
+                and r.sessions == sessions and r.backend == "cpu"}
     for tp in tps:
-        if sl.tp_problem(geo, tp):
+        if s.info.problem(config, tp):
             continue
-        comp, src = sl.estimate_compute(recs, geo, tp, sessions, ctx)
+        comp, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx)
         if comp is None:
             continue
-        comm = sl.comm_time(sl.collectives(geo, tp, sessions), tp, fabric) * 1e3
-        m = measured.get(tp)
+        colls = geometry.collectives(s.info.query(config, tp, sessions, ctx, s.dtype))
+        comm = cm.comm_time(colls, tp, fabric) * 1e3
         comm_text = "comm: none (one rank)" if tp == 1 else f"comm: {fabric.describe()} ({fabric.source})"
         row = {"tp": tp, "compute_ms": comp, "compute_source": src, "comm_ms": comm, "total_ms": comp + comm,
                "compute_tag": legend.tag(f"compute: {src}"), "comm_tag": legend.tag(comm_text)}
+        m = measured.get(tp)
         if m:
-            row.update(measured_ms=m["draft_ms"], measured_comm_ms=sl.comm_ms(m), oversubscribed=sl.oversubscribed(m),
-                       error=(comp + comm) / m["draft_ms"] - 1)
+            row.update(measured_ms=m.draft_ms, measured_comm_ms=m.comm_ms, oversubscribed=m.oversubscribed,
+                       shared=records.shared_reasons(m), error=(comp + comm) / m.draft_ms - 1)
         rows.append(row)
     return rows
 
 
 def gpu_table(rows, alt_names):
-    header = ["layout", "tp", "compute ms", "comm ms", "total ms", "comm share", "total over the ranges"]
+    header = ["layout", "tp", "compute ms", "comm ms", "total ms", "efficiency", "comm share", "total over the ranges"]
     header += [f"total, {n}" for n in alt_names] + ["drafts/s (all replicas)", "assumptions"]
+    base = next((r for r in rows if "skipped" not in r), None)
     out = []
     for r in rows:
         if "skipped" in r:
             out.append([r["layout"], r["tp"]] + ["–"] * (len(header) - 3) + [f"not shardable: {r['skipped']}"])
             continue
         lo, hi = r["total_ms_range"]
-        alt = [sl.fmt_ms(r["alt_total_ms"][n]) for n in alt_names]
+        eff = base["total_ms"] * base["tp"] / (r["tp"] * r["total_ms"])
+        alt = [tb.fmt_ms(r["alt_total_ms"][n]) for n in alt_names]
         out.append([r["layout"] + (f" ({r['replicas']} replicas)" if r["replicas"] > 1 else ""), r["tp"],
-                    f"{sl.fmt_ms(r['compute_ms'])} [{r['compute_tag']}]", f"{sl.fmt_ms(r['comm_ms'])} [{r['comm_tag']}]",
-                    sl.fmt_ms(r["total_ms"]), f"{r['comm_share']:.0%}", f"{sl.fmt_ms(lo)}–{sl.fmt_ms(hi)}", *alt,
-                    f"{r['drafts_per_s']:.0f}", f"{r['compute_tag']}, {r['comm_tag']}"])
-    return sl.md_table(header, out)
+                    f"{tb.fmt_ms(r['compute_ms'])} [{r['compute_tag']}]", f"{tb.fmt_ms(r['comm_ms'])} [{r['comm_tag']}]",
+                    tb.fmt_ms(r["total_ms"]), tb.fmt_pct(eff), tb.fmt_pct(r["comm_share"]),
+                    f"{tb.fmt_ms(lo)}–{tb.fmt_ms(hi)}", *alt, f"{r['drafts_per_s']:.0f}",
+                    f"{r['compute_tag']}, {r['comm_tag']}"])
+    return tb.md_table(header, out)
 
 
 def cpu_table(rows):
-    header = ["tp", "compute ms", "comm ms (model)", "total ms (model)", "measured ms", "measured comm ms", "model / measured − 1"]
+    header = ["tp", "compute ms", "comm ms (model)", "total ms (model)", "measured ms", "measured comm ms",
+              "model / measured − 1"]
     out = []
     for r in rows:
-        meas = sl.fmt_ms(r.get("measured_ms")) + (" (oversubscribed)" if r.get("oversubscribed") else "")
+        flags = " (oversubscribed)" if r.get("oversubscribed") else (" (not idle)" if r.get("shared") else "")
         err = f"{r['error']:+.0%}" if "error" in r else "–"
         if r["compute_source"].startswith("measured") and "error" in r:
             err += " (compute from this run: checks comm only)"
-        out.append([r["tp"], f"{sl.fmt_ms(r['compute_ms'])} [{r['compute_tag']}]", f"{sl.fmt_ms(r['comm_ms'])} [{r['comm_tag']}]",
-                    sl.fmt_ms(r["total_ms"]), meas if "measured_ms" in r else "–",
-                    sl.fmt_ms(r.get("measured_comm_ms")) if "measured_ms" in r else "–", err])
-    return sl.md_table(header, out)
+        out.append([r["tp"], f"{tb.fmt_ms(r['compute_ms'])} [{r['compute_tag']}]",
+                    f"{tb.fmt_ms(r['comm_ms'])} [{r['comm_tag']}]", tb.fmt_ms(r["total_ms"]),
+                    tb.fmt_ms(r.get("measured_ms")) + flags if "measured_ms" in r else "–",
+                    tb.fmt_ms(r.get("measured_comm_ms")) if "measured_ms" in r else "–", err])
+    return tb.md_table(header, out)
 
 
-def fabrics(params, name):
-    p = params["fabrics"][name]
-    return {w: sl.fabric_from_params(name, p, w) for w in ("value", "low", "high")}
+def fastest_line(rows):
+    """The answer a reader looks for first: the lowest projected latency, and the smallest tp
+    within 10 % of it."""
+    ok = [r for r in rows if "skipped" not in r and r["replicas"] == 1]
+    if not ok:
+        return []
+    best = min(ok, key=lambda r: r["total_ms"])
+    enough = min((r for r in ok if r["total_ms"] <= 1.1 * best["total_ms"]), key=lambda r: r["tp"])
+    return [f"Lowest projected latency: {tb.fmt_ms(best['total_ms'])} ms at tp = {best['tp']}; the smallest tp within "
+            f"10 % of it: tp = {enough['tp']} ({tb.fmt_ms(enough['total_ms'])} ms).", ""]
+
+
+def header_lines(a, params, machine, cpu_fab):
+    d = params["defaults"]
+    return ["# Multi-GPU projection", "",
+            f"Parameters: `{os.path.basename(a.params)}`. T = compute + comm per draft; comm = the draft's collectives "
+            "as `tpdraft info --json` counts them (src/model/cost.cpp: 2·L all-reduces of the block's rows, one "
+            "all-gather of each rank's candidates, the broadcasts that end the draft) through the alpha-beta model of "
+            "each fabric. Efficiency = T(first tp)·(first tp) / (tp·T(tp)). "
+            + ("Each layout is one tensor-parallel group across all its nodes." if a.span_nodes else
+               "A layout NxG runs tp = G inside a node; N nodes hold N independent replicas (same latency, N x drafts/s)."),
+            "", f"GPU: {machine.label}, HBM {machine.bw / 1e12:.3g} TB/s, {machine.flops / 1e12:.0f} TFLOP/s BF16 "
+            f"({machine.source}); weights of {d.get('weight_bytes', 2)} bytes.",
+            f"CPU MPI transport of this machine: {cpu_fab.describe()} ({cpu_fab.source}).", ""]
 
 
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
-    params = sl.load_params(a.params)
+    params = cm.load_params(a.params)
     d = params["defaults"]
-    recs = scaling_records(sl.read_records(a.records)) if a.records else []
-    machine = sl.gpu_machine(params, a.gpu or d["gpu"])
-    intra, inter = fabrics(params, a.intra or d["intra"]), fabrics(params, a.inter or d["inter"])
-    alt = {params["fabrics"][n].get("label", n): sl.fabric_from_params(n, params["fabrics"][n]) for n in d.get("also_intra", [])}
+    runs = records.scaling_runs(records.read_runs(a.records)) if a.records else []
+    machine = compute.gpu_machine(params, a.gpu or d["gpu"])
+    alt = {params["fabrics"][n].get("label", n): cm.fabric_from_params(n, params["fabrics"][n]) for n in d.get("also_intra", [])}
+    s = Setting(params, runs, geometry.Info(a.bin), machine, cm.fabric_range(params, a.intra or d["intra"]),
+                cm.fabric_range(params, a.inter or d["inter"]), alt, a.span_nodes,
+                geometry.info_dtype(d.get("weight_bytes", 2)))
     layouts = a.layouts.split(",") if a.layouts else d["layouts"]
-    cpu_fab = sl.cpu_fabric(recs, params)
-
-    paths = [resolve_config(c) for c in a.config] or sorted({resolve_config(r["config"]) for r in recs})
+    cpu_fab = cm.cpu_fabric(runs, params)
+    paths = [geometry.resolve_config(c) for c in a.config] or sorted({geometry.resolve_config(r.config_file) for r in runs})
     if not paths:
         raise SystemExit("project.py: no records and no --config: nothing to project")
-    md = ["# Multi-GPU projection", "",
-          f"Parameters: `{os.path.relpath(a.params)}`. T = compute + comm per draft; comm = the draft's collectives "
-          f"(2·L all-reduces of M·H·{d.get('reduce_elem_bytes', 4)} bytes, one all-gather of M'·k candidates of 16 bytes "
-          "per rank, two token broadcasts) through the alpha-beta model of each fabric. "
-          + ("Each layout is one tensor-parallel group across all its nodes." if a.span_nodes else
-             "A layout NxG runs tp = G inside a node; N nodes hold N independent replicas (same latency, N x drafts/s)."),
-          "", f"GPU: {machine.label}, HBM {machine.bw / 1e12:.3g} TB/s, {machine.flops / 1e12:.0f} TFLOP/s BF16 ({machine.source}).",
-          f"CPU MPI transport of this machine: {cpu_fab.describe()} ({cpu_fab.source}).", ""]
+    md = header_lines(a, params, machine, cpu_fab)
     out = {"params": a.params, "gpu": machine.label, "span_nodes": a.span_nodes,
            "cpu_fabric": {"alpha_us": cpu_fab.alpha["all_reduce"] * 1e6, "bw_GBps": cpu_fab.bw / 1e9, "source": cpu_fab.source},
            "gpu_points": [], "cpu_points": []}
     for path in paths:
-        geo = sl.load_geometry(path)
-        mine = [r for r in recs if sl.config_name(r) == geo.name]
-        ctxs = ints(a.ctx) if a.ctx else sorted({r["context"] for r in mine}) or [1024]
-        sess = ints(a.sessions) if a.sessions else sorted({r["sessions"] for r in mine}) or [1]
-        for ctx in ctxs:
-            for b in sess:
-                glegend, clegend = Legend("G"), Legend("C")
-                rows = project_gpu(recs, params, geo, ctx, b, layouts, a.span_nodes, machine, intra, inter, alt, glegend)
-                md += [f"## {geo.name}: context {ctx}, {b} session(s) per draft", "",
-                       f"### Projected on {machine.label} nodes", "", gpu_table(rows, list(alt)), "", glegend.markdown(), ""]
-                for r in rows:
-                    out["gpu_points"].append({"config": geo.name, "context": ctx, "sessions": b, **r})
-                crow = project_cpu(recs, geo, ctx, b, ints(a.cpu_tp), cpu_fab, clegend)
+        name = geometry.config_name(path)
+        mine = [r for r in runs if r.config_name == name]
+        for ctx in ints(a.ctx) if a.ctx else sorted({r.context for r in mine}) or [1024]:
+            for b in ints(a.sessions) if a.sessions else sorted({r.sessions for r in mine}) or [1]:
+                glegend, clegend = tb.Legend("G"), tb.Legend("C")
+                rows = project_gpu(s, path, ctx, b, layouts, glegend)
+                md += [f"## {name}: context {ctx}, {b} session(s) per draft", "",
+                       f"### Projected on {machine.label} nodes", "", *fastest_line(rows), gpu_table(rows, list(alt)), "",
+                       glegend.markdown(), ""]
+                out["gpu_points"] += [{"config": name, "context": ctx, "sessions": b, **r} for r in rows]
+                crow = project_cpu(s, path, ctx, b, ints(a.cpu_tp), cpu_fab, clegend)
                 if crow:
-                    md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "", clegend.markdown(), ""]
-                    for r in crow:
-                        out["cpu_points"].append({"config": geo.name, "context": ctx, "sessions": b, **r})
-    sl.emit_report("\n".join(md), out, a.out, "projection")
+                    md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",
+                           clegend.markdown(), ""]
+                    out["cpu_points"] += [{"config": name, "context": ctx, "sessions": b, **r} for r in crow]
+    tb.emit_report("\n".join(md), out, a.out, "projection")
     return 0
 
 

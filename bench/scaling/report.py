@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Scaling tables and plots from the records of launch/scale.sh: strong scaling (one problem, tp
-grows: latency, speedup, efficiency T1/(tp·Ttp), communication share) and weak scaling (sessions
-grow with tp). Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, OUT/latency.png,
-OUT/efficiency.png and OUT/comm_share.png."""
+"""Scaling tables and plots from the records of launch/scale.sh: strong scaling (latency, speedup,
+efficiency T1/(tp·Ttp), comm share) and weak scaling, runs marked when their spread or load says
+the machine was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, the plots
+of plots.py (measured beside the projection of --projection)."""
 
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scalelib as sl  # noqa: E402
+import plots  # noqa: E402
+import records  # noqa: E402
+import tables as tb  # noqa: E402
 
 
 def series_title(key, weak=False):
@@ -22,189 +22,172 @@ def series_title(key, weak=False):
     return f"{config} {backend} ctx={ctx} {size} thr={threads}"
 
 
-def strong_series(recs):
-    """{(config, backend, ctx, sessions, threads): [records by tp]} with at least two tp values."""
-    groups = sl.group_by(recs, lambda r: (sl.config_name(r), r.get("backend", "cpu"), r["context"], r["sessions"], r["threads"]))
-    return {k: sorted(v, key=lambda r: r["tp"]) for k, v in sorted(groups.items()) if len({r["tp"] for r in v}) > 1}
+def strong_series(runs):
+    """{(config, backend, ctx, sessions, threads): [runs by tp]} with at least two tp values."""
+    groups = records.group_by(runs, lambda r: (r.config_name, r.backend, r.context, r.sessions, r.threads))
+    return {k: sorted(v, key=lambda r: r.tp) for k, v in sorted(groups.items()) if len({r.tp for r in v}) > 1}
 
 
-def weak_series(recs):
-    """{(config, backend, ctx, sessions per rank, threads): [records by tp]} from tp = 1 up."""
-    per_rank = [r for r in recs if r["sessions"] % r["tp"] == 0]
-    groups = sl.group_by(per_rank, lambda r: (sl.config_name(r), r.get("backend", "cpu"), r["context"],
-                                              r["sessions"] // r["tp"], r["threads"]))
+def weak_series(runs):
+    """{(config, backend, ctx, sessions per rank, threads): [runs by tp]} from tp = 1 up."""
+    per_rank = [r for r in runs if r.sessions % r.tp == 0]
+    groups = records.group_by(per_rank, lambda r: (r.config_name, r.backend, r.context, r.sessions // r.tp, r.threads))
     out = {}
     for k, v in sorted(groups.items()):
-        v = sorted(v, key=lambda r: r["tp"])
-        if len(v) > 1 and v[0]["tp"] == 1:
+        v = sorted(v, key=lambda r: r.tp)
+        if len(v) > 1 and v[0].tp == 1:
             out[k] = v
     return out
 
 
-def coll_cell(r, op):
-    calls = r.get(op + "_calls", 0) or 0
-    if not calls:
-        return "–"
-    return f"{calls:g} x {sl.fmt_bytes(r[op + '_bytes'] / calls)}"
+def coll_cell(run, op):
+    calls, nbytes = run.collectives.get(op, (0, 0))
+    return f"{calls:g} x {tb.fmt_bytes(nbytes / calls)}" if calls else "–"
 
 
 def strong_rows(series):
     base = series[0]
-    t1 = base["draft_ms"] * base["tp"]  # the smallest tp stands in for tp = 1 when that is missing
+    t1 = base.draft_ms * base.tp  # the smallest tp stands in for tp = 1 when that is missing
     rows = []
     for r in series:
-        t = r["draft_ms"]
+        t = r.draft_ms
         rows.append({
-            "tp": r["tp"], "oversubscribed": sl.oversubscribed(r), "draft_ms": t, "p10": r.get("draft_ms_p10"),
-            "p90": r.get("draft_ms_p90"), "compute_ms": sl.compute_ms(r), "comm_ms": sl.comm_ms(r),
-            "speedup": t1 / t,
-            "efficiency": t1 / (r["tp"] * t), "comm_share": sl.comm_ms(r) / t,
-            "layers_ms": r.get("layers_ms"), "head_ms": r.get("head_ms"), "select_ms": r.get("select_ms"),
+            "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
+            "draft_ms": t, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms,
+            "comm_ms": r.comm_ms, "speedup": t1 / t, "efficiency": t1 / (r.tp * t), "comm_share": r.comm_ms / t,
+            "layers_ms": r.layers_ms, "head_ms": r.head_ms, "select_ms": r.select_ms,
             "all_reduce": coll_cell(r, "all_reduce"), "all_gather": coll_cell(r, "all_gather"),
-            "broadcast": coll_cell(r, "broadcast"), "weights": sl.fmt_bytes(r.get("weights_bytes_per_rank", 0)),
-            "context": sl.fmt_bytes(r.get("context_bytes_per_rank", 0)),
+            "broadcast": coll_cell(r, "broadcast"), "weights": tb.fmt_bytes(r.weights_bytes),
+            "context": tb.fmt_bytes(r.context_bytes), "load": r.load,
         })
     return rows
 
 
 def weak_rows(series):
-    t1 = series[0]["draft_ms"]
+    t1 = series[0].draft_ms
     rows = []
     for r in series:
-        t = r["draft_ms"]
-        tokens = r["sessions"] * (len(r.get("tokens", [])) or 1)  # `tokens` holds session 0's B-1 drafts
-        rows.append({"tp": r["tp"], "sessions": r["sessions"], "oversubscribed": sl.oversubscribed(r), "draft_ms": t,
-                     "compute_ms": sl.compute_ms(r), "comm_ms": sl.comm_ms(r), "efficiency": t1 / t,
-                     "comm_share": sl.comm_ms(r) / t, "tokens_per_s": tokens * 1e3 / t})
+        t = r.draft_ms
+        tokens = r.sessions * (r.draft_tokens or 1)
+        rows.append({"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions, "oversubscribed": r.oversubscribed,
+                     "shared": records.shared_reasons(r), "draft_ms": t, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90,
+                     "compute_ms": r.compute_ms, "comm_ms": r.comm_ms, "efficiency": t1 / t, "comm_share": r.comm_ms / t,
+                     "tokens_per_s": tokens * 1e3 / t})
     return rows
+
+
+def tp_cell(r, notes):
+    """The tp column: a footnote mark when the machine was not idle (the reasons go under the table)."""
+    if not r["shared"]:
+        return f"{r['tp']}"
+    notes.append(f"tp = {r['tp']}: " + "; ".join(r["shared"]))
+    return f"{r['tp']} (not idle{'*' * len(notes)})"
+
+
+def with_notes(table, notes):
+    return table + ("\n\n" + "\n".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) if notes else "")
 
 
 def strong_table(rows):
     header = ["tp", "draft ms (median)", "p10–p90", "compute ms", "comm ms", "speedup", "efficiency", "comm share",
               "layers / head / select ms", "all-reduce", "all-gather", "broadcast", "weights/rank", "context/rank"]
-    out = []
+    out, notes = [], []
     for r in rows:
-        tp = f"{r['tp']}" + (" (oversubscribed)" if r["oversubscribed"] else "")
-        spread = f"{sl.fmt_ms(r['p10'])}–{sl.fmt_ms(r['p90'])}" if r["p10"] is not None else "–"
-        phases = "/".join(sl.fmt_ms(r[k]) for k in ("layers_ms", "head_ms", "select_ms"))
-        out.append([tp, sl.fmt_ms(r["draft_ms"]), spread, sl.fmt_ms(r["compute_ms"]), sl.fmt_ms(r["comm_ms"]),
-                    f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['comm_share']:.0%}", phases,
-                    r["all_reduce"], r["all_gather"], r["broadcast"], r["weights"], r["context"]])
-    return sl.md_table(header, out)
+        spread = f"{tb.fmt_ms(r['p10'])}–{tb.fmt_ms(r['p90'])}" if r["p10"] is not None else "–"
+        phases = "/".join(tb.fmt_ms(r[k]) for k in ("layers_ms", "head_ms", "select_ms"))
+        out.append([tp_cell(r, notes), tb.fmt_ms(r["draft_ms"]), spread, tb.fmt_ms(r["compute_ms"]),
+                    tb.fmt_ms(r["comm_ms"]), f"{r['speedup']:.2f}", tb.fmt_pct(r["efficiency"]),
+                    tb.fmt_pct(r["comm_share"]), phases, r["all_reduce"], r["all_gather"], r["broadcast"],
+                    r["weights"], r["context"]])
+    return with_notes(tb.md_table(header, out), notes)
 
 
 def weak_table(rows):
-    header = ["tp", "sessions", "draft ms (median)", "compute ms", "comm ms", "weak efficiency", "comm share", "draft tokens/s"]
-    out = [[f"{r['tp']}" + (" (oversubscribed)" if r["oversubscribed"] else ""), r["sessions"], sl.fmt_ms(r["draft_ms"]),
-            sl.fmt_ms(r["compute_ms"]), sl.fmt_ms(r["comm_ms"]), f"{r['efficiency']:.0%}", f"{r['comm_share']:.0%}",
-            f"{r['tokens_per_s']:.0f}"] for r in rows]
-    return sl.md_table(header, out)
+    header = ["tp", "sessions", "draft ms (median)", "compute ms", "comm ms", "weak efficiency", "comm share",
+              "draft tokens/s"]
+    out, notes = [], []
+    for r in rows:
+        out.append([tp_cell(r, notes), r["sessions"], tb.fmt_ms(r["draft_ms"]), tb.fmt_ms(r["compute_ms"]),
+                    tb.fmt_ms(r["comm_ms"]), tb.fmt_pct(r["efficiency"]), tb.fmt_pct(r["comm_share"]),
+                    f"{r['tokens_per_s']:.0f}"])
+    return with_notes(tb.md_table(header, out), notes)
 
 
-def machine_lines(recs):
+def machine_lines(runs):
     lines = []
-    for (host, cpu, nproc), _ in sl.group_by(recs, lambda r: (r.get("hostname", "?"), r.get("cpu_model", "?"),
-                                                              r.get("nproc", "?"))).items():
+    for (host, cpu, nproc), _ in records.group_by(runs, lambda r: (r.hostname, r.cpu_model, r.nproc)).items():
         lines.append(f"- {host}: {cpu}, {nproc} core(s)")
-    gpus = sorted({r["gpu_name"] for r in recs if r.get("gpu_name")})
+    gpus = sorted({r.gpu_name for r in runs if r.gpu_name})
     if gpus:
         lines.append(f"- GPU: {', '.join(gpus)}")
     return lines
 
 
-def gnuplot_terminal():
-    probe = subprocess.run(["gnuplot", "-e", "set terminal pngcairo"], capture_output=True, text=True)
-    return "pngcairo size 960,600 font ',10'" if probe.returncode == 0 and not probe.stderr.strip() else "png size 960,600"
+def load_lines(runs):
+    """A note on the machine's load: how many runs were on a machine that was not idle."""
+    shared = [r for r in runs if records.shared_reasons(r)]
+    with_load = sum(1 for r in runs if r.load)
+    if not shared:
+        seen = f"the load recorded around {with_load} of {len(runs)} run(s)" if with_load else "no recorded load"
+        return [f"Machine load: no run shows a busy machine ({seen}, and the p10–p90 spreads)."]
+    return [f"**Machine load: {len(shared)} of {len(runs)} run(s) ran on a machine that was not idle** (marked "
+            "\"not idle\" below, circled in the plots): other load only adds time, so their times and the "
+            "efficiencies built on them are pessimistic. Rerun on an idle machine before deciding from them."]
 
 
-def plot(out_dir, strong, weak):
-    """latency.png, efficiency.png and comm_share.png against tp, one line per series."""
-    if shutil.which("gnuplot") is None:
-        print("report.py: gnuplot not found (apt-get install gnuplot-nox): tables only", file=sys.stderr)
-        return []
-    data_dir = os.path.join(out_dir, "plot-data")
-    os.makedirs(data_dir, exist_ok=True)
-    files = []
-    for i, (key, rows) in enumerate(list(strong.items()) + list(weak.items())):
-        is_weak = i >= len(strong)
-        path = os.path.join(data_dir, f"{'weak' if is_weak else 'strong'}-{i}.dat")
-        with open(path, "w") as f:
-            f.write("# tp draft_ms efficiency comm_share\n")
-            for r in rows:
-                f.write(f"{r['tp']} {r['draft_ms']:.6g} {r['efficiency']:.6g} {r['comm_share']:.6g}\n")
-        files.append((path, series_title(key, is_weak) + (" (weak)" if is_weak else ""), is_weak))
-    if not files:
-        return []
-    tps = sorted({r["tp"] for rows in list(strong.values()) + list(weak.values()) for r in rows})
-    common = [f"set terminal {gnuplot_terminal().replace('960,600', f'960,{560 + 18 * len(files)}')}", "set logscale x 2", "set grid", "set key below Left reverse",
-              "set xlabel 'tensor-parallel ranks (tp)'", "set xtics (" + ", ".join(f"'{t}' {t}" for t in tps) + ")",
-              f"set xrange [{tps[0] / 1.2}:{tps[-1] * 1.2}]"]
-
-    def plot_cmd(col, only_strong=False):
-        parts = []
-        for path, title, is_weak in files:
-            if only_strong and is_weak:
-                continue
-            style = "linespoints dashtype 2" if is_weak else "linespoints"
-            parts.append(f"'{path}' using 1:{col} with {style} title '{title}'")
-        return "plot " + ", \\\n  ".join(parts)
-
-    script = common + [
-        f"set output '{os.path.join(out_dir, 'latency.png')}'", "set ylabel 'draft latency, ms (median)'",
-        "set title 'Latency per draft'", "set logscale y", plot_cmd(2), "unset logscale y",
-        f"set output '{os.path.join(out_dir, 'efficiency.png')}'", "set ylabel 'efficiency'", "set yrange [0:1.2]",
-        "set title 'Parallel efficiency (strong: T1/(tp*Ttp); weak, dashed: T1/Ttp)'", plot_cmd(3),
-        f"set output '{os.path.join(out_dir, 'comm_share.png')}'", "set ylabel 'share of the draft in collectives'",
-        "set yrange [0:1]", "set title 'Communication share (comm ms / draft ms)'", plot_cmd(4, only_strong=True),
-    ]
-    res = subprocess.run(["gnuplot"], input="\n".join(script) + "\n", capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"report.py: gnuplot failed: {res.stderr.strip()}", file=sys.stderr)
-        return []
-    return ["latency.png", "efficiency.png", "comm_share.png"]
+def intro(runs):
+    return ["# Scaling", "", "Machine(s):", *machine_lines(runs), "", *load_lines(runs), "",
+            "Strong scaling: the same drafts at every tp. speedup = T(1)/T(tp), efficiency = T(1)/(tp·T(tp)), "
+            "comm share = time inside collectives / draft time (medians per draft). Weak scaling: tp·b sessions "
+            "at tp ranks, efficiency = T(1, b)/T(tp, tp·b). A run is marked \"not idle\" when its p10–p90 spread "
+            f"exceeds {records.SPREAD_LIMIT:.0%} of its median, other processes kept more than "
+            f"{records.OTHER_CORES_LIMIT} cores busy during it, more than {records.STEAL_LIMIT:.0%} of the CPU time "
+            "was stolen, or its ranks were oversubscribed (see docs/scaling.md).", ""]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", required=True, help="records.jsonl of launch/scale.sh")
-    p.add_argument("--out", help="directory for scaling.md, scaling.json and the plots (default: print only)")
-    p.add_argument("--no-plots", action="store_true", help="tables only")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    recs = sl.dedupe(sl.scaling_records(sl.read_records(a.records)))
-    if not recs:
-        raise SystemExit(f"report.py: {a.records} holds no scaling records")
-    strong = {k: strong_rows(v) for k, v in strong_series(recs).items()}
-    weak = {k: weak_rows(v) for k, v in weak_series(recs).items()}
-    md = ["# Scaling", "", "Machine(s):", *machine_lines(recs), "",
-          "Strong scaling: the same drafts at every tp. speedup = T(1)/T(tp), efficiency = T(1)/(tp·T(tp)), "
-          "comm share = time inside collectives / draft time (medians per draft). Weak scaling: tp·b sessions "
-          "at tp ranks, efficiency = T(1, b)/T(tp, tp·b). Oversubscribed runs time-slice ranks on fewer cores.", ""]
-    md += ["## Strong scaling", ""]
-    for key, rows in strong.items():
-        md += [f"### {series_title(key)}", ""]
+def sections(strong, weak):
+    md = ["## Strong scaling", ""]
+    for title, rows in strong.items():
+        md += [f"### {title}", ""]
         if rows[0]["tp"] != 1:
             md += [f"(no tp = 1 run: speedup and efficiency take {rows[0]['tp']}·T({rows[0]['tp']}) for T(1))", ""]
         md += [strong_table(rows), ""]
     if not strong:
         md += ["(no series with two or more tp values)", ""]
     md += ["## Weak scaling", ""]
-    for key, rows in weak.items():
-        md += [f"### {series_title(key, weak=True)}", "", weak_table(rows), ""]
+    for title, rows in weak.items():
+        md += [f"### {title}", "", weak_table(rows), ""]
     if not weak:
         md += ["(no series with b·tp sessions at several tp, from tp = 1)", ""]
+    return md
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", required=True, help="records.jsonl of launch/scale.sh")
+    p.add_argument("--out", help="directory for scaling.md, scaling.json and the plots (default: print only)")
+    p.add_argument("--projection", help="projection.json of project.py: plotted beside the measurements")
+    p.add_argument("--no-plots", action="store_true", help="tables only")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    runs = records.dedupe(records.scaling_runs(records.read_runs(a.records)))
+    if not runs:
+        raise SystemExit(f"report.py: {a.records} holds no scaling records")
+    strong = {series_title(k): strong_rows(v) for k, v in strong_series(runs).items()}
+    weak = {series_title(k, True): weak_rows(v) for k, v in weak_series(runs).items()}
+    md = intro(runs) + sections(strong, weak)
     if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        pngs = [] if a.no_plots else plot(a.out, strong, weak)
+        projection = None
+        if a.projection and os.path.isfile(a.projection):
+            with open(a.projection) as f:
+                projection = json.load(f)
+        shared = sum(1 for r in runs if records.shared_reasons(r))
+        pngs = [] if a.no_plots else plots.plot(a.out, strong, weak, projection, shared)
         if pngs:
-            md += ["## Plots", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
-    text = "\n".join(md)
-    print(text)
-    if a.out:
-        with open(os.path.join(a.out, "scaling.md"), "w") as f:
-            f.write(text + "\n")
-        with open(os.path.join(a.out, "scaling.json"), "w") as f:
-            json.dump({"strong": [{"series": series_title(k), "rows": v} for k, v in strong.items()],
-                       "weak": [{"series": series_title(k, True), "rows": v} for k, v in weak.items()]}, f, indent=1)
+            md += ["## Plots", "", "Measured on the left; the multi-GPU projection (projection.md) on the right, "
+                   "marked PROJECTED. Error bars: the p10–p90 spread of the measured drafts, the parameter ranges of "
+                   "the projection. Dotted: ideal scaling.", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
+    tb.emit_report("\n".join(md), {"strong": [{"series": k, "rows": v} for k, v in strong.items()],
+                                   "weak": [{"series": k, "rows": v} for k, v in weak.items()]}, a.out, "scaling")
     return 0
 
 

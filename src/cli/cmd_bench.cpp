@@ -10,9 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
+#include "cli/job.h"
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/summary.h"
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
@@ -44,13 +47,7 @@ struct Stats {
   double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
 };
 
-Stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)]; };
-  const size_t n = v.size();
-  const double median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  return {median, v.front(), v.back(), at(0.1), at(0.9)};
-}
+Stats summarize(const SampleSummary& s) { return {s.median(), s.min(), s.max(), s.quantile(0.1), s.quantile(0.9)}; }
 
 // Read bandwidth ceiling: the best of a few parallel passes summing a buffer far larger than
 // the caches (what streaming weights costs at best).
@@ -116,14 +113,13 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
 }
 
 // The checkpoint the bench drafts from: a directory pair, or random weights made in memory.
+// The checkpoint the bench drafts from: a directory pair, or random weights made in memory once
+// the geometry is known to shard at this tp (generating a large one takes a while).
 model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DType dtype) {
-  if (!o.drafter.empty()) {
-    TPDRAFT_CHECK(!o.target.empty(), "bench: --drafter needs --target too");
-    return model::ModelSource::open(o.drafter, o.target);
-  }
-  TPDRAFT_CHECK(!o.config.empty(), "bench: give --config FILE (random weights) or --drafter/--target");
+  if (!o.drafter.empty()) return model::ModelSource::open(o.drafter, o.target);
   model::ModelSource s;
   s.config = model::DrafterConfig::from_file(o.config);
+  model::ShardPlan::make(s.config, ctx.comm.rank(), ctx.comm.size());
   model::RandomCheckpointOptions ro;
   ro.seed = o.seed;
   ro.dtype = dtype;
@@ -185,7 +181,8 @@ double settle_sessions(const BenchOpts& o, model::RankRuntime& rt,
 void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<model::DraftRequest>& reqs,
                  BenchResult* r) {
   parallel::Communicator& comm = rt.comm();
-  std::vector<double> times, layers, head, select, comm_times, compute_times;
+  // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
+  SampleSummary times, layers, head, select, comm_times, compute_times;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
     if (i == o.warmup) comm.reset_stats();
     const double comm0 = comm.stats().seconds;
@@ -196,25 +193,25 @@ void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<m
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
       const double dc = comm.stats().seconds - comm0;
-      comm_times.push_back(dc);
-      compute_times.push_back(dt - dc);
-      times.push_back(dt);
+      comm_times.add(dc);
+      compute_times.add(dt - dc);
+      times.add(dt);
       const model::DraftTimes& phases = rt.drafter().last_times();
-      layers.push_back(phases.layers);
-      head.push_back(phases.head);
-      select.push_back(phases.select);
+      layers.add(phases.layers);
+      head.add(phases.head);
+      select.add(phases.select);
       r->replayed += phases.replayed ? 1 : 0;
     }
-    r->tokens = res[0].tokens;
+    if (i + 1 == o.warmup + o.repeat) r->tokens = res[0].tokens;
   }
   r->comm = comm.stats();
   r->draft = summarize(times);
-  r->layers = summarize(layers).median;
-  r->head = summarize(head).median;
-  r->select = summarize(select).median;
+  r->layers = layers.median();
+  r->head = head.median();
+  r->select = select.median();
   r->comm_mean = r->comm.seconds / static_cast<double>(o.repeat);
-  r->comm_median = summarize(comm_times).median;
-  r->compute = summarize(compute_times).median;
+  r->comm_median = comm_times.median();
+  r->compute = compute_times.median();
 }
 
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
@@ -321,12 +318,16 @@ void print_table(const BenchResult& r) {
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
   const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
-  const model::ModelSource source = bench_source(o, ctx, dtype);
-  model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
-  ro.limits.max_sessions = o.batch;
-  ro.limits.max_context = std::max<int64_t>(1, o.ctx);
-  ro.graphs = o.graphs == "on" ? model::GraphMode::On : o.graphs == "off" ? model::GraphMode::Off : model::GraphMode::Auto;
-  model::RankRuntime rt(source, ctx.comm, ro);
+  std::unique_ptr<model::RankRuntime> runtime;
+  agree_on(ctx.world, kExitInput, [&] {
+    const model::ModelSource source = bench_source(o, ctx, dtype);
+    model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
+    ro.limits.max_sessions = o.batch;
+    ro.limits.max_context = std::max<int64_t>(1, o.ctx);
+    ro.graphs = o.graphs == "on" ? model::GraphMode::On : o.graphs == "off" ? model::GraphMode::Off : model::GraphMode::Auto;
+    runtime = std::make_unique<model::RankRuntime>(source, ctx.comm, ro);
+  });
+  model::RankRuntime& rt = *runtime;
   const model::DrafterConfig& cfg = rt.config();
 
   BenchResult r;
@@ -375,10 +376,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--config", o->config, "Drafter config.json for random weights, e.g. configs/bench-dflash2-2048.json");
   cmd->add_option("--drafter", o->drafter, "Use this drafter checkpoint instead of random weights");
   cmd->add_option("--target", o->target, "Target directory for --drafter");
-  cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(whole_number(0));
+  cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(whole_number(1));
+  cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(whole_number(1));
+  cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(whole_number(0));
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
@@ -391,7 +392,11 @@ void add_bench(CLI::App& app) {
                   "auto (on for cuda)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->callback([o] { run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); }); });
+  cmd->callback([o] {
+    if (o->drafter.empty() == o->config.empty() || o->drafter.empty() != o->target.empty())
+      throw CLI::ValidationError("bench", "give either --config FILE (random weights) or --drafter DIR and --target DIR");
+    run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); });
+  });
 }
 
 }  // namespace tpdraft::cli

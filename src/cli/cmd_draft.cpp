@@ -1,14 +1,24 @@
 // `tpdraft draft`: settle a taps file, draft one block, print the tokens as JSON; --dump writes
 // every intermediate a reference needs to check the draft.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
+#include "cli/job.h"
 #include "cli/ranks.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/runtime.h"
@@ -42,10 +52,11 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
   Taps taps;
   taps.store = model::TensorStore::open(path);
   const model::TensorInfo* t = taps.store->find("taps");
-  TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, cfg.n_taps() * cfg.hidden);
-  TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == cfg.n_taps() * cfg.hidden,
+  const int64_t width = checked_mul(cfg.n_taps(), cfg.hidden, "{}: taps row width T*H", path);
+  TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'taps' (expected [N, T*H] = [N, {}])", path, width);
+  TPDRAFT_CHECK(t->shape.size() == 2 && t->shape[1] == width,
                 "{}: tensor 'taps' has shape {}, expected [N, T*H] = [N, {}] ({} taps x hidden {})", path,
-                t->shape_str(), cfg.n_taps() * cfg.hidden, cfg.n_taps(), cfg.hidden);
+                t->shape_str(), width, cfg.n_taps(), cfg.hidden);
   taps.info = t;
   taps.n = t->shape[0];
   if (t->dtype == DType::F32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0) {
@@ -55,7 +66,6 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
     taps.rows = taps.converted.data();
   }
   // A NaN or Inf would spread through every later draft of the session: refuse it here, by row.
-  const int64_t width = t->shape[1];
   for (int64_t r = 0; r < taps.n; ++r)
     for (int64_t c = 0; c < width; ++c)
       TPDRAFT_CHECK(std::isfinite(taps.rows[r * width + c]), "{}: tensor 'taps' row {} (position {}) holds {} at column {}",
@@ -88,24 +98,75 @@ void gather_context(const model::Drafter& drafter, const model::Session& session
   }
 }
 
-void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
-  const model::ModelSource source = model::ModelSource::open(o.drafter, o.target);
-  const model::DrafterConfig& cfg = source.config;
-  const Taps taps = read_taps(o.taps, cfg);
-  const int64_t n = taps.n;
+// --dump is written last, after the draft: check first that it can be, so that a bad path
+// fails before the work. Never replaces what is not a regular file (a device, a link, a pipe).
+void check_dump_destination(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0)
+    TPDRAFT_CHECK(S_ISREG(st.st_mode), "--dump {}: exists and is not a regular file; refusing to replace it", path);
+  const std::string probe = path + ".tmp";
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  TPDRAFT_CHECK(fd >= 0, "--dump {}: cannot write there: {}", path, std::strerror(errno));
+  close(fd);
+  unlink(probe.c_str());
+}
+
+// Everything a rank loads and checks before drafting; every rank meets its errors alike.
+struct Prepared {
+  model::ModelSource source;
+  Taps taps;
+  std::unique_ptr<model::RankRuntime> rt;
+};
+
+void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
+  if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
+  p->source = model::ModelSource::open(o.drafter, o.target);
+  model::Drafter::check_request(p->source.config, o.anchor, {o.temperature, o.top_k, o.top_p, o.seed});
+  p->taps = read_taps(o.taps, p->source.config);
   fault_point(ctx, "load");
   model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
-  ro.limits.max_context = std::max<int64_t>(1, n);
+  ro.limits.max_context = std::max<int64_t>(1, p->taps.n);
   ro.limits.keep_all_positions = !o.dump.empty();
   ro.graphs = model::GraphMode::Off;  // one draft: nothing would replay a capture
-  model::RankRuntime rt(source, ctx.comm, ro);
+  p->rt = std::make_unique<model::RankRuntime>(p->source, ctx.comm, ro);
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return std::round(ms * 1000) / 1000;  // microseconds are all a single timing can tell
+}
+
+void write_dump(const DraftOpts& o, const RankContext& ctx, model::RankRuntime& rt, const model::Session& session,
+                const model::DraftDump& dump, const model::DraftResult& result) {
+  const model::DrafterConfig& cfg = rt.config();
+  const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab, n = session.length();
+  model::SafetensorsWriter w;
+  w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
+  w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
+  w.add("tokens", DType::I64, {B - 1}, result.tokens.data(), result.tokens.size() * sizeof(int64_t));
+  std::vector<float> k, v;
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    gather_context(rt.drafter(), session, l, rt.comm(), &k, &v);
+    w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
+    w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
+  }
+  if (!ctx.leader()) return;
+  w.write(o.dump);
+  TPDRAFT_LOG_INFO("wrote {}", o.dump);
+}
+
+void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
+  Prepared p;
+  agree_on(ctx.world, kExitInput, [&] { prepare(o, ctx, &p); });
+  model::RankRuntime& rt = *p.rt;
   model::Drafter& drafter = rt.drafter();
+  const int64_t n = p.taps.n;
   auto session = drafter.new_session();
   const auto t0 = std::chrono::steady_clock::now();
   fault_point(ctx, "settle");
-  drafter.settle(*session, 0, taps.rows, n);
-  model::release_pages(*taps.info);  // settled: the mapped rows are no longer needed
-  const double settle_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  drafter.settle(*session, 0, p.taps.rows, n);
+  model::release_pages(*p.taps.info);  // settled: the mapped rows are no longer needed
+  const double settle_ms = ms_since(t0);
 
   model::DraftRequest req;
   req.session = session.get();
@@ -115,38 +176,21 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   fault_point(ctx, "draft");
   const auto t1 = std::chrono::steady_clock::now();
   const auto results = drafter.draft({req}, o.dump.empty() ? nullptr : &dump);
-  const double draft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-
-  if (ctx.leader()) {
-    nlohmann::json out;
-    out["tokens"] = results[0].tokens;
-    out["probs"] = results[0].probs;
-    out["anchor"] = o.anchor;
-    out["anchor_position"] = n;
-    out["architecture"] = cfg.arch_name;
-    out["tp"] = rt.comm().size();
-    out["backend"] = rt.ops().name();
-    out["settle_ms"] = settle_s * 1e3;
-    out["draft_ms"] = draft_s * 1e3;
-    std::printf("%s\n", out.dump().c_str());
-    std::fflush(stdout);
-  }
-  if (o.dump.empty()) return;
-  const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab;
-  model::SafetensorsWriter w;
-  w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
-  w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
-  w.add("tokens", DType::I64, {B - 1}, results[0].tokens.data(), results[0].tokens.size() * sizeof(int64_t));
-  std::vector<float> k, v;
-  for (int64_t l = 0; l < cfg.layers; ++l) {
-    gather_context(drafter, *session, l, rt.comm(), &k, &v);
-    w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
-    w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
-  }
-  if (ctx.leader()) {
-    w.write(o.dump);
-    TPDRAFT_LOG_INFO("wrote {}", o.dump);
-  }
+  const double draft_ms = ms_since(t1);
+  if (!o.dump.empty()) write_dump(o, ctx, rt, *session, dump, results[0]);
+  if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
+  nlohmann::json out;
+  out["tokens"] = results[0].tokens;
+  out["probs"] = results[0].probs;
+  out["anchor"] = o.anchor;
+  out["anchor_position"] = n;
+  out["architecture"] = rt.config().arch_name;
+  out["tp"] = rt.comm().size();
+  out["backend"] = rt.ops().name();
+  out["settle_ms"] = settle_ms;
+  out["draft_ms"] = draft_ms;
+  std::printf("%s\n", out.dump().c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -160,9 +204,9 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--target", o->target, "Target model directory (embedding + head)")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--taps", o->taps, "Safetensors file with tensor 'taps' [n, T*H]")->required()->check(CLI::ExistingFile);
   cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")->required();
-  cmd->add_option("--temperature", o->temperature, "0: greedy; > 0: seeded sampling")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--temperature", o->temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
+  cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
+  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(real_number(0, 1));
   cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
   add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");

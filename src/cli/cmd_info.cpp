@@ -1,12 +1,20 @@
-// `tpdraft info`: what a checkpoint is (architecture, geometry, parameters, memory, tensors) and,
-// with --tp, what each rank would hold.
+// `tpdraft info`: what a checkpoint (or a bare config.json) is: architecture, geometry,
+// parameters, memory, tensors; with --tp, what each rank holds; with --json, one object with
+// the cost model's bytes, work and collectives per rank (bench/scaling reads it).
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
+#include "cli/job.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "model/cost.h"
 #include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
@@ -16,10 +24,73 @@ namespace tpdraft::cli {
 namespace {
 
 struct InfoOpts {
-  std::string drafter, target;
+  std::string drafter, config, target, dtype = "bf16";
   int tp = 1;
+  int64_t sessions = 1, ctx = 1024;
   bool tensors = false;
+  bool json = false;
 };
+
+// What the numbers are computed from: a checkpoint's tensors, or a config's expected shapes
+// with an assumed dtype.
+struct Source {
+  std::string path;
+  model::DrafterConfig cfg;
+  std::shared_ptr<model::TensorStore> store;  // null for a bare config
+  DType assumed = DType::BF16;
+  DType head_dtype = DType::BF16;
+  bool head_from_target = false;
+  std::string target_line;  // what the target holds, for the text output
+
+  DType dtype_of(const std::string& name) const {
+    if (!store) return assumed;
+    const model::TensorInfo* t = store->find(name);
+    if (t == nullptr) t = store->find(name + ".weight");  // codebooks may carry the suffix
+    TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing", path, name);
+    return t->dtype;
+  }
+  // Bytes per element of the streamed matrices (the first layer's q projection).
+  double weight_bytes() const { return static_cast<double>(dtype_size(dtype_of("layers.0.self_attn.q_proj.weight"))); }
+};
+
+DType parse_weight_dtype(const std::string& s) {
+  if (s == "bf16") return DType::BF16;
+  if (s == "f16") return DType::F16;
+  return DType::F32;
+}
+
+void read_target(const std::string& dir, Source* src) {
+  auto target = model::TensorStore::open(dir);
+  const model::TargetConfig tc = model::TargetConfig::from_dir(dir);
+  const model::TensorInfo* embed = target->find("embed_tokens.weight");
+  TPDRAFT_CHECK(embed != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing", dir);
+  const model::TensorInfo* head = target->find("lm_head.weight");
+  const bool tied = tc.tie_word_embeddings || head == nullptr;
+  if (tied) head = embed;
+  src->head_dtype = head->dtype;
+  src->head_from_target = true;
+  src->target_line = fmt::format("{}: embedding {} {}, head {}{} (tokens drawn from the first {} rows)", dir,
+                                 embed->shape_str(), dtype_name(embed->dtype), head->shape_str(),
+                                 tied ? " (tied)" : "", src->cfg.vocab);
+}
+
+Source open_source(const InfoOpts& o) {
+  TPDRAFT_CHECK(o.drafter.empty() != o.config.empty(), "info: give --drafter DIR (a checkpoint) or --config FILE "
+                                                       "(a bare config.json), not both");
+  Source src;
+  src.assumed = parse_weight_dtype(o.dtype);
+  src.head_dtype = src.assumed;
+  if (!o.drafter.empty()) {
+    src.path = o.drafter;
+    src.cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
+    src.store = model::TensorStore::open(o.drafter);
+  } else {
+    src.path = o.config;
+    src.cfg = model::DrafterConfig::from_file(o.config);
+  }
+  if (!o.target.empty()) read_target(o.target, &src);
+  return src;
+}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -31,106 +102,172 @@ std::string human_bytes(double b) {
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
-// Bytes of a tensor that rank r holds under the plan: sharded matrices by their split, the rest whole.
-double rank_bytes(const std::string& name, const model::TensorInfo& t, const model::DrafterConfig& c,
-                  const model::ShardPlan& p, bool* sharded) {
-  const double full = static_cast<double>(t.nbytes);
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  *sharded = true;
-  if (has("q_proj")) return full * static_cast<double>(p.q_heads.size()) / static_cast<double>(c.n_q);
-  if (has("k_proj") || has("v_proj")) return full * static_cast<double>(p.kv_heads.size()) / static_cast<double>(c.n_kv);
-  if (has("o_proj.weight")) return full * static_cast<double>(p.q_heads.size()) / static_cast<double>(c.n_q);
-  if (has("gate_proj") || has("up_proj") || has("down_proj"))
-    return full * static_cast<double>(p.ffn.size()) / static_cast<double>(c.ffn);
-  *sharded = false;
-  if (has("_codebook")) return 0;  // host-mapped, never copied
-  return full;
+void print_geometry(const Source& src) {
+  const model::DrafterConfig& cfg = src.cfg;
+  std::printf("drafter     %s (%s)%s\n", src.path.c_str(), cfg.arch_name.c_str(),
+              src.store ? "" : fmt::format(", no checkpoint: {} assumed", dtype_name(src.assumed)).c_str());
+  std::string taps;
+  for (size_t i = 0; i < cfg.taps.size(); ++i) taps += fmt::format("{}{}", i ? ", " : "", cfg.taps[i]);
+  std::printf("%s\n", fmt::format("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]", cfg.hidden,
+                                  cfg.layers, cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block,
+                                  cfg.n_taps(), taps).c_str());
+  std::string attention;
+  for (int64_t l = 0; l < cfg.layers; ++l)
+    attention += fmt::format(" {}{}", cfg.sliding[static_cast<size_t>(l)] ? fmt::format("sliding({})", cfg.window) : "full",
+                             cfg.causal[static_cast<size_t>(l)] ? "/causal" : "");
+  std::printf("attention  %s\n", attention.c_str());
+  if (cfg.is_dflash2())
+    std::printf("%s\n", fmt::format("dflash2     conv K {}, group {} (G {}); selector rank {}, top-k {}", cfg.conv_kernel,
+                                    cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk).c_str());
+  std::printf("head        m_in %g, m_out %g, soft cap %g, mask token %lld, bias %s\n", cfg.in_scale, cfg.out_scale,
+              cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
+}
+
+// Every drafter tensor with its shape and dtype: the checkpoint's, or the expected ones.
+std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, DType>>> drafter_tensors(const Source& src) {
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, DType>>> out;
+  if (src.store) {
+    for (const auto& name : src.store->names()) {
+      const model::TensorInfo* t = src.store->find(name);
+      out.push_back({name, {t->shape, t->dtype}});
+    }
+    return out;
+  }
+  for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg)) out.push_back({name, {shape, src.assumed}});
+  return out;
+}
+
+void print_parameters(const Source& src, bool list) {
+  double params = 0, bytes = 0;
+  std::map<std::string, double> by_dtype;
+  const auto tensors = drafter_tensors(src);
+  for (const auto& [name, t] : tensors) {
+    double n = 1;
+    for (int64_t d : t.first) n *= static_cast<double>(d);
+    params += n;
+    bytes += n * static_cast<double>(dtype_size(t.second));
+    by_dtype[dtype_name(t.second)] += n * static_cast<double>(dtype_size(t.second));
+  }
+  std::printf("parameters  %.3f M in %zu tensors, %s", params / 1e6, tensors.size(), human_bytes(bytes).c_str());
+  for (const auto& [d, b] : by_dtype) std::printf("  [%s %s]", d.c_str(), human_bytes(b).c_str());
+  std::printf("\n");
+  if (src.head_from_target) std::printf("target      %s\n", src.target_line.c_str());
+  if (!list) return;
+  for (const auto& [name, t] : tensors) {
+    std::string shape;
+    for (size_t i = 0; i < t.first.size(); ++i) shape += fmt::format("{}{}", i ? ", " : "", t.first[i]);
+    std::printf("  %-56s %-5s [%s]\n", name.c_str(), dtype_name(t.second), shape.c_str());
+  }
+}
+
+void print_ranks(const Source& src, int tp) {
+  for (int r = 0; r < tp; ++r) {
+    const auto plan = model::ShardPlan::make(src.cfg, r, tp);
+    const model::RankMemory m =
+        model::rank_memory(src.cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+    const std::string assumed = src.head_from_target ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
+    const std::string head = human_bytes(m.head) + assumed;
+    std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
+                human_bytes(m.sharded).c_str(), head.c_str(), human_bytes(m.replicated).c_str(),
+                human_bytes(m.total()).c_str(),
+                human_bytes(static_cast<double>(model::context_bytes_per_position(src.cfg, plan))).c_str(),
+                plan.describe().c_str());
+  }
+}
+
+nlohmann::json range_json(const model::Range& r) { return nlohmann::json::array({r.begin, r.end}); }
+
+nlohmann::json collectives_json(const model::DraftCollectives& d) {
+  auto one = [](const model::CollectiveCount& c) { return nlohmann::json{{"calls", c.calls}, {"bytes", c.bytes}}; };
+  return {{"all_reduce", one(d.all_reduce)}, {"all_gather", one(d.all_gather)}, {"broadcast", one(d.broadcast)}};
+}
+
+nlohmann::json work_json(const model::WorkCount& w) {
+  return {{"flops", w.flops}, {"weight_bytes", w.weight_bytes}, {"context_bytes", w.context_bytes}, {"bytes", w.bytes()}};
+}
+
+// One rank's plan, memory, work per draft and per settled row, and collectives per draft.
+nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
+  const model::DrafterConfig& cfg = src.cfg;
+  const auto plan = model::ShardPlan::make(cfg, r, o.tp);
+  const model::RankMemory m =
+      model::rank_memory(cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+  const double wb = src.weight_bytes();
+  const model::WorkCount settle = model::settle_work(cfg, plan, 1, wb);
+  model::SamplingParams sampled;
+  sampled.temperature = 1.0;
+  return {
+      {"rank", r},
+      {"plan", {{"q_heads", range_json(plan.q_heads)}, {"kv_heads", range_json(plan.kv_heads)},
+                {"ffn", range_json(plan.ffn)}, {"vocab", range_json(plan.vocab)}}},
+      {"bytes", {{"sharded", m.sharded}, {"head", m.head}, {"replicated", m.replicated}, {"total", m.total()},
+                 {"context_per_position", model::context_bytes_per_position(cfg, plan)}}},
+      {"draft", work_json(model::draft_work(cfg, plan, o.sessions, o.ctx, wb))},
+      {"settle", {{"flops_per_row", settle.flops}, {"context_bytes_per_row", settle.context_bytes},
+                  {"weight_bytes_per_forward", settle.weight_bytes}}},
+      {"collectives", {{"greedy", collectives_json(model::draft_collectives(cfg, plan, o.sessions, {}))},
+                       {"sampled", collectives_json(model::draft_collectives(cfg, plan, o.sessions, sampled))},
+                       {"greedy_gather_logits",
+                        collectives_json(model::draft_collectives(cfg, plan, o.sessions, {}, true))}}},
+  };
+}
+
+nlohmann::json geometry_json(const model::DrafterConfig& c) {
+  return {{"hidden", c.hidden}, {"layers", c.layers}, {"q_heads", c.n_q}, {"kv_heads", c.n_kv},
+          {"head_dim", c.head_dim}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"block", c.block}, {"taps", c.taps},
+          {"sliding", c.sliding}, {"causal", c.causal}, {"window", c.window}, {"conv_kernel", c.conv_kernel},
+          {"conv_group", c.conv_group}, {"selector_rank", c.selector_rank}, {"selector_top_k", c.selector_topk}};
+}
+
+void print_json(const Source& src, const InfoOpts& o) {
+  const auto plan0 = model::ShardPlan::make(src.cfg, 0, o.tp);  // checks tp before anything is printed
+  nlohmann::json j = {
+      {"source", src.store ? "checkpoint" : "config"}, {"path", src.path}, {"architecture", src.cfg.arch_name},
+      {"dflash2", src.cfg.is_dflash2()}, {"geometry", geometry_json(src.cfg)}, {"tp", o.tp},
+      {"vocab_padded", plan0.vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
+      {"weight_dtype", dtype_name(src.dtype_of("layers.0.self_attn.q_proj.weight"))},
+      {"head_dtype", dtype_name(src.head_dtype)}, {"head_dtype_assumed", !src.head_from_target},
+      {"sampled_mode", "temperature > 0, no top-k / top-p"}};
+  for (int r = 0; r < o.tp; ++r) j["ranks"].push_back(rank_json(src, o, r));
+  std::printf("%s\n", j.dump().c_str());
 }
 
 void run_info(const InfoOpts& o) {
-  const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
-  auto store = model::TensorStore::open(o.drafter);
-  std::printf("drafter     %s (%s)\n", o.drafter.c_str(), cfg.arch_name.c_str());
-  std::printf("geometry    H %lld, L %lld, heads %lld/%lld x %lld, F %lld, V %lld, B %lld, taps %lld [",
-              static_cast<long long>(cfg.hidden), static_cast<long long>(cfg.layers), static_cast<long long>(cfg.n_q),
-              static_cast<long long>(cfg.n_kv), static_cast<long long>(cfg.head_dim), static_cast<long long>(cfg.ffn),
-              static_cast<long long>(cfg.vocab), static_cast<long long>(cfg.block), static_cast<long long>(cfg.n_taps()));
-  for (size_t i = 0; i < cfg.taps.size(); ++i) std::printf("%s%lld", i ? ", " : "", static_cast<long long>(cfg.taps[i]));
-  std::printf("]\n");
-  std::printf("attention  ");
-  for (int64_t l = 0; l < cfg.layers; ++l)
-    std::printf(" %s%s", cfg.sliding[static_cast<size_t>(l)] ? fmt::format("sliding({})", cfg.window).c_str() : "full",
-                cfg.causal[static_cast<size_t>(l)] ? "/causal" : "");
-  std::printf("\n");
-  if (cfg.is_dflash2())
-    std::printf("dflash2     conv K %lld, group %lld (G %lld); selector rank %lld, top-k %lld\n",
-                static_cast<long long>(cfg.conv_kernel), static_cast<long long>(cfg.conv_group),
-                static_cast<long long>(cfg.conv_groups()), static_cast<long long>(cfg.selector_rank),
-                static_cast<long long>(cfg.selector_topk));
-  std::printf("head        m_in %g, m_out %g, soft cap %g, mask token %lld, bias %s\n", cfg.in_scale, cfg.out_scale,
-              cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
-
-  double params = 0, bytes = 0;
-  std::map<std::string, double> by_dtype;
-  for (const auto& name : store->names()) {
-    const model::TensorInfo* t = store->find(name);
-    params += static_cast<double>(t->numel());
-    bytes += static_cast<double>(t->nbytes);
-    by_dtype[dtype_name(t->dtype)] += static_cast<double>(t->nbytes);
+  const Source src = open_source(o);
+  // A tp the geometry cannot take is refused before anything is printed.
+  for (int r = 0; r < o.tp; ++r) model::ShardPlan::make(src.cfg, r, o.tp);
+  if (o.json) {
+    print_json(src, o);
+    return;
   }
-  std::printf("parameters  %.3f M in %zu tensors, %s", params / 1e6, store->names().size(), human_bytes(bytes).c_str());
-  for (const auto& [d, b] : by_dtype) std::printf("  [%s %s]", d.c_str(), human_bytes(b).c_str());
-  std::printf("\n");
-
-  double head_bytes = 0;
-  if (!o.target.empty()) {
-    auto target = model::TensorStore::open(o.target);
-    const model::TargetConfig tc = model::TargetConfig::from_dir(o.target);
-    const model::TensorInfo* embed = target->find("embed_tokens.weight");
-    TPDRAFT_CHECK(embed != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing", o.target);
-    const model::TensorInfo* head = target->find("lm_head.weight");
-    const bool tied = tc.tie_word_embeddings || head == nullptr;
-    if (tied) head = embed;
-    std::printf("target      %s: embedding %s %s, head %s%s (tokens drawn from the first %lld rows)\n", o.target.c_str(),
-                embed->shape_str().c_str(), dtype_name(embed->dtype), head->shape_str().c_str(),
-                tied ? " (tied)" : "", static_cast<long long>(cfg.vocab));
-    head_bytes = static_cast<double>(cfg.vocab) * static_cast<double>(head->cols()) * static_cast<double>(dtype_size(head->dtype));
-  }
-
-  for (int r = 0; r < o.tp; ++r) {
-    const auto plan = model::ShardPlan::make(cfg, r, o.tp);
-    double sharded = 0, replicated = 0;
-    for (const auto& name : store->names()) {
-      bool is_sharded = false;
-      const double b = rank_bytes(name, *store->find(name), cfg, plan, &is_sharded);
-      (is_sharded ? sharded : replicated) += b;
-    }
-    const double head_share = head_bytes * static_cast<double>(plan.vocab.size()) / static_cast<double>(cfg.vocab);
-    const double ctx = static_cast<double>(cfg.layers) * 2 * static_cast<double>(plan.kv_heads.size() * cfg.head_dim) * 4;
-    std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, o.tp,
-                human_bytes(sharded).c_str(), human_bytes(head_share).c_str(), human_bytes(replicated).c_str(),
-                human_bytes(sharded + head_share + replicated).c_str(), human_bytes(ctx).c_str(),
-                plan.describe().c_str());
-  }
-  if (o.tensors) {
-    for (const auto& name : store->names()) {
-      const model::TensorInfo* t = store->find(name);
-      std::printf("  %-56s %-5s %s\n", name.c_str(), dtype_name(t->dtype), t->shape_str().c_str());
-    }
-  }
+  print_geometry(src);
+  print_parameters(src, false);
+  print_ranks(src, o.tp);
+  if (o.tensors) print_parameters(src, true);
 }
 
 }  // namespace
 
 void add_info(CLI::App& app) {
   auto o = std::make_shared<InfoOpts>();
-  CLI::App* cmd = app.add_subcommand("info", "Describe a drafter checkpoint: architecture, geometry, parameters, "
-                                             "memory, tensors; with --tp N, what each rank holds");
-  cmd->add_option("--drafter", o->drafter, "Drafter directory")->required()->check(CLI::ExistingDirectory);
+  CLI::App* cmd = app.add_subcommand("info", "Describe a drafter checkpoint or config: architecture, geometry, "
+                                             "parameters, memory, tensors; with --tp N, what each rank holds; "
+                                             "with --json, the cost model per rank");
+  cmd->add_option("--drafter", o->drafter, "Drafter directory")->check(CLI::ExistingDirectory);
+  cmd->add_option("--config", o->config, "A drafter config.json without a checkpoint (tensors of the expected "
+                                         "shapes, in --dtype)")->check(CLI::ExistingFile);
   cmd->add_option("--target", o->target, "Target directory (embedding + head)")->check(CLI::ExistingDirectory);
-  cmd->add_option("--tp", o->tp, "Tensor-parallel size to plan for")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--dtype", o->dtype, "Weight dtype assumed where no file says (--config; the head without --target)")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Tensor-parallel size to plan for")->capture_default_str()->check(whole_number(1));
+  cmd->add_option("--sessions", o->sessions, "Sessions per draft, for the work and collectives of --json")
+      ->capture_default_str()->check(whole_number(1));
+  cmd->add_option("--ctx", o->ctx, "Context positions per session, for the work of --json")
+      ->capture_default_str()->check(whole_number(0));
   cmd->add_flag("--tensors", o->tensors, "List every tensor");
-  cmd->callback([o] { run_info(*o); });
+  cmd->add_flag("--json", o->json, "Print one JSON object: geometry, and per rank the bytes held, the work per draft "
+                                   "and per settled row, and the collectives per draft");
+  cmd->callback([o] { run_alone([&] { run_info(*o); }); });
 }
 
 }  // namespace tpdraft::cli

@@ -1,7 +1,10 @@
-// `tpdraft init`: a random-weight checkpoint in the real format, for any config.
+// `tpdraft init`: a random-weight checkpoint in the real format, for any config. Everything is
+// checked before anything is written, and the checkpoint appears at --out whole or not at all.
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/job.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -22,21 +25,29 @@ void add_init(CLI::App& app) {
   cmd->add_option("--config", opts->config, "Drafter config.json (HF format), e.g. configs/tiny-dflash2.json")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--out", opts->out, "Output directory (created)")->required();
+  cmd->add_option("--out", opts->out,
+                  "Output directory. Written beside it under a temporary name, then renamed into place. An existing "
+                  "one is replaced only when empty or holding an earlier checkpoint (drafter/, target/ with "
+                  "config.json and *.safetensors, taps.safetensors; nothing else); anything else is refused")
+      ->required();
   cmd->add_option("--seed", opts->seed, "Seed; the same seed gives the same bytes")->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--taps", opts->taps, "Also write N random tap rows [N, T*H] to OUT/taps.safetensors")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--target-vocab", opts->target_vocab, "Rows of the target tables (>= vocab_size; default vocab_size)");
+      ->check(whole_number(0));
+  cmd->add_option("--target-vocab", opts->target_vocab,
+                  "Rows of the target tables (>= vocab_size, at most the vocab_size bound; 0: vocab_size)")
+      ->check(whole_number(0, model::size_limit("vocab_size")));
   cmd->add_flag("--tie", opts->tie, "Tie the target head to its embedding (no lm_head.weight)");
   cmd->callback([opts] {
-    const model::DrafterConfig cfg = model::DrafterConfig::from_file(opts->config);
-    model::RandomCheckpointOptions o;
-    o.seed = opts->seed;
-    o.dtype = opts->dtype == "bf16" ? DType::BF16 : opts->dtype == "f16" ? DType::F16 : DType::F32;
-    o.target_vocab = opts->target_vocab;
-    o.tie_embeddings = opts->tie;
-    model::write_random_checkpoint(cfg, opts->out, o, opts->taps);
+    run_alone([&] {
+      const model::DrafterConfig cfg = model::DrafterConfig::from_file(opts->config);
+      model::RandomCheckpointOptions o;
+      o.seed = opts->seed;
+      o.dtype = opts->dtype == "bf16" ? DType::BF16 : opts->dtype == "f16" ? DType::F16 : DType::F32;
+      o.target_vocab = opts->target_vocab;
+      o.tie_embeddings = opts->tie;
+      model::write_random_checkpoint(cfg, opts->out, o, opts->taps);
+    });
   });
 }
 

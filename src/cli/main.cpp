@@ -1,36 +1,48 @@
 // `tpdraft`: init a random checkpoint, inspect one, draft from one, benchmark a geometry.
-// Errors end here: logged with the rank, exit status 1.
+// Errors end here, once per job: usage errors from rank 0, failures the ranks agreed on from the
+// rank that met them, and a fault on one rank while the others run ends the whole job.
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/ranks.h"
+#include "cli/job.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "tpdraft/tpdraft.h"
 
 int main(int argc, char** argv) {
+  using namespace tpdraft::cli;
   CLI::App app{
       "tpdraft: DFlash / DFlash 2 block-diffusion drafters for speculative decoding, tensor-parallel.\n"
-      "Start with `tpdraft init --config configs/tiny-dflash2.json --out /tmp/ck --taps 64`, then\n"
-      "`tpdraft draft --drafter /tmp/ck/drafter --target /tmp/ck/target --taps /tmp/ck/taps.safetensors --anchor 1`."};
+      "Start with `tpdraft init --config configs/tiny-dflash2.json --out ck --taps 64`, then\n"
+      "`tpdraft draft --drafter ck/drafter --target ck/target --taps ck/taps.safetensors --anchor 1`."};
+  app.set_version_flag("--version", "tpdraft " TPDRAFT_VERSION_STRING);
+  app.footer(exit_status_help());
   app.require_subcommand(1);
-  tpdraft::cli::add_init(app);
-  tpdraft::cli::add_info(app);
-  tpdraft::cli::add_draft(app);
-  tpdraft::cli::add_bench(app);
-  int status = 0;
+  add_init(app);
+  add_info(app);
+  add_draft(app);
+  add_bench(app);
+  int status = kExitOk;
   try {
-    tpdraft::cli::init_launch(&argc, &argv);
+    init_launch(&argc, &argv);
+    check_same_arguments(argc, argv);
+    agree_on(*job_world(), kExitUsage, [] { tpdraft::log::check_environment(); });
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    status = app.exit(e);
+    // Every rank got the same command line, so rank 0 speaks for all of them.
+    const int code = job_rank() == 0 ? app.exit(e) : e.get_exit_code();
+    status = code == 0 ? kExitOk : kExitUsage;
+  } catch (const JobFailure& f) {
+    status = f.status;  // reported by the rank that met it; every rank ends cleanly
   } catch (const std::exception& e) {
-    TPDRAFT_LOG_ERROR("{}", e.what());
-    // Under mpirun the peers may sit in a collective: end the whole job now.
-    tpdraft::cli::abort_launch(e.what());
-    return 1;
+    // Under mpirun the peers may sit in a collective: end the whole job now (the abort reports
+    // the error with this rank).
+    if (!under_mpi()) TPDRAFT_LOG_ERROR("{}", e.what());
+    abort_launch(e.what());
+    return kExitRuntime;
   }
-  tpdraft::cli::finish_launch();
+  finish_launch();
   return status;
 }

@@ -1,62 +1,49 @@
-// Rank set-up for the CLI: in-process thread groups or MPI replica groups, and the job-wide
-// abort that makes a failure on one rank end every rank.
+// Rank set-up for the CLI: in-process thread groups or MPI replica groups, the options they
+// share, and a watchdog over each rank's collectives.
 #include "cli/ranks.h"
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
+#include "cli/job.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/thread_comm.h"
+#include "parallel/watchdog.h"
 
 namespace tpdraft::cli {
 
 namespace {
-bool g_mpi = false;
-
 int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// Ranks and threads beyond these are surely a typo: each in-process rank and each CPU thread is an
+// OS thread, and tens of thousands of them exhaust the machine's process table.
+constexpr int kMaxInProcessRanks = 256;
+int max_threads() { return 8 * cores(); }
+
 }  // namespace
-
-bool under_mpi() { return g_mpi; }
-
-void init_launch(int* argc, char*** argv) {
-#ifdef TPDRAFT_HAVE_MPI
-  if (parallel::mpi_launched()) {
-    parallel::mpi_init(argc, argv);
-    g_mpi = true;
-  }
-#else
-  (void)argc;
-  (void)argv;
-  TPDRAFT_CHECK(!parallel::mpi_launched(), "launched under mpirun, but this tpdraft was built without MPI");
-#endif
-}
-
-void finish_launch() {
-#ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) parallel::mpi_finalize();
-#endif
-}
-
-void abort_launch(const std::string& reason) {
-#ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) parallel::mpi_abort_job(reason);
-#else
-  (void)reason;
-#endif
-}
 
 void fault_point(const RankContext& ctx, const char* stage) {
   const char* spec = std::getenv("TPDRAFT_FAULT");
   if (spec == nullptr) return;
   const std::string s(spec);
   const size_t colon = s.find(':');
-  if (colon == std::string::npos) return;
-  if (std::atoi(s.substr(0, colon).c_str()) == ctx.world_rank && s.substr(colon + 1) == stage)
-    TPDRAFT_FAIL("rank {}: injected fault at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
+  if (colon == std::string::npos || std::atoi(s.substr(0, colon).c_str()) != ctx.world_rank) return;
+  const std::string rest = s.substr(colon + 1);
+  if (rest == std::string(stage) + ":stop") {
+    // As if the rank had been stopped (SIGSTOP) or had hung: its peers wait in their next
+    // collective until --comm-timeout ends the job.
+    TPDRAFT_LOG_WARN("rank {}: stopping at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
+    std::raise(SIGSTOP);
+    return;
+  }
+  if (rest == stage) TPDRAFT_FAIL("rank {}: injected fault at '{}' (TPDRAFT_FAULT={})", ctx.world_rank, stage, s);
 }
 
 void add_rank_options(CLI::App* cmd, RankOptions* o) {
@@ -65,51 +52,80 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                                  "(default: all of them)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, kMaxInProcessRanks));
   cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, max_threads(), fmt::format("8 x this machine's {} cores", cores())));
+  cmd->add_option("--comm-timeout", o->comm_timeout,
+                  "End the job when a collective waits longer than this many seconds for the other ranks (a rank "
+                  "stopped or gone); 0: wait forever")
+      ->check(real_number(0, 86400))
+      ->capture_default_str();
 }
 
 model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx) {
   model::RuntimeOptions r;
   r.backend = options.backend;
   r.threads = ctx.threads;
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) r.local_rank = parallel::node_local().rank;
-#endif
+  r.local_rank = ctx.local_rank;
   r.nccl = under_mpi();
   return r;
 }
 
+namespace {
+
+// One rank's body: the watchdog over its group's collectives while fn runs.
+void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
+  parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
+  fn(ctx);
+}
+
+void warn_oversubscribed(int ranks_here, int threads) {
+  if (ranks_here * threads > cores())
+    TPDRAFT_LOG_WARN("{} rank(s) x {} thread(s) on this machine's {} cores: ranks will take turns on the cores "
+                     "and run slower than with fewer threads",
+                     ranks_here, threads, cores());
+}
+
+}  // namespace
+
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
   const int tp = options.tp, threads = options.threads;
-  TPDRAFT_CHECK(tp >= 0, "--tp must be >= 0, got {}", tp);
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) {
-    int world = 1;
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    const int group = tp == 0 ? world : tp;
-    TPDRAFT_CHECK(group <= world, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, world);
+  if (under_mpi()) {
+    auto world = parallel::make_mpi(MPI_COMM_WORLD);
+    const int size = world->size(), group = tp == 0 ? size : tp;
+    agree_on(*world, kExitUsage, [&] {
+      TPDRAFT_CHECK(group <= size, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, size);
+      TPDRAFT_CHECK(size % group == 0, "--tp {} does not split the {} MPI ranks into whole replicas", group, size);
+    });
     parallel::ReplicaGroup g = parallel::split_groups(group);
     const parallel::NodeLocal local = parallel::node_local();
-    int world_rank = 0;
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
-    RankContext ctx{*g.comm, g.replica, g.replicas, threads > 0 ? threads : std::max(1, cores() / local.size), world_rank};
-    fn(ctx);
+    const int per_rank = threads > 0 ? threads : std::max(1, cores() / local.size);
+    if (world->rank() == 0) warn_oversubscribed(local.size, per_rank);
+    run_rank(options, RankContext{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), local.rank}, fn);
     return;
   }
 #endif
   const int n = std::max(tp, 1);
   if (n == 1) {
     auto comm = parallel::make_single_rank();
-    fn(RankContext{*comm, 0, 1, threads > 0 ? threads : cores(), 0});
+    run_rank(options, RankContext{*comm, *comm, 0, 1, threads > 0 ? threads : cores(), 0, 0}, fn);
     return;
   }
   const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
+  warn_oversubscribed(n, per_rank);
+  // A failure every rank reported through agree_on ends every rank at the same point: keep its
+  // status and end the job with it once all ranks have returned.
+  std::atomic<int> agreed{kExitOk};
   parallel::run_ranks(n, [&](parallel::Communicator& comm) {
     log::set_thread_rank(comm.rank(), comm.size());
-    fn(RankContext{comm, 0, 1, per_rank, comm.rank()});
+    try {
+      run_rank(options, RankContext{comm, comm, 0, 1, per_rank, comm.rank(), comm.rank()}, fn);
+    } catch (const JobFailure& f) {
+      agreed = f.status;
+    }
   });
+  if (agreed != kExitOk) throw JobFailure{agreed};
 }
 
 }  // namespace tpdraft::cli

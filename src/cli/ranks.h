@@ -18,27 +18,24 @@ struct RankOptions {
   std::string backend = "auto";  // --backend cpu|cuda|auto
   int tp = 0;                    // --tp: in-process ranks, or MPI ranks per replica (0: all)
   int threads = 0;               // --threads: CPU threads per rank (0: the cores shared out)
+  double comm_timeout = 0;       // --comm-timeout: seconds a collective may wait (0: forever)
 };
 void add_rank_options(CLI::App* cmd, RankOptions* options);
 
 struct RankContext {
-  parallel::Communicator& comm;  // the tensor-parallel group
+  parallel::Communicator& comm;   // the tensor-parallel group
+  parallel::Communicator& world;  // every rank of the job (for agree_on)
   int replica = 0;               // which group
   int replicas = 1;
   int threads = 1;               // CPU threads this rank may use
   int world_rank = 0;            // rank in the whole job (MPI world, or the in-process group)
+  int local_rank = 0;            // index among the job's ranks on this machine (picks the GPU)
   bool leader() const { return replica == 0 && comm.rank() == 0; }  // prints results
 };
 
-// Starts MPI when the process was launched by mpirun (call first in main).
-void init_launch(int* argc, char*** argv);
-void finish_launch();
-// Makes every rank of the job give up after an error on this one (no peer hangs).
-void abort_launch(const std::string& reason);
-bool under_mpi();
-
-// TPDRAFT_FAULT=R:STAGE makes world rank R fail at STAGE (load, settle, draft): a testing aid
-// for the failure path, so that a test can break one rank alone.
+// TPDRAFT_FAULT=R:STAGE makes world rank R fail at STAGE (load, settle, draft), and
+// TPDRAFT_FAULT=R:STAGE:stop stops it there (SIGSTOP): testing aids for the failure paths, so
+// that a test can break one rank alone.
 void fault_point(const RankContext& ctx, const char* stage);
 
 // The runtime options of this rank: the backend, its threads and its place on its machine (which
@@ -46,7 +43,8 @@ void fault_point(const RankContext& ctx, const char* stage);
 model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx);
 
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
-// threads = 0: this machine's cores shared among the ranks placed on it.
+// threads = 0: this machine's cores shared among the ranks placed on it. A JobFailure thrown on
+// every rank (agree_on) ends the call with that JobFailure.
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn);
 
 }  // namespace tpdraft::cli

@@ -137,4 +137,28 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
   }
 }
 
+namespace {
+// A float is NaN or infinite exactly when its exponent bits are all ones.
+template <typename Bits>
+int64_t first_all_ones_exponent(const std::byte* p, size_t n, Bits exponent) {
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
+    if ((b & exponent) == exponent) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t find_non_finite(DType t, const void* p, size_t n) {
+  const auto* bytes = static_cast<const std::byte*>(p);
+  switch (t) {
+    case DType::F64: return first_all_ones_exponent<uint64_t>(bytes, n, 0x7ff0000000000000ull);
+    case DType::F32: return first_all_ones_exponent<uint32_t>(bytes, n, 0x7f800000u);
+    case DType::F16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7c00u);
+    case DType::BF16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7f80u);
+    default: return -1;
+  }
+}
+
 }  // namespace tpdraft

@@ -41,4 +41,8 @@ void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);
 // Converts n f32 values to `dst_type` (F32, F16 or BF16).
 void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n);
 
+// Index of the first NaN or infinity among n elements of type t at p (no alignment needed), or
+// -1 when every one is finite. Integer dtypes have none.
+int64_t find_non_finite(DType t, const void* p, size_t n);
+
 }  // namespace tpdraft

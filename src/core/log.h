@@ -1,5 +1,6 @@
 // Logging through spdlog: every line carries "rank r/w"; the level comes from TPDRAFT_LOG_LEVEL
-// (trace, debug, info, warn, error, off); everything goes to stderr so stdout stays for results.
+// (trace, debug, info, warn, error, critical, off, any case; another name is an error, see
+// check_environment); everything goes to stderr so stdout stays for results.
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -12,6 +13,9 @@ void set_rank(int rank, int world);
 void set_thread_rank(int rank, int world);
 int rank();
 spdlog::logger& logger();
+// Throws tpdraft::Error when TPDRAFT_LOG_LEVEL is set to no known level (the logger then uses
+// info). Programs call it first thing, so that a typo is an error and not silence.
+void check_environment();
 
 }  // namespace tpdraft::log
 

@@ -99,6 +99,10 @@ class Ops {
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void sync() = 0;
+  // Orders this backend's later work after the work queued so far on a caller's `stream` (a
+  // cudaStream_t for the CUDA backend, whose memory the caller wrote there). Host backends have
+  // no streams: nothing to wait for.
+  virtual void wait_for(void* stream) { (void)stream; }
 
   // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K].
   virtual void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr) = 0;

@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace tpdraft::model {
 
@@ -35,9 +37,17 @@ const json* find_top(const json& j, const char* key) {
 }
 
 int64_t as_int(const json* v, const std::string& source, const char* key) {
-  TPDRAFT_CHECK(v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()),
+  // The JSON parser keeps integers above 2^63 as unsigned and longer ones as doubles (1e+300).
+  if (v->is_number_unsigned()) {
+    const auto u = v->get<uint64_t>();
+    TPDRAFT_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                  "{}: key '{}': {} is not an integer in the 64-bit range", source, key, u);
+    return static_cast<int64_t>(u);
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  TPDRAFT_CHECK(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>(),
                 "{}: key '{}' must be an integer, got {}", source, key, v->dump());
-  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+  return checked_to_int64(v->get<double>(), "{}: key '{}'", source, key);
 }
 
 double as_double(const json* v, const std::string& source, const char* key) {
@@ -51,7 +61,39 @@ int64_t require_int(const json& j, const char* key, const std::string& source, b
   return as_int(v, source, key);
 }
 
+// Upper bounds of the size keys (docs/checkpoint.md): far above any published drafter, and low
+// enough that no product of them overflows int64 and a typo fails here, not in an allocation.
+struct Bound {
+  const char* key;
+  int64_t limit;
+};
+constexpr Bound kBounds[] = {
+    {"hidden_size", 1 << 17},      {"num_hidden_layers", 1024},  {"num_attention_heads", 1024},
+    {"num_key_value_heads", 1024}, {"head_dim", 4096},           {"intermediate_size", 1 << 20},
+    {"vocab_size", 1 << 24},       {"block_size", 1024},         {"sliding_window", 1 << 24},
+    {"num_target_layers", 1 << 16}, {"target_layer_ids", 1 << 16}, {"conv_kernel_size", 64},
+    {"conv_group_size", 1 << 17},  {"selector_rank", 1 << 16},   {"selector_top_k", 4096},
+};
+constexpr int64_t kMaxTaps = 1024;  // entries of target_layer_ids
+
+int64_t check_limit(int64_t v, const char* key, const std::string& source) {
+  const int64_t limit = size_limit(key);
+  TPDRAFT_CHECK(v <= limit, "{}: key '{}' = {} is above the limit of {} for this key", source, key, v, limit);
+  return v;
+}
+
+// A size key, bounded as soon as it is read: later steps allocate per layer or per tap.
+int64_t require_size(const json& j, const char* key, const std::string& source, bool nested = false) {
+  return check_limit(require_int(j, key, source, nested), key, source);
+}
+
 }  // namespace
+
+int64_t size_limit(const std::string& key) {
+  for (const Bound& b : kBounds)
+    if (key == b.key) return b.limit;
+  TPDRAFT_FAIL("config key '{}' has no upper bound defined", key);
+}
 
 DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source) {
   TPDRAFT_CHECK(j.is_object(), "{}: expected a JSON object at the top level", source);
@@ -70,14 +112,14 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
                  source, c.arch_name);
   }
 
-  c.hidden = require_int(j, "hidden_size", source);
-  c.layers = require_int(j, "num_hidden_layers", source);
-  c.n_q = require_int(j, "num_attention_heads", source);
-  c.n_kv = find_top(j, "num_key_value_heads") ? require_int(j, "num_key_value_heads", source) : c.n_q;
+  c.hidden = require_size(j, "hidden_size", source);
+  c.layers = require_size(j, "num_hidden_layers", source);
+  c.n_q = require_size(j, "num_attention_heads", source);
+  c.n_kv = find_top(j, "num_key_value_heads") ? require_size(j, "num_key_value_heads", source) : c.n_q;
   TPDRAFT_CHECK(c.n_q > 0, "{}: key 'num_attention_heads' must be positive, got {}", source, c.n_q);
-  c.head_dim = find_top(j, "head_dim") ? require_int(j, "head_dim", source) : c.hidden / c.n_q;
-  c.ffn = require_int(j, "intermediate_size", source);
-  c.vocab = require_int(j, "vocab_size", source);
+  c.head_dim = find_top(j, "head_dim") ? require_size(j, "head_dim", source) : c.hidden / c.n_q;
+  c.ffn = require_size(j, "intermediate_size", source);
+  c.vocab = require_size(j, "vocab_size", source);
   if (const json* v = find_top(j, "rms_norm_eps")) c.eps = as_double(v, source, "rms_norm_eps");
 
   // RoPE: rope_theta, else rope_parameters.rope_theta; scaling types other than default refused.
@@ -99,13 +141,16 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   check_rope_type(find_top(j, "rope_parameters"), "rope_parameters");
   check_rope_type(find_top(j, "rope_scaling"), "rope_scaling");
 
-  if (const json* v = find_nested(j, "block_size")) c.block = as_int(v, source, "block_size");
+  if (find_nested(j, "block_size")) c.block = require_size(j, "block_size", source, true);
 
   if (const json* v = find_nested(j, "target_layer_ids")) {
     TPDRAFT_CHECK(v->is_array(), "{}: key 'target_layer_ids' must be a list of integers", source);
-    for (const auto& e : *v) c.taps.push_back(as_int(&e, source, "target_layer_ids"));
+    TPDRAFT_CHECK(static_cast<int64_t>(v->size()) <= kMaxTaps,
+                  "{}: key 'target_layer_ids' lists {} layers, above the limit of {}", source, v->size(), kMaxTaps);
+    for (const auto& e : *v)
+      c.taps.push_back(check_limit(as_int(&e, source, "target_layer_ids"), "target_layer_ids", source));
   }
-  if (const json* v = find_top(j, "num_target_layers")) c.num_target_layers = as_int(v, source, "num_target_layers");
+  if (find_top(j, "num_target_layers")) c.num_target_layers = require_size(j, "num_target_layers", source);
   if (c.taps.empty() && c.num_target_layers > 0) {
     const int64_t t = c.layers;
     const int64_t lt = c.num_target_layers;
@@ -142,7 +187,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
       }
     }
   }
-  if (const json* v = find_top(j, "sliding_window")) c.window = as_int(v, source, "sliding_window");
+  if (find_top(j, "sliding_window")) c.window = require_size(j, "sliding_window", source);
   c.causal = c.sliding;
   if (const json* v = find_top(j, "is_causal")) {
     TPDRAFT_CHECK(v->is_boolean(), "{}: key 'is_causal' must be true or false", source);
@@ -158,10 +203,10 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   }
 
   if (c.arch == Arch::DFlash2) {
-    c.conv_kernel = require_int(j, "conv_kernel_size", source, true);
-    c.conv_group = require_int(j, "conv_group_size", source, true);
-    c.selector_rank = require_int(j, "selector_rank", source, true);
-    c.selector_topk = require_int(j, "selector_top_k", source, true);
+    c.conv_kernel = require_size(j, "conv_kernel_size", source, true);
+    c.conv_group = require_size(j, "conv_group_size", source, true);
+    c.selector_rank = require_size(j, "selector_rank", source, true);
+    c.selector_topk = require_size(j, "selector_top_k", source, true);
   }
 
   c.validate(source);
@@ -171,6 +216,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
 void DrafterConfig::validate(const std::string& source) const {
   auto positive = [&](int64_t v, const char* key) {
     TPDRAFT_CHECK(v > 0, "{}: key '{}' must be positive, got {}", source, key, v);
+    check_limit(v, key, source);
   };
   positive(hidden, "hidden_size");
   positive(layers, "num_hidden_layers");
@@ -180,13 +226,21 @@ void DrafterConfig::validate(const std::string& source) const {
   positive(ffn, "intermediate_size");
   positive(vocab, "vocab_size");
   TPDRAFT_CHECK(block >= 2, "{}: key 'block_size' must be at least 2 (1 anchor + drafts), got {}", source, block);
+  check_limit(block, "block_size", source);
+  check_limit(window, "sliding_window", source);
+  check_limit(num_target_layers, "num_target_layers", source);
+  TPDRAFT_CHECK(n_taps() <= kMaxTaps, "{}: key 'target_layer_ids' lists {} layers, above the limit of {}", source,
+                n_taps(), kMaxTaps);
   TPDRAFT_CHECK(n_q % n_kv == 0, "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 source, n_q, n_kv);
   TPDRAFT_CHECK(head_dim % 2 == 0, "{}: key 'head_dim' must be even for RoPE, got {}", source, head_dim);
   TPDRAFT_CHECK(!taps.empty(),
                 "{}: no target layers: give 'target_layer_ids' (top level or dflash_config) or 'num_target_layers'",
                 source);
-  for (int64_t t : taps) TPDRAFT_CHECK(t >= 0, "{}: key 'target_layer_ids' holds a negative layer id {}", source, t);
+  for (int64_t t : taps) {
+    TPDRAFT_CHECK(t >= 0, "{}: key 'target_layer_ids' holds a negative layer id {}", source, t);
+    check_limit(t, "target_layer_ids", source);
+  }
   TPDRAFT_CHECK(mask_token >= 0 && mask_token < vocab, "{}: key 'mask_token_id' = {} must lie in [0, vocab_size = {})",
                 source, mask_token, vocab);
   TPDRAFT_CHECK(eps > 0, "{}: key 'rms_norm_eps' must be positive", source);
@@ -213,11 +267,10 @@ void DrafterConfig::validate(const std::string& source) const {
 }
 
 DrafterConfig DrafterConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  TPDRAFT_CHECK(in.good(), "{}: cannot open drafter config", path);
+  const std::string text = read_regular_file(path, "drafter config.json");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
   }
@@ -269,11 +322,12 @@ json DrafterConfig::to_json() const {
 TargetConfig TargetConfig::from_dir(const std::string& dir) {
   TargetConfig t;
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in.good()) return t;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return t;
+  const std::string text = read_regular_file(path, "target config.json");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
   }

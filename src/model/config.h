@@ -59,6 +59,9 @@ struct DrafterConfig {
   void validate(const std::string& source) const;
 };
 
+// The upper bound of a size key of config.json (docs/checkpoint.md), e.g. "vocab_size".
+int64_t size_limit(const std::string& key);
+
 // The bits of the target model's config.json tpdraft needs (all optional).
 struct TargetConfig {
   bool tie_word_embeddings = false;

@@ -1,7 +1,11 @@
-// FLOP and byte counts per draft and per settle, straight from docs/model.md and the shard plan.
+// FLOP, byte and collective counts per draft and per settle, from the forward of docs/model.md,
+// docs/parallel.md and the shard plan; each mirrors what drafter.cpp and sharded_head.cpp do.
 #include "model/cost.h"
 
 #include <algorithm>
+
+#include "model/sharded_head.h"
+#include "model/weights.h"
 
 namespace tpdraft::model {
 
@@ -14,6 +18,7 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
   const double f = static_cast<double>(p.ffn.size());
   double layer_params = H * (nq * D) * 2 + H * (nkv * D) * 2 + 3 * H * f;
   if (c.is_dflash2()) layer_params += 2 * (2.0 * static_cast<double>(c.conv_kernel * c.conv_groups())) * H;
+  const double ctx_elem = static_cast<double>(kContextElementBytes);
   WorkCount w;
   for (int64_t l = 0; l < c.layers; ++l) {
     // Context keys a block row can see in this layer.
@@ -22,7 +27,7 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
     w.flops += 2 * M * layer_params;
     w.flops += 2 * 2 * M * nq * D * (keys + B);  // scores and weighted sum
     w.weight_bytes += layer_params * wb;
-    w.context_bytes += static_cast<double>(sessions) * keys * 2 * nkv * D * 4;
+    w.context_bytes += static_cast<double>(sessions) * keys * 2 * nkv * D * ctx_elem;
   }
   const double vocab = static_cast<double>(p.vocab.size());
   w.flops += 2 * Md * vocab * H;
@@ -41,8 +46,73 @@ WorkCount settle_work(const DrafterConfig& c, const ShardPlan& p, int64_t rows, 
   WorkCount w;
   w.flops = 2 * n * params;
   w.weight_bytes = params * wb;
-  w.context_bytes = n * static_cast<double>(c.layers) * 2 * nkv * D * 4;  // written
+  w.context_bytes = n * static_cast<double>(context_bytes_per_position(c, p));  // written
   return w;
+}
+
+RankMemory rank_memory(const DrafterConfig& c, const ShardPlan& p,
+                       const std::function<DType(const std::string&)>& dtype_of, DType head_dtype) {
+  RankMemory m;
+  for (const auto& [name, shape] : expected_drafter_tensors(c)) {
+    const TensorShare share = tensor_share(c, p, name, shape);
+    const double bytes = static_cast<double>(share.backend_bytes(dtype_of(name)));
+    (share.sharded() ? m.sharded : m.replicated) += bytes;
+  }
+  m.head = static_cast<double>(tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden}).backend_bytes(head_dtype));
+  return m;
+}
+
+namespace {
+
+// sample_sharded for one session's B-1 rows: the max (or the top-k / top-p pool) merged across
+// ranks, the normaliser summed unless top-k bounds the set, and without a filter each rank's
+// best Gumbel draw gathered. Only the merge is skipped on one rank.
+DraftCollectives sampling_exchanges(const DrafterConfig& c, int tp, const SamplingParams& s) {
+  const uint64_t rows = static_cast<uint64_t>(c.block - 1);
+  const bool filtered = s.top_k > 0 || s.top_p < 1.0;
+  const int64_t pool = s.top_k > 0 ? std::min(s.top_k, c.vocab) : std::min(kTopPPool, c.vocab);
+  DraftCollectives d;
+  if (tp > 1) d.all_gather += {1, rows * static_cast<uint64_t>(filtered ? pool : 1) * kCandidateWireBytes};
+  if (s.top_k == 0) d.all_reduce += {1, rows * sizeof(float)};
+  if (!filtered) d.all_gather += {1, rows * kDrawWireBytes};
+  return d;
+}
+
+}  // namespace
+
+CollectiveCount end_of_draft_broadcast(const DrafterConfig& cfg, int tp, int64_t draft_rows, bool sampled) {
+  const uint64_t rows = static_cast<uint64_t>(draft_rows);
+  // Greedy DFlash picks come from the merged candidates, identical on every rank: nothing to send.
+  // The selector walk and sampling read per-rank values, so rank 0 broadcasts its tokens (int64)
+  // and probabilities (f32) in one packed call.
+  if (tp == 1 || !(cfg.is_dflash2() || sampled)) return {};
+  return {1, rows * (sizeof(int64_t) + sizeof(float))};
+}
+
+DraftCollectives draft_collectives(const DrafterConfig& c, const ShardPlan& p, int64_t sessions,
+                                   const SamplingParams& sampling, bool gather_logits) {
+  const uint64_t S = static_cast<uint64_t>(sessions), B = static_cast<uint64_t>(c.block);
+  const uint64_t L = static_cast<uint64_t>(c.layers), H = static_cast<uint64_t>(c.hidden);
+  const uint64_t Md = S * (B - 1);
+  DraftCollectives d;
+  // The block forward: the o and down projections' partial sums, [S*B, H] f32 (one rank counts
+  // them too, as identities).
+  d.all_reduce = {2 * L, 2 * L * S * B * H * sizeof(float)};
+  // The head: every rank's k best (value, id) per draft row, merged for greedy and selector
+  // rows (a sampled DFlash draft reads none); nothing to merge on one rank.
+  const bool sampled = !sampling.greedy();
+  const uint64_t k = c.is_dflash2() ? static_cast<uint64_t>(c.selector_topk) : 1;
+  if (p.tp > 1 && (c.is_dflash2() || !sampled)) d.all_gather += {1, Md * k * kCandidateWireBytes};
+  // A sampled DFlash draft exchanges per session; the DFlash 2 selector samples on the host.
+  if (sampled && !c.is_dflash2()) {
+    const DraftCollectives one = sampling_exchanges(c, p.tp, sampling);
+    d.all_reduce += {one.all_reduce.calls * S, one.all_reduce.bytes * S};
+    d.all_gather += {one.all_gather.calls * S, one.all_gather.bytes * S};
+  }
+  // Every rank's padded vocabulary slice of the draft rows' f32 logits.
+  if (gather_logits) d.all_gather += {1, Md * static_cast<uint64_t>(p.vocab_padded / p.tp) * sizeof(float)};
+  d.broadcast = end_of_draft_broadcast(c, p.tp, static_cast<int64_t>(Md), sampled);
+  return d;
 }
 
 }  // namespace tpdraft::model

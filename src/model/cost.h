@@ -1,11 +1,17 @@
-// What a draft or a settle must do, counted from the geometry: FLOPs (2 per multiply-add) and
-// the bytes of weights and context it must read. Benchmarks divide by these to report achieved
-// rates; scaling projections start from them.
+// What a draft or a settle costs one rank, counted from the geometry and the shard plan: FLOPs
+// (2 per multiply-add), the bytes of weights and context it must read, the bytes it holds, and
+// the collectives it issues. Benchmarks divide by these; `tpdraft info` and the scaling
+// projections (bench/scaling) read them instead of counting again.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
 
+#include "core/dtype.h"
 #include "model/config.h"
+#include "model/selection.h"
 #include "model/shard_plan.h"
 
 namespace tpdraft::model {
@@ -21,7 +27,42 @@ struct WorkCount {
 // weight_dtype_bytes: bytes per weight element (2 for bf16).
 WorkCount draft_work(const DrafterConfig& cfg, const ShardPlan& plan, int64_t sessions, int64_t context,
                      double weight_dtype_bytes);
-// Settling n rows on one rank.
+// Settling n rows on one rank (context_bytes: the rows written).
 WorkCount settle_work(const DrafterConfig& cfg, const ShardPlan& plan, int64_t rows, double weight_dtype_bytes);
+
+// Backend memory of one rank's weights, as DrafterWeights loads them: split matrices, the target
+// head's vocabulary rows, and what every rank holds whole (host-mapped tables take none).
+struct RankMemory {
+  double sharded = 0, head = 0, replicated = 0;
+  double total() const { return sharded + head + replicated; }
+};
+// dtype_of(name): how the checkpoint stores a drafter tensor (its file, or an assumption for a
+// bare config); head_dtype: the target head's.
+RankMemory rank_memory(const DrafterConfig& cfg, const ShardPlan& plan,
+                       const std::function<DType(const std::string&)>& dtype_of, DType head_dtype);
+
+// Calls and bytes of one kind of collective, as parallel::CommStats counts them on a rank.
+struct CollectiveCount {
+  uint64_t calls = 0, bytes = 0;
+  CollectiveCount& operator+=(const CollectiveCount& b) {
+    calls += b.calls, bytes += b.bytes;
+    return *this;
+  }
+};
+
+struct DraftCollectives {
+  CollectiveCount all_reduce, all_gather, broadcast;
+};
+
+// The collectives one rank issues for one draft of `sessions` sessions that all draft with
+// `sampling`; gather_logits: the draft also assembles the full logits (a dump, bench
+// --gather-logits). A top-p draw without top-k whose nucleus outgrows the candidate pool adds a
+// full-logits gather the model cannot foresee; it is left out.
+DraftCollectives draft_collectives(const DrafterConfig& cfg, const ShardPlan& plan, int64_t sessions,
+                                   const SamplingParams& sampling, bool gather_logits = false);
+
+// How a draft ends at tp > 1: rank 0's tokens and probabilities broadcast to the other ranks when
+// they could differ (DFlash 2, sampling); the one place the model says so.
+CollectiveCount end_of_draft_broadcast(const DrafterConfig& cfg, int tp, int64_t draft_rows, bool sampled);
 
 }  // namespace tpdraft::model

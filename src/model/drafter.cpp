@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace tpdraft::model {
@@ -84,7 +85,7 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
 Drafter::~Drafter() = default;
 
 size_t Drafter::context_bytes_per_position() const {
-  return static_cast<size_t>(cfg_.layers) * 2 * static_cast<size_t>(nkv_local_ * cfg_.head_dim) * sizeof(float);
+  return model::context_bytes_per_position(cfg_, weights_->plan());
 }
 
 std::unique_ptr<Session> Drafter::new_session() {
@@ -105,7 +106,8 @@ int64_t Drafter::layer_capacity(int64_t layer) const {
   // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
   // positions so that a rollback after a draft never needs a row the ring has dropped.
   const bool sliding = cfg_.sliding[static_cast<size_t>(layer)] && !limits_.keep_all_positions;
-  return sliding ? std::min(limits_.max_context, cfg_.window + cfg_.block) : limits_.max_context;
+  return sliding ? std::min(limits_.max_context, checked_add(cfg_.window, cfg_.block, "sliding_window + block_size"))
+                 : limits_.max_context;
 }
 
 void Drafter::check_rollback(const Session& s, int64_t length) const {
@@ -142,7 +144,7 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "settle: row count must be >= 0, got {}", n);
   TPDRAFT_CHECK(p0 >= 0 && p0 <= s.end_, "settle at position {}: expected 0..{} (the session's length; no gaps)", p0,
                 s.end_);
-  TPDRAFT_CHECK(p0 + n <= s.max_context_, "settle of {} rows at position {} exceeds the session's max context {}", n,
+  TPDRAFT_CHECK(n <= s.max_context_ - p0, "settle of {} rows at position {} exceeds the session's max context {}", n,
                 p0, s.max_context_);
   TPDRAFT_CHECK(n == 0 || taps != nullptr, "settle: no tap rows given");
   check_rollback(s, p0);
@@ -316,17 +318,23 @@ void Drafter::check_requests(const std::vector<DraftRequest>& requests) const {
     TPDRAFT_CHECK(seen.insert(r.session).second, "draft: a session appears twice in one batch");
     TPDRAFT_CHECK(r.session->layers_.size() == static_cast<size_t>(cfg_.layers),
                   "draft: the session belongs to another drafter");
-    TPDRAFT_CHECK(r.anchor_token >= 0 && r.anchor_token < cfg_.vocab, "draft: anchor token {} outside [0, {})",
-                  r.anchor_token, cfg_.vocab);
-    const SamplingParams& sp = r.sampling;
-    TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
-                  sp.temperature);
-    TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
-    TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
-    TPDRAFT_CHECK(!cfg_.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),
-                  "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
-                  cfg_.selector_topk);
+    check_request(cfg_, r.anchor_token, r.sampling);
+    TPDRAFT_CHECK(r.dist_width >= kFullDistribution && r.dist_width <= cfg_.vocab,
+                  "draft: a distribution width must be 0 (none), 1..{} (the most likely tokens) or {} (every token), "
+                  "got {}", cfg_.vocab, kFullDistribution, r.dist_width);
   }
+}
+
+void Drafter::check_request(const DrafterConfig& cfg, int64_t anchor_token, const SamplingParams& sp) {
+  TPDRAFT_CHECK(anchor_token >= 0 && anchor_token < cfg.vocab, "draft: anchor token {} outside [0, {})", anchor_token,
+                cfg.vocab);
+  TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
+                sp.temperature);
+  TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
+  TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
+  TPDRAFT_CHECK(!cfg.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),
+                "top_k / top_p apply to DFlash drafters; a DFlash 2 drafter samples over its {} selector candidates",
+                cfg.selector_topk);
 }
 
 std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& requests, DraftDump* dump) {
@@ -342,11 +350,11 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
   HeadOutput head = candidates(requests, dump != nullptr);
   times_.head = seconds_since(t1);
   const auto t2 = Clock::now();
-  std::vector<Pick> picks = choose(requests, head);
+  std::vector<DraftResult> results(static_cast<size_t>(S));
+  std::vector<Pick> picks = choose(requests, head, &results);
   publish(requests, &picks);
   times_.select = seconds_since(t2);
 
-  std::vector<DraftResult> results(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s)
     for (int64_t r = 0; r < B - 1; ++r) {
       const Pick& p = picks[static_cast<size_t>(s * (B - 1) + r)];
@@ -427,14 +435,18 @@ Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& request
   return out;
 }
 
-std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, const HeadOutput& head) {
-  const int64_t B = cfg_.block, R = cfg_.selector_rank;
+std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, const HeadOutput& head,
+                                  std::vector<DraftResult>* results) {
+  const int64_t B = cfg_.block, R = cfg_.selector_rank, V = cfg_.vocab;
   const size_t rows = static_cast<size_t>(B - 1);
   std::vector<Pick> picks;
   picks.reserve(requests.size() * rows);
   for (size_t s = 0; s < requests.size(); ++s) {
     const DraftRequest& req = requests[s];
+    std::vector<RowDistribution>& dists = (*results)[s].dists;
+    const bool want = req.dist_width != 0;
     std::vector<Pick> mine;
+    std::vector<Support> supports;
     if (cfg_.is_dflash2()) {
       const auto first = head.candidates.begin() + static_cast<std::ptrdiff_t>(s * rows);
       const std::vector<std::vector<Candidate>> c(first, first + static_cast<std::ptrdiff_t>(rows));
@@ -443,17 +455,19 @@ std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, con
         const auto row = head.selector.begin() + static_cast<std::ptrdiff_t>((s * rows + r) * static_cast<size_t>(R));
         p[r].assign(row, row + R);
       }
-      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling);
+      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling, want ? &supports : nullptr);
     } else if (req.sampling.greedy()) {
       for (size_t r = 0; r < rows; ++r) {
         const auto& c = head.candidates[s * rows + r];
         mine.push_back({c.empty() ? -1 : c.front().id, 1.0f});
+        if (want) supports.push_back({{mine.back().token, 1.0}});
       }
     } else {
       const int64_t vl = vocab_slice().width;
       mine = sample_sharded(head.logits.data() + static_cast<int64_t>(s * rows) * vl, B - 1, 1, vocab_slice(),
-                            req.sampling, comm_);
+                            req.sampling, comm_, req.dist_width, want ? &dists : nullptr);
     }
+    for (Support& support : supports) dists.push_back(shape_distribution(std::move(support), req.dist_width, V));
     picks.insert(picks.end(), mine.begin(), mine.end());
   }
   return picks;

@@ -33,11 +33,16 @@ struct DraftRequest {
   Session* session = nullptr;
   int64_t anchor_token = 0;  // sits at position session->length()
   SamplingParams sampling;
+  // Each row's draft distribution too (RowDistribution, selection.h): 0 none, w > 0 the w most
+  // likely tokens and the mass of the rest, kFullDistribution every token (on a sampled DFlash
+  // draft this gathers the logits of every rank).
+  int64_t dist_width = 0;
 };
 
 struct DraftResult {
   std::vector<int64_t> tokens;  // B-1 draft tokens for positions a+1 .. a+B-1
   std::vector<float> probs;     // q_r(d_r), 1 for greedy
+  std::vector<RowDistribution> dists;  // B-1 rows when asked (rank 0's are the ones to report)
 };
 
 // What `--dump` and the tests read: the block's final-normed rows and the full logits.
@@ -62,6 +67,10 @@ class Drafter {
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLimits& limits() const { return limits_; }
 
+  // The checks draft() makes of one request's anchor and sampling, for callers that want to
+  // refuse a bad request before any work (names the value and what was expected).
+  static void check_request(const DrafterConfig& cfg, int64_t anchor_token, const SamplingParams& sampling);
+
   std::unique_ptr<Session> new_session();
   // Settles n rows of taps (host, [n, T*H] f32) at positions p0 .. p0+n-1. The context is cut to
   // p0 first, so p0 must not exceed the session's length. Inputs are checked before anything
@@ -69,6 +78,9 @@ class Drafter {
   void settle(Session& session, int64_t p0, const float* taps, int64_t n);
   // Drops positions >= length.
   void rollback(Session& session, int64_t length);
+  // Throws, naming what is missing, when the session cannot roll back to `length` (a sliding
+  // layer's ring may no longer hold a position a draft from there needs); changes nothing.
+  void check_rollback(const Session& session, int64_t length) const;
   // One batched draft; requests name distinct sessions.
   std::vector<DraftResult> draft(const std::vector<DraftRequest>& requests, DraftDump* dump = nullptr);
 
@@ -93,7 +105,6 @@ class Drafter {
     std::vector<float> selector;                     // [rows, R]: s_r of the DFlash 2 selector
   };
 
-  void check_rollback(const Session& s, int64_t length) const;
   void check_requests(const std::vector<DraftRequest>& requests) const;
   int64_t layer_capacity(int64_t layer) const;
   VocabSlice vocab_slice() const;
@@ -107,7 +118,8 @@ class Drafter {
   // The end of a draft: the head's candidates, the tokens chosen from them, and the same tokens
   // published on every rank.
   HeadOutput candidates(const std::vector<DraftRequest>& requests, bool dump);
-  std::vector<Pick> choose(const std::vector<DraftRequest>& requests, const HeadOutput& head);
+  std::vector<Pick> choose(const std::vector<DraftRequest>& requests, const HeadOutput& head,
+                           std::vector<DraftResult>* results);
   void publish(const std::vector<DraftRequest>& requests, std::vector<Pick>* picks);
 
   std::shared_ptr<const DrafterWeights> weights_;

@@ -1,14 +1,23 @@
 // Random checkpoint generation: every element is a counter-based function of (seed, tensor
 // name, index), so the result does not depend on the thread count; uniform values with the
 // variance each tensor kind needs (1/fan_in for projections, ~1 for norms and embeddings).
+// Sizes are checked against memory before anything is generated, and a checkpoint on disk is
+// written beside its destination and moved into place whole.
 #include "model/random_checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -58,9 +67,8 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
   t.name = name;
   t.dtype = dtype;
   t.shape = shape;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  t.bytes.resize(static_cast<size_t>(n) * dtype_size(dtype));
+  const int64_t n = checked_numel(shape, "random tensor '{}'", name);
+  t.bytes.resize(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name));
   const uint64_t key = mix(seed ^ name_hash(name));
   const double a = std::sqrt(3.0) * law.sigma;
   const bool base_kernel = name.size() > 11 && name.compare(name.size() - 11, 11, "base_kernel") == 0;
@@ -89,8 +97,6 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
 std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs,
                                       const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                       const std::function<void(size_t, size_t)>& progress) {
-  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
-                dtype_name(opt.dtype));
   ThreadPool pool(opt.threads);
   std::vector<OwnedTensor> out;
   out.reserve(specs.size());
@@ -99,6 +105,95 @@ std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, s
     if (progress) progress(out.size(), specs.size());
   }
   return out;
+}
+
+// This machine's physical memory in bytes; 0 when unknown (the checks are then skipped).
+uint64_t machine_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
+
+using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  return opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
+}
+
+// The config keys that size a tensor, with their values: what a user would shrink.
+std::string sized_by(const std::string& name, const DrafterConfig& c, int64_t vt) {
+  auto ends_with = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (name.rfind("layers.", 0) == 0)
+    return fmt::format("the layers: num_hidden_layers = {} of hidden_size = {}, intermediate_size = {}", c.layers,
+                       c.hidden, c.ffn);
+  if (name == "fc.weight")
+    return fmt::format("fc.weight: hidden_size = {} x {} target_layer_ids x hidden_size", c.hidden, c.n_taps());
+  if (ends_with("_codebook"))
+    return fmt::format("the selector codebooks: vocab_size = {} x selector_rank = {}", c.vocab, c.selector_rank);
+  if (ends_with("embed_tokens.weight") || ends_with("lm_head.weight"))
+    return fmt::format("the target embedding and head: {} = {} x hidden_size = {}",
+                       vt == c.vocab ? "vocab_size" : "target vocab", vt, c.hidden);
+  return "the norms and small projections";
+}
+
+// Refuses, before anything is generated, random weights (drafter and target together: every use
+// holds both) whose bytes exceed this machine's memory, naming the keys of the largest part.
+void check_fits_in_memory(const Specs& specs, const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  std::map<std::string, int64_t> parts;
+  int64_t total = 0;
+  for (const auto& [name, shape] : specs) {
+    const auto bytes = static_cast<int64_t>(checked_bytes(shape, dtype_size(opt.dtype), "random tensor '{}'", name));
+    int64_t& part = parts[sized_by(name, cfg, target_rows(cfg, opt))];
+    part = checked_add(part, bytes, "random weights: bytes of {}", name);
+    total = checked_add(total, bytes, "random weights: bytes in all");
+  }
+  const uint64_t memory = machine_memory();
+  if (memory == 0 || static_cast<uint64_t>(total) <= memory) return;
+  auto largest = parts.begin();
+  for (auto it = parts.begin(); it != parts.end(); ++it)
+    if (it->second > largest->second) largest = it;
+  TPDRAFT_FAIL("random {} weights for this config take {} bytes ({:.1f} GiB), more than this machine's memory of {} "
+               "bytes ({:.1f} GiB); the largest part is {} ({} bytes)",
+               dtype_name(opt.dtype), total, gib(static_cast<uint64_t>(total)), memory, gib(memory), largest->first,
+               largest->second);
+}
+
+// The bytes of n random tap rows, refused when they do not fit in this machine's memory.
+size_t taps_bytes(const DrafterConfig& cfg, int64_t n) {
+  const int64_t w = checked_mul(cfg.n_taps(), cfg.hidden, "random taps: row width T*H");
+  const size_t bytes = checked_bytes({n, w}, sizeof(float), "random taps: {} rows of T*H = {} values", n, w);
+  const uint64_t memory = machine_memory();
+  TPDRAFT_CHECK(memory == 0 || bytes <= memory,
+                "random taps: {} rows of T*H = {} f32 values take {} bytes ({:.1f} GiB), more than this machine's "
+                "memory of {} bytes ({:.1f} GiB)",
+                n, w, bytes, gib(bytes), memory, gib(memory));
+  return bytes;
+}
+
+// Validates the config (it may have been made in code) and the options, then the memory all of
+// the random tensors will take; throws before anything is allocated.
+Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt);
+void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  cfg.validate("random weights' config");
+  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
+                dtype_name(opt.dtype));
+  TPDRAFT_CHECK(opt.threads >= 0, "random weights: thread count must be >= 0, got {}", opt.threads);
+  Specs all = expected_drafter_tensors(cfg);
+  for (auto& spec : target_specs(cfg, opt)) all.push_back(std::move(spec));
+  check_fits_in_memory(all, cfg, opt);
+}
+
+Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  const int64_t vt = target_rows(cfg, opt);
+  TPDRAFT_CHECK(opt.target_vocab == 0 || (opt.target_vocab >= cfg.vocab && opt.target_vocab <= size_limit("vocab_size")),
+                "target vocab {} must be 0 (the drafter's vocab_size) or in [vocab_size = {}, {}]", opt.target_vocab,
+                cfg.vocab, size_limit("vocab_size"));
+  Specs specs = {{"model.embed_tokens.weight", {vt, cfg.hidden}}};
+  if (!opt.tie_embeddings) specs.push_back({"lm_head.weight", {vt, cfg.hidden}});
+  return specs;
 }
 
 void write_tensors(const std::vector<OwnedTensor>& tensors, const std::string& path) {
@@ -118,21 +213,18 @@ void write_json(const nlohmann::json& j, const std::string& path) {
 
 std::vector<OwnedTensor> random_drafter_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                 const std::function<void(size_t, size_t)>& progress) {
+  check_random_weights(cfg, opt);
   return generate_all(expected_drafter_tensors(cfg), cfg, opt, progress);
 }
 
 std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                const std::function<void(size_t, size_t)>& progress) {
-  const int64_t vt = opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
-  TPDRAFT_CHECK(vt >= cfg.vocab, "target vocab {} must be >= the drafter's vocab_size {}", vt, cfg.vocab);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {{"model.embed_tokens.weight", {vt, cfg.hidden}}};
-  if (!opt.tie_embeddings) specs.push_back({"lm_head.weight", {vt, cfg.hidden}});
-  return generate_all(specs, cfg, opt, progress);
+  check_random_weights(cfg, opt);
+  return generate_all(target_specs(cfg, opt), cfg, opt, progress);
 }
 
 std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed) {
-  const int64_t w = cfg.n_taps() * cfg.hidden;
-  std::vector<float> taps(static_cast<size_t>(n * w));
+  std::vector<float> taps(taps_bytes(cfg, n) / sizeof(float));
   const uint64_t key = mix(seed ^ name_hash("taps"));
   for (size_t i = 0; i < taps.size(); ++i) {
     const double u = static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);
@@ -141,16 +233,95 @@ std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t see
   return taps;
 }
 
-void write_random_checkpoint(const DrafterConfig& cfg, const std::string& dir, const RandomCheckpointOptions& opt,
-                             int64_t taps_rows) {
-  namespace fs = std::filesystem;
-  const fs::path root(dir), drafter = root / "drafter", target = root / "target";
-  std::error_code ec;
-  fs::create_directories(drafter, ec);
-  TPDRAFT_CHECK(!ec, "{}: cannot create directory ({})", drafter.string(), ec.message());
-  fs::create_directories(target, ec);
-  TPDRAFT_CHECK(!ec, "{}: cannot create directory ({})", target.string(), ec.message());
+namespace {
 
+namespace fs = std::filesystem;
+
+// Refuses a destination init must not replace: anything but nothing, an empty directory, or a
+// directory holding only what init writes (drafter/ and target/ with config.json and
+// *.safetensors files, taps.safetensors). A typo in --out must never delete someone's data.
+void check_replaceable(const fs::path& dest, const std::string& shown) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dest, ec);
+  if (!fs::exists(st)) return;
+  TPDRAFT_CHECK(fs::is_directory(st), "{}: exists and is not a directory; init writes a checkpoint directory there",
+                shown);
+  auto refuse = [&](const std::string& what) {
+    TPDRAFT_FAIL("{}: exists and is not a tpdraft checkpoint (it holds '{}'); init replaces only an empty directory "
+                 "or one holding just drafter/, target/ and taps.safetensors: choose another output directory or "
+                 "remove this one",
+                 shown, what);
+  };
+  for (const auto& e : fs::directory_iterator(dest)) {
+    const std::string name = e.path().filename().string();
+    if (name == "taps.safetensors" && e.is_regular_file() && !e.is_symlink()) continue;
+    if ((name != "drafter" && name != "target") || e.is_symlink() || !e.is_directory()) refuse(name);
+    for (const auto& f : fs::directory_iterator(e.path())) {
+      const std::string file = f.path().filename().string();
+      const bool ours = file == "config.json" || (file.size() > 12 && file.rfind(".safetensors") == file.size() - 12);
+      if (!ours || f.is_symlink() || !f.is_regular_file()) refuse(name + "/" + file);
+    }
+  }
+}
+
+// A fresh directory beside the destination, on the same file system so that it can be renamed
+// into place; removed with whatever it holds unless committed.
+class Staging {
+ public:
+  explicit Staging(const fs::path& dest) : dest_(dest) {
+    std::random_device rd;
+    for (int attempt = 0; attempt < 100 && path_.empty(); ++attempt) {
+      const fs::path p = dest.parent_path() / fmt::format(".{}.tmp-{:08x}", dest.filename().string(), rd());
+      std::error_code ec;
+      if (fs::create_directory(p, ec)) path_ = p;
+      TPDRAFT_CHECK(!ec, "{}: cannot create a directory to write the checkpoint in ({})", p.string(), ec.message());
+    }
+    TPDRAFT_CHECK(!path_.empty(), "{}: no free temporary name beside it", dest.string());
+  }
+  ~Staging() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  const fs::path& path() const { return path_; }
+
+  // Puts the finished checkpoint at the destination in one step: a rename onto nothing or onto
+  // an empty directory, else an exchange with the old checkpoint, which is then removed.
+  void commit() {
+    std::error_code ec;
+    if (!fs::exists(dest_, ec) || fs::is_empty(dest_, ec)) {
+      fs::rename(path_, dest_, ec);
+      TPDRAFT_CHECK(!ec, "{}: cannot move the checkpoint into place ({})", dest_.string(), ec.message());
+      path_.clear();
+      return;
+    }
+#ifdef RENAME_EXCHANGE
+    if (::renameat2(AT_FDCWD, path_.c_str(), AT_FDCWD, dest_.c_str(), RENAME_EXCHANGE) == 0) return;  // old one in path_
+#endif
+    // No atomic exchange on this file system: move the old one aside first.
+    const fs::path old = path_.string() + ".old";
+    fs::rename(dest_, old, ec);
+    TPDRAFT_CHECK(!ec, "{}: cannot move the earlier checkpoint aside ({})", dest_.string(), ec.message());
+    fs::rename(path_, dest_, ec);
+    TPDRAFT_CHECK(!ec, "{}: cannot move the checkpoint into place ({}); the earlier one is at {}", dest_.string(),
+                  ec.message(), old.string());
+    path_ = old;
+  }
+
+ private:
+  fs::path dest_, path_;
+};
+
+// Writes every file of the checkpoint under root (a fresh, empty directory).
+void write_files(const DrafterConfig& cfg, const fs::path& root, const RandomCheckpointOptions& opt,
+                 int64_t taps_rows) {
+  const fs::path drafter = root / "drafter", target = root / "target";
+  for (const fs::path& d : {drafter, target}) {
+    std::error_code ec;
+    fs::create_directory(d, ec);
+    TPDRAFT_CHECK(!ec, "{}: cannot create directory ({})", d.string(), ec.message());
+  }
   auto report = [](const char* what) {
     return [what](size_t done, size_t total) {
       if (done == total || done % 16 == 0) TPDRAFT_LOG_INFO("{}: {}/{} tensors generated", what, done, total);
@@ -158,23 +329,40 @@ void write_random_checkpoint(const DrafterConfig& cfg, const std::string& dir, c
   };
   write_tensors(random_drafter_tensors(cfg, opt, report("drafter")), (drafter / "model.safetensors").string());
   write_json(cfg.to_json(), (drafter / "config.json").string());
-  TPDRAFT_LOG_INFO("wrote {}", drafter.string());
-
   write_tensors(random_target_tensors(cfg, opt, report("target")), (target / "model.safetensors").string());
   nlohmann::json tj;
   tj["hidden_size"] = cfg.hidden;
-  tj["vocab_size"] = opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
+  tj["vocab_size"] = target_rows(cfg, opt);
   tj["tie_word_embeddings"] = opt.tie_embeddings;
   write_json(tj, (target / "config.json").string());
-  TPDRAFT_LOG_INFO("wrote {}", target.string());
-
   if (taps_rows > 0) {
     const std::vector<float> taps = random_taps(cfg, taps_rows, opt.seed);
     SafetensorsWriter w;
     w.add("taps", DType::F32, {taps_rows, cfg.n_taps() * cfg.hidden}, taps.data(), taps.size() * sizeof(float));
     w.write((root / "taps.safetensors").string());
-    TPDRAFT_LOG_INFO("wrote {} ({} rows)", (root / "taps.safetensors").string(), taps_rows);
   }
+}
+
+}  // namespace
+
+void write_random_checkpoint(const DrafterConfig& cfg, const std::string& dir, const RandomCheckpointOptions& opt,
+                             int64_t taps_rows) {
+  // Everything that can be refused is refused before the first byte is written.
+  check_random_weights(cfg, opt);
+  TPDRAFT_CHECK(taps_rows >= 0, "random taps: row count must be >= 0, got {}", taps_rows);
+  taps_bytes(cfg, taps_rows);
+  TPDRAFT_CHECK(!dir.empty(), "init: the output directory name is empty");
+  fs::path dest = fs::absolute(fs::path(dir)).lexically_normal();
+  if (!dest.has_filename()) dest = dest.parent_path();  // "ck/" names ck
+  check_replaceable(dest, dir);
+  std::error_code ec;
+  fs::create_directories(dest.parent_path(), ec);
+  TPDRAFT_CHECK(!ec, "{}: cannot create directory ({})", dest.parent_path().string(), ec.message());
+
+  Staging staging(dest);
+  write_files(cfg, staging.path(), opt, taps_rows);
+  staging.commit();
+  TPDRAFT_LOG_INFO("wrote {}: drafter/, target/{}", dir, taps_rows > 0 ? fmt::format(", taps.safetensors ({} rows)", taps_rows) : "");
 }
 
 }  // namespace tpdraft::model

@@ -1,4 +1,4 @@
-// Building a rank: ops -> device communicator -> shard plan -> weights -> drafter.
+// Building a rank: ops -> shard plan -> weights -> device communicator -> drafter.
 #include "model/runtime.h"
 
 #include "core/error.h"
@@ -19,10 +19,12 @@ RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& grou
   TPDRAFT_CHECK(source.drafter && source.target, "a rank needs both a drafter and a target checkpoint");
   ops_ = kernels::make_ops(options.backend, options.threads,
                            options.local_rank >= 0 ? options.local_rank : group.rank());
+  // Everything that can fail on the input (the plan, the tensors) comes before the device
+  // communicator, whose start is a collective: a rank that fails here leaves none waiting in it.
+  const ShardPlan plan = ShardPlan::make(source.config, group.rank(), group.size());
+  weights_ = std::make_shared<DrafterWeights>(source.config, source.drafter, source.target, plan, *ops_);
   device_comm_ = parallel::make_backend_comm(group, *ops_, options.nccl);
   comm_ = device_comm_ ? device_comm_.get() : &group;
-  const ShardPlan plan = ShardPlan::make(source.config, comm_->rank(), comm_->size());
-  weights_ = std::make_shared<DrafterWeights>(source.config, source.drafter, source.target, plan, *ops_);
   DrafterLimits limits = options.limits;
   limits.graphs = options.graphs == GraphMode::On || (options.graphs == GraphMode::Auto && !ops_->host_memory());
   drafter_ = std::make_unique<Drafter>(weights_, *ops_, *comm_, limits);

@@ -1,7 +1,7 @@
-// One rank of a drafter, built in one place: the backend's ops, the communicator that carries
-// the backend's buffers, the shard plan (taken from that communicator's rank and size), the
-// rank's share of the weights and the drafter. The CLI, the tests and the library all start a
-// rank here, so the order of these steps and their checks exist once.
+// One rank of a drafter, built in one place: the backend's ops, the shard plan (taken from the
+// group's rank and size), the rank's share of the weights, the communicator that carries the
+// backend's buffers, and the drafter, which checks that plan and communicator agree. The CLI,
+// the tests and the library all start a rank here.
 #pragma once
 
 #include <memory>
@@ -59,11 +59,11 @@ class RankRuntime {
   const Drafter& drafter() const { return *drafter_; }
 
  private:
-  // Declared in construction order; destroyed in reverse (the drafter before what it uses).
+  // Destroyed in reverse order: the drafter before what it uses, the ops last.
   std::unique_ptr<kernels::Ops> ops_;
+  std::shared_ptr<const DrafterWeights> weights_;
   std::unique_ptr<parallel::Communicator> device_comm_;
   parallel::Communicator* comm_ = nullptr;
-  std::shared_ptr<const DrafterWeights> weights_;
   std::unique_ptr<Drafter> drafter_;
 };
 

@@ -13,12 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace tpdraft::model {
 
@@ -46,18 +47,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string canonical_name(const std::string& name) {
   return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
-}
-
-// numel x element size, refusing shapes whose byte count does not fit in 64 bits.
-bool checked_nbytes(const std::vector<int64_t>& shape, size_t elem, uint64_t* out) {
-  uint64_t n = elem;
-  for (int64_t d : shape) {
-    const auto ud = static_cast<uint64_t>(d);
-    if (ud != 0 && n > std::numeric_limits<uint64_t>::max() / ud) return false;
-    n *= ud;
-  }
-  *out = n;
-  return true;
 }
 
 bool convertible(DType t) {
@@ -96,6 +85,28 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
   }
 }
 
+// Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
+// equal keys, so a header listing a tensor twice would load silently; its parser callback sees
+// every key as it is read. `what` names the document in messages ("header", "index").
+template <typename It>
+ojson parse_unique_keys(It begin, It end, const std::string& path, const char* what) {
+  std::vector<std::pair<std::string, std::set<std::string>>> open;  // per open object: where, keys
+  std::string last_key;
+  auto check = [&](int /*depth*/, ojson::parse_event_t event, ojson& parsed) {
+    if (event == ojson::parse_event_t::object_start) {
+      open.emplace_back(open.empty() ? std::string("the top level") : "'" + last_key + "'", std::set<std::string>{});
+    } else if (event == ojson::parse_event_t::object_end) {
+      open.pop_back();
+    } else if (event == ojson::parse_event_t::key) {
+      last_key = parsed.get<std::string>();
+      TPDRAFT_CHECK(open.back().second.insert(last_key).second, "{}: key '{}' appears twice in {} of the {}", path,
+                    last_key, open.back().first, what);
+    }
+    return true;
+  };
+  return ojson::parse(begin, end, check);
+}
+
 const ojson& require_key(const ojson& entry, const char* key, const std::string& path, const std::string& name) {
   auto it = entry.find(key);
   TPDRAFT_CHECK(it != entry.end(), "{}: tensor '{}' has no '{}' in the header", path, name, key);
@@ -106,11 +117,7 @@ const ojson& require_key(const ojson& entry, const char* key, const std::string&
 
 // ---- TensorInfo ------------------------------------------------------------------------------
 
-int64_t TensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t TensorInfo::numel() const { return checked_numel(shape, "{}: tensor '{}'", file, name); }
 
 int64_t TensorInfo::rows() const { return shape.size() >= 2 ? shape[0] : 1; }
 
@@ -118,7 +125,7 @@ int64_t TensorInfo::cols() const {
   if (shape.empty()) return 1;
   if (shape.size() == 1) return shape[0];
   int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  for (size_t i = 1; i < shape.size(); ++i) n = checked_mul(n, shape[i], "{}: columns of tensor '{}'", file, name);
   return n;
 }
 
@@ -165,9 +172,7 @@ Range parse_entry(const std::string& path, const std::string& name, const ojson&
                 "{}: tensor '{}' has data_offsets [{}, {}] past the end of the data area ({} bytes)", path, name,
                 begin, end, data_size);
 
-  uint64_t expected = 0;
-  TPDRAFT_CHECK(checked_nbytes(info->shape, dtype_size(info->dtype), &expected),
-                "{}: tensor '{}' has shape {} whose byte size overflows", path, name, shape_to_string(info->shape));
+  const uint64_t expected = checked_bytes(info->shape, dtype_size(info->dtype), "{}: tensor '{}'", path, name);
   TPDRAFT_CHECK(expected == end - begin,
                 "{}: tensor '{}' with shape {} and dtype {} needs {} bytes, but its data_offsets span {} bytes", path,
                 name, shape_to_string(info->shape), dtype_name(info->dtype), expected, end - begin);
@@ -195,12 +200,13 @@ void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TPDRAFT_CHECK(fd >= 0, "{}: cannot open safetensors file ({})", path, std::strerror(errno));
+  // Never blocks: a FIFO or device given as a checkpoint or taps file is refused, not waited on.
+  const int fd = open_regular_file(path, "safetensors file");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    TPDRAFT_FAIL("{}: not a regular file", path);
+    TPDRAFT_FAIL("{}: cannot read the size of the safetensors file ({})", path, std::strerror(err));
   }
   const auto file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -228,7 +234,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
     ojson header;
     try {
-      header = ojson::parse(bytes + 8, bytes + 8 + header_len);
+      header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
     } catch (const nlohmann::json::exception& e) {
       TPDRAFT_FAIL("{}: header is not valid JSON ({})", path, e.what());
     }
@@ -286,11 +292,10 @@ struct IndexEntry {
 
 // Reads weight_map of an index file, in file order.
 std::vector<IndexEntry> read_index(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  TPDRAFT_CHECK(in.good(), "{}: cannot open index file", index_path);
+  const std::string text = read_regular_file(index_path, "index file");
   ojson j;
   try {
-    j = ojson::parse(in);
+    j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
   } catch (const nlohmann::json::exception& e) {
     TPDRAFT_FAIL("{}: index is not valid JSON ({})", index_path, e.what());
   }
@@ -315,6 +320,23 @@ std::vector<std::string> safetensors_in(const fs::path& dir) {
   return out;
 }
 
+// A shard named by an index must lie inside the index's directory: a relative path that never
+// climbs out with '..' (a shard elsewhere would let a downloaded index read any file).
+void check_shard_inside(const std::string& index_path, const fs::path& dir, const IndexEntry& e) {
+  const fs::path shard(e.shard);
+  bool inside = !shard.empty() && shard.is_relative() && !shard.has_root_name();
+  int depth = 0;
+  for (const auto& part : shard.lexically_normal()) {
+    if (part == "..") --depth;
+    else if (part != "." && !part.empty()) ++depth;
+    inside = inside && depth >= 0;
+  }
+  TPDRAFT_CHECK(inside,
+                "{}: shard '{}' (holding tensor '{}') is outside the model directory {}; shards must be named by "
+                "paths relative to it, without '..'",
+                index_path, e.shard, e.tensor, dir.empty() ? "." : dir.string());
+}
+
 // Opens the shards an index names (each once), checking every mapped tensor is really there.
 std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::string& index_path) {
   const std::vector<IndexEntry> entries = read_index(index_path);
@@ -323,9 +345,10 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::strin
   std::map<std::string, const SafetensorsFile*> shards;  // shard name as written -> opened file
   for (const auto& e : entries) {
     if (shards.count(e.shard)) continue;
+    check_shard_inside(index_path, dir, e);
     const std::string shard_path = (dir / e.shard).string();
     std::error_code ec;
-    TPDRAFT_CHECK(fs::is_regular_file(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",
+    TPDRAFT_CHECK(fs::exists(shard_path, ec), "{}: shard '{}' (holding tensor '{}') does not exist at {}",
                   index_path, e.shard, e.tensor, shard_path);
     files.push_back(std::make_unique<SafetensorsFile>(shard_path));
     shards[e.shard] = files.back().get();
@@ -484,8 +507,8 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
     TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
                   shape_to_string(shape));
   }
-  uint64_t expected = 0;
-  TPDRAFT_CHECK(checked_nbytes(shape, dtype_size(dtype), &expected) && expected == nbytes,
+  const size_t expected = checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name);
+  TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
                 shape_to_string(shape), dtype_name(dtype), expected, nbytes);
   Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
@@ -497,10 +520,8 @@ void SafetensorsWriter::add_f32(const std::string& name, DType dtype, const std:
                                 const float* data) {
   TPDRAFT_CHECK(is_float_weight(dtype), "safetensors writer: tensor '{}': cannot store f32 values as {}", name,
                 dtype_name(dtype));
-  uint64_t n = 0;
-  TPDRAFT_CHECK(checked_nbytes(shape, 1, &n), "safetensors writer: tensor '{}' shape {} overflows", name,
-                shape_to_string(shape));
-  std::vector<std::byte> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  const int64_t n = checked_numel(shape, "safetensors writer: tensor '{}'", name);
+  std::vector<std::byte> bytes(checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name));
   convert_from_f32(dtype, data, bytes.data(), static_cast<size_t>(n));
   add(name, dtype, shape, bytes.data(), bytes.size());
 }

@@ -26,51 +26,50 @@ double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id) {
 
 double gumbel_noise(uint64_t seed, uint64_t row, uint64_t id) { return -std::log(-std::log(sampling_uniform(seed, row, id))); }
 
-Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s) {
+namespace {
+void check_sampling(const SamplingParams& s) {
   TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
   TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
   TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
+}
+}  // namespace
+
+std::vector<int64_t> kept_set(const float* logits, int64_t vocab, const SamplingParams& s) {
+  std::vector<int64_t> kept(static_cast<size_t>(vocab));
+  std::iota(kept.begin(), kept.end(), int64_t{0});
+  if (s.top_k == 0 && s.top_p >= 1.0) return kept;
   const double inv_t = 1.0 / s.temperature;
-  // The kept set, as ids in candidate order when filtered; all ids otherwise.
-  std::vector<int64_t> kept;
-  const bool filtered = s.top_k > 0 || s.top_p < 1.0;
-  if (filtered) {
-    kept.resize(static_cast<size_t>(vocab));
-    std::iota(kept.begin(), kept.end(), int64_t{0});
-    auto before = [&](int64_t a, int64_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    };
-    const int64_t k = s.top_k > 0 ? std::min(s.top_k, vocab) : vocab;
-    if (k < vocab) {
-      std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
-      kept.resize(static_cast<size_t>(k));
-    } else {
-      std::sort(kept.begin(), kept.end(), before);
-    }
-    if (s.top_p < 1.0) {
-      const double mx = logits[kept.front()] * inv_t;
-      double z = 0;
-      for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
-      double mass = 0;
-      size_t n = 0;
-      while (n < kept.size()) {
-        mass += std::exp(logits[kept[n]] * inv_t - mx) / z;
-        ++n;
-        if (mass >= s.top_p) break;
-      }
-      kept.resize(n);
-    }
+  auto before = [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const int64_t k = s.top_k > 0 ? std::min(s.top_k, vocab) : vocab;
+  if (k < vocab) {
+    std::partial_sort(kept.begin(), kept.begin() + k, kept.end(), before);
+    kept.resize(static_cast<size_t>(k));
+  } else {
+    std::sort(kept.begin(), kept.end(), before);
   }
-  auto for_each_kept = [&](auto&& fn) {
-    if (filtered) {
-      for (int64_t id : kept) fn(id);
-    } else {
-      for (int64_t id = 0; id < vocab; ++id) fn(id);
+  if (s.top_p < 1.0) {
+    const double mx = logits[kept.front()] * inv_t;
+    double z = 0;
+    for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
+    double mass = 0;
+    size_t n = 0;
+    while (n < kept.size()) {
+      mass += std::exp(logits[kept[n]] * inv_t - mx) / z;
+      ++n;
+      if (mass >= s.top_p) break;
     }
-  };
+    kept.resize(n);
+  }
+  return kept;
+}
+
+Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s) {
+  check_sampling(s);
+  const double inv_t = 1.0 / s.temperature;
+  const std::vector<int64_t> kept = kept_set(logits, vocab, s);
   double mx = -INFINITY, best_key = -INFINITY;
   int64_t best = -1;
-  for_each_kept([&](int64_t id) {
+  for (int64_t id : kept) {
     const double z = logits[id] * inv_t;
     mx = std::max(mx, z);
     const double key = z + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id));
@@ -78,10 +77,46 @@ Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const S
       best_key = key;
       best = id;
     }
-  });
+  }
   double z = 0;
-  for_each_kept([&](int64_t id) { z += std::exp(logits[id] * inv_t - mx); });
+  for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
   return {best, static_cast<float>(std::exp(logits[best] * inv_t - mx) / z)};
+}
+
+Support support_from_logits(const float* logits, int64_t vocab, const SamplingParams& s) {
+  check_sampling(s);
+  const double inv_t = 1.0 / s.temperature;
+  const std::vector<int64_t> kept = kept_set(logits, vocab, s);
+  double mx = -INFINITY;
+  for (int64_t id : kept) mx = std::max(mx, logits[id] * inv_t);
+  double z = 0;
+  for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
+  Support out;
+  out.reserve(kept.size());
+  for (int64_t id : kept) out.push_back({id, std::exp(logits[id] * inv_t - mx) / z});
+  return out;
+}
+
+RowDistribution shape_distribution(Support support, int64_t width, int64_t vocab) {
+  RowDistribution d;
+  if (width == kFullDistribution) {
+    d.probs.assign(static_cast<size_t>(vocab), 0.0f);
+    for (const auto& [id, p] : support) d.probs[static_cast<size_t>(id)] = static_cast<float>(p);
+    return d;
+  }
+  TPDRAFT_CHECK(width > 0, "a distribution's width must be > 0 or {} (every token), got {}", kFullDistribution, width);
+  const size_t keep = std::min(support.size(), static_cast<size_t>(width));
+  std::partial_sort(support.begin(), support.begin() + static_cast<std::ptrdiff_t>(keep), support.end(),
+                    [](const auto& a, const auto& b) { return a.second > b.second || (a.second == b.second && a.first < b.first); });
+  double kept = 0;
+  for (size_t i = 0; i < static_cast<size_t>(width); ++i) {
+    const bool real = i < keep;
+    d.ids.push_back(real ? support[i].first : -1);
+    d.probs.push_back(real ? static_cast<float>(support[i].second) : 0.0f);
+    if (real) kept += support[i].second;
+  }
+  d.rest = static_cast<float>(std::max(0.0, 1.0 - kept));
+  return d;
 }
 
 }  // namespace tpdraft::model

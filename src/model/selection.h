@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace tpdraft::model {
@@ -38,13 +39,35 @@ struct Pick {
 // DFlash sampling over one row's full logits [V] (ids 0..V-1), docs/sampling.md.
 Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s);
 
+// The tokens a DFlash draw at temperature > 0 may take (top_k, then top_p; every id when neither
+// filters), in candidate order when filtered.
+std::vector<int64_t> kept_set(const float* logits, int64_t vocab, const SamplingParams& s);
+
+// One draft row's distribution as a caller asked for it. Width w > 0: the w most likely tokens
+// (probability descending, ties to the lower id; id -1 with probability 0 pads a narrower
+// support) and `rest`, the mass of every other token. Width kFullDistribution: the probability
+// of every token of the vocabulary in `probs` (ids implied, 0 .. V-1; `ids` empty).
+struct RowDistribution {
+  std::vector<int64_t> ids;
+  std::vector<float> probs;
+  float rest = 0.0f;
+};
+constexpr int64_t kFullDistribution = -1;
+using Support = std::vector<std::pair<int64_t, double>>;  // (token, probability); others 0
+
+// Shapes a support into a RowDistribution of `width`; rest = 1 - the mass kept (never below 0).
+RowDistribution shape_distribution(Support support, int64_t width, int64_t vocab);
+// The draw's distribution from one row's full logits: softmax(logits / T) over kept_set.
+Support support_from_logits(const float* logits, int64_t vocab, const SamplingParams& s);
+
 // The DFlash 2 selector walk over rows r = 1..B-1 of one block.
 // cands[r-1]: the k_top candidates of row r in candidate order; proj[r-1]: s_r [R];
-// pred(token, out[R]) / succ(token, out[R]) fetch codebook rows.
+// pred(token, out[R]) / succ(token, out[R]) fetch codebook rows. With `supports`, each row's
+// draft distribution too: the pick alone when greedy, softmax(score / T) over the candidates.
 template <typename Rows>
 std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Candidate>>& cands,
                                 const std::vector<std::vector<float>>& proj, const Rows& rows, int64_t rank,
-                                const SamplingParams& s);
+                                const SamplingParams& s, std::vector<Support>* supports = nullptr);
 
 }  // namespace tpdraft::model
 

@@ -10,7 +10,7 @@ namespace tpdraft::model {
 template <typename Rows>
 std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Candidate>>& cands,
                                 const std::vector<std::vector<float>>& proj, const Rows& rows, int64_t rank,
-                                const SamplingParams& s) {
+                                const SamplingParams& s, std::vector<Support>* supports) {
   std::vector<Pick> picks;
   picks.reserve(cands.size());
   std::vector<float> prev_row(static_cast<size_t>(rank)), succ_row(static_cast<size_t>(rank));
@@ -35,6 +35,7 @@ std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Ca
       for (size_t j = 1; j < c.size(); ++j)
         if (score[j] > score[best]) best = j;
       pick = {c[best].id, 1.0f};
+      if (supports != nullptr) supports->push_back({{c[best].id, 1.0}});
     } else {
       double best_key = -INFINITY, mx = -INFINITY;
       for (size_t j = 0; j < c.size(); ++j) {
@@ -48,6 +49,11 @@ std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Ca
       double z = 0;
       for (size_t j = 0; j < c.size(); ++j) z += std::exp(score[j] / s.temperature - mx);
       pick = {c[best].id, static_cast<float>(std::exp(score[best] / s.temperature - mx) / z)};
+      if (supports != nullptr) {
+        Support row_support;
+        for (size_t j = 0; j < c.size(); ++j) row_support.push_back({c[j].id, std::exp(score[j] / s.temperature - mx) / z});
+        supports->push_back(std::move(row_support));
+      }
     }
     picks.push_back(pick);
     prev = pick.token;

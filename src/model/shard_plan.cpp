@@ -1,5 +1,6 @@
 // Shard plan rules: heads and FFN split evenly, kv heads replicated when tp > Nk (each rank takes
-// kv head floor(rank * Nk / tp)), vocabulary split over V padded to a multiple of tp.
+// kv head floor(rank * Nk / tp)), vocabulary split over V padded to a multiple of tp; and the
+// share of every checkpoint tensor that follows from them.
 #include "model/shard_plan.h"
 
 #include <algorithm>
@@ -41,6 +42,72 @@ std::string ShardPlan::describe() const {
   return fmt::format("rank {}/{}: q heads [{}, {}), kv heads [{}, {}), ffn [{}, {}), vocab [{}, {})", rank, tp,
                      q_heads.begin, q_heads.end, kv_heads.begin, kv_heads.end, ffn.begin, ffn.end, vocab.begin,
                      vocab.end);
+}
+
+size_t context_bytes_per_position(const DrafterConfig& cfg, const ShardPlan& plan) {
+  return static_cast<size_t>(cfg.layers) * 2 * static_cast<size_t>(plan.kv_heads.size() * cfg.head_dim) *
+         kContextElementBytes;
+}
+
+size_t TensorShare::backend_bytes(DType dtype) const {
+  if (placement == Placement::HostMapped) return 0;
+  return static_cast<size_t>(elements()) * (as_f32 ? sizeof(float) : dtype_size(dtype));
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const std::string x(suffix);
+  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+
+// The [rows, cols] view of a shape: dim 0 against the product of the rest.
+TensorShare whole(const std::vector<int64_t>& shape, bool as_f32) {
+  int64_t cols = 1;
+  for (size_t i = 1; i < shape.size(); ++i) cols *= shape[i];
+  TensorShare s;
+  s.rows = {0, shape.empty() ? 1 : shape[0]};
+  s.cols = {0, cols};
+  s.as_f32 = as_f32;
+  return s;
+}
+
+TensorShare split(TensorShare s, Placement how, Range part) {
+  s.placement = how;
+  (how == Placement::SplitRows ? s.rows : s.cols) = part;
+  return s;
+}
+
+}  // namespace
+
+TensorShare tensor_share(const DrafterConfig& cfg, const ShardPlan& plan, const std::string& name,
+                         const std::vector<int64_t>& shape) {
+  const int64_t D = cfg.head_dim;
+  const Range q{plan.q_heads.begin * D, plan.q_heads.end * D};
+  const Range kv{plan.kv_heads.begin * D, plan.kv_heads.end * D};
+  const bool vector = ends_with(name, ".bias") || ends_with(name, "norm.weight") || ends_with(name, "base_kernel");
+  const TensorShare all = whole(shape, vector);
+  // Column-parallel projections keep their output rows; row-parallel ones their input columns.
+  if (ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias")) return split(all, Placement::SplitRows, q);
+  if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight") || ends_with(name, "k_proj.bias") ||
+      ends_with(name, "v_proj.bias"))
+    return split(all, Placement::SplitRows, kv);
+  if (ends_with(name, "o_proj.weight")) return split(all, Placement::SplitColumns, q);
+  if (ends_with(name, "gate_proj.weight") || ends_with(name, "up_proj.weight"))
+    return split(all, Placement::SplitRows, plan.ffn);
+  if (ends_with(name, "down_proj.weight")) return split(all, Placement::SplitColumns, plan.ffn);
+  // The target head: this rank's vocabulary rows (padding rows belong to nobody).
+  if (ends_with(name, "lm_head.weight")) return split(all, Placement::SplitRows, plan.vocab);
+  // Tables read a row at a time (embedding lookups, selector codebooks) stay in the file mapping.
+  if (ends_with(name, "embed_tokens.weight") || ends_with(name, "_codebook") || ends_with(name, "_codebook.weight")) {
+    TensorShare mapped = all;
+    mapped.placement = Placement::HostMapped;
+    return mapped;
+  }
+  if (vector || ends_with(name, "o_proj.bias") || name == "fc.weight" || ends_with(name, "kernel_projection.weight") ||
+      ends_with(name, "hidden_projection.weight"))
+    return all;
+  TPDRAFT_FAIL("no shard rule for tensor '{}'", name);
 }
 
 }  // namespace tpdraft::model

@@ -14,13 +14,13 @@ namespace tpdraft::model {
 
 namespace {
 
-// A candidate as it travels: fixed layout, 16 bytes.
+// A candidate as it travels: fixed layout.
 struct WireCandidate {
   float value;
   uint32_t valid;
   int64_t id;
 };
-static_assert(sizeof(WireCandidate) == 16, "wire layout");
+static_assert(sizeof(WireCandidate) == kCandidateWireBytes, "wire layout");
 
 // A rank's best Gumbel key of one row, with the logit behind it.
 struct WireDraw {
@@ -29,10 +29,7 @@ struct WireDraw {
   float logit = 0;
   uint32_t valid = 0;
 };
-static_assert(sizeof(WireDraw) == 24, "wire layout");
-
-// Tokens a top-p draw without top-k may need before falling back to the full gather.
-constexpr int64_t kTopPPool = 256;
+static_assert(sizeof(WireDraw) == kDrawWireBytes, "wire layout");
 
 }  // namespace
 
@@ -91,101 +88,165 @@ std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSl
   return full;
 }
 
+namespace {
+
+// The exchanges every sampled batch of rows shares: the merged candidate pool of each row (its
+// front is the row's max) and, unless top-k bounds the kept set, the all-reduced sum of
+// exp((l - max) / T) over the whole vocabulary.
+struct SampledRows {
+  std::vector<std::vector<Candidate>> pool;
+  std::vector<float> sums;
+};
+
+SampledRows exchange_pools(const float* local, int64_t rows, const VocabSlice& slice, const SamplingParams& s,
+                           int64_t pool, parallel::Communicator& comm) {
+  const double inv_t = 1.0 / s.temperature;
+  const int64_t w = slice.width;
+  std::vector<std::vector<Candidate>> tops(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) tops[static_cast<size_t>(r)] = local_top(local + r * w, w, slice.id_base, pool);
+  SampledRows out{merge_candidates(tops, pool, comm), std::vector<float>(static_cast<size_t>(rows), 0.0f)};
+  if (s.top_k > 0) return out;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double mx = out.pool[static_cast<size_t>(r)].front().value * inv_t;
+    double z = 0;
+    for (int64_t v = 0; v < w; ++v) z += std::exp(local[r * w + v] * inv_t - mx);
+    out.sums[static_cast<size_t>(r)] = static_cast<float>(z);
+  }
+  comm.all_reduce_sum(out.sums.data(), out.sums.size());
+  return out;
+}
+
+// Unfiltered draws: Gumbel-max over each rank's slice, then the best key across ranks (ties to
+// the lower id): one exchange of (key, id, logit) per row.
+std::vector<Pick> draw_unfiltered(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
+                                  const SamplingParams& s, const SampledRows& x, parallel::Communicator& comm) {
+  const double inv_t = 1.0 / s.temperature;
+  const int64_t w = slice.width;
+  std::vector<WireDraw> mine(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t row = static_cast<uint64_t>(first_row + r);
+    WireDraw& d = mine[static_cast<size_t>(r)];
+    for (int64_t v = 0; v < w; ++v) {
+      const double key = local[r * w + v] * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(slice.id_base + v));
+      if (!d.valid || key > d.key) d = {key, slice.id_base + v, local[r * w + v], 1};
+    }
+  }
+  std::vector<WireDraw> all(mine.size() * static_cast<size_t>(comm.size()));
+  comm.all_gather(mine.data(), all.data(), mine.size() * sizeof(WireDraw));
+  std::vector<Pick> picks(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const WireDraw* best = nullptr;
+    for (int q = 0; q < comm.size(); ++q) {
+      const WireDraw& d = all[static_cast<size_t>(q) * mine.size() + static_cast<size_t>(r)];
+      if (d.valid && (best == nullptr || d.key > best->key || (d.key == best->key && d.id < best->id))) best = &d;
+    }
+    const double mx = x.pool[static_cast<size_t>(r)].front().value * inv_t;
+    picks[static_cast<size_t>(r)] = {best->id, static_cast<float>(std::exp(best->logit * inv_t - mx) / x.sums[static_cast<size_t>(r)])};
+  }
+  return picks;
+}
+
+// The kept prefix of a filtered row's pool (top-k, then the top-p prefix), or 0 when the
+// nucleus needs more tokens than the pool holds (the row then takes the full-logits path).
+size_t kept_prefix(const std::vector<Candidate>& cand, const SamplingParams& s, double sum_all, int64_t vocab) {
+  if (s.top_p >= 1.0) return cand.size();
+  const double inv_t = 1.0 / s.temperature, mx = cand.front().value * inv_t;
+  double norm = sum_all;
+  if (s.top_k > 0) {
+    norm = 0;
+    for (const Candidate& c : cand) norm += std::exp(c.value * inv_t - mx);
+  }
+  double mass = 0;
+  size_t n = 0;
+  while (n < cand.size()) {
+    mass += std::exp(cand[n].value * inv_t - mx) / norm;
+    ++n;
+    if (mass >= s.top_p) break;
+  }
+  const bool overflow = mass < s.top_p && s.top_k == 0 && static_cast<int64_t>(cand.size()) < vocab;
+  return overflow ? 0 : n;
+}
+
+// softmax(value / T) over the first `keep` candidates.
+Support pool_support(const std::vector<Candidate>& cand, size_t keep, double inv_t) {
+  const double mx = cand.front().value * inv_t;
+  double z = 0;
+  for (size_t i = 0; i < keep; ++i) z += std::exp(cand[i].value * inv_t - mx);
+  Support out;
+  for (size_t i = 0; i < keep; ++i) out.push_back({cand[i].id, std::exp(cand[i].value * inv_t - mx) / z});
+  return out;
+}
+
+// A draw among the first `keep` candidates by the keyed Gumbel noise over value / T (ties to
+// the lower id), and its probability.
+Pick draw_from(const std::vector<Candidate>& cand, size_t keep, double inv_t, uint64_t seed, uint64_t row) {
+  double best_key = -INFINITY;
+  size_t best = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    const double key = cand[i].value * inv_t + gumbel_noise(seed, row, static_cast<uint64_t>(cand[i].id));
+    if (key > best_key || (key == best_key && cand[i].id < cand[best].id)) {
+      best_key = key;
+      best = i;
+    }
+  }
+  const double mx = cand.front().value * inv_t;
+  double z = 0;
+  for (size_t i = 0; i < keep; ++i) z += std::exp(cand[i].value * inv_t - mx);
+  return {cand[best].id, static_cast<float>(std::exp(cand[best].value * inv_t - mx) / z)};
+}
+
+}  // namespace
+
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
-                                 const SamplingParams& s, parallel::Communicator& comm) {
+                                 const SamplingParams& s, parallel::Communicator& comm, int64_t dist_width,
+                                 std::vector<RowDistribution>* dists) {
   TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
   TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
   TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
   const double inv_t = 1.0 / s.temperature;
-  const int64_t w = slice.width;
-  const bool filtered = s.top_k > 0 || s.top_p < 1.0;
-  const int64_t pool = s.top_k > 0 ? std::min(s.top_k, slice.vocab) : std::min(kTopPPool, slice.vocab);
+  const int64_t V = slice.vocab;
+  const bool filtered = s.top_k > 0 || s.top_p < 1.0, want = dists != nullptr && dist_width != 0;
+  // The pool: top_k; for top-p alone the nucleus search (and a wider distribution asked for);
+  // unfiltered, the max (and the top of the distribution asked for).
+  const int64_t asked = want && dist_width > 0 ? dist_width : 1;
+  const int64_t pool = std::min(V, s.top_k > 0 ? s.top_k : filtered ? std::max(kTopPPool, asked) : asked);
+  const SampledRows x = exchange_pools(local, rows, slice, s, pool, comm);
 
-  // Exchange 1: the global max of every row (and, when filtered, the candidate pool).
-  std::vector<std::vector<Candidate>> tops(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) tops[static_cast<size_t>(r)] = local_top(local + r * w, w, slice.id_base, filtered ? pool : 1);
-  const auto merged = merge_candidates(tops, filtered ? pool : 1, comm);
-  // Exchange 2: sum of exp((l - max) / T) over the whole vocabulary (needed unless top-k bounds the set).
-  std::vector<float> sums(static_cast<size_t>(rows), 0.0f);
-  const bool need_z = s.top_k == 0;
-  if (need_z) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const double mx = merged[static_cast<size_t>(r)].front().value * inv_t;
-      double z = 0;
-      for (int64_t v = 0; v < w; ++v) z += std::exp(local[r * w + v] * inv_t - mx);
-      sums[static_cast<size_t>(r)] = static_cast<float>(z);
-    }
-    comm.all_reduce_sum(sums.data(), sums.size());
-  }
-
-  std::vector<Pick> picks(static_cast<size_t>(rows));
+  std::vector<Pick> picks;
+  std::vector<size_t> keep(static_cast<size_t>(rows), 0);
   if (!filtered) {
-    // Gumbel-max over each rank's slice, then the best key across ranks (ties to the lower id):
-    // one exchange of (key, id, logit) per row.
-    std::vector<WireDraw> mine(static_cast<size_t>(rows));
+    picks = draw_unfiltered(local, rows, first_row, slice, s, x, comm);
+  } else {
+    picks.resize(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
-      const uint64_t row = static_cast<uint64_t>(first_row + r);
-      WireDraw& d = mine[static_cast<size_t>(r)];
-      for (int64_t v = 0; v < w; ++v) {
-        const double key = local[r * w + v] * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(slice.id_base + v));
-        if (!d.valid || key > d.key) d = {key, slice.id_base + v, local[r * w + v], 1};
-      }
+      const auto& cand = x.pool[static_cast<size_t>(r)];
+      keep[static_cast<size_t>(r)] = kept_prefix(cand, s, x.sums[static_cast<size_t>(r)], V);
+      if (keep[static_cast<size_t>(r)] == 0) continue;
+      picks[static_cast<size_t>(r)] =
+          draw_from(cand, keep[static_cast<size_t>(r)], inv_t, s.seed, static_cast<uint64_t>(first_row + r));
     }
-    std::vector<WireDraw> all(mine.size() * static_cast<size_t>(comm.size()));
-    comm.all_gather(mine.data(), all.data(), mine.size() * sizeof(WireDraw));
-    for (int64_t r = 0; r < rows; ++r) {
-      const WireDraw* best = nullptr;
-      for (int q = 0; q < comm.size(); ++q) {
-        const WireDraw& d = all[static_cast<size_t>(q) * mine.size() + static_cast<size_t>(r)];
-        if (d.valid && (best == nullptr || d.key > best->key || (d.key == best->key && d.id < best->id))) best = &d;
-      }
-      const double mx = merged[static_cast<size_t>(r)].front().value * inv_t;
-      picks[static_cast<size_t>(r)] = {best->id, static_cast<float>(std::exp(best->logit * inv_t - mx) / sums[static_cast<size_t>(r)])};
-    }
-    return picks;
   }
-  std::vector<int64_t> overflow;  // rows whose top-p mass needs more than the pool
+  // Rows whose nucleus is wider than the pool, and whole distributions asked for, read the full
+  // logits: every rank sees the same rows and the same request, so all of them gather.
+  const bool overflow = filtered && std::count(keep.begin(), keep.end(), size_t{0}) > 0;
+  std::vector<float> full;
+  if (overflow || (want && dist_width == kFullDistribution)) full = gather_logits(local, rows, slice, comm);
+  for (int64_t r = 0; r < rows && overflow; ++r)
+    if (keep[static_cast<size_t>(r)] == 0) picks[static_cast<size_t>(r)] = sample_from_logits(full.data() + r * V, V, first_row + r, s);
+  if (!want) return picks;
+  dists->clear();
   for (int64_t r = 0; r < rows; ++r) {
-    const auto& cand = merged[static_cast<size_t>(r)];
-    const uint64_t row = static_cast<uint64_t>(first_row + r);
-    const double mx = cand.front().value * inv_t;
-    // The kept set from the merged pool: top-k, then the top-p prefix.
-    size_t keep = cand.size();
-    double z = 0;
-    for (const Candidate& c : cand) z += std::exp(c.value * inv_t - mx);
-    if (s.top_p < 1.0) {
-      const double norm = s.top_k > 0 ? z : static_cast<double>(sums[static_cast<size_t>(r)]);
-      double mass = 0;
-      size_t n = 0;
-      while (n < cand.size()) {
-        mass += std::exp(cand[n].value * inv_t - mx) / norm;
-        ++n;
-        if (mass >= s.top_p) break;
-      }
-      if (mass < s.top_p && s.top_k == 0 && static_cast<int64_t>(cand.size()) < slice.vocab) {
-        overflow.push_back(r);
-        continue;
-      }
-      keep = n;
-      z = 0;
-      for (size_t i = 0; i < keep; ++i) z += std::exp(cand[i].value * inv_t - mx);
+    const auto& cand = x.pool[static_cast<size_t>(r)];
+    Support support;
+    if (!full.empty() && (dist_width == kFullDistribution || (filtered && keep[static_cast<size_t>(r)] == 0))) {
+      support = support_from_logits(full.data() + r * V, V, s);
+    } else if (filtered) {
+      support = pool_support(cand, keep[static_cast<size_t>(r)], inv_t);
+    } else {
+      const double mx = cand.front().value * inv_t, z = x.sums[static_cast<size_t>(r)];
+      for (const Candidate& c : cand) support.push_back({c.id, std::exp(c.value * inv_t - mx) / z});
     }
-    double best_key = -INFINITY;
-    size_t best = 0;
-    for (size_t i = 0; i < keep; ++i) {
-      const double key = cand[i].value * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(cand[i].id));
-      if (key > best_key || (key == best_key && cand[i].id < cand[best].id)) {
-        best_key = key;
-        best = i;
-      }
-    }
-    picks[static_cast<size_t>(r)] = {cand[best].id, static_cast<float>(std::exp(cand[best].value * inv_t - mx) / z)};
-  }
-  // Rows whose nucleus is wider than the pool: every rank saw the same overflow, so all gather.
-  if (!overflow.empty()) {
-    const std::vector<float> full = gather_logits(local, rows, slice, comm);
-    for (int64_t r : overflow)
-      picks[static_cast<size_t>(r)] = sample_from_logits(full.data() + r * slice.vocab, slice.vocab, first_row + r, s);
+    dists->push_back(shape_distribution(std::move(support), dist_width, V));
   }
   return picks;
 }

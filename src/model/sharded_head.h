@@ -5,6 +5,7 @@
 // exchange is the identity, so tp = 1 takes the same path.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -12,6 +13,13 @@
 #include "parallel/communicator.h"
 
 namespace tpdraft::model {
+
+// Bytes per item on the wire: a candidate (value f32, valid u32, id i64) and a rank's best
+// Gumbel draw of a row (key f64, id i64, logit f32, valid u32). The cost model counts with these.
+constexpr size_t kCandidateWireBytes = 16;
+constexpr size_t kDrawWireBytes = 24;
+// Tokens a top-p draw without top-k may need before falling back to the full gather.
+constexpr int64_t kTopPPool = 256;
 
 // This rank's slice of the vocabulary: ids [id_base, id_base + width) of the first `vocab`;
 // `slice_stride` = Vp / tp, the widest slice (narrower ones are padded in exchanges).
@@ -34,8 +42,12 @@ std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSl
                                  parallel::Communicator& comm);
 
 // Samples one draft per row r = first_row .. first_row + rows - 1 from vocabulary-sharded logits
-// (local: [rows, slice.width]) following docs/sampling.md exactly; identical on every rank.
+// (local: [rows, slice.width]) following docs/sampling.md exactly; identical on every rank. With
+// `dists`, each row's draft distribution of `dist_width` (selection.h): exact over the kept set
+// when it is filtered; unfiltered, the top dist_width by the exact normaliser; the whole
+// vocabulary (kFullDistribution) gathers the logits.
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
-                                 const SamplingParams& s, parallel::Communicator& comm);
+                                 const SamplingParams& s, parallel::Communicator& comm, int64_t dist_width = 0,
+                                 std::vector<RowDistribution>* dists = nullptr);
 
 }  // namespace tpdraft::model

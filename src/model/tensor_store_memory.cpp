@@ -1,5 +1,6 @@
 // TensorStore over in-memory tensors: the same lookups and checks as for files, so the drafter
 // loads random benchmark weights through exactly the path real checkpoints take.
+#include "core/checked.h"
 #include "core/error.h"
 #include "model/safetensors.h"
 
@@ -17,9 +18,10 @@ std::shared_ptr<TensorStore> TensorStore::from_memory(const std::string& label, 
     info->data = t.bytes.data();
     info->nbytes = t.bytes.size();
     info->file = label;
-    TPDRAFT_CHECK(static_cast<size_t>(info->numel()) * dtype_size(t.dtype) == t.bytes.size(),
-                  "{}: tensor '{}' holds {} bytes, expected {} for shape {}", label, t.name, t.bytes.size(),
-                  static_cast<size_t>(info->numel()) * dtype_size(t.dtype), info->shape_str());
+    // The loader trusts shape x dtype size as the tensor's extent: it must be these bytes exactly.
+    const size_t expected = checked_bytes(t.shape, dtype_size(t.dtype), "{}: tensor '{}'", label, t.name);
+    TPDRAFT_CHECK(expected == t.bytes.size(), "{}: tensor '{}' holds {} bytes, expected {} for shape {} of {}", label,
+                  t.name, t.bytes.size(), expected, info->shape_str(), dtype_name(t.dtype));
     const std::string canon = t.name.rfind("model.", 0) == 0 ? t.name.substr(6) : t.name;
     TPDRAFT_CHECK(store->by_name_.emplace(canon, info.get()).second, "{}: tensor '{}' appears twice", label, canon);
     store->prefix_of_[canon] = t.name;

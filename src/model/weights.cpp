@@ -1,11 +1,13 @@
 // Loading a rank's share of the drafter: every tensor's shape checked (docs/checkpoint.md), only the
-// rank's rows / columns copied (in chunks of ~64 MiB, so a rank never stages a whole matrix).
+// rows / columns tensor_share() assigns the rank copied (in chunks of ~64 MiB, so a rank never
+// stages a whole matrix).
 #include "model/weights.h"
 
 #include <algorithm>
 #include <chrono>
 #include <set>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -19,6 +21,15 @@ constexpr size_t kStageBytes = 16u << 20;
 std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
 // A view of rows [row0, row0 + n) of a 2-D tensor, for chunked copies.
+// Refuses a NaN or Inf among the n x width elements just staged from rows row0.. and columns
+// col0.. of t: one such weight turns every logit into NaN and the draft into token -1.
+void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t width, int64_t row0, int64_t col0) {
+  const int64_t i = find_non_finite(t.dtype, staged, static_cast<size_t>(n * width));
+  if (i < 0) return;
+  TPDRAFT_FAIL("{}: tensor '{}' holds a non-finite value (NaN or Inf) at row {}, column {}; weights must be finite",
+               t.file, t.name, row0 + i / width, col0 + i % width);
+}
+
 TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
   TensorInfo v = t;
   const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
@@ -31,30 +42,34 @@ TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
-  const int64_t H = c.hidden, D = c.head_dim, T = c.n_taps();
+  const int64_t H = c.hidden, D = c.head_dim;
+  // Products of config values: checked, since a programmatic config need not have been validated.
+  const int64_t TH = checked_mul(c.n_taps(), H, "fc columns (taps x hidden_size)");
+  const int64_t QD = checked_mul(c.n_q, D, "q rows (num_attention_heads x head_dim)");
+  const int64_t KD = checked_mul(c.n_kv, D, "k/v rows (num_key_value_heads x head_dim)");
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
-      {"fc.weight", {H, T * H}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
+      {"fc.weight", {H, TH}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
   for (int64_t l = 0; l < c.layers; ++l) {
     auto add = [&](const std::string& n, std::vector<int64_t> s) { out.emplace_back(layer_name(l, n), std::move(s)); };
     add("input_layernorm.weight", {H});
     add("post_attention_layernorm.weight", {H});
-    add("self_attn.q_proj.weight", {c.n_q * D, H});
-    add("self_attn.k_proj.weight", {c.n_kv * D, H});
-    add("self_attn.v_proj.weight", {c.n_kv * D, H});
-    add("self_attn.o_proj.weight", {H, c.n_q * D});
+    add("self_attn.q_proj.weight", {QD, H});
+    add("self_attn.k_proj.weight", {KD, H});
+    add("self_attn.v_proj.weight", {KD, H});
+    add("self_attn.o_proj.weight", {H, QD});
     add("self_attn.q_norm.weight", {D});
     add("self_attn.k_norm.weight", {D});
     if (c.bias) {
-      add("self_attn.q_proj.bias", {c.n_q * D});
-      add("self_attn.k_proj.bias", {c.n_kv * D});
-      add("self_attn.v_proj.bias", {c.n_kv * D});
+      add("self_attn.q_proj.bias", {QD});
+      add("self_attn.k_proj.bias", {KD});
+      add("self_attn.v_proj.bias", {KD});
       add("self_attn.o_proj.bias", {H});
     }
     add("mlp.gate_proj.weight", {c.ffn, H});
     add("mlp.up_proj.weight", {c.ffn, H});
     add("mlp.down_proj.weight", {H, c.ffn});
     if (c.is_dflash2()) {
-      const int64_t KG2 = 2 * c.conv_kernel * c.conv_groups();
+      const int64_t KG2 = checked_mul(2 * c.conv_kernel, c.conv_groups(), "kernel projection rows (2 x K x G)");
       add("attention_conv.base_kernel", {2, c.conv_kernel, H});
       add("mlp_conv.base_kernel", {2, c.conv_kernel, H});
       add("attention_conv.kernel_projection.weight", {KG2, H});
@@ -91,76 +106,94 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                      list, unknown.size() > 8 ? ", ..." : "");
   }
 
-  const Range all_h{0, H};
-  const Range q_rows{plan.q_heads.begin * D, plan.q_heads.end * D};
-  const Range kv_rows{plan.kv_heads.begin * D, plan.kv_heads.end * D};
-  fc = load_matrix(d, "fc.weight", {H, T * H}, {0, H}, {0, T * H});
-  hidden_norm = load_vector(d, "hidden_norm.weight", {H}, all_h);
-  final_norm = load_vector(d, "norm.weight", {H}, all_h);
+  std::string head_name;
+  const TensorInfo& head_info = check_tensors(&head_name);
+
+  fc = load_matrix(d, "fc.weight", {H, T * H});
+  hidden_norm = load_vector(d, "hidden_norm.weight", {H});
+  final_norm = load_vector(d, "norm.weight", {H});
 
   layers.resize(static_cast<size_t>(cfg.layers));
   for (int64_t l = 0; l < cfg.layers; ++l) {
     LayerWeights& w = layers[static_cast<size_t>(l)];
     auto n = [&](const std::string& rest) { return layer_name(l, rest); };
-    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H}, all_h);
-    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H}, all_h);
-    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H}, q_rows, all_h);
-    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
-    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H}, kv_rows, all_h);
-    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D}, all_h, q_rows);
-    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D}, {0, D});
-    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D}, {0, D});
+    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H});
+    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H});
+    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H});
+    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H});
+    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H});
+    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D});
+    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D});
+    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D});
     if (cfg.bias) {
-      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D}, q_rows);
-      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D}, kv_rows);
-      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D}, kv_rows);
-      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H}, all_h);
+      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D});
+      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D});
+      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D});
+      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H});
     }
-    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
-    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H}, plan.ffn, all_h);
-    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn}, all_h, plan.ffn);
+    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H});
+    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H});
+    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn});
     if (cfg.is_dflash2()) {
       const int64_t K = cfg.conv_kernel, KG2 = 2 * K * cfg.conv_groups();
-      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
-      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H}, {0, 2 * K * H});
-      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
-      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H}, {0, KG2}, all_h);
+      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H});
+      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H});
+      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H});
+      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H});
     }
   }
 
   // Target tables: embedding always host-mapped; the head's vocab slice copied in.
-  const TensorStore& t = *target_;
-  embed_ = t.find("embed_tokens.weight");
-  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
-                t.source(), cfg.vocab, H);
-  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg.vocab,
-                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                embed_->file, embed_->shape_str(), cfg.vocab, H);
-  TPDRAFT_CHECK(is_float_weight(embed_->dtype), "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16",
-                embed_->file, dtype_name(embed_->dtype));
-  target_vocab_ = embed_->shape[0];
-  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
-  const TensorInfo* head_info = t.find("lm_head.weight");
-  std::string head_name = "lm_head.weight";
-  if (tcfg.tie_word_embeddings || head_info == nullptr) {
-    head_info = embed_;
-    head_name = "embed_tokens.weight";
-  }
-  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg.vocab,
-                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                head_info->file, head_info->shape_str(), cfg.vocab, H);
-  head = load_matrix(t, head_name, head_info->shape, plan.vocab, all_h);
+  // A tied head is read from the embedding table, with the head's share.
+  head = load_matrix(*target_, head_name, head_info.shape, tensor_share(cfg, plan, "lm_head.weight", head_info.shape));
 
-  if (cfg.is_dflash2()) {
-    selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H},
-                                {0, cfg.selector_rank}, all_h);
-    pred_ = &codebook("candidate_selector.predecessor_codebook");
-    succ_ = &codebook("candidate_selector.successor_codebook");
-  }
+  if (cfg.is_dflash2())
+    selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H});
   if (plan.rank == 0)
     TPDRAFT_LOG_INFO("loaded {} ({}): {:.1f} MiB on this rank in {:.2f} s", d.source(), plan.describe(),
                      static_cast<double>(backend_bytes_) / (1 << 20),
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
+  // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
+  // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
+    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) drafter_->require(name, shape);
+  }
+  if (cfg_.is_dflash2()) {
+    pred_ = &codebook("candidate_selector.predecessor_codebook");
+    succ_ = &codebook("candidate_selector.successor_codebook");
+  }
+  return target_tables(head_name);
+}
+
+const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
+  const TensorStore& t = *target_;
+  const int64_t H = cfg_.hidden;
+  embed_ = t.find("embed_tokens.weight");
+  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
+                t.source(), cfg_.vocab, H);
+  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                embed_->file, embed_->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(embed_->dtype),
+                "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16", embed_->file,
+                dtype_name(embed_->dtype));
+  target_vocab_ = embed_->shape[0];
+  const TargetConfig tcfg = TargetConfig::from_dir(t.source());
+  const TensorInfo* head_info = t.find("lm_head.weight");
+  *head_name = "lm_head.weight";
+  if (tcfg.tie_word_embeddings || head_info == nullptr) {
+    head_info = embed_;
+    *head_name = "embed_tokens.weight";
+  }
+  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg_.vocab,
+                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                head_info->file, head_info->shape_str(), cfg_.vocab, H);
+  TPDRAFT_CHECK(is_float_weight(head_info->dtype), "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16",
+                head_info->file, *head_name, dtype_name(head_info->dtype));
+  return *head_info;
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
@@ -177,12 +210,21 @@ const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
 }
 
 kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
-                                            const std::vector<int64_t>& shape, Range rows, Range cols) {
+                                            const std::vector<int64_t>& shape) {
+  return load_matrix(store, name, shape, tensor_share(cfg_, plan_, name, shape));
+}
+
+kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
+                                            const std::vector<int64_t>& shape, const TensorShare& share) {
+  // Memory estimates (tpdraft info) count what tensor_share says; the load must agree.
+  TPDRAFT_CHECK(!share.as_f32 && share.placement != Placement::HostMapped,
+                "the shard rules do not keep tensor '{}' as a matrix in backend memory", name);
   const TensorInfo& info = store.require(name, shape);
   const size_t esize = dtype_size(info.dtype);
   const int64_t full_cols = info.cols();
   kernels::Matrix m;
   m.dtype = info.dtype;
+  const Range rows = share.rows, cols = share.cols;
   m.rows = rows.size();
   m.cols = cols.size();
   const size_t out_row_bytes = static_cast<size_t>(m.cols) * esize;
@@ -197,6 +239,7 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
     } else {
       copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
     }
+    check_finite(info, stage.data(), n, m.cols, rows.begin + r, cols.begin);
     // The source pages are done with: drop them so a rank's resident memory stays its share
     // (a tied head's table stays mapped for embedding lookups).
     if (&info != embed_) release_pages(src);
@@ -210,9 +253,15 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
 }
 
 const float* DrafterWeights::load_vector(const TensorStore& store, const std::string& name,
-                                         const std::vector<int64_t>& shape, Range part) {
+                                         const std::vector<int64_t>& shape) {
   const TensorInfo& info = store.require(name, shape);
+  const TensorShare share = tensor_share(cfg_, plan_, name, shape);
+  TPDRAFT_CHECK(share.as_f32, "the shard rules do not keep tensor '{}' as an f32 vector", name);
+  const Range part = share.flat();
   std::vector<float> all = to_f32(info);
+  const int64_t bad = find_non_finite(DType::F32, all.data() + part.begin, static_cast<size_t>(part.size()));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' holds a non-finite value (NaN or Inf) at element {}; weights must be finite",
+                info.file, info.name, part.begin + bad);
   kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
   ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());
   const float* p = buf.f32();
@@ -225,8 +274,13 @@ namespace {
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
   const size_t esize = dtype_size(t.dtype);
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(t.cols()) * esize, out,
-                 static_cast<size_t>(t.cols()));
+  const int64_t cols = t.cols();
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
+                 static_cast<size_t>(cols));
+  // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
+                "finite", t.file, t.name, row, bad);
 }
 }  // namespace
 

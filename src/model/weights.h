@@ -57,11 +57,17 @@ class DrafterWeights {
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
 
  private:
+  // The rank's share of a tensor (tensor_share of `name`, or the one given), checked against `shape`.
+  kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
-                              Range rows, Range cols);
-  const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
-                           Range part);
+                              const TensorShare& share);
+  const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   const TensorInfo& codebook(const std::string& base) const;
+  // Checks every drafter tensor and finds the codebooks and the target tables, before anything
+  // is allocated; returns the target's head and its name in the store.
+  const TensorInfo& check_tensors(std::string* head_name);
+  // Finds and checks the target's embedding and head (sets embed_, target_vocab_).
+  const TensorInfo& target_tables(std::string* head_name);
 
   DrafterConfig cfg_;
   ShardPlan plan_;

@@ -3,6 +3,7 @@
 // in-process, MPI and NCCL ones. Buffers are of the backend the drafter runs on.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -73,6 +74,10 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 
+  // The collective in progress and how long it has run: false when none runs. Safe to call from
+  // another thread (CollectiveWatchdog does).
+  bool in_flight(const char** op, double* seconds) const;
+
  protected:
   virtual void do_all_reduce_sum(float* data, size_t count) = 0;
   virtual void do_all_gather(const void* send, void* recv, size_t bytes) = 0;
@@ -83,7 +88,10 @@ class Communicator {
   // Collectives captured into a graph run when it replays, not when they are issued: the class
   // that records forwards moves their counts accordingly.
   friend class ForwardRecorder;
+  friend class Collective;
   CommStats stats_;
+  std::atomic<const char*> busy_op_{nullptr};
+  std::atomic<int64_t> busy_since_ns_{0};  // steady clock; meaningful while busy_op_ is set
 };
 
 // tp = 1: every collective is the identity (counted, nothing moves).

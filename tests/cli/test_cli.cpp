@@ -3,10 +3,10 @@
 // meets on the command line, each produced here.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
-#include <sys/wait.h>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -21,26 +21,14 @@
 namespace tpdraft {
 namespace {
 
-struct Result {
-  int status = 0;
-  std::string out;  // stdout and stderr together
-};
+using Result = testing::CommandResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(TPDRAFT_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    r.status = -1;
-    return r;
-  }
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+// Runs `prefix tpdraft args` (prefix: e.g. an environment assignment or `timeout`).
+Result run_prefixed(const std::string& prefix, const std::string& args) {
+  return testing::run_command(prefix + std::string(TPDRAFT_BIN) + " " + args);
 }
+
+Result run(const std::string& args) { return run_prefixed("", args); }
 
 // The JSON result line among the log lines (logs go to stderr, captured here too).
 std::string json_line(const std::string& s) {
@@ -167,6 +155,191 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
   }
+}
+
+// A drafter config from configs/ with some keys replaced, written into dir.
+std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
+                         const std::string& base = "configs/tiny-dflash.json") {
+  std::ifstream in(testing::source_path(base));
+  nlohmann::json j = nlohmann::json::parse(in);
+  j.merge_patch(changes);
+  const std::string path = dir.file(name);
+  testing::write_text(path, j.dump(2));
+  return path;
+}
+
+TEST(Cli, HugeVocabIsAnErrorNotACrash) {
+  // 2^58 (+ 1) rows x 64 columns wrapped to 0 (128) bytes of random weights, then read past them.
+  testing::TempDir dir;
+  for (int64_t vocab : {int64_t{1} << 58, (int64_t{1} << 58) + 1}) {
+    const std::string config = write_config(dir, "v.json", {{"vocab_size", vocab}});
+    Result r = run("bench --config " + config + " --ctx 4 --repeat 1 --warmup 0 --threads 1");
+    EXPECT_EQ(r.status, 3) << r.out;
+    EXPECT_NE(r.out.find("'vocab_size'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(config), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, BenchConfigBeyondMemoryNamesTheKeysAndBytes) {
+  // Every key within its bound, but 8 TiB of random weights: refused before generating them.
+  testing::TempDir dir;
+  const std::string config =
+      write_config(dir, "big.json", {{"hidden_size", 131072}, {"vocab_size", 16777216}, {"num_attention_heads", 32}});
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = run("bench --config " + config + " --ctx 4 --repeat 1 --warmup 0 --threads 1");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_EQ(r.status, 3) << r.out;
+  for (const char* part : {"bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConfigGivenAsDirectoryNamesThePath) {
+  testing::TempDir dir;
+  Result r = run("bench --config " + dir.path() + " --ctx 4 --repeat 1 --warmup 0");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find(dir.path() + ": is a directory"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NonFiniteWeightIsAnErrorNotATokenOfMinusOne) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  testing::set_element(ck + "/target/model.safetensors", "lm_head.weight", 17 * 64 + 5, NAN);
+  Result r = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
+                 "/taps.safetensors --anchor 3 --threads 1");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find(ck + "/target/model.safetensors: tensor 'lm_head.weight'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row 17, column 5"), std::string::npos) << r.out;
+  EXPECT_EQ(json_line(r.out), "") << r.out;
+}
+
+TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck).status, 0);
+  const std::string fifo = dir.file("pipe.safetensors");
+  testing::make_fifo(fifo);
+  // `timeout` ends a blocked run, so a regression fails here instead of hanging the suite.
+  const std::string limit = "timeout -s KILL 20 ";
+  Result r = run_prefixed(limit, "draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + fifo +
+                                     " --anchor 1 --threads 1");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find(fifo + ": is a FIFO"), std::string::npos) << r.out;
+  r = run_prefixed(limit, "bench --config " + fifo + " --ctx 4 --repeat 1 --warmup 0");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find(fifo + ": is a FIFO"), std::string::npos) << r.out;
+  r = run_prefixed(limit, "init --config " + fifo + " --out " + dir.file("other"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(fifo), std::string::npos) << r.out;
+}
+
+// The names in a directory, sorted.
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
+  testing::TempDir dir;
+  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
+  struct Case {
+    std::string args, needle;
+  };
+  const Case cases[] = {
+      {"--target-vocab 100", "target vocab 100"},  // below vocab_size 300: the drafter was written first
+      {"--target-vocab -5", "--target-vocab: must be in 0..16777216, got -5"},
+      {"--target-vocab 33554432", "--target-vocab: must be in 0..16777216, got 33554432"},
+      {"--taps -1", "--taps: must be at least 0, got -1"},
+      {"--taps many", "--taps: expected a whole number, got 'many'"},
+      {"--taps 99999999999999999999", "--taps: expected a whole number, got '99999999999999999999'"},
+      {"--taps 1099511627776", "bytes"},
+  };
+  for (const Case& c : cases) {
+    Result r = run("init --config " + tiny + " --out " + dir.file("ck") + " " + c.args);
+    EXPECT_NE(r.status, 0) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_LT(r.out.size(), 400u) << r.out;  // no bound printed with hundreds of digits
+    // No checkpoint, no half of one, no temporary directory beside it.
+    EXPECT_EQ(entries(dir.path()), std::vector<std::string>{}) << c.args;
+  }
+}
+
+TEST(Cli, InitReplacesAnEarlierCheckpointWhole) {
+  testing::TempDir dir;
+  const std::string ck = dir.file("ck");
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "taps.safetensors", "target"}));
+  // Written again without taps and with another config: the old taps file must not survive.
+  Result r = run("init --config " + testing::source_path("configs/tiny-dflash2.json") + " --out " + ck + "/");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "target"}));
+  EXPECT_EQ(model::DrafterConfig::from_file(ck + "/drafter/config.json").arch_name, "DFlash2DraftModel");
+  EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"ck"});
+  // An existing empty directory is filled.
+  std::filesystem::create_directory(dir.file("empty"));
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("empty")).status, 0);
+  EXPECT_EQ(entries(dir.file("empty")), (std::vector<std::string>{"drafter", "target"}));
+  // A destination whose parents do not exist yet is created.
+  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("a/b/c")).status, 0);
+  EXPECT_EQ(entries(dir.file("a/b/c")), (std::vector<std::string>{"drafter", "target"}));
+}
+
+TEST(Cli, InitRefusesToReplaceWhatIsNotACheckpoint) {
+  testing::TempDir dir;
+  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
+  std::filesystem::create_directory(dir.file("data"));
+  testing::write_text(dir.file("data/notes.txt"), "keep me");
+  Result r = run("init --config " + tiny + " --out " + dir.file("data"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(dir.file("data") + ": exists and is not a tpdraft checkpoint"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'notes.txt'"), std::string::npos) << r.out;
+  EXPECT_EQ(entries(dir.file("data")), std::vector<std::string>{"notes.txt"});
+  // A model directory with more than init writes (here a tokenizer) is not one of ours either.
+  std::filesystem::create_directories(dir.file("model/target"));
+  testing::write_text(dir.file("model/target/tokenizer.json"), "{}");
+  r = run("init --config " + tiny + " --out " + dir.file("model"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("'target/tokenizer.json'"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("model/target/tokenizer.json")));
+  // A file.
+  testing::write_text(dir.file("file"), "x");
+  r = run("init --config " + tiny + " --out " + dir.file("file"));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(dir.file("file") + ": exists and is not a directory"), std::string::npos) << r.out;
+  EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"data", "file", "model"}));
+}
+
+TEST(Cli, InitHelpSaysWhatAnExistingOutputBecomes) {
+  Result r = run("init --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* part : {"replaced", "empty", "drafter/, target/", "refused"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+}
+
+TEST(Cli, UnknownLogLevelIsAnError) {
+  testing::TempDir dir;
+  const std::string init = "init --config " + testing::source_path("configs/tiny-dflash.json") + " --out ";
+  // A typo used to switch logging off silently, errors included.
+  for (const char* level : {"verbose", "wran", "0"}) {
+    Result r = run_prefixed(std::string("TPDRAFT_LOG_LEVEL=") + level + " ", init + dir.file("x"));
+    EXPECT_EQ(r.status, 2) << level << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("TPDRAFT_LOG_LEVEL='") + level + "'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("trace, debug, info, warn, error, critical, off"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("x"))) << level;
+  }
+  // Known levels work, in any case: warn hides the info lines, debug shows them.
+  Result r = run_prefixed("TPDRAFT_LOG_LEVEL=WARN ", init + dir.file("w"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("[info]"), std::string::npos) << r.out;
+  r = run_prefixed("TPDRAFT_LOG_LEVEL=debug ", init + dir.file("d"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[info] wrote " + dir.file("d")), std::string::npos) << r.out;
+  // Set but empty counts as unset.
+  r = run_prefixed("TPDRAFT_LOG_LEVEL= ", init + dir.file("e"));
+  EXPECT_EQ(r.status, 0) << r.out;
 }
 
 }  // namespace

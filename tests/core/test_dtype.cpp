@@ -236,5 +236,38 @@ TEST(DType, UnsupportedConversionsThrow) {
   }
 }
 
+TEST(DType, FindNonFiniteAgreesWithIsfiniteOnEveryHalfPattern) {
+  // Every f16 and bf16 bit pattern, stored one byte off alignment, one pattern per array.
+  std::vector<uint8_t> buf(1 + 2 * 3);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t pattern = static_cast<uint16_t>(h), one = 0x3c00, bf_one = 0x3f80;
+    for (DType t : {DType::F16, DType::BF16}) {
+      const uint16_t fine = t == DType::F16 ? one : bf_one;
+      std::memcpy(buf.data() + 1, &fine, 2);
+      std::memcpy(buf.data() + 3, &fine, 2);
+      std::memcpy(buf.data() + 5, &pattern, 2);
+      const bool finite = std::isfinite(t == DType::F16 ? ref_f16(pattern) : ref_bf16(pattern));
+      ASSERT_EQ(find_non_finite(t, buf.data() + 1, 3), finite ? -1 : 2) << dtype_name(t) << " " << h;
+    }
+  }
+}
+
+TEST(DType, FindNonFiniteOnWideFloats) {
+  const std::vector<float> f = {0.0f, -0.0f, std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                                -1.5f};
+  EXPECT_EQ(find_non_finite(DType::F32, f.data(), f.size()), -1);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY, float_of(0x7f800001u)}) {
+    std::vector<float> g = f;
+    g[3] = bad;
+    EXPECT_EQ(find_non_finite(DType::F32, g.data(), g.size()), 3) << bad;
+    EXPECT_EQ(find_non_finite(DType::F32, g.data(), 3), -1);  // only the first n are looked at
+  }
+  std::vector<double> d = {1.0, std::numeric_limits<double>::max(), -HUGE_VAL};
+  EXPECT_EQ(find_non_finite(DType::F64, d.data(), d.size()), 2);
+  // Integer dtypes hold no NaN, whatever their bits.
+  const int32_t ints[2] = {-1, 0x7f800000};
+  EXPECT_EQ(find_non_finite(DType::I32, ints, 2), -1);
+}
+
 }  // namespace
 }  // namespace tpdraft

@@ -30,6 +30,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include "parallel/nccl_comm.h"
 #include "parallel/thread_comm.h"
 #include "support/draft_rounds.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -48,15 +49,6 @@ bool single_rounding() {
 
 DrafterConfig tiny(const std::string& file) {
   return DrafterConfig::from_file(testing::source_path("configs/" + file));
-}
-
-// 8 query heads over 2 kv heads of 8: two ranks split the kv heads, four replicate them.
-DrafterConfig two_kv_heads(const std::string& file) {
-  DrafterConfig c = tiny(file);
-  c.n_q = 8;
-  c.n_kv = 2;
-  c.head_dim = 8;
-  return c;
 }
 
 struct Scenario {
@@ -80,10 +72,8 @@ RankOutput run_scenario(parallel::Communicator& group, const model::RuntimeOptio
   ro.limits.max_context = 1024;
   ro.limits.settle_chunk = 48;
   ro.graphs = model::GraphMode::Off;
-  const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                  model::TensorStore::open(ckpt + "/target")};
-  model::RankRuntime rt(source, group, ro);
-  model::Drafter& drafter = rt.drafter();
+  const auto rt = testing::open_rank(group, ckpt, cfg, ro);
+  model::Drafter& drafter = rt->drafter();
   std::vector<std::unique_ptr<model::Session>> sessions;
   std::vector<model::DraftRequest> reqs;
   for (size_t s = 0; s < sc.contexts.size(); ++s) {
@@ -102,7 +92,7 @@ RankOutput run_scenario(parallel::Communicator& group, const model::RuntimeOptio
   }
   RankOutput o;
   o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
-  o.comm = rt.comm().name();
+  o.comm = rt->comm().name();
   return o;
 }
 
@@ -116,16 +106,9 @@ std::string write_checkpoint(const testing::TempDir& dir, const DrafterConfig& c
   return dir.path();
 }
 
-model::RuntimeOptions backend(const char* name, int threads = 1) {
-  model::RuntimeOptions ro;
-  ro.backend = name;
-  ro.threads = threads;
-  return ro;
-}
-
 RankOutput run_cpu(const std::string& ckpt, const DrafterConfig& cfg, const Scenario& sc) {
   auto comm = parallel::make_single_rank();
-  return run_scenario(*comm, backend("cpu", 2), ckpt, cfg, sc);
+  return run_scenario(*comm, testing::backend("cpu", 2), ckpt, cfg, sc);
 }
 
 void expect_same(const RankOutput& want, const RankOutput& got, const std::string& what) {
@@ -154,7 +137,7 @@ void check_single_gpu(const DrafterConfig& cfg, const Scenario& sc, const std::s
   const std::string ckpt = write_checkpoint(dir, cfg, dtype);
   const RankOutput want = run_cpu(ckpt, cfg, sc);
   auto single = parallel::make_single_rank();
-  expect_same(want, run_scenario(*single, backend("cuda"), ckpt, cfg, sc), what);
+  expect_same(want, run_scenario(*single, testing::backend("cuda"), ckpt, cfg, sc), what);
 }
 
 TEST(CudaDrafter, DFlashGreedyAndDump) {
@@ -204,7 +187,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
   for (int tp : {2, 4})
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
     SCOPED_TRACE(std::string(file) + " tp " + std::to_string(tp));
-    const DrafterConfig cfg = two_kv_heads(file);
+    const DrafterConfig cfg = testing::eight_heads_over_two(file);
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     Scenario sc;
@@ -212,7 +195,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
     const RankOutput want = run_cpu(ckpt, cfg, sc);
     std::vector<RankOutput> got(static_cast<size_t>(tp));
     parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-      model::RuntimeOptions ro = backend("cuda");
+      model::RuntimeOptions ro = testing::backend("cuda");
       ro.local_rank = 0;  // every rank on the one GPU
       got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
     });
@@ -230,7 +213,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
 TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
   REQUIRE_GPUS(1);
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
-    const DrafterConfig cfg = two_kv_heads(file);
+    const DrafterConfig cfg = testing::eight_heads_over_two(file);
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     auto single = parallel::make_single_rank();
@@ -373,7 +356,7 @@ TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
 
 TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   REQUIRE_GPUS(2);
-  const DrafterConfig cfg = two_kv_heads("tiny-dflash2.json");
+  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash2.json");
   testing::TempDir dir;
   const std::string ckpt = write_checkpoint(dir, cfg);
   Scenario sc;
@@ -381,7 +364,7 @@ TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   const RankOutput want = run_cpu(ckpt, cfg, sc);
   std::vector<RankOutput> got(2);
   parallel::run_ranks(2, [&](parallel::Communicator& comm) {
-    model::RuntimeOptions ro = backend("cuda");
+    model::RuntimeOptions ro = testing::backend("cuda");
     ro.nccl = true;  // one rank per GPU (the group rank picks it)
     got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
   });

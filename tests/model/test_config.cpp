@@ -1,8 +1,11 @@
 // Drafter config parsing (docs/checkpoint.md): the tiny configs shipped in configs/, each key
 // fallback, the to_json() round trip, and one test per error a user can meet, checking that the
 // message names the file and the key at fault.
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -421,6 +424,144 @@ TEST(ConfigErrors, WrongValueTypes) {
   j["dflash_config"]["target_layer_ids"] = 3;
   expect_config_error(j, {"target_layer_ids", "list"});
   expect_error([] { DrafterConfig::from_json(json::array(), kSource); }, {kSource, "object"});
+}
+
+TEST(ConfigErrors, NumbersOutsideTheIntegerRange) {
+  // Doubles that are integers but no int64 (the cast was undefined), and integers past int64.
+  for (double v : {1e30, -1e30, 1e300, 9223372036854775808.0}) {
+    json j = base();
+    j["hidden_size"] = v;
+    expect_config_error(j, {"'hidden_size'", fmt::format("{}", v), "64-bit"});
+  }
+  json j = base();
+  j["vocab_size"] = std::numeric_limits<uint64_t>::max();
+  expect_config_error(j, {"'vocab_size'", "18446744073709551615"});
+  j = base();
+  j["dflash_config"]["target_layer_ids"] = {1, 1e19};
+  expect_config_error(j, {"'target_layer_ids'", "1e+19"});
+  // A 300-digit literal parses as a double; the message stays short.
+  testing::TempDir dir;
+  const std::string path = dir.file("config.json");
+  json text = base();
+  text["intermediate_size"] = 0;
+  std::string dumped = text.dump();
+  dumped.replace(dumped.find("\"intermediate_size\":0"), 21, "\"intermediate_size\":1" + std::string(300, '0'));
+  testing::write_text(path, dumped);
+  try {
+    DrafterConfig::from_file(path);
+    ADD_FAILURE() << "a 301-digit intermediate_size was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'intermediate_size'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1e+300"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 200u) << msg;
+  }
+}
+
+TEST(ConfigErrors, SizesHaveUpperBounds) {
+  struct Case {
+    const char* key;
+    std::function<void(json&)> set;
+    std::vector<std::string> parts;  // besides the key
+  };
+  const Case cases[] = {
+      {"hidden_size", [](json& j) { j["hidden_size"] = 131073 * 4; }, {"524292", "131072"}},
+      {"num_hidden_layers", [](json& j) { j["num_hidden_layers"] = 1e9; }, {"1000000000", "1024"}},
+      {"num_attention_heads", [](json& j) { j["num_attention_heads"] = 2048; }, {"2048", "1024"}},
+      {"num_key_value_heads", [](json& j) { j["num_key_value_heads"] = 4096; }, {"4096", "1024"}},
+      {"head_dim", [](json& j) { j["head_dim"] = 8192; }, {"8192", "4096"}},
+      {"intermediate_size", [](json& j) { j["intermediate_size"] = 1 << 21; }, {"2097152", "1048576"}},
+      {"vocab_size", [](json& j) { j["vocab_size"] = int64_t{1} << 58; }, {"288230376151711744", "16777216"}},
+      {"block_size", [](json& j) { j["dflash_config"]["block_size"] = 4096; }, {"4096", "1024"}},
+      {"sliding_window",
+       [](json& j) {
+         j["layer_types"] = {"sliding_attention", "full_attention"};
+         j["sliding_window"] = int64_t{1} << 40;
+       },
+       {"1099511627776", "16777216"}},
+      {"target_layer_ids", [](json& j) { j["dflash_config"]["target_layer_ids"] = std::vector<int>(2000, 1); },
+       {"2000", "1024"}},
+      {"target_layer_ids", [](json& j) { j["dflash_config"]["target_layer_ids"] = {1, 70000}; }, {"70000", "65536"}},
+      {"num_target_layers", [](json& j) { j["num_target_layers"] = 1e12; }, {"1000000000000", "65536"}},
+  };
+  for (const Case& c : cases) {
+    json j = base();
+    c.set(j);
+    std::vector<std::string> parts = c.parts;
+    parts.push_back(std::string("'") + c.key + "'");
+    parts.push_back("limit");
+    SCOPED_TRACE(c.key);
+    expect_config_error(j, parts);
+  }
+  const Case dflash2[] = {
+      {"conv_kernel_size", [](json& j) { j["dflash_config"]["conv_kernel_size"] = 1000; }, {"1000", "64"}},
+      {"conv_group_size", [](json& j) { j["dflash_config"]["conv_group_size"] = 1 << 20; }, {"1048576", "131072"}},
+      {"selector_rank", [](json& j) { j["dflash_config"]["selector_rank"] = 100000; }, {"100000", "65536"}},
+      {"selector_top_k",
+       [](json& j) {
+         j["vocab_size"] = 100000;
+         j["dflash_config"]["selector_top_k"] = 5000;
+       },
+       {"5000", "4096"}},
+  };
+  for (const Case& c : dflash2) {
+    json j = base2();
+    c.set(j);
+    std::vector<std::string> parts = c.parts;
+    parts.push_back(std::string("'") + c.key + "'");
+    SCOPED_TRACE(c.key);
+    expect_config_error(j, parts);
+  }
+  // At the bounds themselves a config is accepted.
+  json j = base();
+  j["hidden_size"] = 131072;
+  j["num_attention_heads"] = 1024;
+  j["num_key_value_heads"] = 1024;
+  j["head_dim"] = 4096;
+  j["intermediate_size"] = 1048576;
+  j["vocab_size"] = 16777216;
+  j["dflash_config"]["block_size"] = 1024;
+  EXPECT_EQ(parse(j).vocab, 16777216);
+}
+
+TEST(ConfigErrors, HugeLayerCountFailsBeforeDerivingTaps) {
+  // Deriving one tap per layer for 1e9 layers took 8 GB and half a minute before the fix.
+  json j = base();
+  j["dflash_config"].erase("target_layer_ids");
+  j["num_target_layers"] = 36;
+  j["num_hidden_layers"] = 1e9;
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_config_error(j, {"'num_hidden_layers'", "1024"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+}
+
+TEST(ConfigErrors, ValidateChecksBoundsOfProgrammaticConfigs) {
+  auto c = parse(base());
+  c.vocab = int64_t{1} << 58;
+  expect_error([&] { c.validate("made-in-code"); }, {"made-in-code", "'vocab_size'", "16777216"});
+  c = parse(base());
+  c.layers = 5000;
+  c.sliding.assign(5000, false);
+  c.causal.assign(5000, false);
+  expect_error([&] { c.validate("made-in-code"); }, {"made-in-code", "'num_hidden_layers'", "1024"});
+}
+
+TEST(ConfigErrors, ConfigGivenAsDirectory) {
+  testing::TempDir dir;
+  expect_error([&] { DrafterConfig::from_file(dir.path()); }, {dir.path(), "is a directory", "config.json"});
+  // The target's config.json as a directory is an error too, not "no config".
+  std::filesystem::create_directory(dir.file("config.json"));
+  expect_error([&] { TargetConfig::from_dir(dir.path()); }, {dir.file("config.json"), "is a directory"});
+}
+
+TEST(ConfigErrors, ConfigGivenAsFifoIsRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  const std::string fifo = dir.file("config.json");
+  testing::make_fifo(fifo);
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      fifo, [&] { expect_error([&] { DrafterConfig::from_file(fifo); }, {fifo, "FIFO", "regular file"}); }));
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      fifo, [&] { expect_error([&] { TargetConfig::from_dir(dir.path()); }, {fifo, "FIFO"}); }));
 }
 
 TEST(ConfigErrors, NonPositiveSizes) {

@@ -15,6 +15,7 @@
 #include "model/runtime.h"
 #include "parallel/communicator.h"
 #include "reference/reference.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -54,15 +55,11 @@ struct Fixture {
     o.threads = 2;
     model::write_random_checkpoint(cfg, dir.path(), o, 0);
     comm = parallel::make_single_rank();
-    model::RuntimeOptions ro;
-    ro.backend = "cpu";
-    ro.threads = 2;
+    model::RuntimeOptions ro = testing::backend("cpu", 2);
     ro.limits.max_sessions = max_sessions;
     ro.limits.max_context = max_context;
     ro.limits.settle_chunk = 64;  // several chunks for the longer contexts
-    const model::ModelSource source{cfg, model::TensorStore::open(dir.file("drafter")),
-                                    model::TensorStore::open(dir.file("target"))};
-    rt = std::make_unique<model::RankRuntime>(source, *comm, ro);
+    rt = testing::open_rank(*comm, dir.path(), cfg, ro);
     drafter = &rt->drafter();
     ref = std::make_unique<reference::RefModel>(dir.file("drafter"), dir.file("target"));
   }

@@ -413,6 +413,61 @@ TEST(TensorStore, IndexErrors) {
   expect_error([&] { TensorStore::open(dir.path()); }, {index, "'a'"});
 }
 
+TEST(TensorStore, IndexShardsMustStayInsideTheModelDirectory) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("model/sub"));
+  write_f32(dir.file("outside.safetensors"), {{"a", {1}}});
+  write_f32(dir.file("model/sub/inside.safetensors"), {{"a", {1}}});
+  const std::string index = dir.file("model/model.safetensors.index.json");
+  for (const std::string& shard :
+       {std::string("../outside.safetensors"), dir.file("outside.safetensors"), std::string("../../etc/passwd"),
+        std::string("sub/../../outside.safetensors"), std::string("/etc/passwd")}) {
+    SCOPED_TRACE(shard);
+    testing::write_text(index, R"({"weight_map": {"a": ")" + shard + R"("}})");
+    expect_error([&] { TensorStore::open(dir.file("model")); },
+                 {index, "'" + shard + "'", "'a'", "outside the model directory"});
+  }
+  // A shard in a subdirectory of the model directory is inside it.
+  testing::write_text(index, R"({"weight_map": {"a": "sub/inside.safetensors"}})");
+  EXPECT_EQ(TensorStore::open(dir.file("model"))->find("a")->file, dir.file("model/sub/inside.safetensors"));
+}
+
+TEST(TensorStore, IndexKeysListedTwice) {
+  TempDir dir;
+  write_f32(dir.file("s1.safetensors"), {{"a", {1}}, {"b", {1}}});
+  const std::string index = dir.file("model.safetensors.index.json");
+  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "a": "s2.safetensors"}})");
+  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'a'", "twice", "'weight_map'"});
+  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors"}, "weight_map": {"b": "s1.safetensors"}})");
+  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'weight_map'", "twice"});
+}
+
+TEST(TensorStore, NonRegularFilesAreRefusedWithoutBlocking) {
+  TempDir dir;
+  // model.safetensors, an explicit .safetensors path, an index and a shard: each a FIFO in turn.
+  const std::string fifo = dir.file("model.safetensors");
+  testing::make_fifo(fifo);
+  EXPECT_TRUE(testing::finishes_without_blocking(fifo, [&] {
+    expect_error([&] { TensorStore::open(dir.path()); }, {fifo, "FIFO", "regular file"});
+    expect_error([&] { TensorStore::open(fifo); }, {fifo, "FIFO"});
+    expect_error([&] { SafetensorsFile f(fifo); }, {fifo, "FIFO"});
+  }));
+  std::filesystem::remove(fifo);
+  const std::string index = dir.file("model.safetensors.index.json");
+  testing::make_fifo(index);
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      index, [&] { expect_error([&] { TensorStore::open(dir.path()); }, {index, "FIFO", "regular file"}); }));
+  std::filesystem::remove(index);
+  testing::write_text(index, R"({"weight_map": {"a": "shard.safetensors"}})");
+  const std::string shard = dir.file("shard.safetensors");
+  testing::make_fifo(shard);
+  EXPECT_TRUE(testing::finishes_without_blocking(
+      shard, [&] { expect_error([&] { TensorStore::open(dir.path()); }, {shard, "FIFO"}); }));
+  // A directory named like a safetensors file.
+  std::filesystem::create_directory(dir.file("d.safetensors"));
+  expect_error([&] { SafetensorsFile f(dir.file("d.safetensors")); }, {dir.file("d.safetensors"), "is a directory"});
+}
+
 TEST(TensorStore, RequireMessages) {
   TempDir dir;
   const std::string path = dir.file("model.safetensors");
@@ -429,6 +484,26 @@ TEST(TensorStore, RequireMessages) {
   expect_error([&] { store->require("norm.weight", {64}); }, {dir.path(), "'norm.weight'", "missing", "[64]"});
   expect_error([&] { store->require("fc.weight", {2, 4}); }, {path, "'fc.weight'", "[4, 2]", "expected [2, 4]"});
   expect_error([&] { store->require("ids", {2}); }, {path, "'ids'", "I64", "F32"});
+}
+
+TEST(TensorStore, FromMemoryChecksBytesAgainstShape) {
+  std::vector<OwnedTensor> ok(1);
+  ok[0] = {"model.w", DType::F32, {3, 2}, std::vector<std::byte>(24)};
+  auto store = TensorStore::from_memory("random weights", std::move(ok));
+  EXPECT_EQ(store->require("w", {3, 2}).nbytes, 24u);
+
+  std::vector<OwnedTensor> short_one(1);
+  short_one[0] = {"w", DType::F32, {3, 2}, std::vector<std::byte>(20)};
+  expect_error([&] { TensorStore::from_memory("random weights", std::move(short_one)); },
+               {"random weights", "'w'", "20 bytes", "24", "[3, 2]"});
+  // 2^58 + 1 rows of 64 bf16 values wrap to 128 bytes in unchecked int64 arithmetic.
+  std::vector<OwnedTensor> wrapped(1);
+  wrapped[0] = {"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64}, std::vector<std::byte>(128)};
+  expect_error([&] { TensorStore::from_memory("bench (target)", std::move(wrapped)); },
+               {"bench (target)", "'lm_head.weight'", "[288230376151711745, 64]", "64-bit"});
+  std::vector<OwnedTensor> negative(1);
+  negative[0] = {"n", DType::F32, {-2, 3}, {}};
+  expect_error([&] { TensorStore::from_memory("mem", std::move(negative)); }, {"'n'", "negative"});
 }
 
 // ---- corrupted files -------------------------------------------------------------------------
@@ -524,6 +599,21 @@ TEST_F(Corrupt, OverlappingRanges) {
             std::vector<uint8_t>(8));
   SafetensorsFile f(path_);
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST_F(Corrupt, KeysListedTwice) {
+  // The JSON parser keeps the last of two equal keys: without a check the first entry vanishes.
+  expect_rejected(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                      "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                  std::vector<uint8_t>(8), {"'w'", "twice", "top level"});
+  expect_rejected(R"({"w": {"dtype": "F16", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                  std::vector<uint8_t>(4), {"'dtype'", "twice", "'w'"});
+  expect_rejected(R"({"__metadata__": {"k": "v", "k": "u"}})", {}, {"'k'", "twice", "'__metadata__'"});
+  // Equal keys in different objects are fine.
+  write_raw(path_, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                      "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+            std::vector<uint8_t>(8));
+  EXPECT_EQ(SafetensorsFile(path_).names(), (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(Corrupt, BadMetadata) {

@@ -1,11 +1,13 @@
 // The shard plan of docs/parallel.md: who holds which heads, FFN rows and vocabulary rows at
-// every tp, kv replication when tp > Nk, vocabulary padding, and the start-up errors.
+// every tp, kv replication when tp > Nk, vocabulary padding, the share of every checkpoint
+// tensor, and the start-up errors.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "core/error.h"
 #include "model/shard_plan.h"
+#include "model/weights.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -67,6 +69,66 @@ TEST(ShardPlan, StartUpErrorsNameTheFieldAndTp) {
   expect_error(config(12, 3, 96, 300), 2, "num_key_value_heads (3) and tp = 2");
   expect_error(config(8, 4, 90, 300), 4, "intermediate_size (90) is not divisible by tp = 4");
   expect_error(config(8, 4, 96, 300), 0, "at least 1");
+}
+
+// Every expected tensor's shares: split ones tile the tensor across ranks exactly once (the
+// target head: its first V rows), replicated ones are whole on every rank, tables stay mapped.
+void check_shares(const model::DrafterConfig& cfg, int tp) {
+  auto tensors = model::expected_drafter_tensors(cfg);
+  tensors.push_back({"lm_head.weight", {cfg.vocab + 7, cfg.hidden}});
+  for (const auto& [name, shape] : tensors) {
+    int64_t full = 1;
+    for (int64_t d : shape) full *= d;
+    int64_t covered = 0;
+    for (int r = 0; r < tp; ++r) {
+      const auto share = model::tensor_share(cfg, model::ShardPlan::make(cfg, r, tp), name, shape);
+      const std::string at = name + " rank " + std::to_string(r) + "/" + std::to_string(tp);
+      if (name.find("_codebook") != std::string::npos) {
+        EXPECT_EQ(share.placement, model::Placement::HostMapped) << at;
+        EXPECT_EQ(share.backend_bytes(DType::BF16), 0u) << at;
+        continue;
+      }
+      const bool vector = shape.size() != 2;
+      EXPECT_EQ(share.as_f32, vector) << at;
+      EXPECT_EQ(share.backend_bytes(DType::BF16), static_cast<size_t>(share.elements()) * (vector ? 4 : 2)) << at;
+      covered += share.elements();
+      if (!share.sharded()) {
+        EXPECT_EQ(share.elements(), full) << at;
+      }
+    }
+    const auto first = model::tensor_share(cfg, model::ShardPlan::make(cfg, 0, tp), name, shape);
+    if (first.placement == model::Placement::HostMapped) continue;
+    const bool kv_replicated =
+        cfg.n_kv < tp && (name.find("k_proj") != std::string::npos || name.find("v_proj") != std::string::npos);
+    if (name == "lm_head.weight") {
+      EXPECT_EQ(covered, cfg.vocab * cfg.hidden) << name;
+    } else if (kv_replicated) {
+      EXPECT_EQ(covered, full * tp / cfg.n_kv) << name;  // each kv head on tp / Nk ranks
+    } else {
+      EXPECT_EQ(covered, first.sharded() ? full : full * tp) << name;
+    }
+  }
+}
+
+TEST(ShardPlan, TensorSharesTileEverySplitTensor) {
+  model::DrafterConfig dflash = config(8, 2, 96, 301);
+  model::DrafterConfig dflash2 = model::DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
+  dflash2.n_q = 8;
+  dflash2.n_kv = 2;
+  for (int tp : {1, 2, 4, 8}) {
+    check_shares(dflash, tp);
+    check_shares(dflash2, tp);
+  }
+}
+
+TEST(ShardPlan, TensorWithoutARuleIsRefused) {
+  const auto cfg = config(8, 4, 96, 300);
+  try {
+    model::tensor_share(cfg, model::ShardPlan::make(cfg, 0, 2), "layers.0.mlp.extra_proj.weight", {4, 4});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no shard rule for tensor 'layers.0.mlp.extra_proj.weight'"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "model/runtime.h"
 #include "parallel/mpi_comm.h"
 #include "support/draft_rounds.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -26,15 +27,11 @@ struct Output {
 };
 
 Output draft_with(const std::string& dir, const DrafterConfig& cfg, parallel::Communicator& comm) {
-  model::RuntimeOptions ro;
-  ro.backend = "cpu";
-  ro.threads = 1;
+  model::RuntimeOptions ro = testing::backend("cpu");
   ro.limits.max_sessions = 2;
   ro.limits.max_context = 96;
-  const model::ModelSource source{cfg, model::TensorStore::open(dir + "/drafter"),
-                                  model::TensorStore::open(dir + "/target")};
-  model::RankRuntime rt(source, comm, ro);
-  model::Drafter& drafter = rt.drafter();
+  const auto rt = testing::open_rank(comm, dir, cfg, ro);
+  model::Drafter& drafter = rt->drafter();
   auto a = drafter.new_session(), b = drafter.new_session();
   const auto taps = model::random_taps(cfg, 60, 9);
   drafter.settle(*a, 0, taps.data(), 60);

@@ -14,22 +14,13 @@
 #include "model/runtime.h"
 #include "parallel/thread_comm.h"
 #include "support/draft_rounds.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
 namespace {
 
 using model::DrafterConfig;
-
-// Geometries with 8 query heads and 2 kv heads, so tp = 4 and 8 replicate kv heads.
-DrafterConfig wide(const std::string& file) {
-  DrafterConfig c = DrafterConfig::from_file(testing::source_path("configs/" + file));
-  c.n_q = 8;
-  c.n_kv = 2;
-  c.head_dim = 8;
-  c.ffn = 96;
-  return c;
-}
 
 struct RankOutput {
   std::vector<model::DraftResult> results;
@@ -48,16 +39,12 @@ struct Scenario {
 std::vector<RankOutput> run_tp(const std::string& ckpt, const DrafterConfig& cfg, int tp, const Scenario& sc) {
   std::vector<RankOutput> out(static_cast<size_t>(tp));
   parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-    model::RuntimeOptions ro;
-    ro.backend = "cpu";
-    ro.threads = 1;
+    model::RuntimeOptions ro = testing::backend("cpu");
     ro.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
     ro.limits.max_context = 128;
     ro.limits.settle_chunk = 32;
-    const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                    model::TensorStore::open(ckpt + "/target")};
-    model::RankRuntime rt(source, comm, ro);
-    model::Drafter& drafter = rt.drafter();
+    const auto rt = testing::open_rank(comm, ckpt, cfg, ro);
+    model::Drafter& drafter = rt->drafter();
     std::vector<std::unique_ptr<model::Session>> sessions;
     std::vector<model::DraftRequest> reqs;
     for (size_t s = 0; s < sc.contexts.size(); ++s) {
@@ -99,7 +86,7 @@ void expect_same_draft(const std::vector<RankOutput>& base, const std::vector<Ra
 }
 
 void check_sizes(const std::string& config, const Scenario& sc, std::vector<int> sizes = {2, 4, 8}) {
-  const DrafterConfig cfg = wide(config);
+  const DrafterConfig cfg = testing::eight_heads_over_two(config);
   testing::TempDir dir;
   model::RandomCheckpointOptions o;
   o.seed = 5;
@@ -138,7 +125,7 @@ TEST(TensorParallel, SeveralSessionsWithRollback) {
 TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
   for (const char* file : {"tiny-dflash2.json", "tiny-dflash.json"}) {
     SCOPED_TRACE(file);
-    DrafterConfig cfg = wide(file);
+    DrafterConfig cfg = testing::eight_heads_over_two(file);
     cfg.vocab = 40000;  // large enough that any O(V) exchange would dwarf the rest
     testing::TempDir dir;
     model::write_random_checkpoint(cfg, dir.path(), {}, 0);
@@ -183,7 +170,7 @@ std::vector<std::vector<testing::DraftRound>> run_rounds(const std::string& ckpt
 }
 
 void check_graphs(const std::string& config) {
-  const DrafterConfig cfg = wide(config);
+  const DrafterConfig cfg = testing::eight_heads_over_two(config);
   testing::TempDir dir;
   model::write_random_checkpoint(cfg, dir.path(), {}, 0);
   const std::vector<bool>& replayed = testing::draft_rounds_replayed();

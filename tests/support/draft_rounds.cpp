@@ -6,23 +6,20 @@
 
 #include "model/random_checkpoint.h"
 #include "model/runtime.h"
+#include "support/rank.h"
 
 namespace tpdraft::testing {
 
 std::vector<DraftRound> run_draft_rounds(parallel::Communicator& group, const std::string& backend,
                                          const std::string& ckpt, const model::DrafterConfig& cfg, bool graphs) {
-  model::RuntimeOptions ro;
-  ro.backend = backend;
-  ro.threads = 1;
+  model::RuntimeOptions ro = testing::backend(backend);
   ro.limits.max_sessions = 2;
   ro.limits.max_context = 160;
   ro.limits.settle_chunk = 32;
   ro.graphs = graphs ? model::GraphMode::On : model::GraphMode::Off;
-  const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                  model::TensorStore::open(ckpt + "/target")};
-  model::RankRuntime rt(source, group, ro);
-  model::Drafter& drafter = rt.drafter();
-  parallel::Communicator& comm = rt.comm();
+  const auto rt = open_rank(group, ckpt, cfg, ro);
+  model::Drafter& drafter = rt->drafter();
+  parallel::Communicator& comm = rt->comm();
   const int64_t row = cfg.n_taps() * cfg.hidden;
   const auto taps_a = model::random_taps(cfg, 150, 91), taps_b = model::random_taps(cfg, 150, 92);
   auto a = drafter.new_session(), b = drafter.new_session();

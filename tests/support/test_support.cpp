@@ -1,11 +1,24 @@
 // Test helpers: temp dirs, source paths, error norms.
 #include "support/test_support.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <stdexcept>
+#include <thread>
+
+#include "core/dtype.h"
+#include "model/safetensors.h"
 
 #include "parallel/communicator.h"
 
@@ -64,6 +77,73 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
   if (!out.good()) throw std::runtime_error("cannot write " + path);
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + needle.size())) ++n;
+  return n;
+}
+
+void set_element(const std::string& path, const std::string& name, int64_t index, float value) {
+  struct Copy {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Copy> tensors;
+  {
+    model::SafetensorsFile f(path);
+    for (const auto& n : f.names()) {
+      const model::TensorInfo& t = *f.find(n);
+      tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
+    }
+  }
+  bool found = false;
+  for (Copy& t : tensors) {
+    if (t.name != name) continue;
+    const size_t size = dtype_size(t.dtype);
+    if (!is_float_weight(t.dtype) || (index + 1) * static_cast<int64_t>(size) > static_cast<int64_t>(t.bytes.size()))
+      throw std::runtime_error("set_element: no float element " + std::to_string(index) + " in " + name);
+    convert_from_f32(t.dtype, &value, t.bytes.data() + static_cast<size_t>(index) * size, 1);
+    found = true;
+  }
+  if (!found) throw std::runtime_error("set_element: no tensor " + name + " in " + path);
+  model::SafetensorsWriter w;
+  for (const Copy& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
+  w.write(path);
+}
+
+void make_fifo(const std::string& path) {
+  if (::mkfifo(path.c_str(), 0600) != 0) throw std::runtime_error("mkfifo failed for " + path);
+}
+
+bool finishes_without_blocking(const std::string& fifo, const std::function<void()>& f, double seconds) {
+  auto done = std::async(std::launch::async, f);
+  if (done.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready) {
+    done.get();
+    return true;
+  }
+  // A reader stuck in open() returns once a writer opens the FIFO; keep trying until f ends.
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  done.get();
+  return false;
 }
 
 }  // namespace tpdraft::testing

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,25 @@ std::string source_path(const std::string& relative);
 double relative_error(const std::vector<float>& a, const std::vector<double>& b);
 
 void write_text(const std::string& path, const std::string& text);
+
+// A shell command's exit status (-1 when a signal ended it) and its stdout and stderr together.
+struct CommandResult {
+  int status = -1;
+  std::string out;
+};
+CommandResult run_command(const std::string& command);
+
+// How many times `needle` occurs in `text`.
+size_t count_of(const std::string& text, const std::string& needle);
+// Rewrites the safetensors file at `path` with element `index` of tensor `name` set to `value`
+// (stored in the tensor's float dtype): how tests plant a NaN or an Inf in a checkpoint.
+void set_element(const std::string& path, const std::string& name, int64_t index, float value);
+
+// Creates a FIFO (named pipe) at `path`.
+void make_fifo(const std::string& path);
+// Runs f on another thread. Returns true when f finished within `seconds`; otherwise opens the
+// FIFO for writing, which releases a reader blocked in open(), waits for f and returns false.
+// Lets a test show that code refuses a FIFO without blocking, and never hang the suite.
+bool finishes_without_blocking(const std::string& fifo, const std::function<void()>& f, double seconds = 10);
 
 }  // namespace tpdraft::testing

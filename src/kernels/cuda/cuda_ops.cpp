@@ -66,6 +66,7 @@ CudaOps::~CudaOps() {
   for (double* t : rope_retired_) cudaFree(t);
   if (blas_ != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas_);
   if (blas_workspace_ != nullptr) cudaFree(blas_workspace_);
+  if (caller_ready_ != nullptr) cudaEventDestroy(caller_ready_);
   cudaStreamDestroy(stream_);
   cudaGetLastError();
 }
@@ -120,6 +121,15 @@ void CudaOps::to_host(void* dst, const void* src, size_t bytes) {
   DeviceGuard guard(device_);
   if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::wait_for(void* stream) {
+  if (stream == nullptr) return;
+  check_not_capturing("wait_for");
+  DeviceGuard guard(device_);
+  if (caller_ready_ == nullptr) CUDA_CHECK(cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(caller_ready_, static_cast<cudaStream_t>(stream)));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, caller_ready_, 0));
 }
 
 void CudaOps::sync() {

@@ -30,6 +30,7 @@ class CudaOps final : public Ops {
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void sync() override;
+  void wait_for(void* stream) override;
 
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
@@ -70,6 +71,7 @@ class CudaOps final : public Ops {
   int device_ = 0;
   int sm_count_ = 1;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t caller_ready_ = nullptr;  // wait_for: recorded on the caller's stream
   cublasHandle_t blas_ = nullptr;
   static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
   void* blas_workspace_ = nullptr;

@@ -1,0 +1,164 @@
+"""Drafter geometry, the bytes each rank holds, the work of a draft and its collectives, as
+`tpdraft info --json` computes them (src/model/cost.cpp, src/model/shard_plan.cpp): these
+scripts ask the program instead of counting again. Info runs it once per question and keeps
+the answers; the functions below read one answer."""
+
+import json
+import os
+import subprocess
+from collections import namedtuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_BIN = os.path.join(REPO, "build", "tpdraft")
+
+Work = namedtuple("Work", "flops weight_bytes context_bytes")
+
+
+class NotShardable(Exception):
+    """tp cannot shard the geometry; the message is the shard plan's reason."""
+
+
+class Info:
+    """Answers of `tpdraft info --config FILE --json`, cached per (config, tp, sessions, context, dtype)."""
+
+    def __init__(self, binary=None):
+        self.binary = binary or os.environ.get("TPDRAFT_BIN") or DEFAULT_BIN
+        self._answers = {}
+
+    def query(self, config, tp, sessions=1, context=1024, dtype="bf16"):
+        """The info object of `config` at tp ranks; raises NotShardable when tp cannot shard it."""
+        key = (os.path.abspath(config), tp, sessions, context, info_dtype(dtype))
+        if key not in self._answers:
+            self._answers[key] = self._ask(*key)
+        answer = self._answers[key]
+        if isinstance(answer, NotShardable):
+            raise answer
+        return answer
+
+    def problem(self, config, tp):
+        """Why tp cannot shard the config, or None when it can."""
+        try:
+            self.query(config, tp)
+            return None
+        except NotShardable as e:
+            return str(e)
+
+    def _ask(self, config, tp, sessions, context, dtype):
+        if not os.access(self.binary, os.X_OK):
+            raise SystemExit(f"{self.binary} is not built: cmake --build build --target tpdraft_cli (or pass --bin)")
+        args = [self.binary, "info", "--config", config, "--tp", str(tp), "--sessions", str(sessions),
+                "--ctx", str(context), "--dtype", dtype, "--json"]
+        res = subprocess.run(args, capture_output=True, text=True)
+        if res.returncode == 0:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        reason = error_text(res.stderr)
+        if f"tp = {tp}" in reason:
+            return NotShardable(reason)
+        raise SystemExit(f"{' '.join(args)} failed: {reason}")
+
+
+def error_text(stderr):
+    """The message of the program's last error line, without its log prefix."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "no message"
+    last = lines[-1]
+    return last.split("[error] ", 1)[1] if "[error] " in last else last
+
+
+def info_dtype(name):
+    """The --dtype spelling of a record's or a parameter's dtype (BF16, bf16, 2 bytes...)."""
+    text = str(name).lower()
+    return {"bf16": "bf16", "f16": "f16", "f32": "f32", "2": "bf16", "4": "f32"}.get(text, "bf16")
+
+
+def config_name(path):
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def resolve_config(path):
+    """A config path as given, relative to the repository, or by its name in configs/ or
+    bench/scaling/ (records written on another machine keep that machine's paths)."""
+    name = os.path.basename(path)
+    for cand in (path, os.path.join(REPO, path), os.path.join(REPO, "configs", name),
+                 os.path.join(REPO, "bench", "scaling", name)):
+        if os.path.isfile(cand):
+            return cand
+    raise SystemExit(f"config '{path}' not found (as given, in the repository, or in configs/)")
+
+
+def write_vocab_configs(base, vocabs, out_dir):
+    """BASE with only vocab_size changed, one file per size in out_dir: [(vocab, path)]."""
+    with open(base) as f:
+        cfg = json.load(f)
+    os.makedirs(out_dir, exist_ok=True)
+    out = []
+    for v in vocabs:
+        c = json.loads(json.dumps(cfg))
+        c["vocab_size"] = v
+        # The MASK id must stay a valid token of the smaller vocabularies.
+        for holder in (c, c.get("dflash_config", {})):
+            if "mask_token_id" in holder and holder["mask_token_id"] >= v:
+                holder["mask_token_id"] = v - 1
+        path = os.path.join(out_dir, f"{config_name(base)}-v{v}.json")
+        with open(path, "w") as f:
+            json.dump(c, f, indent=1)
+        out.append((v, path))
+    return out
+
+
+# ---- reading one answer ------------------------------------------------------------------------
+
+
+def rank(answer, r=0):
+    """Rank r of an answer; rank 0 holds the widest vocabulary slice, so it bounds the step."""
+    return answer["ranks"][r]
+
+
+def block(answer):
+    return answer["geometry"]["block"]
+
+
+def draft_rows(answer):
+    """Draft rows of one draft: sessions x (B - 1)."""
+    return answer["sessions"] * (block(answer) - 1)
+
+
+def candidates(answer):
+    """Candidates per draft row in the head's exchange: k_top for DFlash 2, 1 for DFlash."""
+    return answer["geometry"]["selector_top_k"] if answer["dflash2"] else 1
+
+
+def collectives(answer, mode="greedy", r=0):
+    """[(op, calls, bytes per call)] of one draft on rank r; mode: greedy, sampled or
+    greedy_gather_logits. One rank's calls are identities: they cost nothing in the comm model."""
+    out = []
+    for op, c in rank(answer, r)["collectives"][mode].items():
+        if c["calls"]:
+            out.append((op, c["calls"], c["bytes"] / c["calls"]))
+    return sorted(out)
+
+
+def work(answer, r=0):
+    d = rank(answer, r)["draft"]
+    return Work(d["flops"], d["weight_bytes"], d["context_bytes"])
+
+
+def total_bytes(w):
+    return w.weight_bytes + w.context_bytes
+
+
+def head_bytes(answer, r=0):
+    return rank(answer, r)["bytes"]["head"]
+
+
+def full_logits_block(answer, r=0):
+    """Bytes one rank sends in the full-logits all-gather: the gather_logits draft's all-gather
+    bytes beyond the greedy draft's."""
+    c = rank(answer, r)["collectives"]
+    return c["greedy_gather_logits"]["all_gather"]["bytes"] - c["greedy"]["all_gather"]["bytes"]
+
+
+def candidates_block(answer, r=0):
+    """Bytes one rank sends in the candidate exchange of a greedy draft (its only all-gather)."""
+    return rank(answer, r)["collectives"]["greedy"]["all_gather"]["bytes"]

@@ -1,0 +1,198 @@
+"""The records of a scaling sweep: the key names of `tpdraft bench --json` that these scripts read
+(the contract with the program, written down here and nowhere else), the fields launch/scale.sh
+adds to each record (run parameters, the machine and its load around the run), and the pure
+functions that read, group and judge records."""
+
+import datetime
+import json
+import os
+from dataclasses import dataclass, field
+
+OPS = ("all_reduce", "all_gather", "broadcast")
+
+# Run fields read straight from a record, by the key of `tpdraft bench --json`
+# (src/cli/cmd_bench.cpp) or, below the blank line, of record.py.
+COPIED = {
+    "tp": "tp", "sessions": "sessions", "context": "context", "threads": "threads", "backend": "backend",
+    "communicator": "communicator", "dtype": "dtype", "draft_ms": "draft_ms", "draft_ms_p10": "draft_ms_p10",
+    "draft_ms_p90": "draft_ms_p90", "layers_ms": "layers_ms", "head_ms": "head_ms", "select_ms": "select_ms",
+    "weights_bytes": "weights_bytes_per_rank", "context_bytes": "context_bytes_per_rank", "draft_gflop": "draft_gflop",
+    "draft_gbytes": "draft_gbytes", "machine_read_gbps": "machine_read_gbps",
+    "machine_gemm_gflops": "machine_gemm_gflops", "gather_logits": "gather_logits",
+
+    "study": "study", "vocab_size": "vocab_size", "nproc": "nproc", "cpu_model": "cpu_model", "hostname": "hostname",
+    "gpu_name": "gpu_name", "load": "load",
+}
+# Bench keys the derived fields come from.
+CONFIG, TOKENS = "config", "tokens"
+COMPUTE_MS, COMM_MS_MEAN, COMM_MS_MEDIAN = "compute_ms", "comm_ms", "comm_ms_median"
+# Keys record.py adds besides the copied ones.
+CONFIG_FILE, CONFIG_NAME, TIMESTAMP, OVERSUBSCRIBED = "config_file", "config_name", "timestamp", "oversubscribed"
+
+# When a record says the machine was not idle during its run (see shared_reasons).
+SPREAD_LIMIT = 0.10        # (p90 - p10) / median
+OTHER_CORES_LIMIT = 0.25   # cores other processes kept busy on average
+STEAL_LIMIT = 0.02         # share of the machine's CPU time stolen by the hypervisor
+
+
+def collective_key(op, what):
+    """The bench key of one collective's per-draft counter: what = calls or bytes."""
+    return f"{op}_{what}"
+
+
+@dataclass
+class Run:
+    """One `tpdraft bench` run as launch/scale.sh recorded it."""
+    config_name: str
+    config_file: str
+    tp: int
+    sessions: int
+    context: int
+    threads: int = 1
+    backend: str = "cpu"
+    communicator: str = "single"
+    dtype: str = "BF16"
+    draft_ms: float = 0.0
+    draft_ms_p10: float = None
+    draft_ms_p90: float = None
+    compute_ms: float = 0.0
+    comm_ms: float = 0.0
+    layers_ms: float = None
+    head_ms: float = None
+    select_ms: float = None
+    collectives: dict = field(default_factory=dict)  # op -> (calls, bytes) per draft
+    weights_bytes: float = 0.0
+    context_bytes: float = 0.0
+    draft_gflop: float = 0.0
+    draft_gbytes: float = 0.0
+    machine_read_gbps: float = 0.0
+    machine_gemm_gflops: float = 0.0
+    draft_tokens: int = 0  # tokens session 0 drafted (B - 1)
+    gather_logits: bool = False
+    study: str = "strong"
+    vocab_size: int = None
+    nproc: int = None
+    cpu_model: str = "?"
+    hostname: str = "?"
+    gpu_name: str = None
+    oversubscribed: bool = False
+    load: dict = None
+
+    @property
+    def spread(self):
+        """(p90 - p10) / median of the draft time, or None when the record has no spread."""
+        if self.draft_ms_p10 is None or self.draft_ms_p90 is None or not self.draft_ms:
+            return None
+        return (self.draft_ms_p90 - self.draft_ms_p10) / self.draft_ms
+
+
+def config_name_of(path):
+    return os.path.splitext(os.path.basename(path or "?"))[0]
+
+
+def run_from_json(d):
+    """A Run from one records.jsonl object (older records lack some keys: their defaults stand)."""
+    kw = {attr: d[key] for attr, key in COPIED.items() if key in d and d[key] is not None}
+    kw["config_file"] = d.get(CONFIG_FILE) or d.get(CONFIG, "?")
+    kw["config_name"] = d.get(CONFIG_NAME) or config_name_of(kw["config_file"])
+    kw["comm_ms"] = d.get(COMM_MS_MEDIAN, d.get(COMM_MS_MEAN, 0.0))
+    kw["compute_ms"] = d.get(COMPUTE_MS, d[COPIED["draft_ms"]] - d.get(COMM_MS_MEAN, 0.0))
+    kw["collectives"] = {op: (d.get(collective_key(op, "calls")) or 0, d.get(collective_key(op, "bytes")) or 0)
+                         for op in OPS}
+    kw["draft_tokens"] = len(d.get(TOKENS) or [])
+    over = d.get(OVERSUBSCRIBED)
+    if over is None:  # records older than the flag
+        over = bool(kw.get("nproc")) and kw.get("tp", 1) * kw.get("threads", 1) > kw["nproc"]
+    kw["oversubscribed"] = bool(over)
+    return Run(**kw)
+
+
+def read_runs(path):
+    """Every record of a records.jsonl file, as Runs."""
+    runs = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                runs.append(run_from_json(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise SystemExit(f"{path}:{n}: not a bench record ({e!r})")
+    return runs
+
+
+def annotate(bench, config, nproc, cpu_model, hostname, extra, load=None):
+    """The record launch/scale.sh appends: the bench JSON plus the run's parameters and machine."""
+    rec = dict(bench)
+    rec[CONFIG_FILE], rec[CONFIG_NAME] = config, config_name_of(config)
+    rec[COPIED["nproc"]], rec[COPIED["cpu_model"]], rec[COPIED["hostname"]] = nproc, cpu_model, hostname
+    rec[TIMESTAMP] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    rec.update(extra)
+    # Runs of a bench without the flag are default runs; the reports tell the two paths apart by it.
+    gather = COPIED["gather_logits"]
+    rec[gather] = bool(rec.get(gather, False))
+    cpu = rec.get(COPIED["backend"], "cpu") == "cpu"
+    rec[OVERSUBSCRIBED] = cpu and rec.get(COPIED["tp"], 1) * rec.get(COPIED["threads"], 1) > nproc
+    if load is not None:
+        rec[COPIED["load"]] = load
+    return rec
+
+
+def shared_reasons(run):
+    """Why a run's machine was not idle, from its spread and the load recorded around it; empty
+    when nothing says so. Other load only adds time, so such runs overstate the draft time."""
+    out = []
+    if run.oversubscribed:
+        out.append("oversubscribed")
+    if run.spread is not None and run.spread > SPREAD_LIMIT:
+        out.append(f"p10–p90 spread {run.spread:.0%} of the median")
+    load = run.load or {}
+    other = load.get("other_cores")
+    if other is not None and other > OTHER_CORES_LIMIT:
+        out.append(f"other processes kept {other:.2f} cores busy")
+    steal = load.get("steal_share")
+    if steal is not None and steal > STEAL_LIMIT:
+        out.append(f"{steal:.0%} of the CPU time stolen")
+    return out
+
+
+def gathers_logits(run):
+    """Whether the run also all-gathered the full logits every draft (`bench --gather-logits`):
+    its head took the full-logits path and its comm holds a large extra all-gather, so it is no
+    compute measurement and no point of the default draft's scaling."""
+    return run.gather_logits
+
+
+def scaling_runs(runs):
+    """The runs of the scaling sweep: strong and weak runs of the default draft."""
+    return [r for r in runs if r.study in ("strong", "weak") and not r.gather_logits]
+
+
+def group_by(items, keyfn):
+    out = {}
+    for x in items:
+        out.setdefault(keyfn(x), []).append(x)
+    return out
+
+
+def median_run(runs):
+    """Of repeated runs of one point, the run with the median draft time (a real record)."""
+    s = sorted(runs, key=lambda r: r.draft_ms)
+    return s[(len(s) - 1) // 2]
+
+
+def point_key(run):
+    return (run.config_name, run.backend, run.context, run.sessions, run.threads, run.tp, run.gather_logits)
+
+
+def dedupe(runs):
+    """One run per (config, backend, context, sessions, threads, tp, full-logits gather or not)."""
+    return [median_run(v) for v in group_by(runs, point_key).values()]
+
+
+def measured_collectives(run):
+    """[(op, calls, bytes per call)] per draft as the run counted them; one rank moves nothing."""
+    if run.tp <= 1:
+        return []
+    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items() if calls]

@@ -1,0 +1,147 @@
+/* tpdraft: DFlash / DFlash 2 block-diffusion drafters for speculative decoding, as a library
+ * with a C ABI. A target engine opens a drafter once, opens a session per sequence, and calls
+ * tpdraft_step once per decoding step with, for each sequence: the hidden states ("taps") of the
+ * positions it just committed, how much of the drafter's context to keep, and the anchor token;
+ * it gets back B - 1 draft tokens and the probabilities rejection sampling needs.
+ *
+ * Threading: every call on one drafter handle is serialised by the library (calls from several
+ * threads wait for each other); different handles are independent. tpdraft_last_error() is per
+ * thread. No call aborts the process, and no C++ exception crosses this interface.
+ *
+ * Errors: each call returns a tpdraft_status; on anything but TPDRAFT_OK, tpdraft_last_error()
+ * says what and where (valid until the thread's next call). TPDRAFT_ERROR_ARGUMENT means nothing
+ * changed: a step whose entry is wrong is refused before any session moves. */
+#ifndef TPDRAFT_TPDRAFT_H
+#define TPDRAFT_TPDRAFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TPDRAFT_VERSION_MAJOR 0
+#define TPDRAFT_VERSION_MINOR 2
+#define TPDRAFT_VERSION_PATCH 0
+#define TPDRAFT_VERSION_STRING "0.2.0"
+
+#if defined(__GNUC__)
+#define TPDRAFT_API __attribute__((visibility("default")))
+#else
+#define TPDRAFT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tpdraft_status {
+  TPDRAFT_OK = 0,
+  TPDRAFT_ERROR_ARGUMENT = 1, /* an argument or a step entry is wrong; nothing changed */
+  TPDRAFT_ERROR_INPUT = 2,    /* tpdraft_open: the checkpoint or an option cannot be used */
+  TPDRAFT_ERROR_RUNTIME = 3   /* a failure while working (memory, a device, a rank): the handle
+                                 may be unusable; tpdraft_close is always safe */
+} tpdraft_status;
+
+/* The library's version, "MAJOR.MINOR.PATCH"; compare with TPDRAFT_VERSION_STRING. */
+TPDRAFT_API const char* tpdraft_version(void);
+/* The reason of the calling thread's last failed call ("" when none). */
+TPDRAFT_API const char* tpdraft_last_error(void);
+/* "ok", "argument", "input" or "runtime". */
+TPDRAFT_API const char* tpdraft_status_name(tpdraft_status status);
+
+typedef struct tpdraft_drafter tpdraft_drafter;
+typedef int64_t tpdraft_session;
+
+typedef enum tpdraft_dtype { TPDRAFT_F32 = 0, TPDRAFT_BF16 = 1, TPDRAFT_F16 = 2 } tpdraft_dtype;
+
+typedef struct tpdraft_options {
+  uint32_t struct_size;      /* sizeof(tpdraft_options); set by tpdraft_options_init */
+  const char* backend;       /* "cpu", "cuda" or "auto" (NULL: "auto": cuda when a GPU is visible) */
+  int32_t threads;           /* CPU threads per rank; 0: this machine's cores shared among the ranks */
+  int32_t tp;                /* tensor-parallel ranks in this process (threads); 0 or 1: one */
+  int32_t max_sessions;      /* entries one step may hold (default 8) */
+  int64_t max_context;       /* positions one session may hold (default 4096) */
+  int32_t max_open_sessions; /* sessions open at once (default 64) */
+  int32_t graphs;            /* capture the block forward and replay it: -1 auto (on for cuda), 0, 1 */
+} tpdraft_options;
+
+/* Fills the defaults; call it, then change what you need. */
+TPDRAFT_API void tpdraft_options_init(tpdraft_options* options);
+
+/* Loads DRAFTER_DIR (config.json + safetensors) and the target's embedding and head from
+ * TARGET_DIR, every rank's share; *out is NULL on failure. options may be NULL (defaults). */
+TPDRAFT_API tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir,
+                                        const tpdraft_options* options, tpdraft_drafter** out);
+/* Frees the drafter and every session it holds. NULL is allowed. */
+TPDRAFT_API void tpdraft_close(tpdraft_drafter* drafter);
+
+typedef struct tpdraft_caps {
+  uint32_t struct_size;             /* set it to sizeof(tpdraft_caps) before the call */
+  const char* architecture;         /* "DFlashDraftModel" or "DFlash2DraftModel" */
+  const char* backend;              /* "cpu" or "cuda" */
+  int32_t block_size;               /* B: a step drafts B - 1 tokens per entry */
+  int32_t tp;
+  int64_t taps_width;               /* T * H: floats in one tap row */
+  int64_t hidden_size;              /* H */
+  int64_t vocab_size;               /* V: draft tokens lie in [0, V) */
+  int64_t mask_token_id;
+  int32_t n_target_layers;          /* T */
+  const int64_t* target_layer_ids;  /* [T]: a tap row is the target's hidden states after these
+                                       layers (0-based; HF hidden_states[id + 1]), concatenated */
+  int32_t max_sessions;
+  int32_t max_open_sessions;
+  int64_t max_context;
+} tpdraft_caps;
+
+/* The strings and arrays stay valid while the drafter is open. */
+TPDRAFT_API tpdraft_status tpdraft_caps_get(const tpdraft_drafter* drafter, tpdraft_caps* out);
+
+TPDRAFT_API tpdraft_status tpdraft_session_open(tpdraft_drafter* drafter, tpdraft_session* out);
+TPDRAFT_API tpdraft_status tpdraft_session_close(tpdraft_drafter* drafter, tpdraft_session session);
+/* Positions the session holds: the next anchor sits at this position. */
+TPDRAFT_API tpdraft_status tpdraft_session_length(tpdraft_drafter* drafter, tpdraft_session session, int64_t* out);
+
+typedef struct tpdraft_sampling {
+  double temperature; /* 0: greedy (ties to the lower id); > 0: a seeded draw */
+  int64_t top_k;      /* 0: off (DFlash only; a DFlash 2 drafter draws among its selector's candidates) */
+  double top_p;       /* 1: off (DFlash only) */
+  uint64_t seed;      /* the same seed, context and anchor give the same draft */
+} tpdraft_sampling;
+
+/* dist_width value for the probability of every token of the vocabulary. On a sampled DFlash
+ * draft it gathers every rank's logits each step (V floats per row per rank). */
+#define TPDRAFT_DIST_FULL (-1)
+
+typedef struct tpdraft_step_entry {
+  /* in */
+  tpdraft_session session;
+  int64_t keep;            /* first roll the session back to this length (what the target
+                              accepted); -1: keep everything it holds */
+  int64_t p0;              /* position of the first new tap row; -1: the length after keep */
+  int64_t n_new;           /* new tap rows, for positions p0 .. p0 + n_new - 1 */
+  const void* taps;        /* [n_new, taps_width] in taps_dtype, row-major; read during the call */
+  tpdraft_dtype taps_dtype;
+  int32_t taps_on_device;  /* 1: taps is f32 device memory of the cuda backend, written on taps_stream */
+  void* taps_stream;       /* a cudaStream_t, or NULL */
+  int64_t anchor;          /* the token at position p0 + n_new (the target's last committed token) */
+  tpdraft_sampling sampling;
+  int64_t dist_width;      /* 0: no distribution; w > 0: each row's w most likely tokens; or
+                              TPDRAFT_DIST_FULL */
+  /* out: buffers the caller owns */
+  int64_t* tokens;         /* [B - 1]: the drafts of positions p0 + n_new + 1 ... (required) */
+  float* q;                /* [B - 1]: the probability the drafter gave each (1 when greedy), or NULL */
+  int64_t* dist_ids;       /* [B - 1, w]: ids by probability, -1 past a narrower support (w > 0) */
+  float* dist_probs;       /* [B - 1, w], or [B - 1, V] for TPDRAFT_DIST_FULL */
+  float* dist_rest;        /* [B - 1]: the mass outside the w listed, or NULL */
+} tpdraft_step_entry;
+
+/* For each entry: roll back to keep, settle the new rows, draft one block from the anchor; all
+ * entries in one batched forward. Every entry is checked first (an unknown or repeated session,
+ * taps missing or holding NaN, keep or p0 beyond what the session holds, an anchor outside the
+ * vocabulary, bad sampling, a missing output buffer): a bad entry fails the whole step with
+ * TPDRAFT_ERROR_ARGUMENT naming it, and no session changes. */
+TPDRAFT_API tpdraft_status tpdraft_step(tpdraft_drafter* drafter, tpdraft_step_entry* entries, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TPDRAFT_TPDRAFT_H */

@@ -1,0 +1,240 @@
+// The Python module `tpdraft` over the C ABI (include/tpdraft/tpdraft.h), so that Python drives
+// exactly the path C callers do: Drafter(drafter_dir, target_dir, **options), caps,
+// open_session(), step(entries) with numpy arrays in and out. C-contiguous f32 / f16 taps (and
+// bf16 given as uint16 with taps_dtype="bf16") are read in place; the GIL is released while a
+// step runs. Library errors become tpdraft.Error (ArgumentError, InputError) with its message.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "tpdraft/tpdraft.h"
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* g_error = nullptr;           // tpdraft.Error
+PyObject* g_argument_error = nullptr;  // tpdraft.ArgumentError(Error, ValueError)
+PyObject* g_input_error = nullptr;     // tpdraft.InputError(Error)
+
+void raise_for(tpdraft_status status) {
+  if (status == TPDRAFT_OK) return;
+  PyObject* type = status == TPDRAFT_ERROR_ARGUMENT ? g_argument_error
+                   : status == TPDRAFT_ERROR_INPUT  ? g_input_error
+                                                    : g_error;
+  PyErr_SetString(type, tpdraft_last_error());
+  throw py::error_already_set();
+}
+
+struct Caps {
+  std::string architecture, backend;
+  int block_size = 0, tp = 0, max_sessions = 0, max_open_sessions = 0;
+  int64_t taps_width = 0, hidden_size = 0, vocab_size = 0, mask_token_id = 0, max_context = 0;
+  std::vector<int64_t> target_layer_ids;
+};
+
+// One step entry as Python gave it, with the arrays it must keep alive during the call.
+struct Staged {
+  tpdraft_step_entry entry{};
+  py::array taps;
+  py::array_t<int64_t> tokens, dist_ids;
+  py::array_t<float> q, dist_probs, dist_rest;
+};
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+class Drafter {
+ public:
+  Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
+          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs) {
+    tpdraft_options o;
+    tpdraft_options_init(&o);
+    o.backend = backend.c_str();
+    o.threads = threads;
+    o.tp = tp;
+    o.max_sessions = max_sessions;
+    o.max_context = max_context;
+    o.max_open_sessions = max_open_sessions;
+    o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &handle_);
+    }
+    raise_for(st);
+    tpdraft_caps c{};
+    c.struct_size = sizeof(c);
+    raise_for(tpdraft_caps_get(handle_, &c));
+    caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
+             c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,
+             std::vector<int64_t>(c.target_layer_ids, c.target_layer_ids + c.n_target_layers)};
+  }
+  ~Drafter() { close(); }
+
+  void close() {
+    tpdraft_close(handle_);
+    handle_ = nullptr;
+  }
+  const Caps& caps() const { return caps_; }
+
+  int64_t open_session() {
+    tpdraft_session s = -1;
+    raise_for(tpdraft_session_open(live(), &s));
+    return s;
+  }
+  void close_session(int64_t s) { raise_for(tpdraft_session_close(live(), s)); }
+  int64_t session_length(int64_t s) {
+    int64_t n = 0;
+    raise_for(tpdraft_session_length(live(), s, &n));
+    return n;
+  }
+
+  py::list step(const py::list& entries) {
+    std::vector<Staged> staged(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) stage(entries[i].cast<py::dict>(), &staged[i]);
+    std::vector<tpdraft_step_entry> raw;
+    raw.reserve(staged.size());
+    for (const Staged& s : staged) raw.push_back(s.entry);
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_step(live(), raw.data(), raw.size());
+    }
+    raise_for(st);
+    py::list out;
+    for (Staged& s : staged) {
+      py::dict r;
+      r["tokens"] = s.tokens;
+      r["q"] = s.q;
+      if (s.entry.dist_width != 0) {
+        r["dist_probs"] = s.dist_probs;
+        if (s.entry.dist_width > 0) {
+          r["dist_ids"] = s.dist_ids;
+          r["dist_rest"] = s.dist_rest;
+        }
+      }
+      out.append(std::move(r));
+    }
+    return out;
+  }
+
+ private:
+  tpdraft_drafter* live() const {
+    if (handle_ == nullptr) throw py::value_error("the drafter is closed");
+    return handle_;
+  }
+
+  // Taps: C-contiguous f32 / f16 / bf16 (uint16) are read in place; anything else is converted
+  // to C-contiguous f32 once.
+  void stage_taps(const py::dict& e, Staged* s) {
+    tpdraft_step_entry& t = s->entry;
+    if (!e.contains("taps") || e["taps"].is_none()) return;
+    py::array a = py::array::ensure(e["taps"]);
+    if (!a) throw py::type_error("entry 'taps' must be an array [n_new, taps_width]");
+    const std::string label = get<std::string>(e, "taps_dtype", "");
+    const bool contiguous = (a.flags() & py::array::c_style) != 0;
+    if (label == "bf16") {
+      if (!a.dtype().is(py::dtype::of<uint16_t>()) || !contiguous)
+        throw py::type_error("taps_dtype 'bf16' needs a C-contiguous uint16 array holding the bf16 bits");
+      t.taps_dtype = TPDRAFT_BF16;
+    } else if (a.dtype().is(py::dtype::of<float>()) && contiguous) {
+      t.taps_dtype = TPDRAFT_F32;
+    } else if (a.dtype().is(py::dtype("float16")) && contiguous) {
+      t.taps_dtype = TPDRAFT_F16;
+    } else {
+      a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+      t.taps_dtype = TPDRAFT_F32;
+    }
+    if (a.ndim() != 2 || a.shape(1) != caps_.taps_width)
+      throw py::value_error("entry 'taps' must be [n_new, " + std::to_string(caps_.taps_width) + "]");
+    s->taps = a;
+    t.taps = a.data();
+    t.n_new = a.shape(0);
+  }
+
+  void stage(const py::dict& e, Staged* s) {
+    tpdraft_step_entry& t = s->entry;
+    if (!e.contains("session") || !e.contains("anchor")) throw py::key_error("an entry needs 'session' and 'anchor'");
+    t.session = e["session"].cast<int64_t>();
+    t.anchor = e["anchor"].cast<int64_t>();
+    t.keep = get<int64_t>(e, "keep", -1);
+    t.p0 = get<int64_t>(e, "p0", -1);
+    t.sampling = {get<double>(e, "temperature", 0.0), get<int64_t>(e, "top_k", 0), get<double>(e, "top_p", 1.0),
+                  get<uint64_t>(e, "seed", 0)};
+    stage_taps(e, s);
+    const py::object dist = e.contains("dist") ? py::object(e["dist"]) : py::object(py::int_(0));
+    t.dist_width = py::isinstance<py::str>(dist) && dist.cast<std::string>() == "full" ? TPDRAFT_DIST_FULL
+                                                                                      : dist.cast<int64_t>();
+    const py::ssize_t rows = caps_.block_size - 1;
+    s->tokens = py::array_t<int64_t>(rows);
+    s->q = py::array_t<float>(rows);
+    t.tokens = s->tokens.mutable_data();
+    t.q = s->q.mutable_data();
+    if (t.dist_width == 0) return;
+    const py::ssize_t width = t.dist_width > 0 ? t.dist_width : caps_.vocab_size;
+    s->dist_probs = py::array_t<float>({rows, width});
+    t.dist_probs = s->dist_probs.mutable_data();
+    if (t.dist_width < 0) return;
+    s->dist_ids = py::array_t<int64_t>({rows, width});
+    s->dist_rest = py::array_t<float>(rows);
+    t.dist_ids = s->dist_ids.mutable_data();
+    t.dist_rest = s->dist_rest.mutable_data();
+  }
+
+  tpdraft_drafter* handle_ = nullptr;
+  Caps caps_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(tpdraft, m) {
+  m.doc() = "DFlash / DFlash 2 drafters for speculative decoding (tpdraft's C library)";
+  m.attr("__version__") = tpdraft_version();
+  g_error = PyErr_NewException("tpdraft.Error", PyExc_RuntimeError, nullptr);
+  // An argument error is a ValueError too, so that code catching ValueError sees it.
+  const py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));
+  g_argument_error = PyErr_NewException("tpdraft.ArgumentError", bases.ptr(), nullptr);
+  g_input_error = PyErr_NewException("tpdraft.InputError", g_error, nullptr);
+  m.attr("Error") = py::handle(g_error);
+  m.attr("ArgumentError") = py::handle(g_argument_error);
+  m.attr("InputError") = py::handle(g_input_error);
+
+  py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
+      .def_readonly("architecture", &Caps::architecture)
+      .def_readonly("backend", &Caps::backend)
+      .def_readonly("block_size", &Caps::block_size)
+      .def_readonly("tp", &Caps::tp)
+      .def_readonly("taps_width", &Caps::taps_width)
+      .def_readonly("hidden_size", &Caps::hidden_size)
+      .def_readonly("vocab_size", &Caps::vocab_size)
+      .def_readonly("mask_token_id", &Caps::mask_token_id)
+      .def_readonly("target_layer_ids", &Caps::target_layer_ids)
+      .def_readonly("max_sessions", &Caps::max_sessions)
+      .def_readonly("max_open_sessions", &Caps::max_open_sessions)
+      .def_readonly("max_context", &Caps::max_context);
+
+  py::class_<Drafter>(m, "Drafter",
+                      "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
+                      "max_context=4096, max_open_sessions=64, graphs=None)")
+      .def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int, py::object>(),
+           py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
+           py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
+           py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none())
+      .def_property_readonly("caps", &Drafter::caps)
+      .def("open_session", &Drafter::open_session)
+      .def("close_session", &Drafter::close_session, py::arg("session"))
+      .def("session_length", &Drafter::session_length, py::arg("session"))
+      .def("step", &Drafter::step, py::arg("entries"),
+           "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
+           "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict per "
+           "entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.")
+      .def("close", &Drafter::close)
+      .def("__enter__", [](Drafter& d) -> Drafter& { return d; }, py::return_value_policy::reference)
+      .def("__exit__", [](Drafter& d, py::object, py::object, py::object) { d.close(); });
+}

@@ -1,0 +1,250 @@
+// The C ABI (include/tpdraft/tpdraft.h) over a local group of engines: argument checks, the
+// translation of entries, and errors turned into a status and a per-thread message, so that no
+// exception crosses into the caller.
+#include "tpdraft/tpdraft.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/local_group.h"
+#include "model/runtime.h"
+
+struct tpdraft_drafter {
+  std::mutex mutex;
+  std::unique_ptr<tpdraft::engine::LocalGroup> group;
+  tpdraft::engine::Caps caps;
+  std::string backend;
+  std::vector<tpdraft::engine::StepEntry> entries;  // reused from step to step
+  std::vector<tpdraft::model::DraftResult> results;
+};
+
+namespace {
+
+using tpdraft::Error;
+namespace engine = tpdraft::engine;
+namespace model = tpdraft::model;
+
+thread_local std::string t_last_error;
+
+// Runs fn; a tpdraft::Error becomes `on_error`, anything else TPDRAFT_ERROR_RUNTIME.
+template <typename F>
+tpdraft_status guarded(tpdraft_status on_error, F&& fn) noexcept {
+  try {
+    fn();
+    t_last_error.clear();
+    return TPDRAFT_OK;
+  } catch (const Error& e) {
+    t_last_error = e.what();
+    return on_error;
+  } catch (const std::bad_alloc&) {
+    t_last_error = "out of memory";
+    return TPDRAFT_ERROR_RUNTIME;
+  } catch (const std::exception& e) {
+    t_last_error = e.what();
+    return TPDRAFT_ERROR_RUNTIME;
+  } catch (...) {
+    t_last_error = "unknown failure";
+    return TPDRAFT_ERROR_RUNTIME;
+  }
+}
+
+tpdraft_status refuse(const std::string& why) {
+  t_last_error = why;
+  return TPDRAFT_ERROR_ARGUMENT;
+}
+
+model::RuntimeOptions runtime_options(const tpdraft_options& o) {
+  TPDRAFT_CHECK(o.struct_size >= sizeof(tpdraft_options), "tpdraft_open: options.struct_size is {}, expected {}: "
+                "initialise the options with tpdraft_options_init", o.struct_size, sizeof(tpdraft_options));
+  TPDRAFT_CHECK(o.threads >= 0 && o.tp >= 0 && o.max_sessions >= 1 && o.max_context >= 1 && o.max_open_sessions >= 1,
+                "tpdraft_open: threads and tp must be >= 0, max_sessions, max_context and max_open_sessions >= 1 "
+                "(got {}, {}, {}, {}, {})", o.threads, o.tp, o.max_sessions, o.max_context, o.max_open_sessions);
+  TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "tpdraft_open: graphs must be -1 (auto), 0 or 1, got {}", o.graphs);
+  model::RuntimeOptions r;
+  r.backend = o.backend != nullptr ? o.backend : "auto";
+  r.threads = o.threads;
+  r.limits.max_sessions = o.max_sessions;
+  r.limits.max_context = o.max_context;
+  r.graphs = o.graphs < 0 ? model::GraphMode::Auto : o.graphs ? model::GraphMode::On : model::GraphMode::Off;
+  return r;
+}
+
+tpdraft::DType dtype_of(tpdraft_dtype d) {
+  switch (d) {
+    case TPDRAFT_F32: return tpdraft::DType::F32;
+    case TPDRAFT_BF16: return tpdraft::DType::BF16;
+    case TPDRAFT_F16: return tpdraft::DType::F16;
+  }
+  TPDRAFT_FAIL("taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", static_cast<int>(d));
+}
+
+// The engine's entry, and the output buffers an entry must bring.
+engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
+  TPDRAFT_CHECK(e.tokens != nullptr, "entry {}: no tokens buffer", i);
+  TPDRAFT_CHECK(e.dist_width == 0 || e.dist_probs != nullptr, "entry {}: dist_width {} but no dist_probs buffer", i,
+                e.dist_width);
+  TPDRAFT_CHECK(e.dist_width <= 0 || e.dist_ids != nullptr, "entry {}: dist_width {} but no dist_ids buffer", i,
+                e.dist_width);
+  engine::StepEntry s;
+  s.session = e.session;
+  s.keep = e.keep;
+  s.p0 = e.p0;
+  s.n_new = e.n_new;
+  s.taps = {e.taps, dtype_of(e.taps_dtype), e.taps_on_device != 0, e.taps_stream};
+  s.anchor = e.anchor;
+  s.sampling = {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed};
+  s.dist_width = e.dist_width;
+  return s;
+}
+
+void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab) {
+  const size_t rows = r.tokens.size();
+  std::memcpy(e.tokens, r.tokens.data(), rows * sizeof(int64_t));
+  if (e.q != nullptr) std::memcpy(e.q, r.probs.data(), rows * sizeof(float));
+  if (e.dist_width == 0) return;
+  const size_t width = e.dist_width == TPDRAFT_DIST_FULL ? static_cast<size_t>(vocab) : static_cast<size_t>(e.dist_width);
+  for (size_t row = 0; row < rows; ++row) {
+    const model::RowDistribution& d = r.dists[row];
+    std::memcpy(e.dist_probs + row * width, d.probs.data(), width * sizeof(float));
+    if (e.dist_width > 0) std::memcpy(e.dist_ids + row * width, d.ids.data(), width * sizeof(int64_t));
+    if (e.dist_rest != nullptr) e.dist_rest[row] = d.rest;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
+
+const char* tpdraft_last_error(void) { return t_last_error.c_str(); }
+
+const char* tpdraft_status_name(tpdraft_status status) {
+  switch (status) {
+    case TPDRAFT_OK: return "ok";
+    case TPDRAFT_ERROR_ARGUMENT: return "argument";
+    case TPDRAFT_ERROR_INPUT: return "input";
+    case TPDRAFT_ERROR_RUNTIME: return "runtime";
+  }
+  return "unknown";
+}
+
+void tpdraft_options_init(tpdraft_options* o) {
+  if (o == nullptr) return;
+  *o = tpdraft_options{};
+  o->struct_size = sizeof(tpdraft_options);
+  o->backend = "auto";
+  o->threads = 0;
+  o->tp = 1;
+  o->max_sessions = 8;
+  o->max_context = 4096;
+  o->max_open_sessions = 64;
+  o->graphs = -1;
+}
+
+tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, const tpdraft_options* options,
+                            tpdraft_drafter** out) {
+  if (out == nullptr) return refuse("tpdraft_open: out is NULL");
+  *out = nullptr;
+  if (drafter_dir == nullptr || target_dir == nullptr) return refuse("tpdraft_open: a checkpoint directory is NULL");
+  tpdraft_options defaults;
+  tpdraft_options_init(&defaults);
+  const tpdraft_options& o = options != nullptr ? *options : defaults;
+  return guarded(TPDRAFT_ERROR_INPUT, [&] {
+    const model::RuntimeOptions ro = runtime_options(o);
+    auto d = std::make_unique<tpdraft_drafter>();
+    d->group = std::make_unique<engine::LocalGroup>(model::ModelSource::open(drafter_dir, target_dir), ro,
+                                                    std::max(1, o.tp), o.max_open_sessions);
+    d->caps = d->group->leader().caps();
+    d->backend = d->group->leader().runtime().ops().name();
+    *out = d.release();
+  });
+}
+
+void tpdraft_close(tpdraft_drafter* drafter) {
+  if (drafter == nullptr) return;
+  // Destructors do not throw; whatever a device reports on the way out is not the caller's to act on.
+  delete drafter;
+}
+
+tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
+  if (d == nullptr || out == nullptr) return refuse("tpdraft_caps_get: drafter or out is NULL");
+  if (out->struct_size < sizeof(tpdraft_caps))
+    return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
+  const engine::Caps& c = d->caps;
+  out->architecture = c.architecture.c_str();
+  out->backend = d->backend.c_str();
+  out->block_size = static_cast<int32_t>(c.block);
+  out->tp = c.tp;
+  out->taps_width = c.taps_width;
+  out->hidden_size = c.hidden;
+  out->vocab_size = c.vocab;
+  out->mask_token_id = c.mask_token;
+  out->n_target_layers = static_cast<int32_t>(c.target_layers.size());
+  out->target_layer_ids = c.target_layers.data();
+  out->max_sessions = static_cast<int32_t>(c.max_sessions);
+  out->max_open_sessions = static_cast<int32_t>(c.max_open_sessions);
+  out->max_context = c.max_context;
+  t_last_error.clear();
+  return TPDRAFT_OK;
+}
+
+tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
+  if (d == nullptr || out == nullptr) return refuse("tpdraft_session_open: drafter or out is NULL");
+  std::lock_guard<std::mutex> lock(d->mutex);
+  // The limit is checked once, on the leader, before any rank opens: the ranks stay alike.
+  const int64_t open = d->group->leader().open_sessions();
+  if (open >= d->caps.max_open_sessions)
+    return refuse("tpdraft_session_open: all " + std::to_string(open) + " sessions allowed (max_open_sessions) are open");
+  tpdraft_session id = -1;
+  const tpdraft_status st = guarded(TPDRAFT_ERROR_RUNTIME, [&] {
+    d->group->on_all([&](engine::Engine& e) {
+      const int64_t mine = e.open_session();
+      if (&e == &d->group->leader()) id = mine;
+    });
+  });
+  if (st == TPDRAFT_OK) *out = id;
+  return st;
+}
+
+tpdraft_status tpdraft_session_close(tpdraft_drafter* d, tpdraft_session session) {
+  if (d == nullptr) return refuse("tpdraft_session_close: drafter is NULL");
+  std::lock_guard<std::mutex> lock(d->mutex);
+  const tpdraft_status st = guarded(TPDRAFT_ERROR_ARGUMENT, [&] { d->group->leader().check_open(session); });
+  if (st != TPDRAFT_OK) return st;
+  return guarded(TPDRAFT_ERROR_RUNTIME, [&] { d->group->on_all([&](engine::Engine& e) { e.close_session(session); }); });
+}
+
+tpdraft_status tpdraft_session_length(tpdraft_drafter* d, tpdraft_session session, int64_t* out) {
+  if (d == nullptr || out == nullptr) return refuse("tpdraft_session_length: drafter or out is NULL");
+  std::lock_guard<std::mutex> lock(d->mutex);
+  return guarded(TPDRAFT_ERROR_ARGUMENT, [&] { *out = d->group->leader().session_length(session); });
+}
+
+tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {
+  if (d == nullptr) return refuse("tpdraft_step: drafter is NULL");
+  if (entries == nullptr && count > 0) return refuse("tpdraft_step: entries is NULL");
+  std::lock_guard<std::mutex> lock(d->mutex);
+  tpdraft_status st = guarded(TPDRAFT_ERROR_ARGUMENT, [&] {
+    d->entries.clear();
+    for (size_t i = 0; i < count; ++i) d->entries.push_back(translate(entries[i], i));
+    d->group->leader().check(d->entries);
+  });
+  if (st != TPDRAFT_OK) return st;
+  st = guarded(TPDRAFT_ERROR_RUNTIME, [&] {
+    d->group->on_all([&](engine::Engine& e) {
+      auto results = e.apply(d->entries);
+      if (&e == &d->group->leader()) d->results = std::move(results);
+    });
+  });
+  if (st != TPDRAFT_OK) return st;
+  for (size_t i = 0; i < count; ++i) copy_out(d->results[i], entries[i], d->caps.vocab);
+  return TPDRAFT_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,123 @@
+// The job: MPI start and end, the job-wide abort, the argument check across ranks and the
+// agreement on failures that every rank meets alike.
+#include "cli/job.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/mpi_comm.h"
+
+namespace tpdraft::cli {
+
+namespace {
+bool g_mpi = false;
+
+std::vector<std::string> split_nul(const std::string& joined) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t i = 0; i < joined.size(); ++i)
+    if (joined[i] == '\0') {
+      parts.push_back(joined.substr(begin, i - begin));
+      begin = i + 1;
+    }
+  return parts;
+}
+}  // namespace
+
+const char* exit_status_help() {
+  return "Exit status: 0 success; 1 a fault while running (a rank, a device, a peer that is gone); 2 a usage "
+         "error (the command line, or a TPDRAFT_ environment variable); 3 an input error (a config, checkpoint or "
+         "taps file, or a tensor-parallel size the geometry cannot take).";
+}
+
+bool under_mpi() { return g_mpi; }
+
+int job_rank() { return g_mpi ? log::rank() : 0; }
+
+void init_launch(int* argc, char*** argv) {
+#ifdef TPDRAFT_HAVE_MPI
+  if (parallel::mpi_launched()) {
+    parallel::mpi_init(argc, argv);
+    g_mpi = true;
+  }
+#else
+  (void)argc;
+  (void)argv;
+  TPDRAFT_CHECK(!parallel::mpi_launched(), "launched under mpirun, but this tpdraft was built without MPI");
+#endif
+}
+
+void finish_launch() {
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) parallel::mpi_finalize();
+#endif
+}
+
+void abort_launch(const std::string& reason) {
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) parallel::mpi_abort_job(reason);
+#else
+  (void)reason;
+#endif
+}
+
+std::unique_ptr<parallel::Communicator> job_world() {
+#ifdef TPDRAFT_HAVE_MPI
+  if (g_mpi) return parallel::make_mpi(MPI_COMM_WORLD);
+#endif
+  return parallel::make_single_rank();
+}
+
+void run_alone(const std::function<void()>& command) {
+  const auto world = job_world();
+  agree_on(*world, kExitInput, command);
+}
+
+void agree_on(parallel::Communicator& world, int status, const std::function<void()>& step) {
+  std::string error;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int32_t failed = error.empty() ? 0 : 1;
+  std::vector<int32_t> all(static_cast<size_t>(world.size()));
+  world.all_gather(&failed, all.data(), sizeof(failed));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) continue;
+    if (static_cast<int>(r) == world.rank()) TPDRAFT_LOG_ERROR("{}", error);
+    throw JobFailure{status};
+  }
+}
+
+void check_same_arguments(int argc, char** argv) {
+#ifdef TPDRAFT_HAVE_MPI
+  if (!g_mpi) return;
+  auto world = parallel::make_mpi(MPI_COMM_WORLD);
+  std::string mine;
+  for (int i = 1; i < argc; ++i) mine.append(argv[i]).push_back('\0');
+  uint64_t size = mine.size();
+  world->broadcast(&size, sizeof(size), 0);
+  std::string first = world->rank() == 0 ? mine : std::string(size, '\0');
+  world->broadcast(first.data(), first.size(), 0);
+  agree_on(*world, kExitUsage, [&] {
+    const std::vector<std::string> here = split_nul(mine), there = split_nul(first);
+    for (size_t i = 0; i < std::max(here.size(), there.size()); ++i) {
+      const std::string a = i < here.size() ? "'" + here[i] + "'" : "absent";
+      const std::string b = i < there.size() ? "'" + there[i] + "'" : "absent";
+      TPDRAFT_CHECK(a == b,
+                    "rank {} was started with other arguments than rank 0: argument {} is {} here and {} on rank 0 "
+                    "(every rank of a job needs the same command line)",
+                    world->rank(), i + 1, a, b);
+    }
+  });
+#else
+  (void)argc;
+  (void)argv;
+#endif
+}
+
+}  // namespace tpdraft::cli

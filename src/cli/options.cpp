@@ -1,0 +1,49 @@
+// Numeric option validators (options.h).
+#include "cli/options.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace tpdraft::cli {
+
+namespace {
+std::string bound_text(long long lo, long long hi) {
+  if (hi == std::numeric_limits<long long>::max()) return fmt::format("at least {}", lo);
+  return fmt::format("in {}..{}", lo, hi);
+}
+std::string bound_text(double lo, double hi) {
+  if (hi == std::numeric_limits<double>::max()) return fmt::format("at least {}", lo);
+  return fmt::format("in [{}, {}]", lo, hi);
+}
+}  // namespace
+
+CLI::Validator whole_number(long long lo, long long hi, const std::string& why) {
+  const std::string bound = bound_text(lo, hi) + (why.empty() ? "" : " (" + why + ")");
+  return CLI::Validator(
+      [lo, hi, bound](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || errno == ERANGE) return "expected a whole number, got '" + value + "'";
+        if (v < lo || v > hi) return "must be " + bound + ", got " + value;
+        return std::string();
+      },
+      bound);
+}
+
+CLI::Validator real_number(double lo, double hi) {
+  const std::string bound = bound_text(lo, hi);
+  return CLI::Validator(
+      [lo, hi, bound](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !std::isfinite(v)) return "expected a number, got '" + value + "'";
+        if (v < lo || v > hi) return "must be " + bound + ", got " + value;
+        return std::string();
+      },
+      bound);
+}
+
+}  // namespace tpdraft::cli

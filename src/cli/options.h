@@ -1,0 +1,18 @@
+// Validators for numeric options whose errors a user can read: the bound is written as given
+// (CLI11's own NonNegativeNumber prints the largest double, 309 digits), and a note may say why.
+#pragma once
+
+#include <limits>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace tpdraft::cli {
+
+// A whole number in [lo, hi]; `why` (may be empty) explains the bound in the error.
+CLI::Validator whole_number(long long lo, long long hi = std::numeric_limits<long long>::max(),
+                            const std::string& why = "");
+// A finite number in [lo, hi].
+CLI::Validator real_number(double lo, double hi = std::numeric_limits<double>::max());
+
+}  // namespace tpdraft::cli

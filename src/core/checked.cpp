@@ -1,0 +1,54 @@
+// The failure side of core/checked.h: one message per kind of overflow, each naming what was
+// being computed and the operands, so a user can see which key or tensor made the size.
+#include "core/checked.h"
+
+#include "core/error.h"
+
+namespace tpdraft::detail {
+
+namespace {
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+}  // namespace
+
+void fail_mul(const std::string& what, int64_t a, int64_t b) {
+  TPDRAFT_FAIL("{}: {} x {} overflows a 64-bit integer", what, a, b);
+}
+
+void fail_add(const std::string& what, int64_t a, int64_t b) {
+  TPDRAFT_FAIL("{}: {} + {} overflows a 64-bit integer", what, a, b);
+}
+
+void fail_shape(const std::string& what, const std::vector<int64_t>& shape, size_t elem_size, bool negative) {
+  if (negative) TPDRAFT_FAIL("{}: shape {} has a negative dimension", what, shape_string(shape));
+  if (elem_size == 0)
+    TPDRAFT_FAIL("{}: shape {} overflows: its element count does not fit in a 64-bit integer", what,
+                 shape_string(shape));
+  TPDRAFT_FAIL("{}: shape {} of {}-byte elements overflows: its byte count does not fit in a 64-bit integer", what,
+               shape_string(shape), elem_size);
+}
+
+void fail_to_int64(const std::string& what, double v) {
+  TPDRAFT_FAIL("{}: {} is not an integer in the 64-bit range", what, v);
+}
+
+bool numel_fits(const std::vector<int64_t>& shape, int64_t* out) {
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+    empty = empty || d == 0;
+  }
+  // A zero dimension makes the count exactly 0, however large the others are.
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (empty) break;
+    if (__builtin_mul_overflow(n, d, &n)) return false;
+  }
+  *out = empty ? 0 : n;
+  return true;
+}
+
+}  // namespace tpdraft::detail

@@ -1,0 +1,72 @@
+// open_regular_file / read_regular_file: O_NONBLOCK makes open() return at once on a FIFO with
+// no writer (a plain open blocks until one appears, forever); fstat on the open descriptor then
+// tells the file's type without a window for it to change between a check and the open.
+#include "core/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tpdraft {
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+int open_regular_file(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  TPDRAFT_CHECK(fd >= 0, "{}: cannot open {} ({})", path, what, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    TPDRAFT_FAIL("{}: cannot read the file type of {} ({})", path, what, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    TPDRAFT_FAIL("{}: is {}, expected the {} as a regular file", path, kind_of(st.st_mode), what);
+  }
+  return fd;
+}
+
+std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes) {
+  const int fd = open_regular_file(path, what);
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    TPDRAFT_FAIL("{}: the {} is {} bytes, more than the {} bytes such a file may take", path, what,
+                 static_cast<uint64_t>(st.st_size), max_bytes);
+  }
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      TPDRAFT_FAIL("{}: reading the {} failed ({})", path, what, std::strerror(err));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace tpdraft

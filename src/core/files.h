@@ -1,0 +1,17 @@
+// Opening input files safely: a path given as a checkpoint, config or taps file may name a FIFO,
+// a device or a directory. These open without blocking, check that a regular file is there and
+// fail naming the path and what it is, before anything is read.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace tpdraft {
+
+// A read-only descriptor of the regular file at `path` (the caller closes it). `what` names the
+// file's role in messages ("safetensors file", "drafter config").
+int open_regular_file(const std::string& path, const char* what);
+// The whole content of the regular file at `path` (JSON files), refused above `max_bytes`.
+std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes = size_t{256} << 20);
+
+}  // namespace tpdraft

@@ -1,0 +1,131 @@
+// A step on one rank: check every entry, then roll back, settle and draft.
+#include "engine/engine.h"
+
+#include <set>
+
+#include "core/checked.h"
+#include "core/error.h"
+
+namespace tpdraft::engine {
+
+Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, const model::RuntimeOptions& options,
+               int64_t max_open_sessions)
+    : rt_(std::make_unique<model::RankRuntime>(source, group, options)) {
+  TPDRAFT_CHECK(max_open_sessions >= 1, "the sessions open at once must be at least 1, got {}", max_open_sessions);
+  const model::DrafterConfig& cfg = rt_->config();
+  caps_.architecture = cfg.arch_name;
+  caps_.block = cfg.block;
+  caps_.taps_width = cfg.n_taps() * cfg.hidden;
+  caps_.hidden = cfg.hidden;
+  caps_.vocab = cfg.vocab;
+  caps_.mask_token = cfg.mask_token;
+  caps_.target_layers = cfg.taps;
+  caps_.tp = rt_->comm().size();
+  caps_.max_sessions = rt_->drafter().limits().max_sessions;
+  caps_.max_context = rt_->drafter().limits().max_context;
+  caps_.max_open_sessions = max_open_sessions;
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::open_session() {
+  TPDRAFT_CHECK(static_cast<int64_t>(sessions_.size()) < caps_.max_open_sessions,
+                "cannot open another session: all {} allowed (max open sessions) are open", sessions_.size());
+  const int64_t id = next_id_++;
+  sessions_.emplace(id, rt_->drafter().new_session());
+  return id;
+}
+
+void Engine::close_session(int64_t id) {
+  TPDRAFT_CHECK(sessions_.erase(id) == 1, "session {} is not open", id);
+}
+
+model::Session& Engine::session(int64_t id) const {
+  const auto it = sessions_.find(id);
+  TPDRAFT_CHECK(it != sessions_.end(), "session {} is not open", id);
+  return *it->second;
+}
+
+int64_t Engine::session_length(int64_t id) const { return session(id).length(); }
+
+void Engine::check_taps(const StepEntry& e, size_t i) const {
+  if (e.n_new == 0) return;
+  TPDRAFT_CHECK(e.taps.data != nullptr, "entry {}: {} new rows but no taps", i, e.n_new);
+  TPDRAFT_CHECK(e.taps.dtype == DType::F32 || e.taps.dtype == DType::BF16 || e.taps.dtype == DType::F16,
+                "entry {}: taps must be f32, bf16 or f16, got {}", i, dtype_name(e.taps.dtype));
+  if (e.taps.on_device) {
+    // Device rows are read where they lie; their values show in the draft's own checks.
+    TPDRAFT_CHECK(!rt_->ops().host_memory(), "entry {}: taps in device memory, but the {} backend has no device", i,
+                  rt_->ops().name());
+    TPDRAFT_CHECK(e.taps.dtype == DType::F32, "entry {}: taps in device memory must be f32, got {}", i,
+                  dtype_name(e.taps.dtype));
+    return;
+  }
+  const int64_t count = checked_mul(e.n_new, caps_.taps_width, "entry {}: {} tap rows of {} floats", i, e.n_new,
+                                    caps_.taps_width);
+  const int64_t bad = find_non_finite(e.taps.dtype, e.taps.data, static_cast<size_t>(count));
+  TPDRAFT_CHECK(bad < 0, "entry {}: the taps of position {} (new row {}) hold NaN or Inf at column {}", i,
+                e.p0 + bad / caps_.taps_width, bad / caps_.taps_width, bad % caps_.taps_width);
+}
+
+void Engine::check(const std::vector<StepEntry>& entries) const {
+  TPDRAFT_CHECK(!entries.empty() && static_cast<int64_t>(entries.size()) <= caps_.max_sessions,
+                "a step takes 1 to {} entries (max sessions), got {}", caps_.max_sessions, entries.size());
+  std::set<int64_t> seen;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const StepEntry& e = entries[i];
+    TPDRAFT_CHECK(seen.insert(e.session).second, "entry {}: session {} appears twice in one step", i, e.session);
+    const model::Session& s = session(e.session);
+    const model::Drafter& d = rt_->drafter();
+    TPDRAFT_CHECK(e.keep >= -1 && e.keep <= s.length(), "entry {}: keep {} outside 0..{} (session {} holds {})", i,
+                  e.keep, s.length(), e.session, s.length());
+    const int64_t kept = e.keep < 0 ? s.length() : e.keep;
+    TPDRAFT_CHECK(e.p0 >= -1 && e.p0 <= kept, "entry {}: p0 {} outside 0..{} (the length after keep)", i, e.p0, kept);
+    const int64_t p0 = e.p0 < 0 ? kept : e.p0;
+    d.check_rollback(s, p0);  // keep >= p0: a roll-back there is possible too
+    TPDRAFT_CHECK(e.n_new >= 0 && e.n_new <= caps_.max_context - p0,
+                  "entry {}: {} new rows at position {} do not fit the max context {}", i, e.n_new, p0,
+                  caps_.max_context);
+    StepEntry at = e;
+    at.p0 = p0;
+    check_taps(at, i);
+    model::Drafter::check_request(rt_->config(), e.anchor, e.sampling);
+    TPDRAFT_CHECK(e.dist_width >= model::kFullDistribution && e.dist_width <= caps_.vocab,
+                  "entry {}: a distribution width must be 0, 1..{} or {} (every token), got {}", i, caps_.vocab,
+                  model::kFullDistribution, e.dist_width);
+  }
+}
+
+const float* Engine::taps_f32(const StepEntry& e) {
+  if (e.n_new == 0) return nullptr;
+  if (e.taps.on_device) {
+    rt_->ops().wait_for(e.taps.stream);
+    return static_cast<const float*>(e.taps.data);
+  }
+  if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
+  const size_t count = static_cast<size_t>(e.n_new * caps_.taps_width);
+  if (staged_.size() < count) staged_.resize(count);
+  convert_to_f32(e.taps.dtype, e.taps.data, staged_.data(), count);
+  return staged_.data();
+}
+
+std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries) {
+  check(entries);
+  return apply(entries);
+}
+
+std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries) {
+  model::Drafter& d = rt_->drafter();
+  std::vector<model::DraftRequest> requests;
+  requests.reserve(entries.size());
+  for (const StepEntry& e : entries) {
+    model::Session& s = session(e.session);
+    if (e.keep >= 0) d.rollback(s, e.keep);
+    const int64_t p0 = e.p0 < 0 ? s.length() : e.p0;
+    d.settle(s, p0, taps_f32(e), e.n_new);
+    requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
+  }
+  return d.draft(requests);
+}
+
+}  // namespace tpdraft::engine

@@ -1,0 +1,145 @@
+// The program's answers to bad input, as a user meets them: the documented exit statuses (2 for
+// the command line, 3 for the input), bounds written as given, --dump checked before any work and
+// never replacing what is not a regular file, results printed only on success, taps holding NaN
+// refused by row, and bench refusing a geometry before it generates its weights.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/config.h"
+#include "model/random_checkpoint.h"
+#include "model/safetensors.h"
+#include "support/test_support.h"
+
+namespace tpdraft {
+namespace {
+
+testing::CommandResult run(const std::string& args) { return testing::run_command(std::string(TPDRAFT_BIN) + " " + args); }
+
+bool has_json_line(const std::string& out) { return out.find("\n{") != std::string::npos || out.rfind("{", 0) == 0; }
+
+// A checkpoint written once for the tests of this file, in its own directory.
+struct Checkpoint {
+  testing::TempDir dir;
+  std::string ck = dir.file("ck");
+  Checkpoint() {
+    const auto r = run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 6");
+    EXPECT_EQ(r.status, 0) << r.out;
+  }
+  std::string draft_args() const {
+    return "draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck + "/taps.safetensors --anchor 1";
+  }
+};
+
+TEST(CliErrors, ExitStatusesAreTheDocumentedOnes) {
+  Checkpoint c;
+  testing::write_text(c.dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
+  EXPECT_EQ(run("draft --bogus").status, 2);
+  EXPECT_EQ(run("bench").status, 2);  // neither --config nor --drafter
+  EXPECT_EQ(run("init --config " + c.dir.file("bad.json") + " --out " + c.dir.file("x")).status, 3);
+  EXPECT_EQ(run(c.draft_args() + " --tp 3").status, 3);  // 4 heads do not split 3 ways
+  EXPECT_EQ(run(c.draft_args()).status, 0);
+  const auto help = run("--help");
+  EXPECT_NE(help.out.find("Exit status: 0 success"), std::string::npos) << help.out;
+  const auto version = run("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_TRUE(std::regex_search(version.out, std::regex("^tpdraft [0-9]+\\.[0-9]+\\.[0-9]+"))) << version.out;
+}
+
+TEST(CliErrors, InfoStopsAtAPlanItCannotMakeBeforePrinting) {
+  Checkpoint c;
+  const auto r = run("info --drafter " + c.ck + "/drafter --tp 3");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find("not divisible by tp = 3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("geometry"), std::string::npos) << "printed before the error: " << r.out;
+}
+
+TEST(CliErrors, BoundsAreReadable) {
+  Checkpoint c;
+  for (const std::string& args : {c.draft_args() + " --threads 100000", c.draft_args() + " --temperature -1",
+                                  c.draft_args() + " --tp 100000", std::string("bench --config x --ctx -3")}) {
+    const auto r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    EXPECT_FALSE(std::regex_search(r.out, std::regex("[0-9]{25}"))) << "a bound printed in full: " << r.out;
+    EXPECT_NE(r.out.find("must be"), std::string::npos) << r.out;
+  }
+}
+
+TEST(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
+  Checkpoint c;
+  const std::string link = c.dir.file("link.safetensors"), target = c.dir.file("kept.txt");
+  testing::write_text(target, "keep me");
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  struct Case {
+    std::string dump, needle;
+  };
+  for (const Case& k : {Case{"/dev/null", "not a regular file"}, Case{link, "not a regular file"},
+                        Case{c.dir.file("no/such/dir/out.safetensors"), "cannot write there"}}) {
+    const auto r = run(c.draft_args() + " --dump " + k.dump);
+    EXPECT_EQ(r.status, 3) << r.out;
+    EXPECT_NE(r.out.find(k.needle), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("loaded"), std::string::npos) << "the checkpoint was loaded before the check: " << r.out;
+    EXPECT_FALSE(has_json_line(r.out)) << r.out;
+  }
+  struct stat st {};
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  std::ifstream kept(target);
+  std::string text;
+  std::getline(kept, text);
+  EXPECT_EQ(text, "keep me");
+  // A good destination: the dump exists and the results follow it.
+  const auto ok = run(c.draft_args() + " --dump " + c.dir.file("d.safetensors"));
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  EXPECT_TRUE(has_json_line(ok.out));
+  EXPECT_EQ(access(c.dir.file("d.safetensors").c_str(), R_OK), 0);
+}
+
+TEST(CliErrors, TapsWithNaNOrInfAreRefusedByRow) {
+  Checkpoint c;
+  const model::DrafterConfig cfg = model::DrafterConfig::from_file(c.ck + "/drafter/config.json");
+  const int64_t width = cfg.n_taps() * cfg.hidden;
+  for (float bad : {std::nanf(""), -INFINITY}) {
+    std::vector<float> taps = model::random_taps(cfg, 5, 3);
+    taps[static_cast<size_t>(2 * width + 7)] = bad;
+    model::SafetensorsWriter w;
+    w.add("taps", DType::F32, {5, width}, taps.data(), taps.size() * sizeof(float));
+    w.write(c.dir.file("bad-taps.safetensors"));
+    const auto r = run("draft --drafter " + c.ck + "/drafter --target " + c.ck + "/target --taps " +
+                       c.dir.file("bad-taps.safetensors") + " --anchor 1");
+    EXPECT_EQ(r.status, 3) << r.out;
+    EXPECT_NE(r.out.find("row 2 (position 2)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("at column 7"), std::string::npos) << r.out;
+    EXPECT_FALSE(has_json_line(r.out)) << r.out;
+  }
+}
+
+TEST(CliErrors, BenchRefusesAGeometryBeforeGeneratingItsWeights) {
+  const auto r = run("bench --config " + testing::source_path("configs/tiny-dflash.json") + " --tp 3 --ctx 4 --repeat 1");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find("not divisible by tp = 3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("generating"), std::string::npos) << r.out;
+  EXPECT_EQ(testing::count_of(r.out, "not divisible"), 1u) << "reported once, not by each of the 3 ranks:\n" << r.out;
+}
+
+TEST(CliErrors, MoreThreadsThanCoresIsAWarningNotAFailure) {
+  Checkpoint c;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto r = run(c.draft_args() + " --threads " + std::to_string(cores) + " --tp 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("take turns on the cores"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace tpdraft
