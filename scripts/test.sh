@@ -10,9 +10,9 @@ Usage: scripts/test.sh [--sanitize] [CTEST ARGS...]
 
   (no option)   builds build/ (Release, warnings as errors) and runs every test in it
   --sanitize    builds build-sanitize/ (clang, AddressSanitizer + UndefinedBehaviorSanitizer,
-                CUDA off) and runs its tests: the CPU and MPI tests and a short run of each fuzz
-                harness (docs/testing.md); the timing check scaling_projection is left out there
-  CTEST ARGS    passed on to ctest, e.g. -L mpi, -R test_config, -E scaling_projection
+                CUDA off) and runs its tests: the CPU, MPI and Python tests and a short run of
+                each fuzz harness (docs/testing.md)
+  CTEST ARGS    passed on to ctest, e.g. -L mpi, -R test_config, -E python_module
   -h, --help    this text
 
 Missing Debian packages are installed first (scripts/setup.sh). Tests run in parallel, as many
