@@ -81,6 +81,8 @@ while (($#)); do
   esac
 done
 [ -n "$out" ] || { echo "scale.sh: --out DIR is required (see --help)" >&2; exit 2; }
+# Each run in a process group of its own, stopped with the script on an interrupt.
+. "$here/scripts/lib/steps.bash"
 if [ -z "$repeat" ]; then if ((quick)); then repeat=5; else repeat=10; fi; fi
 if [ -z "$warmup" ]; then if ((quick)); then warmup=1; else warmup=2; fi; fi
 py=python3
@@ -183,7 +185,8 @@ run_sweep() {
     ((gather)) && note="$note, full-logits gather"
     echo "scale.sh: [$tag] $study$note" >&2
     # record.py measure notes the machine's load around the run (other processes, stolen time).
-    if "$py" "$tools/record.py" measure --load "$load" -- timeout "$timeout_s" "${cmd[@]}" >"$result" 2>"$log" \
+    # The limit covers it and the run; both sit in the step's process group (steps.bash).
+    if step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
        && "$py" "$tools/record.py" append --out "$records" --config "$config" --load "$load" --set "study=$study" \
             --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
             ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; then

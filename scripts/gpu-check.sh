@@ -1,14 +1,39 @@
 #!/usr/bin/env bash
-# On a machine with a GPU: build tpdraft with the CUDA backend, run the GPU tests (ctest -L gpu),
-# time drafts of the Qwen3-8B geometry (bf16, one session, 4096 context rows) with the forward
-# replayed from a CUDA graph and issued op by op, time the same draft in PyTorch bf16 eager on the
-# same GPU and checkpoint, and print a short table last. Fetches nothing from the network: when
-# a build dependency is missing it names it and stops. Builds without MPI when mpicxx is absent.
-# Stays within ~8 minutes (each step has its own timeout).
-# Usage: scripts/gpu-check.sh            (BUILD=dir to choose the build directory, default build-gpu;
-#                                          CUDA_ARCH=90 by default, the H100/H200 architecture)
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+# On a machine with a GPU: builds tpdraft with the CUDA backend, runs the GPU tests, times drafts
+# of the Qwen3-8B geometry (graph replay and op by op) and the same draft in PyTorch bf16 eager,
+# and prints a short table last. Fetches nothing; stays within ~8 minutes (see --help).
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: scripts/gpu-check.sh
+
+On a machine with a GPU: builds tpdraft with the CUDA backend, runs the GPU tests (ctest -L gpu),
+times drafts of the Qwen3-8B geometry (bf16, one session, 4096 context rows) with the forward
+replayed from a CUDA graph and issued op by op, times the same draft in PyTorch bf16 eager on the
+same GPU and checkpoint, and prints a short table last. Fetches nothing from the network: when a
+build dependency is missing it names it and stops (scripts/gpu-deps.sh, run on a Debian machine,
+gathers them into .gpu-deps/). Builds without MPI when mpicxx is absent. Stays within ~8 minutes:
+each step has its own time limit, and an interrupt stops the running step, build included.
+
+Environment:
+  BUILD=dir      build directory (default build-gpu)
+  CUDA_ARCH=NN   CUDA architecture (default 90, the H100/H200 one)
+  CTX=N          context rows of the timed drafts (default 4096)
+  CKPT_DIR=dir   where the random checkpoint is written and reused (default $BUILD/gpu-check-ckpt)
+  OUT=dir        logs go to $OUT/gpu-check (default $BUILD/gpu-check)
+  PYTHON=path    the Python with torch (default python3)
+  CXX=compiler   host C++ compiler (default c++)
+USAGE
+}
+case "${1:-}" in
+  "") ;;
+  -h|--help) usage; exit 0 ;;
+  *) echo "gpu-check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+esac
+
+cd "$(dirname "$0")/.."
+. scripts/lib/steps.bash
 
 BUILD=${BUILD:-build-gpu}
 CUDA_ARCH=${CUDA_ARCH:-90}
@@ -29,7 +54,8 @@ command -v cmake >/dev/null 2>&1 || { say "no cmake"; exit 2; }
 CXX_BIN=${CXX:-c++}
 command -v "$CXX_BIN" >/dev/null 2>&1 || { say "no C++ compiler ($CXX_BIN)"; exit 2; }
 if command -v nvidia-smi >/dev/null 2>&1; then
-  gpu_name=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+  gpu_name=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1) \
+    || gpu_name="? (nvidia-smi failed)"
 fi
 say "GPU: ${gpu_name}; nvcc: $(nvcc --version | tail -1)"
 
@@ -77,27 +103,28 @@ fi
 # ---- build -----------------------------------------------------------------------------------
 say "configuring $BUILD (CUDA architectures $CUDA_ARCH)"
 t0=$(elapsed)
-if timeout 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_CUDA=ON \
+if step --timeout 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" "${prefix_flag[@]}" >"$LOGS/configure.log" 2>&1 &&
-   timeout 300 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter test_lazy_libs \
+   say "building (log: $LOGS/build.log)" &&
+   step --timeout 300 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter test_lazy_libs \
      >"$LOGS/build.log" 2>&1; then
   build_status="ok ($(($(elapsed) - t0)) s)"
 else
   build_status="FAILED (see $LOGS/configure.log, build.log)"
-  tail -30 "$LOGS/build.log" "$LOGS/configure.log" 2>/dev/null >&2
+  tail -30 "$LOGS/build.log" "$LOGS/configure.log" 2>/dev/null >&2 || true
 fi
 grep -q "NCCL communicator: ON" "$LOGS/configure.log" 2>/dev/null && nccl="yes" || nccl="no"
 
 # ---- GPU tests ---------------------------------------------------------------------------------
 if [[ $build_status == ok* ]]; then
   say "running ctest -L gpu"
-  if timeout 200 ctest --test-dir "$BUILD" -L gpu -V --timeout 180 >"$LOGS/ctest.log" 2>&1; then
+  if step --timeout 200 ctest --test-dir "$BUILD" -L gpu -V --timeout 180 >"$LOGS/ctest.log" 2>&1; then
     test_status="passed"
   else
     test_status="FAILED"
     tail -60 "$LOGS/ctest.log" >&2
   fi
-  # A test that skipped itself (no device seen, too few GPUs) passes; say how many did.
+  # A test that skipped itself (no device seen, too few GPUs) does not fail ctest; say how many did.
   skipped=$(grep -c "\[  SKIPPED \] .*(" "$LOGS/ctest.log" 2>/dev/null || true)
   [ "${skipped:-0}" -gt 0 ] && test_status="$test_status, $skipped test(s) skipped (see ctest.log)"
 fi
@@ -111,14 +138,14 @@ if [[ $build_status == ok* ]]; then
   if [ ! -f "$CKPT/drafter/config.json" ]; then
     say "writing a random bf16 checkpoint of $CONFIG to $CKPT"
     rm -rf "$CKPT"
-    timeout 240 "$BUILD/tpdraft" init --config "$CONFIG" --out "$CKPT" --seed 1 --dtype bf16 \
+    step --timeout 240 "$BUILD/tpdraft" init --config "$CONFIG" --out "$CKPT" --seed 1 --dtype bf16 \
       >"$LOGS/init.log" 2>&1 || { bench_status="FAILED (tpdraft init, see $LOGS/init.log)"; tail -5 "$LOGS/init.log" >&2; }
   fi
 fi
 for mode in on off; do
   [[ $build_status == ok* && $bench_status != FAILED* ]] || break
   say "timing drafts: bench --backend cuda --graphs $mode --ctx $CTX"
-  if timeout 150 "$BUILD/tpdraft" bench --backend cuda --graphs "$mode" --drafter "$CKPT/drafter" \
+  if step --timeout 150 "$BUILD/tpdraft" bench --backend cuda --graphs "$mode" --drafter "$CKPT/drafter" \
        --target "$CKPT/target" --ctx "$CTX" --repeat 30 --warmup 3 --json >"$LOGS/bench-$mode.json" \
        2>"$LOGS/bench-$mode.log"; then
     bench_status="ok"
@@ -131,7 +158,7 @@ PY=${PYTHON:-python3}
 if [ "$bench_status" = ok ]; then
   if "$PY" -c "import torch, numpy, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     say "timing the same draft in PyTorch bf16 eager on the GPU"
-    if timeout 240 "$PY" bench/torch_draft.py --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" \
+    if step --timeout 240 "$PY" bench/torch_draft.py --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" \
          --anchor 17 --device cuda --dtype bf16 --repeat 30 --warmup 3 --threads "$jobs" --json \
          >"$LOGS/torch.json" 2>"$LOGS/torch.log"; then
       torch_status="ok"
@@ -150,7 +177,7 @@ echo "== tpdraft gpu-check ($(elapsed) s) =="
 printf '%-22s %s\n' "GPU" "$gpu_name" "build" "$build_status" "NCCL" "$nccl" "ctest -L gpu" "$test_status" \
   "bench" "$bench_status" "torch bf16 eager" "$torch_status"
 if [ "$bench_status" = ok ] && command -v python3 >/dev/null 2>&1; then
-  python3 - "$LOGS" <<'EOF'
+  python3 - "$LOGS" <<'EOF' || { say "the table above is incomplete (see the error)"; exit 1; }
 import json, os, sys
 logs = sys.argv[1]
 def last_json(name):

@@ -51,7 +51,7 @@ TEST_F(MpiCollectives, AllGatherDistinctBlocks) {
       for (size_t j = 0; j < bytes; ++j) send[j] = pattern_byte(r_, j);
       const void* src = send.data();
       if (in_place) {
-        std::memcpy(recv.data() + bytes * r_, send.data(), bytes);
+        if (bytes > 0) std::memcpy(recv.data() + bytes * r_, send.data(), bytes);  // memcpy wants non-null pointers
         src = recv.data() + bytes * r_;
       }
       comm_->all_gather(src, recv.data(), bytes);

@@ -5,7 +5,6 @@
 // must equal drafts issued op by op, bit for bit, over the rounds of support/draft_rounds.h.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,10 +50,11 @@ TEST_P(MpiDrafter, GroupOfAllRanksEqualsOneRank) {
   cfg.n_kv = 2;  // 4 ranks replicate kv heads
   cfg.head_dim = 8;
   auto world = parallel::make_mpi(MPI_COMM_WORLD);
-  // Rank 0 writes the checkpoint; the others wait for it, then every rank reads its share.
-  std::string dir = (std::filesystem::temp_directory_path() / ("tpdraft-mpi-" + GetParam())).string();
+  // Rank 0 writes the checkpoint into a directory of this run's own (the np2 and np4 runs of
+  // this test may run at once); the others wait for it, then every rank reads its share.
+  const testing::SharedTempDir scratch(*world);
+  const std::string dir = scratch.path();
   if (world->rank() == 0) {
-    std::filesystem::remove_all(dir);
     model::RandomCheckpointOptions o;
     o.seed = 4;
     o.target_vocab = cfg.vocab + 5;
@@ -86,8 +86,7 @@ TEST_P(MpiDrafter, GroupOfAllRanksEqualsOneRank) {
   }
   EXPECT_LT(testing::relative_error(got.dump.hidden, std::vector<double>(want.dump.hidden.begin(), want.dump.hidden.end())), 1e-5);
   EXPECT_LT(testing::relative_error(got.dump.logits, std::vector<double>(want.dump.logits.begin(), want.dump.logits.end())), 1e-5);
-  world->barrier();
-  if (world->rank() == 0) std::filesystem::remove_all(dir);
+  world->barrier();  // every rank is done reading before rank 0 removes the directory
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, MpiDrafter, ::testing::Values("tiny-dflash.json", "tiny-dflash2.json"));

@@ -110,7 +110,7 @@ TEST_P(Collectives, AllGatherDistinctBlocks) {
         for (size_t j = 0; j < bytes; ++j) send[j] = pattern_byte(r, j);
         const void* src = send.data();
         if (in_place) {
-          std::memcpy(recv.data() + bytes * r, send.data(), bytes);
+          if (bytes > 0) std::memcpy(recv.data() + bytes * r, send.data(), bytes);  // memcpy wants non-null pointers
           src = recv.data() + bytes * r;
         }
         comm.all_gather(src, recv.data(), bytes);

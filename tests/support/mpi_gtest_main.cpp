@@ -1,6 +1,9 @@
 // main() for GoogleTest binaries run under mpirun: every rank runs every test, only rank 0 prints
 // the usual report (other ranks print just their failures, tagged with the rank), and the exit
-// code is non-zero on every rank when any rank failed.
+// code is non-zero on every rank when any rank failed. A fatal failure (a failed ASSERT_*, an
+// exception out of a test) makes its rank leave the test early, while its peers would wait for it
+// in the test's next collective until CTest's timeout: that rank ends the whole job at once
+// (MPI_Abort), naming itself and the test.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,6 +34,28 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   std::string test_;
 };
 
+// Ends the job on a fatal failure. Appended after the printers, so the failure is reported first.
+class AbortOnFatalFailure : public ::testing::EmptyTestEventListener {
+ public:
+  explicit AbortOnFatalFailure(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+  void OnTestEnd(const ::testing::TestInfo&) override { test_.clear(); }
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.fatally_failed()) return;
+    std::fprintf(stderr, "[rank %d] fatal failure in %s: ending the job (MPI_Abort) so that no rank waits for this one\n",
+                 rank_, test_.empty() ? "(outside a test)" : test_.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,6 +70,7 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+  listeners.Append(new AbortOnFatalFailure(rank));
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
 
   std::vector<int> per_rank(static_cast<size_t>(size));

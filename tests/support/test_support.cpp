@@ -20,15 +20,41 @@
 #include "core/dtype.h"
 #include "model/safetensors.h"
 
+#include "parallel/communicator.h"
+
 namespace tpdraft::testing {
 
-TempDir::TempDir() {
+namespace {
+
+std::string make_temp_dir() {
   std::string templ = (std::filesystem::temp_directory_path() / "tpdraft-test-XXXXXX").string();
   if (mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
-  path_ = templ;
+  return templ;
 }
 
+}  // namespace
+
+TempDir::TempDir() : path_(make_temp_dir()) {}
+
 TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+SharedTempDir::SharedTempDir(parallel::Communicator& comm) {
+  uint64_t length = 0;
+  if (comm.rank() == 0) {
+    path_ = make_temp_dir();
+    owner_ = true;
+    length = path_.size();
+  }
+  comm.broadcast(&length, sizeof(length), 0);
+  path_.resize(length);
+  comm.broadcast(path_.data(), length, 0);
+}
+
+SharedTempDir::~SharedTempDir() {
+  if (!owner_) return;
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }

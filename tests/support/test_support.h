@@ -6,7 +6,15 @@
 #include <string>
 #include <vector>
 
+namespace tpdraft::parallel {
+class Communicator;
+}
+
 namespace tpdraft::testing {
+
+// Exit status of a test binary in which every test skipped itself (support/gtest_main.cpp);
+// CTest's SKIP_RETURN_CODE of every test registered by tests/CMakeLists.txt.
+constexpr int kAllSkipped = 77;
 
 // A fresh directory under the system temp dir, removed when the object dies.
 class TempDir {
@@ -18,6 +26,24 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// One fresh directory for all ranks of a communicator: rank 0 makes it (mkdtemp) and broadcasts
+// its name, so that concurrent runs of the same test never meet in one path. Not collective on
+// destruction (a rank unwinding from a failure must not wait for its peers): call
+// comm.barrier() before it goes out of scope when other ranks may still read from it; rank 0
+// then removes it.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(parallel::Communicator& comm);
+  ~SharedTempDir();
+  SharedTempDir(const SharedTempDir&) = delete;
+  SharedTempDir& operator=(const SharedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool owner_ = false;
 };
 
 // Path of a file in the source tree (e.g. "configs/tiny-dflash.json").
