@@ -56,6 +56,7 @@ bool convertible(DType t) {
 // Converts n elements from the (possibly unaligned) src to dst. Goes through small aligned
 // buffers, since safetensors does not promise that a tensor's bytes are aligned to its dtype.
 void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std::byte* dst, size_t n) {
+  if (n == 0) return;  // an empty tensor: its buffers may be null
   const size_t ss = dtype_size(t.dtype);
   if (t.dtype == dst_type) {
     std::memcpy(dst, src, n * ss);

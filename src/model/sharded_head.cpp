@@ -73,7 +73,7 @@ std::vector<float> gather_logits(const float* local, int64_t rows, const VocabSl
   const int tp = comm.size();
   const size_t stride = static_cast<size_t>(s.slice_stride);
   std::vector<float> send(static_cast<size_t>(rows) * stride, -std::numeric_limits<float>::infinity());
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows && s.width > 0; ++r)  // an empty slice (local may be null) sends padding only
     std::memcpy(send.data() + static_cast<size_t>(r) * stride, local + r * s.width, static_cast<size_t>(s.width) * sizeof(float));
   std::vector<float> recv(send.size() * static_cast<size_t>(tp));
   comm.all_gather(send.data(), recv.data(), send.size() * sizeof(float));
