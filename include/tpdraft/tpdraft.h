@@ -44,8 +44,8 @@ typedef enum tpdraft_status {
 TPDRAFT_API const char* tpdraft_version(void);
 /* The reason of the calling thread's last failed call ("" when none). */
 TPDRAFT_API const char* tpdraft_last_error(void);
-/* "ok", "argument", "input" or "runtime". */
-TPDRAFT_API const char* tpdraft_status_name(tpdraft_status status);
+/* "ok", "argument", "input" or "runtime" ("unknown" for any other value). */
+TPDRAFT_API const char* tpdraft_status_name(int status);
 
 typedef struct tpdraft_drafter tpdraft_drafter;
 typedef int64_t tpdraft_session;
@@ -118,7 +118,8 @@ typedef struct tpdraft_step_entry {
   int64_t p0;              /* position of the first new tap row; -1: the length after keep */
   int64_t n_new;           /* new tap rows, for positions p0 .. p0 + n_new - 1 */
   const void* taps;        /* [n_new, taps_width] in taps_dtype, row-major; read during the call */
-  tpdraft_dtype taps_dtype;
+  int32_t taps_dtype;      /* a tpdraft_dtype (an int32_t, so that the struct's layout does not
+                              depend on the compiler's size for enums) */
   int32_t taps_on_device;  /* 1: taps is f32 device memory of the cuda backend, written on taps_stream */
   void* taps_stream;       /* a cudaStream_t, or NULL */
   int64_t anchor;          /* the token at position p0 + n_new (the target's last committed token) */

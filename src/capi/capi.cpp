@@ -87,13 +87,13 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   return r;
 }
 
-tpdraft::DType dtype_of(tpdraft_dtype d, size_t i) {
+tpdraft::DType dtype_of(int32_t d, size_t i) {
   switch (d) {
     case TPDRAFT_F32: return tpdraft::DType::F32;
     case TPDRAFT_BF16: return tpdraft::DType::BF16;
     case TPDRAFT_F16: return tpdraft::DType::F16;
   }
-  TPDRAFT_FAIL("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, static_cast<int>(d));
+  TPDRAFT_FAIL("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, d);
 }
 
 // The engine's entry, and the output buffers an entry must bring.
@@ -137,7 +137,7 @@ const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
 
 const char* tpdraft_last_error(void) { return t_last_error.c_str(); }
 
-const char* tpdraft_status_name(tpdraft_status status) {
+const char* tpdraft_status_name(int status) {
   switch (status) {
     case TPDRAFT_OK: return "ok";
     case TPDRAFT_ERROR_ARGUMENT: return "argument";

@@ -150,7 +150,7 @@ TEST_F(CapiStepErrors, TapsMissingOrUnreadable) {
   e.taps = nullptr;
   expect_refused(e, {"no taps"});
   e = good_on_b();
-  e.taps_dtype = static_cast<tpdraft_dtype>(7);
+  e.taps_dtype = 7;
   expect_refused(e, {"taps_dtype 7"});
   e = good_on_b();
   e.taps_on_device = 1;
@@ -277,6 +277,8 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
       {[](tpdraft_options& x) { x.tp = -2; }, "options.tp is -2"},
       {[](tpdraft_options& x) { x.max_sessions = 0; }, "options.max_sessions is 0"},
       {[](tpdraft_options& x) { x.max_sessions = -3; }, "options.max_sessions is -3"},
+      // Workspaces beyond the machine's memory: refused by size, not by the allocator.
+      {[](tpdraft_options& x) { x.max_sessions = 2000000000; }, "max sessions 2000000000"},
       {[](tpdraft_options& x) { x.max_context = 0; }, "options.max_context is 0"},
       {[](tpdraft_options& x) { x.max_open_sessions = -1; }, "options.max_open_sessions is -1"},
       {[](tpdraft_options& x) { x.graphs = 2; }, "options.graphs is 2"},

@@ -378,6 +378,7 @@ TEST(CapiCaps, VersionAndStatusNames) {
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_ARGUMENT), "argument");
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_INPUT), "input");
   EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_RUNTIME), "runtime");
+  EXPECT_STREQ(tpdraft_status_name(42), "unknown");
 }
 
 // An entry from tpdraft_step_entry_init asks for nothing beyond a greedy draft: keep and p0 -1,
