@@ -2,6 +2,8 @@
 #include "core/dtype.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -94,26 +96,36 @@ uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | half);
 }
 
+namespace {
+// Element i of an array that may sit at any address (loaded or stored): safetensors does not align tensor data (a
+// header of odd length puts every 16-bit tensor after it at an odd address). The compiler turns
+// the copy into a plain unaligned load.
+template <typename T>
+T load(const void* p, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const std::byte*>(p) + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <typename T>
+void store(void* p, size_t i, T v) {
+  std::memcpy(static_cast<std::byte*>(p) + i * sizeof(T), &v, sizeof(T));
+}
+}  // namespace
+
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
   switch (src_type) {
     case DType::F32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::BF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load<uint16_t>(src, i));
       return;
-    }
-    case DType::F16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load<uint16_t>(src, i));
       return;
-    }
-    case DType::F64: {
-      const auto* s = static_cast<const double*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+    case DType::F64:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load<double>(src, i));
       return;
-    }
     default:
       TPDRAFT_FAIL("cannot convert dtype {} to F32 (expected F32, F16, BF16 or F64)", dtype_name(src_type));
   }
@@ -124,16 +136,12 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
     case DType::F32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::BF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) store<uint16_t>(dst, i, f32_to_bf16(src[i]));
       return;
-    }
-    case DType::F16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) store<uint16_t>(dst, i, f32_to_f16(src[i]));
       return;
-    }
     default:
       TPDRAFT_FAIL("cannot convert F32 to dtype {} (expected F32, F16 or BF16)", dtype_name(dst_type));
   }
