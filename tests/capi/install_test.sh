@@ -3,6 +3,8 @@
 # program would: with CMake (find_package(tpdraft), tpdraft::tpdraft) and with pkg-config; runs
 # both on a checkpoint made by the installed `tpdraft init` and checks what they print.
 # Usage: install_test.sh BUILD_DIR SOURCE_DIR [CMAKE]
+# TPDRAFT_EXAMPLE_CFLAGS adds C flags to both builds (the sanitizer build's library needs its
+# programs built with the same sanitizers, by the same compiler: CC).
 set -eu
 build=$1
 source=$2
@@ -22,7 +24,8 @@ fail() {
   fail "tpdraft init failed: $(cat "$work/init.log")"
 
 # CMake: the package config and its exported target, from the install tree only.
-"$cmake" -S "$source/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_FLAGS=-Werror \
+"$cmake" -S "$source/examples/c" -B "$work/example" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_FLAGS="-Werror ${TPDRAFT_EXAMPLE_CFLAGS:-}" \
   >"$work/configure.log" 2>&1 || fail "configuring examples/c failed: $(cat "$work/configure.log")"
 "$cmake" --build "$work/example" >"$work/build.log" 2>&1 || fail "building examples/c failed: $(cat "$work/build.log")"
 # The program finds libtpdraft.so through the run path CMake gave it, without LD_LIBRARY_PATH.
@@ -49,7 +52,8 @@ PKG_CONFIG_PATH=$(dirname "$pc")
 export PKG_CONFIG_PATH
 flags=$(pkg-config --cflags --libs tpdraft) || fail "pkg-config knows no tpdraft under $PKG_CONFIG_PATH"
 # shellcheck disable=SC2086 # the flags are words
-"${CC:-cc}" -std=c99 -Wall -Wextra -Wpedantic -Werror -o "$work/draft-pc" "$source/examples/c/draft.c" $flags ||
+"${CC:-cc}" -std=c99 -Wall -Wextra -Wpedantic -Werror ${TPDRAFT_EXAMPLE_CFLAGS:-} -o "$work/draft-pc" \
+  "$source/examples/c/draft.c" $flags ||
   fail "compiling with pkg-config's flags ($flags) failed"
 LD_LIBRARY_PATH=$(pkg-config --variable=libdir tpdraft) "$work/draft-pc" "$work/ckpt/drafter" "$work/ckpt/target" 5 \
   >"$work/pc.out" 2>"$work/pc.err" || fail "the pkg-config build failed: $(cat "$work/pc.out" "$work/pc.err")"
