@@ -380,11 +380,13 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--drafter", o->drafter, "Use this drafter checkpoint instead of random weights");
   cmd->add_option("--target", o->target, "Target directory for --drafter");
   cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(whole_number(0));
-  cmd->add_option("--batch", o->batch, "Sessions drafted together")->capture_default_str()->check(whole_number(1));
+  cmd->add_option("--batch", o->batch, "Sessions drafted together")
+      ->capture_default_str()
+      ->check(whole_number(1, 65536, "sessions in one forward"));
   cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(whole_number(1));
   cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(whole_number(0));
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random weights and taps");
+  cmd->add_option("--seed", o->seed, "Seed of the random weights and taps")->check(seed_number());
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--gather-logits", o->gather_logits,
                 "Also gather the full logits [rows, V] on every rank each draft (what a caller wanting whole "

@@ -201,11 +201,13 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--drafter", o->drafter, "Drafter directory (config.json + safetensors)")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--target", o->target, "Target model directory (embedding + head)")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--taps", o->taps, "Safetensors file with tensor 'taps' [n, T*H]")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")->required();
+  cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")
+      ->required()
+      ->check(whole_number(0));
   cmd->add_option("--temperature", o->temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
   cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
-  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(real_number(0, 1));
-  cmd->add_option("--seed", o->seed, "Seed of the sampling noise");
+  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(kept_mass());
+  cmd->add_option("--seed", o->seed, "Seed of the sampling noise")->check(seed_number());
   add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
   cmd->callback([o] { run_ranks(o->ranks, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); }); });

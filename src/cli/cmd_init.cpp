@@ -30,7 +30,9 @@ void add_init(CLI::App& app) {
                   "one is replaced only when empty or holding an earlier checkpoint (drafter/, target/ with "
                   "config.json and *.safetensors, taps.safetensors; nothing else); anything else is refused")
       ->required();
-  cmd->add_option("--seed", opts->seed, "Seed; the same seed gives the same bytes")->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Seed; the same seed gives the same bytes")
+      ->capture_default_str()
+      ->check(seed_number());
   cmd->add_option("--dtype", opts->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--taps", opts->taps, "Also write N random tap rows [N, T*H] to OUT/taps.safetensors")
       ->check(whole_number(0));

@@ -108,10 +108,18 @@ void check_same_arguments(int argc, char** argv) {
     for (size_t i = 0; i < std::max(here.size(), there.size()); ++i) {
       const std::string a = i < here.size() ? "'" + here[i] + "'" : "absent";
       const std::string b = i < there.size() ? "'" + there[i] + "'" : "absent";
+      // Name the option whose value differs (or the option itself, or the command).
+      std::string what = fmt::format("argument {}", i + 1);
+      if (i == 0) {
+        what += " (the command)";
+      } else if (i < here.size() && i < there.size() && here[i - 1] == there[i - 1] &&
+                 here[i - 1].rfind("--", 0) == 0 && here[i].rfind("--", 0) != 0) {
+        what += fmt::format(" (the value of {})", here[i - 1]);
+      }
       TPDRAFT_CHECK(a == b,
-                    "rank {} was started with other arguments than rank 0: argument {} is {} here and {} on rank 0 "
+                    "rank {} was started with other arguments than rank 0: {} is {} here and {} on rank 0 "
                     "(every rank of a job needs the same command line)",
-                    world->rank(), i + 1, a, b);
+                    world->rank(), what, a, b);
     }
   });
 #else

@@ -2,6 +2,7 @@
 // Errors end here, once per job: usage errors from rank 0, failures the ranks agreed on from the
 // rank that met them, and a fault on one rank while the others run ends the whole job.
 #include <cstdio>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +11,22 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "tpdraft/tpdraft.h"
+
+namespace {
+
+// The first word must name a command: CLI11 alone answers a typo ("tpdraft drfat") with "A
+// subcommand is required", which does not say what was wrong.
+void check_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == argv[1]) return;
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  }
+  throw CLI::ValidationError(std::string("unknown command '") + argv[1] + "'; the commands are " + names);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace tpdraft::cli;
@@ -29,6 +46,7 @@ int main(int argc, char** argv) {
     init_launch(&argc, &argv);
     check_same_arguments(argc, argv);
     agree_on(*job_world(), kExitUsage, [] { tpdraft::log::check_environment(); });
+    check_command(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Every rank got the same command line, so rank 0 speaks for all of them.
@@ -36,6 +54,15 @@ int main(int argc, char** argv) {
     status = code == 0 ? kExitOk : kExitUsage;
   } catch (const JobFailure& f) {
     status = f.status;  // reported by the rank that met it; every rank ends cleanly
+  } catch (const tpdraft::InputError& e) {
+    // Bad input met while working (a weight row read by a draft). Alone, that is the input
+    // status; under mpirun the peers may wait in a collective, so the job ends as below.
+    if (!under_mpi()) {
+      TPDRAFT_LOG_ERROR("{}", e.what());
+      return kExitInput;
+    }
+    abort_launch(e.what());
+    return kExitRuntime;
   } catch (const std::exception& e) {
     // Under mpirun the peers may sit in a collective: end the whole job now (the abort reports
     // the error with this rank).

@@ -1,6 +1,7 @@
 // Numeric option validators (options.h).
 #include "cli/options.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -44,6 +45,32 @@ CLI::Validator real_number(double lo, double hi) {
         return std::string();
       },
       bound);
+}
+
+CLI::Validator kept_mass() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !std::isfinite(v)) return "expected a number, got '" + value + "'";
+        if (!(v > 0 && v <= 1)) return "must be in (0, 1], got " + value;
+        return std::string();
+      },
+      "in (0, 1]");
+}
+
+CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const bool digits = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+        if (digits) std::strtoull(value.c_str(), &end, 10);
+        if (!digits || *end != '\0' || errno == ERANGE)
+          return "expected a whole number in 0..18446744073709551615, got '" + value + "'";
+        return std::string();
+      },
+      "0..2^64-1");
 }
 
 }  // namespace tpdraft::cli

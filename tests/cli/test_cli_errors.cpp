@@ -55,6 +55,25 @@ TEST(CliErrors, ExitStatusesAreTheDocumentedOnes) {
   EXPECT_TRUE(std::regex_search(version.out, std::regex("^tpdraft [0-9]+\\.[0-9]+\\.[0-9]+"))) << version.out;
 }
 
+// Values the engine would refuse later (or, for a seed, wrap silently) are usage errors at
+// parse time, naming the option; a mistyped command is named too.
+TEST(CliErrors, OptionValuesAndCommandsAreCheckedAtParseTime) {
+  Checkpoint c;
+  struct Case {
+    std::string args, needle;
+  };
+  for (const Case& k : {Case{c.draft_args() + " --seed -1", "--seed"}, Case{c.draft_args() + " --top-p 0", "--top-p"},
+                        Case{c.draft_args() + " --anchor=", "--anchor"},
+                        Case{c.draft_args() + " --anchor -1", "--anchor"},
+                        Case{"bench --config x --batch 1099511627776", "--batch"},
+                        Case{"drfat --config x", "unknown command 'drfat'"}}) {
+    const auto r = run(k.args);
+    EXPECT_EQ(r.status, 2) << k.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(k.needle), std::string::npos) << k.args << "\n" << r.out;
+  }
+  EXPECT_EQ(run(c.draft_args() + " --seed 18446744073709551615").status, 0);
+}
+
 TEST(CliErrors, InfoStopsAtAPlanItCannotMakeBeforePrinting) {
   Checkpoint c;
   const auto r = run("info --drafter " + c.ck + "/drafter --tp 3");
