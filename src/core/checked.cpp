@@ -2,6 +2,8 @@
 // being computed and the operands, so a user can see which key or tensor made the size.
 #include "core/checked.h"
 
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace tpdraft::detail {
@@ -52,3 +54,14 @@ bool numel_fits(const std::vector<int64_t>& shape, int64_t* out) {
 }
 
 }  // namespace tpdraft::detail
+
+namespace tpdraft {
+
+uint64_t machine_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
+
+}  // namespace tpdraft

@@ -76,4 +76,9 @@ int64_t checked_to_int64(double v, fmt::format_string<Args...> what, Args&&... a
   return static_cast<int64_t>(v);
 }
 
+// This machine's physical memory in bytes; 0 when unknown (checks against it are then skipped).
+uint64_t machine_memory();
+// bytes in GiB, for messages.
+double gib(uint64_t bytes);
+
 }  // namespace tpdraft

@@ -45,6 +45,7 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   nkv_local_ = plan.kv_heads.size();
   ffn_local_ = plan.ffn.size();
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block;
+  check_workspace_fits();
   const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1);
   normed_ = kernels::Buffer(ops_, f32_bytes(M * H));
   conv_out_ = kernels::Buffer(ops_, f32_bytes(M * H));
@@ -228,6 +229,26 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
   for (int64_t i = 0; i < (1 + S) * H; ++i) rows[i] *= m_in;
   // One copy per draft, up to this batch's last distinct row.
   ops_.to_device(step_.get(), base, rows_offset_ + f32_bytes((1 + S) * H));
+}
+
+// The workspaces grow with max sessions (a block of B rows each) and the settle chunk: refuse,
+// naming the limit, a size that cannot be allocated instead of failing in the allocator.
+void Drafter::check_workspace_fits() const {
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim;
+  const int64_t M = checked_mul(limits_.max_sessions, cfg_.block, "max sessions {} x block {}", limits_.max_sessions,
+                                cfg_.block);
+  int64_t per_row = 5 * H + 2 * (nq_local_ + nkv_local_) * D + 2 * ffn_local_ + 2 * std::max<int64_t>(1, cfg_.selector_topk);
+  if (cfg_.is_dflash2()) per_row += 2 * cfg_.conv_kernel * cfg_.conv_groups() + cfg_.selector_rank;
+  const int64_t block_bytes = checked_mul(checked_mul(M, per_row, "draft workspace floats"), 4, "draft workspace bytes");
+  const int64_t settle_bytes = checked_mul(
+      checked_mul(limits_.settle_chunk, cfg_.n_taps() * H + H + 2 * nkv_local_ * D, "settle workspace floats"), 4,
+      "settle workspace bytes");
+  const uint64_t total = static_cast<uint64_t>(checked_add(block_bytes, settle_bytes, "workspace bytes"));
+  const uint64_t memory = machine_memory();
+  TPDRAFT_CHECK(memory == 0 || total <= memory,
+                "max sessions {} (settle chunk {}): the draft's workspaces take {} bytes ({:.1f} GiB) on this rank, "
+                "more than this machine's memory of {:.1f} GiB",
+                limits_.max_sessions, limits_.settle_chunk, total, gib(total), gib(memory));
 }
 
 size_t Drafter::graph_segments(int64_t sessions) const { return recorder_.segments(sessions); }

@@ -111,6 +111,7 @@ class Drafter {
   VocabSlice vocab_slice() const;
   // Writes the step table (positions, anchors, context views, block input rows) for the requests
   // to the backend, in one copy.
+  void check_workspace_fits() const;
   void upload_step(const std::vector<DraftRequest>& requests);
   // The block forward for S sessions from the step table's rows into draft_rows_, one layer at a
   // time; the recorder replays it from a graph when it can.

@@ -107,14 +107,6 @@ std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, s
   return out;
 }
 
-// This machine's physical memory in bytes; 0 when unknown (the checks are then skipped).
-uint64_t machine_memory() {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
-double gib(uint64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(uint64_t{1} << 30); }
-
 using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
 int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
