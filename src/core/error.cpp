@@ -8,4 +8,6 @@ namespace tpdraft {
   throw Error(message);
 }
 
+[[noreturn]] void throw_input_error(const std::string& message) { throw InputError(message); }
+
 }  // namespace tpdraft

@@ -15,7 +15,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An Error in the input found while working (a weight row read during a draft): the program
+// reports it as bad input, not as a fault of the run.
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_input_error(const std::string& message);
 
 }  // namespace tpdraft
 
@@ -26,3 +34,9 @@ class Error : public std::runtime_error {
   } while (0)
 
 #define TPDRAFT_FAIL(...) ::tpdraft::throw_error(__FILE__, __LINE__, fmt::format(__VA_ARGS__))
+
+// TPDRAFT_CHECK_INPUT(cond, "fmt {}", args...): throws tpdraft::InputError when cond is false.
+#define TPDRAFT_CHECK_INPUT(cond, ...)                                     \
+  do {                                                                     \
+    if (!(cond)) ::tpdraft::throw_input_error(fmt::format(__VA_ARGS__));   \
+  } while (0)

@@ -337,6 +337,7 @@ TargetConfig TargetConfig::from_dir(const std::string& dir) {
     if (const json* v = find_top(*src, "tie_word_embeddings")) {
       TPDRAFT_CHECK(v->is_boolean(), "{}: key 'tie_word_embeddings' must be true or false", path);
       t.tie_word_embeddings = v->get<bool>();
+      t.tie_stated = true;
     }
   }
   if (const json* v = find_top(tc, "vocab_size")) t.vocab = as_int(v, path, "vocab_size");

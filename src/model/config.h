@@ -65,6 +65,7 @@ int64_t size_limit(const std::string& key);
 // The bits of the target model's config.json tpdraft needs (all optional).
 struct TargetConfig {
   bool tie_word_embeddings = false;
+  bool tie_stated = false;  // config.json holds the key tie_word_embeddings
   int64_t vocab = 0;   // vocab_size, 0 when absent
   int64_t hidden = 0;  // hidden_size, 0 when absent
   static TargetConfig from_dir(const std::string& dir);  // missing config.json: defaults

@@ -184,6 +184,12 @@ const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
   const TargetConfig tcfg = TargetConfig::from_dir(t.source());
   const TensorInfo* head_info = t.find("lm_head.weight");
   *head_name = "lm_head.weight";
+  // Without lm_head the embedding is the head (tied, HF's default), unless the config says the
+  // two are separate: then the download is incomplete, and the embedding would draft wrong tokens.
+  TPDRAFT_CHECK(head_info != nullptr || tcfg.tie_word_embeddings || !tcfg.tie_stated,
+                "{}: target tensor 'lm_head.weight' is missing, and its config.json says tie_word_embeddings: false "
+                "(the head is not the embedding); is the download complete?",
+                t.source());
   if (tcfg.tie_word_embeddings || head_info == nullptr) {
     head_info = embed_;
     *head_name = "embed_tokens.weight";
@@ -279,7 +285,7 @@ void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) 
                  static_cast<size_t>(cols));
   // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
   const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
-  TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
+  TPDRAFT_CHECK_INPUT(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
                 "finite", t.file, t.name, row, bad);
 }
 }  // namespace
