@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""Every bad input a careless user, a broken download or a confused launcher gives tpdraft, run
+through the program and judged by what came back.
+
+Usage: bad_inputs.py TPDRAFT_BIN [--mpi] [--list] [--jobs N]
+
+Each case is a command line over a small checkpoint made by `tpdraft init` in a temporary
+directory (a config key set out of range, an option given a bad value, a safetensors file
+truncated or altered, a taps file with a NaN row, ranks given different arguments under mpirun
+with --mpi) and the words its error must name (the key, the option, the file, the tensor). A
+case ends as one of:
+
+  clear error   exit 2 (command line) or 3 (input), the message naming its subject, no line
+                printed twice
+  unclear       a failure whose message names nothing of what was wrong, or repeats itself
+  crash         killed by a signal, an uncaught exception, a sanitizer report
+  hang          no answer within the time limit
+  silent        exit 0: the bad input was taken as good
+
+Prints the table and every case that was not a clear error; exit 1 when there is any.
+"""
+
+import concurrent.futures
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TIMEOUT_S = 60  # the sanitizer build is slow; a hang is a case that never ends
+CRASH_WORDS = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "terminate called", "Segmentation fault",
+               "core dumped", "std::bad_alloc", "Aborted")
+
+
+class Case:
+    def __init__(self, group, name, argv, names, env=None, prepare=None, mpi=0):
+        self.group, self.name, self.argv, self.names = group, name, argv, names
+        self.env, self.prepare, self.mpi = env or {}, prepare, mpi
+
+
+# ---- safetensors, read and written here (independently of the program) -------------------------
+
+def read_st(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    return header, data[8 + n:]
+
+
+def write_st(path, header, body, raw_header=None):
+    h = raw_header if raw_header is not None else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + body)
+
+
+def tensor_names(path):
+    return [k for k in read_st(path)[0] if k != "__metadata__"]
+
+
+def poison(path, tensor, value, element=0):
+    """Writes value (as the tensor's dtype) into one element of tensor."""
+    header, body = read_st(path)
+    t = header[tensor]
+    begin = t["data_offsets"][0] + element * {"F32": 4, "BF16": 2, "F16": 2}[t["dtype"]]
+    if t["dtype"] == "F32":
+        raw = struct.pack("<f", value)
+    elif t["dtype"] == "BF16":
+        raw = struct.pack("<f", value)[2:]
+    else:  # F16
+        raw = struct.pack("<e", value)
+    body = body[:begin] + raw + body[begin + len(raw):]
+    write_st(path, header, body)
+
+
+# ---- the cases --------------------------------------------------------------------------------
+
+def config_cases(base_config):
+    """`bench --config` with one key out of range: checked before any weight is generated."""
+    cfg = json.load(open(base_config))
+    bad = {
+        "hidden_size": [-1, 0, 2 ** 58, 1e30, "64", None, 2.5],
+        "num_hidden_layers": [-1, 0, 10 ** 9, 2 ** 40, "2", None],
+        "num_attention_heads": [-1, 0, 2 ** 40, None],
+        "num_key_value_heads": [-1, 0, 3, 8],
+        "head_dim": [-1, 0, 2 ** 40],
+        "intermediate_size": [-1, 0, 2 ** 58, None],
+        "vocab_size": [-1, 0, 2 ** 58, 2 ** 58 + 1, 1e30, None],
+        "rms_norm_eps": [-1, "x", float("nan")],
+        "rope_theta": [-1, 0, "x"],
+        "sliding_window": [-1, 0, 2 ** 62],
+        "layer_types": [["bogus", "full_attention"], ["full_attention"], 5],
+        "architectures": [["LlamaForCausalLM"], [], "x"],
+    }
+    bad_dflash = {
+        "block_size": [-1, 0, 1, 2 ** 40],
+        "target_layer_ids": [[], "x", [1, -4, 7]],
+        "mask_token_id": [-1, 257, 2 ** 62, None],
+        "conv_kernel_size": [-1, 0, 1000],
+        "conv_group_size": [-1, 0, 7],
+        "selector_rank": [-1, 0],
+        "selector_top_k": [-1, 0, 258],
+        "final_logit_softcapping": [-1, "x"],
+        "output_multiplier": ["x", float("inf")],
+    }
+    cases = []
+
+    def add(key, value, where):
+        c = json.loads(json.dumps(cfg))
+        target = c["dflash_config"] if where == "dflash" else c
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+        label = "missing" if value is None else json.dumps(value)
+        text = json.dumps(c, allow_nan=True)
+        fname = f"cfg-{key}-{len(cases)}.json"
+
+        def prepare(tmp, text=text, fname=fname):
+            with open(os.path.join(tmp, fname), "w") as f:
+                f.write(text)
+        cases.append(Case("config.json key", f"{key} = {label}",
+                          ["bench", "--config", "{tmp}/" + fname, "--ctx", "4", "--repeat", "1", "--warmup", "0"],
+                          [key], prepare=prepare))
+
+    for key, values in bad.items():
+        for v in values:
+            add(key, v, "top")
+    for key, values in bad_dflash.items():
+        for v in values:
+            add(key, v, "dflash")
+    for name, text in [("empty", ""), ("not JSON", "{hidden_size: 64"), ("an array", "[1, 2]"),
+                       ("truncated", json.dumps(cfg)[:40])]:
+        def prepare(tmp, text=text, name=name):
+            with open(os.path.join(tmp, f"cfg-{name}.json"), "w") as f:
+                f.write(text)
+        cases.append(Case("config.json file", name, ["bench", "--config", "{tmp}/cfg-" + name + ".json"],
+                          ["cfg-" + name + ".json"], prepare=prepare))
+    cases.append(Case("config.json file", "missing", ["bench", "--config", "{tmp}/nothing.json"], ["nothing.json"]))
+    cases.append(Case("config.json file", "a directory", ["bench", "--config", "{tmp}"], ["{tmp}"]))
+    cases.append(Case("config.json file", "a FIFO", ["bench", "--config", "{tmp}/fifo"], ["fifo"]))
+    return cases
+
+
+def option_cases():
+    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors",
+             "--anchor", "1"]
+    bench = ["bench", "--config", "{repo}/configs/tiny-dflash2.json", "--ctx", "4", "--repeat", "1", "--warmup", "0"]
+    info = ["info", "--drafter", "{ck}/drafter"]
+    cases = []
+
+    def bad(base, option, values, names=None, drop=None):
+        for v in values:
+            argv = list(base)
+            if drop and drop in argv:
+                i = argv.index(drop)
+                del argv[i:i + 2]
+            argv += [option, v] if v is not None else [option]
+            cases.append(Case(f"{base[0]} options", f"{option} {v if v is not None else '(no value)'}", argv,
+                              names or [option]))
+
+    big = str(2 ** 63)
+    bad(draft, "--anchor", ["-1", "257", big, "x", ""], names=["--anchor", "anchor token"], drop="--anchor")
+    bad(draft, "--temperature", ["-1", "nan", "inf", "x"])
+    bad(draft, "--top-k", ["-1", "x", big])
+    bad(draft, "--top-p", ["0", "1.5", "nan", "-0.1"])
+    bad(draft, "--seed", ["x", "-1", str(2 ** 64)])
+    bad(draft, "--threads", ["-1", "100000", "x"])
+    bad(draft, "--tp", ["-1", "3", "100000", "x"], names=["--tp", "tp = 3"])
+    bad(draft, "--backend", ["bogus", ""])
+    bad(draft, "--comm-timeout", ["-1", "x", "nan"])
+    bad(draft, "--taps", ["{tmp}/none.safetensors", "{tmp}", "{tmp}/fifo", "{tmp}/empty", "{tmp}/text"],
+        names=["--taps", "{tmp}"], drop="--taps")
+    bad(draft, "--drafter", ["{tmp}/none", "{ck}/taps.safetensors", "{tmp}/emptydir"], names=["{tmp}", "{ck}"],
+        drop="--drafter")
+    bad(draft, "--target", ["{tmp}/none", "{tmp}/emptydir", "{ck}/drafter"], names=["{tmp}", "{ck}", "target",
+                                                                                      "vocab", "embed"],
+        drop="--target")
+    bad(draft, "--dump", ["{tmp}", "/dev/null", "{tmp}/nodir/x.safetensors", "{tmp}/link"], names=["--dump"])
+    bad(draft, "--bogus", [None, "1"], names=["--bogus"])
+    cases.append(Case("draft options", "no --taps", draft[:5] + ["--anchor", "1"], ["--taps"]))
+    cases.append(Case("draft options", "no --drafter", ["draft"] + draft[3:], ["--drafter"]))
+    bad(bench, "--ctx", ["-3", big, "x"])
+    bad(bench, "--batch", ["0", "-1", "x", str(2 ** 40)])
+    bad(bench, "--repeat", ["0", "-1", "x"])
+    bad(bench, "--warmup", ["-1", "x"])
+    bad(bench, "--dtype", ["bogus", "int8"])
+    bad(bench, "--graphs", ["bogus"])
+    bad(bench, "--tp", ["3", "-1"], names=["--tp", "tp = 3"])
+    bad(bench, "--threads", ["-1", "100000"])
+    cases.append(Case("bench options", "neither --config nor --drafter", ["bench"], ["--config"]))
+    bad(info, "--tp", ["3", "0", "-2"], names=["--tp", "tp = 3"])
+    bad(info, "--sessions", ["0", "-1", "x"])
+    bad(info, "--ctx", ["-1", "x"])
+    bad(info, "--dtype", ["bogus"])
+    init = ["init", "--config", "{repo}/configs/tiny-dflash.json", "--out", "{tmp}/new"]
+    bad(init, "--target-vocab", ["-5", "x", str(2 ** 62), "100"], names=["--target-vocab", "target"])
+    bad(init, "--taps", ["-1", str(2 ** 40), "x"], names=["--taps", "taps"])
+    bad(init, "--dtype", ["bogus"])
+    bad(init, "--seed", ["x"])
+    bad(init, "--out", ["{ck}/drafter/model.safetensors", "{ck}/drafter/model.safetensors/sub", "{ck}/drafter"],
+        names=["--out", "{ck}"], drop="--out")
+    bad(init, "--config", ["{tmp}/none.json"], names=["none.json"], drop="--config")
+    cases.append(Case("commands", "no command", [], ["command"]))
+    cases.append(Case("commands", "unknown command", ["drfat"], ["drfat"]))
+    cases.append(Case("environment", "TPDRAFT_LOG_LEVEL typo", draft, ["TPDRAFT_LOG_LEVEL"],
+                      env={"TPDRAFT_LOG_LEVEL": "debgu"}))
+    return cases
+
+
+def checkpoint_cases(ck):
+    """The drafter's and the target's safetensors and config, altered one way at a time."""
+    cases = []
+    draft = ["draft", "--drafter", "{tmp}/ck/drafter", "--target", "{tmp}/ck/target", "--taps",
+             "{tmp}/ck/taps.safetensors", "--anchor", "1"]
+    dfile = "drafter/model.safetensors"
+    tfile = "target/model.safetensors"
+
+    def add(name, change, names):
+        def prepare(tmp, change=change):
+            shutil.copytree(ck, os.path.join(tmp, "ck"), symlinks=True)
+            change(os.path.join(tmp, "ck"))
+        cases.append(Case("checkpoint", name, draft, names, prepare=prepare))
+
+    size = os.path.getsize(os.path.join(ck, dfile))
+    for cut in [0, 4, 8, 9, 100, size // 2, size - 1]:
+        def change(d, cut=cut):
+            p = os.path.join(d, dfile)
+            with open(p, "rb") as f:
+                data = f.read()
+            with open(p, "wb") as f:
+                f.write(data[:cut])
+        add(f"drafter safetensors truncated to {cut} bytes", change, ["model.safetensors"])
+
+    def header_change(fn, file=dfile):
+        def change(d):
+            p = os.path.join(d, file)
+            header, body = read_st(p)
+            out = fn(header, body)
+            if isinstance(out, bytes):
+                write_st(p, None, body, raw_header=out)
+            else:
+                write_st(p, *out)
+        return change
+
+    def set_len(d, n):
+        p = os.path.join(d, dfile)
+        with open(p, "r+b") as f:
+            f.write(struct.pack("<Q", n))
+    add("header length 2^63", lambda d: set_len(d, 2 ** 63), ["model.safetensors"])
+    add("header length past the end", lambda d: set_len(d, size), ["model.safetensors"])
+    add("header not JSON", header_change(lambda h, b: b"{not json"), ["model.safetensors"])
+    add("header a JSON array", header_change(lambda h, b: b"[1, 2, 3]"), ["model.safetensors"])
+    names = tensor_names(os.path.join(ck, dfile))
+    first = sorted(names)[0]
+    fc = next(n for n in names if n.startswith("fc"))
+    down = next(n for n in names if "down_proj" in n)
+    norm = next(n for n in names if "norm" in n)
+    q = next(n for n in names if "k_proj.weight" in n)  # not square: [kv heads x D, H]
+
+    def edit(tensor, **fields):
+        def fn(h, b):
+            h[tensor].update(fields)
+            return h, b
+        return fn
+    add(f"{first}: offsets past the end", header_change(edit(first, data_offsets=[0, 10 ** 9])), [first])
+    add(f"{first}: offsets reversed", header_change(edit(first, data_offsets=[8, 0])), [first])
+    add(f"{first}: dtype Q4", header_change(edit(first, dtype="Q4")), [first])
+    add(f"{first}: dtype I32", header_change(edit(first, dtype="I32")), [first])
+    add(f"{first}: negative shape", header_change(edit(first, shape=[-1, 64])), [first])
+    add(f"{first}: shape product overflows", header_change(edit(first, shape=[2 ** 40, 2 ** 40])), [first])
+    add(f"{q}: shape transposed", header_change(
+        lambda h, b: (h[q].update(shape=list(reversed(h[q]["shape"]))) or (h, b))), [q])
+    add(f"{q}: one row short", header_change(
+        lambda h, b: (h[q].update(shape=[h[q]["shape"][0] - 1, h[q]["shape"][1]],
+                                  data_offsets=[h[q]["data_offsets"][0],
+                                                h[q]["data_offsets"][1] - 2 * h[q]["shape"][1]]) or (h, b))), [q])
+
+    def drop(tensor):
+        def fn(h, b):
+            del h[tensor]
+            return h, b
+        return fn
+    add(f"{fc} missing", header_change(drop(fc)), [fc])
+    add(f"{norm} missing", header_change(drop(norm)), [norm])
+
+    def duplicate(h, b):
+        text = json.dumps(h)
+        entry = json.dumps({first: h[first]})[1:-1]
+        return ("{" + entry + ", " + text[1:]).encode()
+    add(f"{first} listed twice", header_change(duplicate), [first])
+    for tensor in (fc, down, norm, q):
+        for value in (float("nan"), float("inf")):
+            add(f"{tensor}: {value} in the weights",
+                lambda d, tensor=tensor, value=value: poison(os.path.join(d, dfile), tensor, value), [tensor])
+    tnames = tensor_names(os.path.join(ck, tfile))
+    hidden = read_st(os.path.join(ck, tfile))[0][tnames[0]]["shape"][1]
+    for tensor in tnames:
+        # In the anchor's row (token 1): the embedding is read by row, and row 0 is never used.
+        add(f"target {tensor}: NaN in row 1",
+            lambda d, tensor=tensor: poison(os.path.join(d, tfile), tensor, float("nan"), element=hidden), [tensor])
+        add(f"target {tensor} missing", header_change(drop(tensor), tfile), [tensor, "lm_head", "embed"])
+    add("target safetensors truncated", lambda d: open(os.path.join(d, tfile), "r+b").truncate(50),
+        ["model.safetensors"])
+    add("drafter config.json missing", lambda d: os.remove(os.path.join(d, "drafter/config.json")), ["config.json"])
+    add("drafter config.json a directory",
+        lambda d: (os.remove(os.path.join(d, "drafter/config.json")), os.mkdir(os.path.join(d, "drafter/config.json"))),
+        ["config.json"])
+    add("drafter config.json not JSON", lambda d: open(os.path.join(d, "drafter/config.json"), "w").write("{"),
+        ["config.json"])
+
+    def config_edit(fn):
+        def change(d):
+            p = os.path.join(d, "drafter/config.json")
+            c = json.load(open(p))
+            fn(c)
+            json.dump(c, open(p, "w"))
+        return change
+    # The config no longer matches the tensors: the shapes must disagree loudly.
+    add("config hidden_size 32 against 64-wide tensors", config_edit(lambda c: c.update(hidden_size=32)),
+        ["hidden_size", "shape", "expected"])
+    add("config intermediate_size 40 against 80", config_edit(lambda c: c.update(intermediate_size=40)),
+        ["intermediate_size", "shape", "expected"])
+    add("config vocab 300 against a 257-row head", config_edit(lambda c: c.update(vocab_size=300)),
+        ["vocab", "shape", "expected"])
+    add("config target_layer_ids of 2 against fc of 3 taps",
+        config_edit(lambda c: c["dflash_config"].update(target_layer_ids=[1, 4])), ["fc", "taps", "target_layer_ids"])
+    add("model.safetensors a FIFO",
+        lambda d: (os.remove(os.path.join(d, dfile)), os.mkfifo(os.path.join(d, dfile))), ["model.safetensors"])
+    add("model.safetensors a directory",
+        lambda d: (os.remove(os.path.join(d, dfile)), os.mkdir(os.path.join(d, dfile))), ["model.safetensors"])
+
+    def sharded(shard_name):
+        def change(d):
+            os.rename(os.path.join(d, dfile), os.path.join(d, "drafter/model-00001-of-00001.safetensors"))
+            index = {"metadata": {}, "weight_map": {n: shard_name for n in names}}
+            json.dump(index, open(os.path.join(d, "drafter/model.safetensors.index.json"), "w"))
+        return change
+    add("index naming ../../etc/passwd", sharded("../../etc/passwd"), ["../../etc/passwd"])
+    add("index naming a missing shard", sharded("model-00002-of-00002.safetensors"),
+        ["model-00002-of-00002.safetensors"])
+    add("index naming an absolute path", sharded("/etc/hostname"), ["/etc/hostname"])
+
+    # The taps file.
+    def taps_change(fn):
+        def change(d):
+            p = os.path.join(d, "taps.safetensors")
+            header, body = read_st(p)
+            out = fn(header, body, p)
+            if out is not None:
+                write_st(p, *out)
+        return change
+    add("taps: NaN in row 0", lambda d: poison(os.path.join(d, "taps.safetensors"), "taps", float("nan")), ["row"])
+    add("taps: Inf in row 0", lambda d: poison(os.path.join(d, "taps.safetensors"), "taps", float("inf")), ["row"])
+    add("taps: no tensor 'taps'", taps_change(lambda h, b, p: ({"x" if k == "taps" else k: v for k, v in h.items()}, b)),
+        ["taps"])
+    add("taps: wrong width", taps_change(
+        lambda h, b, p: (h["taps"].update(shape=[h["taps"]["shape"][0] * 2, h["taps"]["shape"][1] // 2]) or (h, b))),
+        ["taps"])
+    add("taps: 1-D", taps_change(
+        lambda h, b, p: (h["taps"].update(shape=[h["taps"]["shape"][0] * h["taps"]["shape"][1]]) or (h, b))), ["taps"])
+    add("taps: truncated", lambda d: open(os.path.join(d, "taps.safetensors"), "r+b").truncate(60),
+        ["taps.safetensors"])
+    add("taps: dtype I64", taps_change(lambda h, b, p: (h["taps"].update(dtype="I64",
+                                                                         shape=[h["taps"]["shape"][0],
+                                                                                h["taps"]["shape"][1] // 2]) or (h, b))),
+        ["taps"])
+    return cases
+
+
+def mpi_cases():
+    """Two ranks given different arguments: an error naming the argument, never a hang."""
+    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors"]
+    cases = []
+    for name, a0, a1, names in [
+            ("different --anchor", ["--anchor", "1"], ["--anchor", "2"], ["--anchor"]),
+            ("different --temperature", ["--anchor", "1", "--temperature", "0.5"],
+             ["--anchor", "1", "--temperature", "0.7"], ["--temperature"]),
+            ("different --dump", ["--anchor", "1", "--dump", "{tmp}/a.safetensors"],
+             ["--anchor", "1", "--dump", "{tmp}/b.safetensors"], ["--dump"]),
+            ("different --tp", ["--anchor", "1", "--tp", "1"], ["--anchor", "1", "--tp", "2"], ["--tp"]),
+            ("different --seed", ["--anchor", "1", "--seed", "1"], ["--anchor", "1", "--seed", "2"], ["--seed"])]:
+        cases.append(Case("ranks that disagree", name, (draft + a0, draft + a1), names, mpi=2))
+
+    cases.append(Case("ranks that disagree", "different command",
+                      (draft + ["--anchor", "1"], ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
+                      mpi=2))
+    return cases
+
+
+# ---- running and judging ------------------------------------------------------------------------
+
+def fill(s, where):
+    for k, v in where.items():
+        s = s.replace("{" + k + "}", v)
+    return s
+
+
+def run_case(binary, ck, case):
+    tmp = tempfile.mkdtemp(prefix="tpdraft-bad-")
+    try:
+        os.mkdir(os.path.join(tmp, "emptydir"))
+        os.mkfifo(os.path.join(tmp, "fifo"))
+        open(os.path.join(tmp, "empty"), "w").close()
+        open(os.path.join(tmp, "text"), "w").write("not a safetensors file\n")
+        os.symlink(os.path.join(tmp, "text"), os.path.join(tmp, "link"))
+        where = {"tmp": tmp, "ck": ck, "repo": REPO}
+        if case.prepare:
+            case.prepare(tmp)
+        env = dict(os.environ, **case.env)
+        if case.mpi:
+            script = os.path.join(tmp, "rank.sh")
+            a0, a1 = ([fill(a, where) for a in argv] for argv in case.argv)
+            q = lambda argv: " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+            with open(script, "w") as f:
+                f.write(f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec {q([binary] + a0)}; '
+                        f'else exec {q([binary] + a1)}; fi\n')
+            cmd = ["mpirun", "-q", "--allow-run-as-root", "--oversubscribe", "-np", str(case.mpi), "sh", script]
+        else:
+            cmd = [binary] + [fill(a, where) for a in case.argv]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, errors="replace")
+        except subprocess.TimeoutExpired:
+            return case, "hang", f"no answer in {TIMEOUT_S} s"
+        out = p.stdout + p.stderr
+        names = [fill(n, where) for n in case.names]
+        if p.returncode < 0 or any(w in out for w in CRASH_WORDS):
+            return case, "crash", f"exit {p.returncode}: {out[-600:]}"
+        if p.returncode == 0:
+            return case, "silent", out[-300:]
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        repeated = sorted({l for l in lines if lines.count(l) > 1 and "error" in l.lower()})
+        if p.returncode not in (2, 3) or not any(n in out for n in names) or repeated:
+            why = (f"exit {p.returncode}" if p.returncode not in (2, 3) else
+                   f"printed twice: {repeated[0]}" if repeated else f"names none of {names}")
+            return case, "unclear", f"{why}: {out[-400:]}"
+        return case, "clear error", ""
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) >= 2 else 2
+    binary = os.path.abspath(argv[1])
+    with_mpi = "--mpi" in argv
+    jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else (os.cpu_count() or 2)
+    work = tempfile.mkdtemp(prefix="tpdraft-bad-inputs-")
+    try:
+        ck = os.path.join(work, "ck")
+        subprocess.run([binary, "init", "--config", os.path.join(REPO, "configs", "tiny-dflash2.json"), "--out", ck,
+                        "--taps", "6"], check=True, capture_output=True)
+        cases = (config_cases(os.path.join(REPO, "configs", "tiny-dflash2.json")) + option_cases()
+                 + checkpoint_cases(ck) + (mpi_cases() if with_mpi else []))
+        if "--list" in argv:
+            for c in cases:
+                print(f"{c.group}: {c.name}")
+            return 0
+        # The unaltered inputs must work, or every "error" below would prove nothing.
+        good = subprocess.run([binary, "draft", "--drafter", ck + "/drafter", "--target", ck + "/target", "--taps",
+                               ck + "/taps.safetensors", "--anchor", "1"], capture_output=True, text=True)
+        if good.returncode != 0:
+            print("the unaltered checkpoint does not draft:\n" + good.stdout + good.stderr)
+            return 1
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda c: run_case(binary, ck, c), cases))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    kinds = ["clear error", "unclear", "crash", "hang", "silent"]
+    groups = sorted({c.group for c, _, _ in results}, key=lambda g: [c.group for c, _, _ in results].index(g))
+    print(f"{'inputs':<24} {'cases':>5} " + " ".join(f"{k:>11}" for k in kinds))
+    for g in groups + ["all"]:
+        rs = [r for r in results if g == "all" or r[0].group == g]
+        print(f"{g:<24} {len(rs):>5} " + " ".join(f"{sum(1 for r in rs if r[1] == k):>11}" for k in kinds))
+    bad = [r for r in results if r[1] != "clear error"]
+    for case, kind, detail in bad:
+        print(f"\n{kind.upper()}: {case.group}: {case.name}\n  {detail.strip()}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
