@@ -322,6 +322,16 @@ TEST(NcclCommunicator, OneRankOnOneGpu) {
   auto nccl = parallel::make_nccl(*single, 0, kernels::cuda_stream_of(*ops));
   EXPECT_EQ(nccl->name(), "nccl");
   check_collectives(*nccl, *ops);
+  // Aborted (as the watchdog or a failed peer would): later calls fail naming the abort, and the
+  // destructor does not hang on the aborted communicator.
+  nccl->abort("the test aborts it");
+  kernels::Buffer d(*ops, 64 * sizeof(float));
+  try {
+    nccl->all_reduce_sum(d.f32(), 64);
+    ADD_FAILURE() << "an all-reduce on an aborted communicator returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
 }
 
 TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
