@@ -145,7 +145,7 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
       {"draft" + d + " --taps " + ck + "/drafter/model.safetensors --anchor 1", "no tensor 'taps'"},
       {"draft --drafter " + ck + "/drafter --target " + other + "/target --taps " + ck + "/taps.safetensors --anchor 1",
        "expected [Vt >= vocab_size 300, hidden 64]"},
-      {"draft" + d + " --taps " + ck + "/taps.safetensors --anchor 1 --temperature 1 --top-p 0", "top_p"},
+      {"draft" + d + " --taps " + ck + "/taps.safetensors --anchor 1 --temperature 1 --top-p 0", "--top-p"},
       {"info --drafter " + dir.path(), "config.json"},
       {"init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("y") + " --dtype f64",
        "dtype"},
