@@ -116,28 +116,28 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
     return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
   const auto deadline = Clock::now() + std::chrono::duration<double>(c->timeout);
   zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
+  bool lost = false;  // the connection went: one more look at the socket, then the call fails
   for (;;) {
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
     if (left <= 0)
       return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); "
                                          "this client is closed: open a new one",
                                          what, c->address, c->timeout));
-    const long ms = static_cast<long>(left * 1000) + 1;
+    const long ms = lost ? 0 : static_cast<long>(left * 1000) + 1;
     if (zmq_poll(items, 2, ms) < 0) {
       if (zmq_errno() == EINTR) continue;
       return break_client(c, fmt::format("{}: waiting for {}: {}", what, c->address, zmq_strerror(zmq_errno())));
     }
-    if (items[1].revents & ZMQ_POLLIN) {
-      if (lost_connection(c))
+    // A reply that came before the server went is still the answer: read the socket first.
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&m);
+      if (lost)
         return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are "
                                            "gone: this client is closed",
                                            what, c->address));
-    }
-    if (!(items[0].revents & ZMQ_POLLIN)) continue;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, c->sock, 0) < 0) {
-      zmq_msg_close(&m);
+      if ((items[1].revents & ZMQ_POLLIN) && lost_connection(c)) lost = true;
       continue;
     }
     const char* p = static_cast<const char*>(zmq_msg_data(&m));
