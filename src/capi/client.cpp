@@ -19,6 +19,7 @@
 
 #include "capi/last_error.h"
 #include "serve/protocol.h"
+#include "serve/ring.h"
 #include "tpdraft/tpdraft.h"
 
 namespace serve = tpdraft::serve;
@@ -39,6 +40,9 @@ struct tpdraft_client {
   char* ring = nullptr;
   size_t ring_bytes = 0;
   bool ring_on = false;
+  uint32_t ring_seq = 0;     // the last request_seq this client set
+  size_t ring_free = 0;      // where the current request may go in the ring (past its taps)
+  size_t reply_room = 8192;  // the reply the current request may get
   std::string frame;                 // the request being built, reused
   std::vector<char> reply;           // the last reply
   tpdraft_step_times times{};
@@ -106,12 +110,107 @@ tpdraft_status break_client(tpdraft_client* c, const std::string& why) {
   return fail(TPDRAFT_ERROR_UNAVAILABLE, why);
 }
 
-// Sends c->frame (its header's id set here) and waits for the reply with that id into c->reply.
-// On an error reply returns its status with the server's message.
+// c->reply holds the reply to request `id`: its status, and on an error the server's message.
+tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool* other) {
+  serve::Reader r(c->reply.data(), c->reply.size());
+  serve::Header h;
+  try {
+    h = r.header();
+  } catch (const std::exception& e) {
+    return break_client(c, fmt::format("{}: an unreadable reply from {}: {}", what, c->address, e.what()));
+  }
+  *other = h.id != id;
+  if (*other) return TPDRAFT_OK;  // a reply to an earlier request
+  if (h.status == serve::kOk) return TPDRAFT_OK;
+  std::string message;
+  try {
+    message = r.str("message", 1 << 20);
+  } catch (const std::exception&) {
+    message = "(no message)";
+  }
+  const tpdraft_status st = status_of(h.status);
+  if (st == TPDRAFT_ERROR_UNAVAILABLE || st == TPDRAFT_ERROR_RUNTIME)
+    return break_client(c, fmt::format("{}: the server at {}: {}", what, c->address, message));
+  return fail(st, fmt::format("{}: {}", what, message));
+}
+
+tpdraft_status lost(tpdraft_client* c, const char* what) {
+  return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are gone: "
+                                     "this client is closed",
+                                     what, c->address));
+}
+
+tpdraft_status too_late(tpdraft_client* c, const char* what) {
+  return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); this "
+                                     "client is closed: open a new one",
+                                     what, c->address, c->timeout));
+}
+
+// The request through the ring: the frame placed at c->ring_free, the reply area after it. The
+// wait spins briefly (a small step is answered within tens of microseconds), then sleeps on the
+// futex in slices, looking at the socket's events between them.
+tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id) {
+  serve::RingControl* ctl = reinterpret_cast<serve::RingControl*>(c->ring);
+  const size_t at = c->ring_free, reply_at = (at + c->frame.size() + 63) / 64 * 64;
+  std::memcpy(c->ring + at, c->frame.data(), c->frame.size());
+  ctl->request_offset = at;
+  ctl->request_bytes = c->frame.size();
+  ctl->reply_offset = reply_at;
+  ctl->reply_capacity = c->ring_bytes - reply_at;
+  const uint32_t seq = ++c->ring_seq;
+  serve::ring_store(&ctl->request_seq, seq);
+  if (serve::ring_load(&ctl->server_sleeping) != 0) {
+    std::string bell;
+    serve::Writer w(&bell);
+    serve::Header h;
+    h.kind = serve::kBell;
+    w.header(h);
+    if (zmq_send(c->sock, bell.data(), bell.size(), ZMQ_DONTWAIT) < 0)
+      return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
+  }
+  const auto started = Clock::now();
+  const auto deadline = started + std::chrono::duration<double>(c->timeout);
+  for (;;) {
+    if (serve::ring_load(&ctl->reply_seq) == seq) break;
+    const auto now = Clock::now();
+    if (now - started < std::chrono::microseconds(200)) continue;
+    const double left = std::chrono::duration<double>(deadline - now).count();
+    if (left <= 0) return too_late(c, what);
+    zmq_pollitem_t mon{c->monitor, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&mon, 1, 0) > 0 && lost_connection(c) && serve::ring_load(&ctl->reply_seq) != seq)
+      return lost(c, what);
+    serve::ring_store(&ctl->client_sleeping, 1);
+    const uint32_t now_seq = serve::ring_load(&ctl->reply_seq);
+    if (now_seq != seq) serve::ring_wait(&ctl->reply_seq, now_seq, std::min(left, 0.05));
+    serve::ring_store(&ctl->client_sleeping, 0);
+  }
+  const uint64_t bytes = ctl->reply_bytes;
+  if (bytes > c->ring_bytes - reply_at)
+    return break_client(c, fmt::format("{}: the server's reply of {} bytes passes the ring's end", what, bytes));
+  c->reply.assign(c->ring + reply_at, c->ring + reply_at + bytes);
+  bool other = false;
+  const tpdraft_status st = take_reply(c, id, what, &other);
+  if (other) return break_client(c, fmt::format("{}: the ring's reply answers another request", what));
+  return st;
+}
+
+// Sends c->frame (its header's id set here) and waits for the reply with that id into c->reply,
+// through the ring when it holds the request and its reply, else through the socket. On an
+// error reply returns its status with the server's message.
 tpdraft_status exchange(tpdraft_client* c, const char* what) {
   if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
   const uint64_t id = ++c->next_id;
   std::memcpy(&c->frame[16], &id, sizeof(id));
+  const size_t at = std::max<size_t>(c->ring_free, serve::kRingControlBytes);
+  c->ring_free = at;
+  if (c->ring_on && at < c->ring_bytes && c->frame.size() + c->reply_room + 64 <= c->ring_bytes - at) {
+    const tpdraft_status st = exchange_ring(c, what, id);
+    c->ring_free = 0;
+    c->reply_room = 8192;
+    return st;
+  }
+  c->ring_free = 0;
+  c->reply_room = 8192;
   if (zmq_send(c->sock, c->frame.data(), c->frame.size(), ZMQ_DONTWAIT) < 0)
     return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
   const auto deadline = Clock::now() + std::chrono::duration<double>(c->timeout);
@@ -119,10 +218,7 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
   bool lost = false;  // the connection went: one more look at the socket, then the call fails
   for (;;) {
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-    if (left <= 0)
-      return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); "
-                                         "this client is closed: open a new one",
-                                         what, c->address, c->timeout));
+    if (left <= 0) return too_late(c, what);
     const long ms = lost ? 0 : static_cast<long>(left * 1000) + 1;
     if (zmq_poll(items, 2, ms) < 0) {
       if (zmq_errno() == EINTR) continue;
@@ -133,35 +229,16 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
       zmq_msg_close(&m);
-      if (lost)
-        return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are "
-                                           "gone: this client is closed",
-                                           what, c->address));
+      if (lost) return ::lost(c, what);
       if ((items[1].revents & ZMQ_POLLIN) && lost_connection(c)) lost = true;
       continue;
     }
     const char* p = static_cast<const char*>(zmq_msg_data(&m));
     c->reply.assign(p, p + zmq_msg_size(&m));
     zmq_msg_close(&m);
-    serve::Reader r(c->reply.data(), c->reply.size());
-    serve::Header h;
-    try {
-      h = r.header();
-    } catch (const std::exception& e) {
-      return break_client(c, fmt::format("{}: an unreadable reply from {}: {}", what, c->address, e.what()));
-    }
-    if (h.id != id) continue;  // a reply to an earlier request
-    if (h.status == serve::kOk) return TPDRAFT_OK;
-    std::string message;
-    try {
-      message = r.str("message", 1 << 20);
-    } catch (const std::exception&) {
-      message = "(no message)";
-    }
-    const tpdraft_status st = status_of(h.status);
-    if (st == TPDRAFT_ERROR_UNAVAILABLE || st == TPDRAFT_ERROR_RUNTIME)
-      return break_client(c, fmt::format("{}: the server at {}: {}", what, c->address, message));
-    return fail(st, fmt::format("{}: {}", what, message));
+    bool other = false;
+    const tpdraft_status st = take_reply(c, id, what, &other);
+    if (!other) return st;
   }
 }
 
@@ -439,7 +516,8 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
     const int64_t width = c->caps.taps_width;
     std::vector<serve::WireEntry> wire(count);
     std::vector<std::pair<const void*, size_t>> inline_taps;
-    size_t ring_at = 0, inline_at = 0;
+    size_t ring_at = serve::kRingControlBytes, inline_at = 0;
+    size_t reply = 64;
     for (size_t i = 0; i < count; ++i) {
       const tpdraft_step_entry& e = entries[i];
       std::string bad = check_entry(e, i, c->caps.vocab);
@@ -463,6 +541,9 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
       x.top_p = e.sampling.top_p;
       x.seed = e.sampling.seed;
       x.taps_dtype = static_cast<uint32_t>(dtype);
+      const size_t w = e.dist_width < 0 ? static_cast<size_t>(c->caps.vocab) : static_cast<size_t>(e.dist_width);
+      const size_t rows_here = static_cast<size_t>(c->caps.block - 1);
+      reply += rows_here * 12 + (e.dist_width == 0 ? 0 : rows_here * w * (e.dist_width > 0 ? 12 : 4) + rows_here * 4);
       const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * serve::dtype_bytes(x.taps_dtype);
       x.taps_bytes = bytes;
       if (bytes == 0) {
@@ -486,6 +567,8 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
       static const char zeros[8] = {0};
       w.bytes(zeros, (8 - t.second % 8) % 8);
     }
+    c->ring_free = (ring_at + 63) / 64 * 64;
+    c->reply_room = std::max<size_t>(reply, 8192);
     const tpdraft_status sent = exchange(c, "tpdraft_client_step");
     if (sent != TPDRAFT_OK) return sent;
     serve::Reader r = body(c);

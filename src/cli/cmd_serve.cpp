@@ -28,6 +28,7 @@ struct ServeOpts {
   std::string drafter, target, listen, address_file;
   int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096;
   double idle_timeout = 300;
+  double spin_us = 2000;
   int64_t max_memory = 0;
   RankOptions ranks;
 };
@@ -125,6 +126,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     so.listen = replica_endpoint(o.listen, ctx.replica, ctx.replicas);
     so.idle_timeout = o.idle_timeout;
     so.max_open_sessions = o.max_open_sessions;
+    so.spin_seconds = o.spin_us * 1e-6;
     server = std::make_unique<serve::Server>(*group, so);
     endpoint = server->bind();
   });
@@ -178,6 +180,10 @@ void add_serve(CLI::App& app) {
       ->check(whole_number(1, int64_t{1} << 31))->capture_default_str();
   cmd->add_option("--idle-timeout", o->idle_timeout, "Close the sessions of a client silent this many seconds (0: never)")
       ->check(real_number(0, 1e7))->capture_default_str();
+  cmd->add_option("--spin-us", o->spin_us,
+                  "Microseconds rank 0 keeps looking at the clients' shared-memory rings after a request before it "
+                  "sleeps on the socket (0: sleep at once; a client then rings a doorbell)")
+      ->check(real_number(0, 1e6))->capture_default_str();
   cmd->add_option("--max-memory", o->max_memory,
                   "Bytes the sessions' context may take on this machine (0: what /proc/meminfo says is available)")
       ->check(whole_number(0));

@@ -13,6 +13,7 @@ const char* kind_name(uint16_t kind) {
     case kShutdown: return "SHUTDOWN";
     case kLength: return "LENGTH";
     case kBye: return "BYE";
+    case kBell: return "BELL";
   }
   return "unknown";
 }

@@ -30,6 +30,7 @@ enum Kind : uint16_t {
   kShutdown = 6,
   kLength = 7,
   kBye = 8,
+  kBell = 9,  // a doorbell: a request waits in the client's ring (no reply)
 };
 constexpr uint16_t kReply = 0x100;
 const char* kind_name(uint16_t kind);

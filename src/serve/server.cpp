@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "serve/protocol.h"
+#include "serve/ring.h"
 
 namespace tpdraft::serve {
 
@@ -46,15 +47,25 @@ struct Frame {
   size_t size() const { return zmq_msg_size(const_cast<zmq_msg_t*>(&msg)); }
 };
 
-// A client's shared-memory ring, mapped read-only.
+// A client's shared-memory ring: its control block, then what the client placed there.
 struct Ring {
-  const char* base = nullptr;
+  char* base = nullptr;
   size_t bytes = 0;
+  uint32_t seen = 0;  // the last request_seq taken
+  RingControl* control() const { return reinterpret_cast<RingControl*>(base); }
   void unmap() {
-    if (base != nullptr) munmap(const_cast<char*>(base), bytes);
+    if (base != nullptr) munmap(base, bytes);
     base = nullptr;
     bytes = 0;
   }
+};
+
+// Where a request came from, so its reply goes back the same way.
+struct Route {
+  bool ring = false;
+  uint32_t seq = 0;        // the ring request's request_seq
+  uint64_t reply_at = 0;   // the ring's reply area
+  uint64_t reply_capacity = 0;
 };
 
 struct Client {
@@ -68,7 +79,8 @@ struct Client {
 struct Pending {
   std::string rid;
   Header header;
-  std::unique_ptr<Frame> frame;
+  std::unique_ptr<Frame> frame;  // null for a request read from the client's ring
+  Route route;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
   Clock::time_point arrived;
@@ -119,7 +131,33 @@ struct Server::Impl {
 
   const engine::Caps& caps() const { return engine.caps(); }
 
-  void send(const std::string& rid, const std::string& body) {
+  Route route;  // the route of the request being answered now
+  Clock::time_point last_request = Clock::now();
+
+  void send(const std::string& rid, const std::string& body) { send_to(rid, route, body); }
+
+  void send_to(const std::string& rid, const Route& via, const std::string& body) {
+    if (via.ring) {
+      auto it = clients.find(rid);
+      if (it == clients.end() || it->second.ring.base == nullptr) return;
+      Ring& ring = it->second.ring;
+      RingControl* ctl = ring.control();
+      std::string error;
+      const std::string* out = &body;
+      if (body.size() > via.reply_capacity) {
+        Reader r(body.data(), body.size());
+        error = error_reply(r.header(), kArgument,
+                            fmt::format("the reply of {} bytes does not fit the ring's reply area of {}", body.size(),
+                                        via.reply_capacity));
+        out = &error;
+        if (out->size() > via.reply_capacity) return;  // the client will time out
+      }
+      std::memcpy(ring.base + via.reply_at, out->data(), out->size());
+      ctl->reply_bytes = out->size();
+      ring_store(&ctl->reply_seq, via.seq);
+      if (ring_load(&ctl->client_sleeping) != 0) ring_wake(&ctl->reply_seq);
+      return;
+    }
     // A client that has gone is dropped by the ROUTER socket: nothing to do about it here.
     if (zmq_send(sock, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
     zmq_send(sock, body.data(), body.size(), ZMQ_DONTWAIT);
@@ -190,19 +228,22 @@ struct Server::Impl {
   static std::string map_ring(const std::string& name, uint64_t bytes, Ring* ring) {
     if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos)
       return fmt::format("ring name '{}' is not a POSIX shared-memory name (/NAME)", name);
-    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
     if (fd < 0) return fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno));
     struct stat st {};
-    const bool sized = fstat(fd, &st) == 0 && bytes > 0 && static_cast<uint64_t>(st.st_size) >= bytes;
+    const bool sized =
+        fstat(fd, &st) == 0 && bytes > kRingControlBytes && static_cast<uint64_t>(st.st_size) >= bytes;
     if (!sized) {
       close(fd);
       return fmt::format("shared memory {} holds {} bytes, the client named {}", name, st.st_size, bytes);
     }
-    void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return fmt::format("cannot map shared memory {}: {}", name, std::strerror(errno));
-    ring->base = static_cast<const char*>(p);
+    ring->base = static_cast<char*>(p);
     ring->bytes = bytes;
+    ring->seen = ring_load(&ring->control()->request_seq);
+    ring_store(&ring->control()->server_sleeping, 0);
     return "";
   }
 
@@ -224,6 +265,7 @@ struct Server::Impl {
     Pending p;
     p.rid = rid;
     p.header = h;
+    p.route = route;
     p.arrived = Clock::now();
     const int64_t width = caps().taps_width, max_context = caps().max_context;
     for (size_t i = 0; i < wire.size(); ++i) {
@@ -274,7 +316,13 @@ struct Server::Impl {
     pending.push_back(std::move(p));
   }
 
-  void on_request(const std::string& rid, std::unique_ptr<Frame> frame) {
+  // A request frame: from the socket (`frame` holds it), or in the client's ring (data, size).
+  void on_request(const std::string& rid, std::unique_ptr<Frame> frame, const char* data = nullptr, size_t size = 0) {
+    if (frame) {
+      data = frame->data();
+      size = frame->size();
+    }
+    last_request = Clock::now();
     auto it = clients.find(rid);
     if (it == clients.end()) {
       it = clients.emplace(rid, Client{}).first;
@@ -283,7 +331,7 @@ struct Server::Impl {
     }
     Client& c = it->second;
     c.last = Clock::now();
-    Reader r(frame->data(), frame->size());
+    Reader r(data, size);
     Header h;
     h.kind = 0;
     try {
@@ -351,6 +399,7 @@ struct Server::Impl {
           send(rid, out);
           break;
         }
+        case kBell: break;  // poll_rings() finds the request
         case kBye: {
           std::string out;
           Writer(&out).header(reply_header(h));
@@ -390,6 +439,7 @@ struct Server::Impl {
         more = zmq_msg_more(&f->msg) != 0;
         if (++parts == 1) frame = std::move(f);
       }
+      route = Route{};
       if (parts != 1) {
         Header h;
         h.kind = 0;
@@ -417,6 +467,7 @@ struct Server::Impl {
       try {
         engine.check(p.entries);
       } catch (const Error& e) {
+        route = p.route;
         refuse(p.rid, p.header, kArgument, e.what());
         drop[i] = true;
         continue;
@@ -446,7 +497,7 @@ struct Server::Impl {
       results = group.apply(all);
     } catch (const std::exception& e) {
       const std::string why = fmt::format("the drafter failed in a forward; the server is ending: {}", e.what());
-      for (const Pending& p : batch) send(p.rid, error_reply(p.header, kRuntime, why));
+      for (const Pending& p : batch) send_to(p.rid, p.route, error_reply(p.header, kRuntime, why));
       throw;
     }
     ++stats.forwards;
@@ -479,7 +530,7 @@ struct Server::Impl {
           if (e.dist_width > 0) w.put<float>(d.rest);
         }
       }
-      send(p.rid, out);
+      send_to(p.rid, p.route, out);
     }
   }
 
@@ -495,8 +546,46 @@ struct Server::Impl {
   }
 
   void fail_pending(uint32_t status, const std::string& why) {
-    for (const Pending& p : pending) send(p.rid, error_reply(p.header, status, why));
+    for (const Pending& p : pending) send_to(p.rid, p.route, error_reply(p.header, status, why));
     pending.clear();
+  }
+
+  // Takes the requests waiting in the clients' rings; returns whether there were any.
+  bool poll_rings() {
+    std::vector<std::string> ready;
+    for (auto& [rid, c] : clients)
+      if (c.ring.base != nullptr && ring_load(&c.ring.control()->request_seq) != c.ring.seen) ready.push_back(rid);
+    for (const std::string& rid : ready) {
+      auto it = clients.find(rid);
+      if (it == clients.end()) continue;
+      Ring& ring = it->second.ring;
+      RingControl* ctl = ring.control();
+      const uint32_t seq = ring_load(&ctl->request_seq);
+      ring.seen = seq;
+      const uint64_t at = ctl->request_offset, bytes = ctl->request_bytes;
+      route = Route{true, seq, ctl->reply_offset, ctl->reply_capacity};
+      const uint64_t n = ring.bytes;
+      const bool request_ok = at >= kRingControlBytes && at <= n && bytes <= n - at;
+      const bool reply_ok = route.reply_at >= kRingControlBytes && route.reply_at <= n &&
+                            route.reply_capacity <= n - route.reply_at && route.reply_capacity >= 64;
+      if (!reply_ok) {
+        TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring: ignored", it->second.name);
+        continue;
+      }
+      if (!request_ok) {
+        Header h;
+        h.kind = 0;
+        refuse(rid, h, kMalformed, fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
+        continue;
+      }
+      on_request(rid, nullptr, ring.base + at, bytes);
+    }
+    return !ready.empty();
+  }
+
+  void set_sleeping(uint32_t v) {
+    for (auto& c : clients)
+      if (c.second.ring.base != nullptr) ring_store(&c.second.ring.control()->server_sleeping, v);
   }
 };
 
@@ -533,10 +622,20 @@ void Server::run() {
   zmq_pollitem_t item{s.sock, 0, ZMQ_POLLIN, 0};
   try {
     while (!g_stop_requested && !s.shutdown) {
-      const long wait_ms = s.pending.empty() ? 100 : 0;
-      if (zmq_poll(&item, 1, wait_ms) < 0 && zmq_errno() != EINTR)
-        TPDRAFT_FAIL("waiting for requests: {}", zmq_strerror(zmq_errno()));
+      // Busy for a moment after each request (the next step of a loop follows soon); then
+      // asleep on the socket, which a client's doorbell wakes.
+      long wait_ms = 0;
+      const bool sleepy =
+          s.pending.empty() && !s.poll_rings() && seconds_since(s.last_request) > s.options.spin_seconds;
+      if (sleepy) {
+        s.set_sleeping(1);
+        if (!s.poll_rings()) wait_ms = 100;  // looked once more after saying so: nothing missed
+      }
+      const int polled = zmq_poll(&item, 1, wait_ms);
+      if (sleepy) s.set_sleeping(0);
+      if (polled < 0 && zmq_errno() != EINTR) TPDRAFT_FAIL("waiting for requests: {}", zmq_strerror(zmq_errno()));
       s.drain();
+      s.poll_rings();
       s.reap_idle();
       if (g_stop_requested || s.shutdown) break;
       if (!s.pending.empty()) s.run_batch();

@@ -15,6 +15,7 @@ struct ServerOptions {
   std::string listen;          // a ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT (PORT may be *)
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
   int64_t max_open_sessions = 64;
+  double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
 };
 
 // Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.
