@@ -119,6 +119,9 @@ tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool
   } catch (const std::exception& e) {
     return break_client(c, fmt::format("{}: an unreadable reply from {}: {}", what, c->address, e.what()));
   }
+  if (h.version != serve::kProtocolVersion)
+    return break_client(c, fmt::format("{}: the server at {} speaks protocol version {}, this client {}", what,
+                                       c->address, h.version, serve::kProtocolVersion));
   *other = h.id != id;
   if (*other) return TPDRAFT_OK;  // a reply to an earlier request
   if (h.status == serve::kOk) return TPDRAFT_OK;

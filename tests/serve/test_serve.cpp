@@ -275,10 +275,12 @@ std::string entry_bytes(const serve::WireEntry& e) {
 TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing) {
   TempDir dir;
   make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--max-sessions", "2", "--listen", "ipc://" + dir.file("s.sock")});
+  ServerProcess server(dir.path(), {"--max-sessions", "2", "--spin-us", "0", "--listen", "ipc://" + dir.file("s.sock")});
   const std::string address = server.wait_address();
   ASSERT_FALSE(address.empty()) << server.log();
   // A well-behaved client steps before and after; its drafts must equal the library's.
+  // (--spin-us 0: the server sleeps after every request, so each of its ring requests rings the
+  // doorbell.)
   Client good(address);
   const tpdraft_caps caps = client_caps(good.c);
   const tpdraft_session gs = good.open();
