@@ -3,6 +3,7 @@
 // through the client's shared-memory ring when the server maps it, and a socket monitor so that
 // a server that goes away fails the call at once instead of at the timeout.
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -176,7 +177,10 @@ tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id) {
   for (;;) {
     if (serve::ring_load(&ctl->reply_seq) == seq) break;
     const auto now = Clock::now();
-    if (now - started < std::chrono::microseconds(200)) continue;
+    if (now - started < std::chrono::microseconds(200)) {
+      sched_yield();  // on a machine with idle cores at once; on a busy one it lets the server run
+      continue;
+    }
     const double left = std::chrono::duration<double>(deadline - now).count();
     if (left <= 0) return too_late(c, what);
     zmq_pollitem_t mon{c->monitor, 0, ZMQ_POLLIN, 0};

@@ -5,6 +5,7 @@
 #include "serve/server.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -631,6 +632,7 @@ void Server::run() {
         s.set_sleeping(1);
         if (!s.poll_rings()) wait_ms = 100;  // looked once more after saying so: nothing missed
       }
+      if (!sleepy && s.pending.empty()) sched_yield();  // busy, but not in the way of a client on this core
       const int polled = zmq_poll(&item, 1, wait_ms);
       if (sleepy) s.set_sleeping(0);
       if (polled < 0 && zmq_errno() != EINTR) TPDRAFT_FAIL("waiting for requests: {}", zmq_strerror(zmq_errno()));
