@@ -68,7 +68,8 @@ def loop(handle, steps, seed, out):
 
 
 def run_clients(address, n, steps):
-    """n clients at once; returns (per-step samples, sequences drafted per second)."""
+    """n clients at once; returns (per-step samples, sequences drafted per second, whether the
+    ring was used, entries per forward)."""
     samples, threads, clients = [], [], [tpdraft.Client(address, timeout=600) for _ in range(n)]
     per = [[] for _ in range(n)]
     start = time.perf_counter()
@@ -78,11 +79,13 @@ def run_clients(address, n, steps):
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    stats = clients[0].stats()
+    shm = clients[0].shared_memory
     for c in clients:
         c.close()
     for p in per:
         samples += p
-    return samples, n * steps / elapsed, clients[0].shared_memory if n else False
+    return samples, n * steps / elapsed, shm, stats["entries"], stats["forwards"]
 
 
 def beyond(samples):
@@ -104,14 +107,16 @@ def measure(config, steps):
         for name, listen in (("ipc+shm", f"ipc://{tmp}/s.sock"), ("tcp", "tcp://127.0.0.1:*")):
             server = Server(ck, listen, tmp, 8)
             try:
-                one, one_rate, shm = run_clients(server.address, 1, steps)
-                eight, eight_rate, _ = run_clients(server.address, 8, max(3, steps // 4))
+                one, one_rate, shm, entries, forwards = run_clients(server.address, 1, steps)
+                eight, eight_rate, _, entries8, forwards8 = run_clients(server.address, 8, max(3, steps // 4))
+                batch = (entries8 - entries) / max(1, forwards8 - forwards)
             finally:
                 server.stop()
             assert shm == (name == "ipc+shm")
             rows.append({"config": os.path.basename(config), "transport": name, "draft_ms": draft_ms,
                          "in_process_us": in_process, "one_us": beyond(one), "added_us": beyond(one) - in_process,
-                         "eight_us": beyond(eight), "one_rate": one_rate, "eight_rate": eight_rate})
+                         "eight_us": beyond(eight), "one_rate": one_rate, "eight_rate": eight_rate,
+                         "batch": batch})
     return rows
 
 
@@ -125,11 +130,11 @@ def main():
     for c in a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"]:
         rows += measure(c, a.steps if "bench" not in c else max(8, a.steps // 100))
     print(f"{'geometry':24} {'transport':9} {'draft ms':>9} {'in-process us':>14} {'served us':>10} "
-          f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7}")
+          f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7} {'batch':>6}")
     for r in rows:
         print(f"{r['config']:24} {r['transport']:9} {r['draft_ms']:9.2f} {r['in_process_us']:14.1f} "
               f"{r['one_us']:10.1f} {r['added_us']:9.1f} {r['eight_us']:13.1f} {r['one_rate']:8.1f} "
-              f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x")
+              f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x {r['batch']:6.1f}")
 
 
 if __name__ == "__main__":

@@ -640,7 +640,12 @@ void Server::run() {
       s.poll_rings();
       s.reap_idle();
       if (g_stop_requested || s.shutdown) break;
-      if (!s.pending.empty()) s.run_batch();
+      if (!s.pending.empty()) {
+        s.run_batch();
+        // The clients just answered will ask again soon: look busily from now, not from their
+        // requests' arrival (a long forward would have used the window up).
+        s.last_request = Clock::now();
+      }
     }
   } catch (...) {
     s.fail_pending(kRuntime, "the drafter failed; the server is ending");
