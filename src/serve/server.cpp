@@ -346,7 +346,11 @@ struct Server::Impl {
       if (h.kind != kStep && h.count != 0)
         throw ProtocolError(fmt::format("header.count is {}; only STEP takes a count", h.count));
       switch (h.kind) {
-        case kHello: on_hello(rid, c, h, r); break;
+        case kHello:
+          // It may replace the ring this request came through: only through the socket.
+          if (route.ring) throw ProtocolError("HELLO must come through the socket, not the ring");
+          on_hello(rid, c, h, r);
+          break;
         case kOpen: {
           if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the OPEN request", r.left()));
           const int64_t open = engine.open_sessions();
