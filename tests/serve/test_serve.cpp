@@ -4,6 +4,8 @@
 // rank that fails or is killed, a server that stops answering, SIGTERM) answered as
 // docs/protocol.md says, without a hang: every client call carries a timeout.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,6 +23,7 @@
 #include <zmq.h>
 
 #include "serve/protocol.h"
+#include "serve/ring.h"
 #include "serve/serve_harness.h"
 
 #ifndef TPDRAFT_MPIRUN
@@ -356,13 +359,55 @@ TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing)
     EXPECT_EQ(status, c.status) << c.what << ": " << message;
     EXPECT_NE(message.find(c.says), std::string::npos) << c.what << ": '" << message << "' lacks '" << c.says << "'";
   }
+  // A ring of its own, named in a HELLO: a request placed outside it is refused through the ring,
+  // and one placed inside is answered there.
+  const std::string ring_name = "/tpdraft-test-ring-" + std::to_string(getpid());
+  const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 65536), 0);
+  void* mapped = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::string ring_hello;
+  serve::Writer(&ring_hello).str(ring_name);
+  serve::Writer(&ring_hello).put<uint64_t>(65536);
+  RawSocket ringed(address);
+  EXPECT_EQ(ringed.ask({frame(serve::kHello, 0, ring_hello)}).first, 0u);
+  shm_unlink(ring_name.c_str());
+  char* ring = static_cast<char*>(mapped);
+  auto* ctl = reinterpret_cast<serve::RingControl*>(ring);
+  auto ring_ask = [&](uint64_t at, const std::string& request, uint32_t seq) -> std::pair<uint32_t, std::string> {
+    if (at + request.size() <= 65536) std::memcpy(ring + at, request.data(), request.size());
+    ctl->request_offset = at;
+    ctl->request_bytes = request.size();
+    ctl->reply_offset = 32768;
+    ctl->reply_capacity = 32768;
+    serve::ring_store(&ctl->request_seq, seq);
+    zmq_send(ringed.sock, frame(serve::kBell, 0, "").data(), serve::kHeaderBytes, 0);  // wakes it if asleep
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (serve::ring_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (serve::ring_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
+    serve::Reader r(ring + 32768, ctl->reply_bytes);
+    const serve::Header h = r.header();
+    return {h.status, h.status == 0 ? "" : r.str("message")};
+  };
+  const auto outside = ring_ask(1 << 20, frame(serve::kStats, 0, ""), 1);
+  EXPECT_EQ(outside.first, serve::kMalformed) << outside.second;
+  EXPECT_NE(outside.second.find("outside the ring"), std::string::npos) << outside.second;
+  const auto hello_in_ring = ring_ask(4096, frame(serve::kHello, 0, ring_hello), 2);
+  EXPECT_NE(hello_in_ring.second.find("HELLO must come through the socket"), std::string::npos)
+      << hello_in_ring.second;
+  EXPECT_EQ(ring_ask(4096, frame(serve::kStats, 0, ""), 3).first, 0u);
+  munmap(mapped, 65536);
+
   // The same socket's well-formed step still works, and its session did not move.
   EXPECT_EQ(step_with(fine, taps).first, 0u);
   good_step();
   good_step();
   tpdraft_server_stats stats{};
   ASSERT_EQ(tpdraft_client_stats(good.c, &stats), TPDRAFT_OK);
-  EXPECT_EQ(stats.errors, cases.size());
+  EXPECT_EQ(stats.errors, cases.size() + 2);  // and the two ring requests
   EXPECT_EQ(stats.open_sessions, 2u);
   tpdraft_drafter* d = open_library(dir.path(), 1);
   ASSERT_NE(d, nullptr);
