@@ -20,11 +20,13 @@ namespace {
 PyObject* g_error = nullptr;           // tpdraft.Error
 PyObject* g_argument_error = nullptr;  // tpdraft.ArgumentError(Error, ValueError)
 PyObject* g_input_error = nullptr;     // tpdraft.InputError(Error)
+PyObject* g_unavailable_error = nullptr;  // tpdraft.UnavailableError(Error): a served drafter is gone
 
 void raise_for(tpdraft_status status) {
   if (status == TPDRAFT_OK) return;
   PyObject* type = status == TPDRAFT_ERROR_ARGUMENT ? g_argument_error
                    : status == TPDRAFT_ERROR_INPUT  ? g_input_error
+                   : status == TPDRAFT_ERROR_UNAVAILABLE ? g_unavailable_error
                                                     : g_error;
   PyErr_SetString(type, tpdraft_last_error());
   throw py::error_already_set();
@@ -50,49 +52,75 @@ T get(const py::dict& d, const char* key, T fallback) {
   return d.contains(key) ? d[key].cast<T>() : fallback;
 }
 
-class Drafter {
- public:
-  Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
-          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs) {
-    tpdraft_options o;
-    tpdraft_options_init(&o);
-    o.backend = backend.c_str();
-    o.threads = threads;
-    o.tp = tp;
-    o.max_sessions = max_sessions;
-    o.max_context = max_context;
-    o.max_open_sessions = max_open_sessions;
-    o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &handle_);
-    }
-    raise_for(st);
-    tpdraft_caps c{};
-    c.struct_size = sizeof(c);
-    raise_for(tpdraft_caps_get(handle_, &c));
-    caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
-             c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,
-             std::vector<int64_t>(c.target_layer_ids, c.target_layer_ids + c.n_target_layers)};
+// The calls of an in-process drafter and of a client of a served one: the same shape, so that one
+// Python class body (Handle) serves both.
+struct InProcess {
+  using Handle = tpdraft_drafter;
+  static constexpr const char* closed = "the drafter is closed";
+  static void close(Handle* h) { tpdraft_close(h); }
+  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_caps_get(h, c); }
+  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_session_open(h, s); }
+  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_session_close(h, s); }
+  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) { return tpdraft_session_length(h, s, n); }
+  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_step(h, e, n); }
+  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_last_step_times(h, t); }
+};
+
+struct Served {
+  using Handle = tpdraft_client;
+  static constexpr const char* closed = "the client is closed";
+  static void close(Handle* h) { tpdraft_client_close(h); }
+  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_client_caps_get(h, c); }
+  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_client_session_open(h, s); }
+  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_client_session_close(h, s); }
+  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) {
+    return tpdraft_client_session_length(h, s, n);
   }
-  ~Drafter() { close(); }
+  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_client_step(h, e, n); }
+  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_client_last_step_times(h, t); }
+};
+
+template <typename Api>
+class Endpoint {
+ public:
+  using Handle = typename Api::Handle;
+  Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  ~Endpoint() { close(); }
 
   void close() {
-    tpdraft_close(handle_);
+    Handle* h = handle_;
     handle_ = nullptr;
+    if (h == nullptr) return;
+    py::gil_scoped_release unlocked;
+    Api::close(h);
   }
   const Caps& caps() const { return caps_; }
 
   int64_t open_session() {
     tpdraft_session s = -1;
-    raise_for(tpdraft_session_open(live(), &s));
+    Handle* h = live();
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = Api::open_session(h, &s);
+    }
+    raise_for(st);
     return s;
   }
-  void close_session(int64_t s) { raise_for(tpdraft_session_close(live(), s)); }
+  void close_session(int64_t s) {
+    Handle* h = live();
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = Api::close_session(h, s);
+    }
+    raise_for(st);
+  }
   py::dict last_times() {
     tpdraft_step_times t{};
-    raise_for(tpdraft_last_step_times(live(), &t));
+    raise_for(Api::times(live(), &t));
     py::dict out;
     out["settle"] = t.settle_seconds;
     out["draft"] = t.draft_seconds;
@@ -101,7 +129,13 @@ class Drafter {
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
-    raise_for(tpdraft_session_length(live(), s, &n));
+    Handle* h = live();
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = Api::length(h, s, &n);
+    }
+    raise_for(st);
     return n;
   }
 
@@ -111,11 +145,12 @@ class Drafter {
     std::vector<tpdraft_step_entry> raw;
     raw.reserve(staged.size());
     for (const Staged& s : staged) raw.push_back(s.entry);
+    Handle* h = live();
     tpdraft_status st;
     {
       py::gil_scoped_release unlocked;
       const auto t0 = std::chrono::steady_clock::now();
-      st = tpdraft_step(live(), raw.data(), raw.size());
+      st = Api::step(h, raw.data(), raw.size());
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     raise_for(st);
@@ -136,12 +171,22 @@ class Drafter {
     return out;
   }
 
- private:
-  tpdraft_drafter* live() const {
-    if (handle_ == nullptr) throw py::value_error("the drafter is closed");
+ protected:
+  void set_handle(Handle* h) {
+    handle_ = h;
+    tpdraft_caps c{};
+    c.struct_size = sizeof(c);
+    raise_for(Api::caps(handle_, &c));
+    caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
+             c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,
+             std::vector<int64_t>(c.target_layer_ids, c.target_layer_ids + c.n_target_layers)};
+  }
+  Handle* live() const {
+    if (handle_ == nullptr) throw py::value_error(Api::closed);
     return handle_;
   }
 
+ private:
   // Taps: C-contiguous f32 / f16 / bf16 (uint16) are read in place; anything else is converted
   // to C-contiguous f32 once.
   void stage_taps(const py::dict& e, Staged* s) {
@@ -199,13 +244,89 @@ class Drafter {
     t.dist_rest = s->dist_rest.mutable_data();
   }
 
-  tpdraft_drafter* handle_ = nullptr;
+  Handle* handle_ = nullptr;
   Caps caps_;
 
  public:
-  // Seconds the last step spent inside tpdraft_step: a caller's wall time minus this is what
-  // Python and the module added.
+  // Seconds the last step spent inside the library's step call: a caller's wall time minus this
+  // is what Python and the module added.
   double last_step_seconds_ = 0;
+};
+
+class Drafter : public Endpoint<InProcess> {
+ public:
+  Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
+          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs) {
+    tpdraft_options o;
+    tpdraft_options_init(&o);
+    o.backend = backend.c_str();
+    o.threads = threads;
+    o.tp = tp;
+    o.max_sessions = max_sessions;
+    o.max_context = max_context;
+    o.max_open_sessions = max_open_sessions;
+    o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
+    tpdraft_drafter* h = nullptr;
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &h);
+    }
+    raise_for(st);
+    set_handle(h);
+  }
+};
+
+class Client : public Endpoint<Served> {
+ public:
+  Client(const std::string& address, double timeout, py::object shared_memory, int64_t ring_bytes) {
+    tpdraft_client_options o;
+    tpdraft_client_options_init(&o);
+    o.timeout_seconds = timeout;
+    o.shared_memory = shared_memory.is_none() ? -1 : shared_memory.cast<bool>() ? 1 : 0;
+    if (ring_bytes > 0) o.ring_bytes = ring_bytes;
+    tpdraft_client* h = nullptr;
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_client_open(address.c_str(), &o, &h);
+    }
+    raise_for(st);
+    set_handle(h);
+    shared_memory_ = tpdraft_client_shared_memory(h) != 0;
+  }
+  bool shared_memory() const { return shared_memory_; }
+  py::dict stats() {
+    tpdraft_server_stats s{};
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_client_stats(live(), &s);
+    }
+    raise_for(st);
+    py::dict out;
+    out["clients"] = s.clients;
+    out["open_sessions"] = s.open_sessions;
+    out["forwards"] = s.forwards;
+    out["steps"] = s.steps;
+    out["entries"] = s.entries;
+    out["errors"] = s.errors;
+    out["max_batch"] = s.max_batch;
+    out["clients_reaped"] = s.clients_reaped;
+    out["uptime_seconds"] = s.uptime_seconds;
+    return out;
+  }
+  void shutdown() {
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = tpdraft_client_shutdown(live());
+    }
+    raise_for(st);
+  }
+
+ private:
+  bool shared_memory_ = false;
 };
 
 }  // namespace
@@ -221,6 +342,8 @@ PYBIND11_MODULE(tpdraft, m) {
   m.attr("Error") = py::handle(g_error);
   m.attr("ArgumentError") = py::handle(g_argument_error);
   m.attr("InputError") = py::handle(g_input_error);
+  g_unavailable_error = PyErr_NewException("tpdraft.UnavailableError", g_error, nullptr);
+  m.attr("UnavailableError") = py::handle(g_unavailable_error);
 
   py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
       .def_readonly("architecture", &Caps::architecture)
@@ -258,4 +381,27 @@ PYBIND11_MODULE(tpdraft, m) {
       .def("close", &Drafter::close)
       .def("__enter__", [](Drafter& d) -> Drafter& { return d; }, py::return_value_policy::reference)
       .def("__exit__", [](Drafter& d, py::object, py::object, py::object) { d.close(); });
+
+  py::class_<Client>(m, "Client",
+                     "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0): a drafter served by "
+                     "`tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the calls of Drafter. A call "
+                     "the server does not answer within timeout seconds raises UnavailableError and closes the client. "
+                     "shared_memory: taps through a shared-memory ring (None: for ipc:// addresses).")
+      .def(py::init<const std::string&, double, py::object, int64_t>(), py::arg("address"), py::kw_only(),
+           py::arg("timeout") = 10.0, py::arg("shared_memory") = py::none(), py::arg("ring_bytes") = 0)
+      .def_property_readonly("caps", &Client::caps)
+      .def_property_readonly("shared_memory", &Client::shared_memory, "Whether taps go through the shared-memory ring")
+      .def("open_session", &Client::open_session)
+      .def("close_session", &Client::close_session, py::arg("session"))
+      .def("session_length", &Client::session_length, py::arg("session"))
+      .def("step", &Client::step, py::arg("entries"), "As Drafter.step, answered by the server")
+      .def_readonly("last_step_seconds", &Client::last_step_seconds_,
+                    "Seconds the last step spent inside tpdraft_client_step (the round trip to the server included)")
+      .def_property_readonly("last_times", &Client::last_times,
+                             "The last step: settle and draft (the server's forward), total (the whole call here)")
+      .def("stats", &Client::stats, "The server's counters (STATS)")
+      .def("shutdown", &Client::shutdown, "Ask the server to stop after the forward in flight")
+      .def("close", &Client::close)
+      .def("__enter__", [](Client& c) -> Client& { return c; }, py::return_value_policy::reference)
+      .def("__exit__", [](Client& c, py::object, py::object, py::object) { c.close(); });
 }

@@ -18,9 +18,9 @@
 #include <stdint.h>
 
 #define TPDRAFT_VERSION_MAJOR 0
-#define TPDRAFT_VERSION_MINOR 2
+#define TPDRAFT_VERSION_MINOR 3
 #define TPDRAFT_VERSION_PATCH 0
-#define TPDRAFT_VERSION_STRING "0.2.0"
+#define TPDRAFT_VERSION_STRING "0.3.0"
 
 #if defined(__GNUC__)
 #define TPDRAFT_API __attribute__((visibility("default")))
@@ -36,15 +36,18 @@ typedef enum tpdraft_status {
   TPDRAFT_OK = 0,
   TPDRAFT_ERROR_ARGUMENT = 1, /* an argument or a step entry is wrong; nothing changed */
   TPDRAFT_ERROR_INPUT = 2,    /* tpdraft_open: the checkpoint or an option cannot be used */
-  TPDRAFT_ERROR_RUNTIME = 3   /* a failure while working (memory, a device, a rank): the handle
+  TPDRAFT_ERROR_RUNTIME = 3,  /* a failure while working (memory, a device, a rank): the handle
                                  may be unusable; tpdraft_close is always safe */
+  TPDRAFT_ERROR_UNAVAILABLE = 4 /* a client only: the server did not answer within the timeout, the
+                                   connection is gone or the server is shutting down; the client
+                                   is closed for good (every later call fails the same way) */
 } tpdraft_status;
 
 /* The library's version, "MAJOR.MINOR.PATCH"; compare with TPDRAFT_VERSION_STRING. */
 TPDRAFT_API const char* tpdraft_version(void);
 /* The reason of the calling thread's last failed call ("" when none). */
 TPDRAFT_API const char* tpdraft_last_error(void);
-/* "ok", "argument", "input" or "runtime" ("unknown" for any other value). */
+/* "ok", "argument", "input", "runtime" or "unavailable" ("unknown" for any other value). */
 TPDRAFT_API const char* tpdraft_status_name(int status);
 
 typedef struct tpdraft_drafter tpdraft_drafter;
@@ -152,6 +155,61 @@ typedef struct tpdraft_step_times {
   double total_seconds;  /* the whole call: checks, the above, hand-offs between ranks, copies out */
 } tpdraft_step_times;
 TPDRAFT_API tpdraft_status tpdraft_last_step_times(tpdraft_drafter* drafter, tpdraft_step_times* out);
+
+/* ---- A served drafter: `tpdraft serve` (docs/protocol.md) ----------------------------------
+ * A client has the same calls as the in-process drafter, so that an engine switches between the
+ * two by the line that opens the handle. Every call waits at most timeout_seconds for the server;
+ * one that gets no answer (the server stopped, a rank failed, the connection is gone) returns
+ * TPDRAFT_ERROR_UNAVAILABLE and closes the client for good: it "fails closed". A failed
+ * tpdraft_client_step leaves no drafts: every entry's tokens are -1 and its q 0, so an engine
+ * that decodes on without the drafter accepts nothing from it. Over ipc:// the client writes the
+ * taps into a shared-memory ring the server maps (no copy through the socket); over tcp:// they
+ * travel inside the request. Calls on one client are serialised; use one client per thread for
+ * concurrency (the server batches the steps of many clients into one forward). */
+typedef struct tpdraft_client tpdraft_client;
+
+typedef struct tpdraft_client_options {
+  uint32_t struct_size;     /* sizeof(tpdraft_client_options); set by tpdraft_client_options_init */
+  double timeout_seconds;   /* the longest a call waits for the server (default 10) */
+  int32_t shared_memory;    /* taps through a shared-memory ring: -1 auto (for ipc:// addresses), 0, 1 */
+  int64_t ring_bytes;       /* the ring's size (default 64 MiB; a step whose taps do not fit sends
+                               them inline) */
+} tpdraft_client_options;
+
+TPDRAFT_API void tpdraft_client_options_init(tpdraft_client_options* options);
+/* Connects to ADDRESS (ipc://PATH or tcp://HOST:PORT, as `tpdraft serve` printed it) and asks
+ * the server's caps (HELLO); *out is NULL on failure. options may be NULL (defaults). */
+TPDRAFT_API tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options,
+                                               tpdraft_client** out);
+/* Closes the client's sessions on the server (a short wait) and frees it. NULL is allowed. */
+TPDRAFT_API void tpdraft_client_close(tpdraft_client* client);
+/* As tpdraft_caps_get; the strings and arrays stay valid while the client is open. */
+TPDRAFT_API tpdraft_status tpdraft_client_caps_get(const tpdraft_client* client, tpdraft_caps* out);
+TPDRAFT_API tpdraft_status tpdraft_client_session_open(tpdraft_client* client, tpdraft_session* out);
+TPDRAFT_API tpdraft_status tpdraft_client_session_close(tpdraft_client* client, tpdraft_session session);
+TPDRAFT_API tpdraft_status tpdraft_client_session_length(tpdraft_client* client, tpdraft_session session, int64_t* out);
+/* As tpdraft_step (host taps only: taps_on_device must be 0). */
+TPDRAFT_API tpdraft_status tpdraft_client_step(tpdraft_client* client, tpdraft_step_entry* entries, size_t count);
+/* settle and draft: the server's forward that held the last step; total: the whole call here. */
+TPDRAFT_API tpdraft_status tpdraft_client_last_step_times(tpdraft_client* client, tpdraft_step_times* out);
+
+/* What the server has done since it started (STATS). */
+typedef struct tpdraft_server_stats {
+  uint64_t clients;         /* clients known now */
+  uint64_t open_sessions;   /* over every client */
+  uint64_t forwards;        /* batched forwards run */
+  uint64_t steps;           /* STEP requests answered by them */
+  uint64_t entries;         /* entries drafted */
+  uint64_t errors;          /* requests refused */
+  uint64_t max_batch;       /* the most entries one forward held */
+  uint64_t clients_reaped;  /* clients whose sessions were closed after --idle-timeout */
+  double uptime_seconds;
+} tpdraft_server_stats;
+TPDRAFT_API tpdraft_status tpdraft_client_stats(tpdraft_client* client, tpdraft_server_stats* out);
+/* Asks the server to stop after the forward in flight (as SIGTERM does). */
+TPDRAFT_API tpdraft_status tpdraft_client_shutdown(tpdraft_client* client);
+/* 1 when this client's taps go through the shared-memory ring, else 0. */
+TPDRAFT_API int32_t tpdraft_client_shared_memory(const tpdraft_client* client);
 
 #ifdef __cplusplus
 }

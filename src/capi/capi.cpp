@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "capi/last_error.h"
 #include "core/error.h"
 #include "engine/local_group.h"
 #include "model/runtime.h"
@@ -131,6 +132,8 @@ void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab)
 
 }  // namespace
 
+void tpdraft::capi::set_last_error(const std::string& message) { t_last_error = message; }
+
 extern "C" {
 
 const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
@@ -143,6 +146,7 @@ const char* tpdraft_status_name(int status) {
     case TPDRAFT_ERROR_ARGUMENT: return "argument";
     case TPDRAFT_ERROR_INPUT: return "input";
     case TPDRAFT_ERROR_RUNTIME: return "runtime";
+    case TPDRAFT_ERROR_UNAVAILABLE: return "unavailable";
   }
   return "unknown";
 }

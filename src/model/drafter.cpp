@@ -105,6 +105,13 @@ std::unique_ptr<Session> Drafter::new_session() {
   return s;
 }
 
+size_t Drafter::session_bytes() const {
+  const size_t row = f32_bytes(nkv_local_ * cfg_.head_dim);
+  size_t total = 0;
+  for (int64_t l = 0; l < cfg_.layers; ++l) total += 2 * row * static_cast<size_t>(layer_capacity(l));
+  return total;
+}
+
 int64_t Drafter::layer_capacity(int64_t layer) const {
   // A sliding layer reads at most W-1 positions back; B more keep a rejected block's worth of
   // positions so that a rollback after a draft never needs a row the ring has dropped.

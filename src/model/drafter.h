@@ -97,6 +97,8 @@ class Drafter {
   void read_context(const Session& session, int64_t layer, std::vector<float>* k, std::vector<float>* v) const;
   // Context bytes per position on this rank (all layers, K and V).
   size_t context_bytes_per_position() const;
+  // Bytes one session's context takes on this rank (every layer's ring at its capacity).
+  size_t session_bytes() const;
 
  private:
   // The head's results for the draft rows of one batch, on the host: what `choose` decides from.

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What `tpdraft serve` adds to a step, and what batching many clients buys. For each geometry
+and transport (ipc:// + the shared-memory ring, tcp:// with taps inline): a server at tp 1 with
+one CPU thread, then 1 client and 8 concurrent clients (threads, one session each) making steps
+as a decoding loop does (roll back to the prompt, settle 2 new rows, draft). Reports, per step,
+the round trip beyond the draft (the client's wall time minus the server's settle + draft), the
+same figure for tpdraft.Drafter in process, their difference (what serving adds), and sequences
+drafted per second with 8 clients against 1, all in one run (medians). Usage:
+serve_overhead.py [--config configs/X.json]... [--steps N] (the module from build/python, the
+checkpoint made by build/tpdraft init in a temp dir)."""
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "build", "python"))
+import numpy as np  # noqa: E402
+import tpdraft  # noqa: E402
+
+TPDRAFT = os.path.join(REPO, "build", "tpdraft")
+CONTEXT, NEW_ROWS = 64, 2
+
+
+class Server:
+    def __init__(self, ck, listen, tmp, clients):
+        self.address_file = os.path.join(tmp, "address")
+        self.log = open(os.path.join(tmp, "server.log"), "w")
+        self.process = subprocess.Popen(
+            [TPDRAFT, "serve", "--drafter", ck + "/drafter", "--target", ck + "/target", "--listen", listen,
+             "--address-file", self.address_file, "--backend", "cpu", "--threads", "1", "--max-sessions",
+             str(clients), "--max-open-sessions", str(2 * clients), "--max-context", str(CONTEXT + 64)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
+        while not (os.path.exists(self.address_file) and open(self.address_file).read().strip()):
+            if self.process.poll() is not None:
+                sys.exit(f"the server ended: see {self.log.name}")
+            time.sleep(0.02)
+        self.address = open(self.address_file).read().split()[0]
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+        self.log.close()
+
+
+def loop(handle, steps, seed, out):
+    """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
+    width = handle.caps.taps_width
+    rng = np.random.default_rng(seed)
+    prefix = rng.standard_normal((CONTEXT, width), dtype=np.float32)
+    rows = rng.standard_normal((NEW_ROWS, width), dtype=np.float32)
+    s = handle.open_session()
+    handle.step([{"session": s, "taps": prefix, "anchor": 1}])
+    for i in range(steps):
+        entry = {"session": s, "keep": CONTEXT, "taps": rows, "anchor": 2 + i % 7}
+        t0 = time.perf_counter()
+        handle.step([entry])
+        wall = time.perf_counter() - t0
+        t = handle.last_times
+        out.append((wall, t["settle"] + t["draft"]))
+    handle.close_session(s)
+
+
+def run_clients(address, n, steps):
+    """n clients at once; returns (per-step samples, sequences drafted per second, whether the
+    ring was used, entries per forward)."""
+    samples, threads, clients = [], [], [tpdraft.Client(address, timeout=600) for _ in range(n)]
+    per = [[] for _ in range(n)]
+    start = time.perf_counter()
+    for i, c in enumerate(clients):
+        threads.append(threading.Thread(target=loop, args=(c, steps, i, per[i])))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    stats = clients[0].stats()
+    shm = clients[0].shared_memory
+    for c in clients:
+        c.close()
+    for p in per:
+        samples += p
+    return samples, n * steps / elapsed, shm, stats["entries"], stats["forwards"]
+
+
+def beyond(samples):
+    return statistics.median(w - d for w, d in samples) * 1e6
+
+
+def measure(config, steps):
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = tmp + "/ck"
+        subprocess.run([TPDRAFT, "init", "--config", os.path.join(REPO, config), "--out", ck], check=True,
+                       capture_output=True)
+        local = []
+        with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1,
+                             max_context=CONTEXT + 64) as d:
+            loop(d, steps, 0, local)
+        in_process = beyond(local)
+        draft_ms = statistics.median(d for _, d in local) * 1e3
+        for name, listen in (("ipc+shm", f"ipc://{tmp}/s.sock"), ("tcp", "tcp://127.0.0.1:*")):
+            server = Server(ck, listen, tmp, 8)
+            try:
+                one, one_rate, shm, entries, forwards = run_clients(server.address, 1, steps)
+                eight, eight_rate, _, entries8, forwards8 = run_clients(server.address, 8, max(3, steps // 4))
+                batch = (entries8 - entries) / max(1, forwards8 - forwards)
+            finally:
+                server.stop()
+            assert shm == (name == "ipc+shm")
+            rows.append({"config": os.path.basename(config), "transport": name, "draft_ms": draft_ms,
+                         "in_process_us": in_process, "one_us": beyond(one), "added_us": beyond(one) - in_process,
+                         "eight_us": beyond(eight), "one_rate": one_rate, "eight_rate": eight_rate,
+                         "batch": batch})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append")
+    ap.add_argument("--steps", type=int, default=2000, help="steps of the 1-client run (tiny geometry; the bench "
+                    "geometry takes a hundredth, at least 8)")
+    a = ap.parse_args()
+    rows = []
+    for c in a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"]:
+        rows += measure(c, a.steps if "bench" not in c else max(8, a.steps // 100))
+    print(f"{'geometry':24} {'transport':9} {'draft ms':>9} {'in-process us':>14} {'served us':>10} "
+          f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7} {'batch':>6}")
+    for r in rows:
+        print(f"{r['config']:24} {r['transport']:9} {r['draft_ms']:9.2f} {r['in_process_us']:14.1f} "
+              f"{r['one_us']:10.1f} {r['added_us']:9.1f} {r['eight_us']:13.1f} {r['one_rate']:8.1f} "
+              f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x {r['batch']:6.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,645 @@
+// The client side of `tpdraft serve` in the C ABI: a ZeroMQ DEALER socket, requests encoded as
+// docs/protocol.md says, a wait for the matching reply that never outlasts the timeout, taps
+// through the client's shared-memory ring when the server maps it, and a socket monitor so that
+// a server that goes away fails the call at once instead of at the timeout.
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <zmq.h>
+
+#include "capi/last_error.h"
+#include "serve/protocol.h"
+#include "serve/ring.h"
+#include "tpdraft/tpdraft.h"
+
+namespace serve = tpdraft::serve;
+
+struct tpdraft_client {
+  std::mutex mutex;
+  std::string address;
+  double timeout = 10;
+  void* ctx = nullptr;
+  void* sock = nullptr;
+  void* monitor = nullptr;  // PAIR socket receiving the DEALER's disconnect events
+  uint64_t next_id = 0;
+  std::string broken;  // why the client is closed for good ("" while it works)
+  serve::WireCaps caps;
+  std::string backend;
+  double idle_timeout = 0;
+  // The shared-memory ring (the client writes, the server reads), unlinked once both mapped it.
+  char* ring = nullptr;
+  size_t ring_bytes = 0;
+  bool ring_on = false;
+  uint32_t ring_seq = 0;     // the last request_seq this client set
+  size_t ring_free = 0;      // where the current request may go in the ring (past its taps)
+  size_t reply_room = 8192;  // the reply the current request may get
+  std::string frame;                 // the request being built, reused
+  std::vector<char> reply;           // the last reply
+  tpdraft_step_times times{};
+  bool connected_once = false;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tpdraft::capi::set_last_error;
+
+tpdraft_status fail(tpdraft_status st, const std::string& why) {
+  set_last_error(why);
+  return st;
+}
+
+tpdraft_status ok() {
+  set_last_error("");
+  return TPDRAFT_OK;
+}
+
+tpdraft_status status_of(uint32_t wire) {
+  switch (wire) {
+    case serve::kArgument:
+    case serve::kMalformed: return TPDRAFT_ERROR_ARGUMENT;
+    case serve::kInput: return TPDRAFT_ERROR_INPUT;
+    case serve::kBusy: return TPDRAFT_ERROR_UNAVAILABLE;
+    default: return TPDRAFT_ERROR_RUNTIME;
+  }
+}
+
+// Reads the monitor's pending events; returns true when the connection to the server was lost
+// after it had been made.
+bool lost_connection(tpdraft_client* c) {
+  bool lost = false;
+  for (;;) {
+    zmq_msg_t ev;
+    zmq_msg_init(&ev);
+    if (zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&ev);
+      return lost;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&ev) >= 2) std::memcpy(&event, zmq_msg_data(&ev), 2);
+    const bool more = zmq_msg_more(&ev) != 0;
+    zmq_msg_close(&ev);
+    if (more) {  // the endpoint frame
+      zmq_msg_t addr;
+      zmq_msg_init(&addr);
+      zmq_msg_recv(&addr, c->monitor, 0);
+      zmq_msg_close(&addr);
+    }
+    if (event == ZMQ_EVENT_CONNECTED) c->connected_once = true;
+    if (event == ZMQ_EVENT_DISCONNECTED && c->connected_once) lost = true;
+  }
+}
+
+tpdraft_status break_client(tpdraft_client* c, const std::string& why) {
+  c->broken = why;
+  // Nothing more goes out: a late reply can no longer meet a later request.
+  if (c->sock != nullptr) {
+    zmq_close(c->sock);
+    c->sock = nullptr;
+  }
+  return fail(TPDRAFT_ERROR_UNAVAILABLE, why);
+}
+
+// c->reply holds the reply to request `id`: its status, and on an error the server's message.
+tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool* other) {
+  serve::Reader r(c->reply.data(), c->reply.size());
+  serve::Header h;
+  try {
+    h = r.header();
+  } catch (const std::exception& e) {
+    return break_client(c, fmt::format("{}: an unreadable reply from {}: {}", what, c->address, e.what()));
+  }
+  if (h.version != serve::kProtocolVersion)
+    return break_client(c, fmt::format("{}: the server at {} speaks protocol version {}, this client {}", what,
+                                       c->address, h.version, serve::kProtocolVersion));
+  *other = h.id != id;
+  if (*other) return TPDRAFT_OK;  // a reply to an earlier request
+  if (h.status == serve::kOk) return TPDRAFT_OK;
+  std::string message;
+  try {
+    message = r.str("message", 1 << 20);
+  } catch (const std::exception&) {
+    message = "(no message)";
+  }
+  const tpdraft_status st = status_of(h.status);
+  if (st == TPDRAFT_ERROR_UNAVAILABLE || st == TPDRAFT_ERROR_RUNTIME)
+    return break_client(c, fmt::format("{}: the server at {}: {}", what, c->address, message));
+  return fail(st, fmt::format("{}: {}", what, message));
+}
+
+tpdraft_status lost(tpdraft_client* c, const char* what) {
+  return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are gone: "
+                                     "this client is closed",
+                                     what, c->address));
+}
+
+tpdraft_status too_late(tpdraft_client* c, const char* what) {
+  return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); this "
+                                     "client is closed: open a new one",
+                                     what, c->address, c->timeout));
+}
+
+// The request through the ring: the frame placed at c->ring_free, the reply area after it. The
+// wait spins briefly (a small step is answered within tens of microseconds), then sleeps on the
+// futex in slices, looking at the socket's events between them.
+tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id) {
+  serve::RingControl* ctl = reinterpret_cast<serve::RingControl*>(c->ring);
+  const size_t at = c->ring_free, reply_at = (at + c->frame.size() + 63) / 64 * 64;
+  std::memcpy(c->ring + at, c->frame.data(), c->frame.size());
+  ctl->request_offset = at;
+  ctl->request_bytes = c->frame.size();
+  ctl->reply_offset = reply_at;
+  ctl->reply_capacity = c->ring_bytes - reply_at;
+  const uint32_t seq = ++c->ring_seq;
+  serve::ring_store(&ctl->request_seq, seq);
+  if (serve::ring_load(&ctl->server_sleeping) != 0) {
+    std::string bell;
+    serve::Writer w(&bell);
+    serve::Header h;
+    h.kind = serve::kBell;
+    w.header(h);
+    if (zmq_send(c->sock, bell.data(), bell.size(), ZMQ_DONTWAIT) < 0)
+      return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
+  }
+  const auto started = Clock::now();
+  const auto deadline = started + std::chrono::duration<double>(c->timeout);
+  for (;;) {
+    if (serve::ring_load(&ctl->reply_seq) == seq) break;
+    const auto now = Clock::now();
+    if (now - started < std::chrono::microseconds(200)) {
+      sched_yield();  // on a machine with idle cores at once; on a busy one it lets the server run
+      continue;
+    }
+    const double left = std::chrono::duration<double>(deadline - now).count();
+    if (left <= 0) return too_late(c, what);
+    zmq_pollitem_t mon{c->monitor, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&mon, 1, 0) > 0 && lost_connection(c) && serve::ring_load(&ctl->reply_seq) != seq)
+      return lost(c, what);
+    serve::ring_store(&ctl->client_sleeping, 1);
+    const uint32_t now_seq = serve::ring_load(&ctl->reply_seq);
+    if (now_seq != seq) serve::ring_wait(&ctl->reply_seq, now_seq, std::min(left, 0.05));
+    serve::ring_store(&ctl->client_sleeping, 0);
+  }
+  const uint64_t bytes = ctl->reply_bytes;
+  if (bytes > c->ring_bytes - reply_at)
+    return break_client(c, fmt::format("{}: the server's reply of {} bytes passes the ring's end", what, bytes));
+  c->reply.assign(c->ring + reply_at, c->ring + reply_at + bytes);
+  bool other = false;
+  const tpdraft_status st = take_reply(c, id, what, &other);
+  if (other) return break_client(c, fmt::format("{}: the ring's reply answers another request", what));
+  return st;
+}
+
+// Sends c->frame (its header's id set here) and waits for the reply with that id into c->reply,
+// through the ring when it holds the request and its reply, else through the socket. On an
+// error reply returns its status with the server's message.
+tpdraft_status exchange(tpdraft_client* c, const char* what) {
+  if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
+  const uint64_t id = ++c->next_id;
+  std::memcpy(&c->frame[16], &id, sizeof(id));
+  const size_t at = std::max<size_t>(c->ring_free, serve::kRingControlBytes);
+  c->ring_free = at;
+  if (c->ring_on && at < c->ring_bytes && c->frame.size() + c->reply_room + 64 <= c->ring_bytes - at) {
+    const tpdraft_status st = exchange_ring(c, what, id);
+    c->ring_free = 0;
+    c->reply_room = 8192;
+    return st;
+  }
+  c->ring_free = 0;
+  c->reply_room = 8192;
+  if (zmq_send(c->sock, c->frame.data(), c->frame.size(), ZMQ_DONTWAIT) < 0)
+    return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
+  const auto deadline = Clock::now() + std::chrono::duration<double>(c->timeout);
+  zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
+  bool lost = false;  // the connection went: one more look at the socket, then the call fails
+  for (;;) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) return too_late(c, what);
+    const long ms = lost ? 0 : static_cast<long>(left * 1000) + 1;
+    if (zmq_poll(items, 2, ms) < 0) {
+      if (zmq_errno() == EINTR) continue;
+      return break_client(c, fmt::format("{}: waiting for {}: {}", what, c->address, zmq_strerror(zmq_errno())));
+    }
+    // A reply that came before the server went is still the answer: read the socket first.
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&m);
+      if (lost) return ::lost(c, what);
+      if ((items[1].revents & ZMQ_POLLIN) && lost_connection(c)) lost = true;
+      continue;
+    }
+    const char* p = static_cast<const char*>(zmq_msg_data(&m));
+    c->reply.assign(p, p + zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    bool other = false;
+    const tpdraft_status st = take_reply(c, id, what, &other);
+    if (!other) return st;
+  }
+}
+
+// Starts c->frame with a request header.
+serve::Writer begin(tpdraft_client* c, uint16_t kind, uint32_t count = 0) {
+  c->frame.clear();
+  serve::Writer w(&c->frame);
+  serve::Header h;
+  h.kind = kind;
+  h.count = count;
+  w.header(h);
+  return w;
+}
+
+// The reply's body after the header.
+serve::Reader body(tpdraft_client* c) {
+  serve::Reader r(c->reply.data(), c->reply.size());
+  r.header();
+  return r;
+}
+
+template <typename F>
+tpdraft_status guarded(tpdraft_client* c, const char* what, F&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return fail(TPDRAFT_ERROR_RUNTIME, std::string(what) + ": out of memory");
+  } catch (const std::exception& e) {
+    // A reply that does not read as the protocol says: the two ends no longer agree.
+    return break_client(c, std::string(what) + ": " + e.what());
+  }
+}
+
+bool make_ring(tpdraft_client* c, int64_t bytes, std::string* name) {
+  static std::atomic<uint64_t> counter{0};
+  *name = fmt::format("/tpdraft-ring-{}-{}-{}", getpid(), counter++,
+                      std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
+  const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  if (ftruncate(fd, bytes) != 0) {
+    close(fd);
+    shm_unlink(name->c_str());
+    return false;
+  }
+  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name->c_str());
+    return false;
+  }
+  c->ring = static_cast<char*>(p);
+  c->ring_bytes = static_cast<size_t>(bytes);
+  return true;
+}
+
+void free_client(tpdraft_client* c) {
+  if (c->sock != nullptr) zmq_close(c->sock);
+  if (c->monitor != nullptr) zmq_close(c->monitor);
+  if (c->ctx != nullptr) zmq_ctx_term(c->ctx);
+  if (c->ring != nullptr) munmap(c->ring, c->ring_bytes);
+  delete c;
+}
+
+// The entry's checks that need no server; the message names the entry.
+std::string check_entry(const tpdraft_step_entry& e, size_t i, int64_t vocab) {
+  if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
+  if (e.dist_width != 0 && e.dist_probs == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
+  if (e.dist_width > 0 && e.dist_ids == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
+  if (e.dist_width < -1 || e.dist_width > vocab)
+    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), got {}", i, vocab,
+                       e.dist_width);
+  if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
+  if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
+  if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
+  return "";
+}
+
+// The outputs of a step that failed: no drafts.
+void no_drafts(tpdraft_step_entry* entries, size_t count, int64_t rows) {
+  if (entries == nullptr) return;
+  for (size_t i = 0; i < count; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (entries[i].tokens != nullptr) entries[i].tokens[r] = -1;
+      if (entries[i].q != nullptr) entries[i].q[r] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void tpdraft_client_options_init(tpdraft_client_options* o) {
+  if (o == nullptr) return;
+  *o = tpdraft_client_options{};
+  o->struct_size = sizeof(tpdraft_client_options);
+  o->timeout_seconds = 10;
+  o->shared_memory = -1;
+  o->ring_bytes = int64_t{64} << 20;
+}
+
+tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options, tpdraft_client** out) {
+  if (out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: out is NULL");
+  *out = nullptr;
+  if (address == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address is NULL");
+  tpdraft_client_options defaults;
+  tpdraft_client_options_init(&defaults);
+  const tpdraft_client_options& o = options != nullptr ? *options : defaults;
+  if (o.struct_size < sizeof(tpdraft_client_options))
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: options.struct_size is too small: initialise the "
+                                        "options with tpdraft_client_options_init");
+  if (!(o.timeout_seconds > 0) || o.timeout_seconds > 1e6)
+    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.timeout_seconds is {}, expected "
+                                                    "more than 0 (and at most 1e6)", o.timeout_seconds));
+  if (o.shared_memory < -1 || o.shared_memory > 1)
+    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.shared_memory is {}, expected -1, "
+                                                    "0 or 1", o.shared_memory));
+  const std::string addr(address);
+  const bool ipc = addr.rfind("ipc://", 0) == 0;
+  if (!ipc && addr.rfind("tcp://", 0) != 0)
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
+  if (o.shared_memory == 1 && !ipc)
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: shared memory needs an ipc:// address (the server on this "
+                                        "machine), got " + addr);
+  const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
+  if (want_ring && o.ring_bytes < 4096)
+    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.ring_bytes is {}, expected at least "
+                                                    "4096", o.ring_bytes));
+  auto* c = new (std::nothrow) tpdraft_client();
+  if (c == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: out of memory");
+  c->address = addr;
+  c->timeout = o.timeout_seconds;
+  const tpdraft_status st = guarded(c, "tpdraft_client_open", [&]() -> tpdraft_status {
+    c->ctx = zmq_ctx_new();
+    if (c->ctx == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot start ZeroMQ");
+    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
+    if (c->sock == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot make a socket");
+    const int linger = 0;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    const std::string mon = fmt::format("inproc://tpdraft-client-monitor-{}", static_cast<const void*>(c));
+    if (zmq_socket_monitor(c->sock, mon.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot monitor the socket");
+    c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
+    zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_connect(c->monitor, mon.c_str()) != 0)
+      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot read the socket's events");
+    if (zmq_connect(c->sock, address) != 0)
+      return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: cannot connect to {}: {}", addr,
+                                                      zmq_strerror(zmq_errno())));
+    std::string ring_name;
+    if (want_ring && !make_ring(c, o.ring_bytes, &ring_name)) {
+      if (o.shared_memory == 1)
+        return fail(TPDRAFT_ERROR_RUNTIME, fmt::format("tpdraft_client_open: cannot make a shared-memory ring: {}",
+                                                       std::strerror(errno)));
+      ring_name.clear();
+    }
+    serve::Writer w = begin(c, serve::kHello);
+    w.str(ring_name);
+    w.put<uint64_t>(ring_name.empty() ? 0 : c->ring_bytes);
+    tpdraft_status hello = exchange(c, "tpdraft_client_open (HELLO)");
+    // Both sides have mapped the ring (or the server said why not): its name is no longer needed.
+    if (!ring_name.empty()) shm_unlink(ring_name.c_str());
+    if (hello != TPDRAFT_OK) return hello;
+    serve::Reader r = body(c);
+    c->caps = serve::get_caps(r);
+    c->backend = c->caps.backend;
+    c->idle_timeout = r.get<double>("hello.idle_timeout");
+    c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
+    const std::string note = r.str("hello.ring_note");
+    if (o.shared_memory == 1 && !c->ring_on)
+      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: the server could not map the shared-memory ring: " + note);
+    if (!c->ring_on && c->ring != nullptr) {
+      munmap(c->ring, c->ring_bytes);
+      c->ring = nullptr;
+    }
+    return TPDRAFT_OK;
+  });
+  if (st != TPDRAFT_OK) {
+    free_client(c);
+    return st;
+  }
+  *out = c;
+  return ok();
+}
+
+void tpdraft_client_close(tpdraft_client* c) {
+  if (c == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(c->mutex);
+    if (c->broken.empty()) {
+      // Tell the server to close this client's sessions now rather than at its idle timeout; a
+      // short wait, as a server that does not answer will reap them itself.
+      const double timeout = c->timeout;
+      c->timeout = std::min(timeout, 1.0);
+      begin(c, serve::kBye);
+      exchange(c, "tpdraft_client_close");
+    }
+  }
+  free_client(c);
+}
+
+tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* out) {
+  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
+  if (out->struct_size < sizeof(tpdraft_caps))
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
+  const serve::WireCaps& k = c->caps;
+  out->architecture = k.architecture.c_str();
+  out->backend = c->backend.c_str();
+  out->block_size = static_cast<int32_t>(k.block);
+  out->tp = static_cast<int32_t>(k.tp);
+  out->taps_width = k.taps_width;
+  out->hidden_size = k.hidden;
+  out->vocab_size = k.vocab;
+  out->mask_token_id = k.mask_token;
+  out->n_target_layers = static_cast<int32_t>(k.target_layers.size());
+  out->target_layer_ids = k.target_layers.data();
+  out->max_sessions = static_cast<int32_t>(k.max_sessions);
+  out->max_open_sessions = static_cast<int32_t>(k.max_open_sessions);
+  out->max_context = k.max_context;
+  return ok();
+}
+
+int32_t tpdraft_client_shared_memory(const tpdraft_client* c) { return c != nullptr && c->ring_on ? 1 : 0; }
+
+tpdraft_status tpdraft_client_session_open(tpdraft_client* c, tpdraft_session* out) {
+  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_open: client or out is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, "tpdraft_client_session_open", [&]() -> tpdraft_status {
+    begin(c, serve::kOpen);
+    const tpdraft_status st = exchange(c, "tpdraft_client_session_open");
+    if (st != TPDRAFT_OK) return st;
+    serve::Reader r = body(c);
+    *out = r.get<int64_t>("open.session");
+    return ok();
+  });
+}
+
+tpdraft_status tpdraft_client_session_close(tpdraft_client* c, tpdraft_session session) {
+  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_close: client is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, "tpdraft_client_session_close", [&]() -> tpdraft_status {
+    begin(c, serve::kClose).put<int64_t>(session);
+    const tpdraft_status st = exchange(c, "tpdraft_client_session_close");
+    return st == TPDRAFT_OK ? ok() : st;
+  });
+}
+
+tpdraft_status tpdraft_client_session_length(tpdraft_client* c, tpdraft_session session, int64_t* out) {
+  if (c == nullptr || out == nullptr)
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_length: client or out is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, "tpdraft_client_session_length", [&]() -> tpdraft_status {
+    begin(c, serve::kLength).put<int64_t>(session);
+    const tpdraft_status st = exchange(c, "tpdraft_client_session_length");
+    if (st != TPDRAFT_OK) return st;
+    serve::Reader r = body(c);
+    *out = r.get<int64_t>("length");
+    return ok();
+  });
+}
+
+tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entries, size_t count) {
+  const auto started = Clock::now();
+  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: client is NULL");
+  if (entries == nullptr && count > 0) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: entries is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  const int64_t rows = c->caps.block - 1;
+  const tpdraft_status st = guarded(c, "tpdraft_client_step", [&]() -> tpdraft_status {
+    if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
+    if (count == 0 || count > static_cast<size_t>(c->caps.max_sessions))
+      return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_step: a step takes 1 to {} entries (the "
+                                                      "server's max sessions), got {}", c->caps.max_sessions, count));
+    const int64_t width = c->caps.taps_width;
+    std::vector<serve::WireEntry> wire(count);
+    std::vector<std::pair<const void*, size_t>> inline_taps;
+    size_t ring_at = serve::kRingControlBytes, inline_at = 0;
+    size_t reply = 64;
+    for (size_t i = 0; i < count; ++i) {
+      const tpdraft_step_entry& e = entries[i];
+      std::string bad = check_entry(e, i, c->caps.vocab);
+      // The dtype is read as the integer it holds: an out-of-range value is an error, not UB.
+      int32_t dtype = 0;
+      std::memcpy(&dtype, &e.taps_dtype, sizeof(dtype));
+      if (bad.empty() && (dtype < 0 || dtype > 2))
+        bad = fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, dtype);
+      if (bad.empty() && e.n_new > c->caps.max_context)
+        bad = fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, c->caps.max_context);
+      if (!bad.empty()) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
+      serve::WireEntry& x = wire[i];
+      x.session = e.session;
+      x.keep = e.keep;
+      x.p0 = e.p0;
+      x.n_new = e.n_new;
+      x.anchor = e.anchor;
+      x.dist_width = e.dist_width;
+      x.top_k = e.sampling.top_k;
+      x.temperature = e.sampling.temperature;
+      x.top_p = e.sampling.top_p;
+      x.seed = e.sampling.seed;
+      x.taps_dtype = static_cast<uint32_t>(dtype);
+      const size_t w = e.dist_width < 0 ? static_cast<size_t>(c->caps.vocab) : static_cast<size_t>(e.dist_width);
+      const size_t rows_here = static_cast<size_t>(c->caps.block - 1);
+      reply += rows_here * 12 + (e.dist_width == 0 ? 0 : rows_here * w * (e.dist_width > 0 ? 12 : 4) + rows_here * 4);
+      const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * serve::dtype_bytes(x.taps_dtype);
+      x.taps_bytes = bytes;
+      if (bytes == 0) {
+        x.taps_where = serve::kTapsNone;
+      } else if (c->ring_on && bytes <= c->ring_bytes - ring_at) {
+        x.taps_where = serve::kTapsRing;
+        x.taps_offset = ring_at;
+        std::memcpy(c->ring + ring_at, e.taps, bytes);
+        ring_at = std::min(c->ring_bytes, (ring_at + bytes + 63) / 64 * 64);
+      } else {
+        x.taps_where = serve::kTapsInline;
+        x.taps_offset = inline_at;
+        inline_taps.emplace_back(e.taps, bytes);
+        inline_at += (bytes + 7) / 8 * 8;
+      }
+    }
+    serve::Writer w = begin(c, serve::kStep, static_cast<uint32_t>(count));
+    for (const auto& x : wire) serve::put_entry(w, x);
+    for (const auto& t : inline_taps) {
+      w.bytes(t.first, t.second);
+      static const char zeros[8] = {0};
+      w.bytes(zeros, (8 - t.second % 8) % 8);
+    }
+    c->ring_free = (ring_at + 63) / 64 * 64;
+    c->reply_room = std::max<size_t>(reply, 8192);
+    const tpdraft_status sent = exchange(c, "tpdraft_client_step");
+    if (sent != TPDRAFT_OK) return sent;
+    serve::Reader r = body(c);
+    const double settle = r.get<double>("step.settle_seconds");
+    const double draft = r.get<double>("step.draft_seconds");
+    r.get<double>("step.server_seconds");
+    r.get<uint32_t>("step.batch_entries");
+    r.get<uint32_t>("step.batch_requests");
+    for (size_t i = 0; i < count; ++i) {
+      tpdraft_step_entry& e = entries[i];
+      const size_t n = static_cast<size_t>(rows);
+      std::memcpy(e.tokens, r.bytes(n * sizeof(int64_t), "step.tokens"), n * sizeof(int64_t));
+      const char* q = r.bytes(n * sizeof(float), "step.q");
+      if (e.q != nullptr) std::memcpy(e.q, q, n * sizeof(float));
+      if (e.dist_width == 0) continue;
+      const size_t width = e.dist_width < 0 ? static_cast<size_t>(c->caps.vocab) : static_cast<size_t>(e.dist_width);
+      for (size_t row = 0; row < n; ++row) {
+        if (e.dist_width > 0)
+          std::memcpy(e.dist_ids + row * width, r.bytes(width * sizeof(int64_t), "step.dist_ids"), width * sizeof(int64_t));
+        std::memcpy(e.dist_probs + row * width, r.bytes(width * sizeof(float), "step.dist_probs"), width * sizeof(float));
+        if (e.dist_width > 0) {
+          const float rest = r.get<float>("step.dist_rest");
+          if (e.dist_rest != nullptr) e.dist_rest[row] = rest;
+        }
+      }
+    }
+    c->times = {settle, draft, std::chrono::duration<double>(Clock::now() - started).count()};
+    return ok();
+  });
+  if (st != TPDRAFT_OK) no_drafts(entries, count, rows);
+  return st;
+}
+
+tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_times* out) {
+  if (c == nullptr || out == nullptr)
+    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_last_step_times: client or out is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  *out = c->times;
+  return ok();
+}
+
+tpdraft_status tpdraft_client_stats(tpdraft_client* c, tpdraft_server_stats* out) {
+  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_stats: client or out is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, "tpdraft_client_stats", [&]() -> tpdraft_status {
+    begin(c, serve::kStats);
+    const tpdraft_status st = exchange(c, "tpdraft_client_stats");
+    if (st != TPDRAFT_OK) return st;
+    serve::Reader r = body(c);
+    const serve::WireStats s = serve::get_stats(r);
+    *out = {s.clients, s.open_sessions, s.forwards, s.steps, s.entries, s.errors, s.max_batch, s.clients_reaped,
+            s.uptime_seconds};
+    return ok();
+  });
+}
+
+tpdraft_status tpdraft_client_shutdown(tpdraft_client* c) {
+  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_shutdown: client is NULL");
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, "tpdraft_client_shutdown", [&]() -> tpdraft_status {
+    begin(c, serve::kShutdown);
+    const tpdraft_status st = exchange(c, "tpdraft_client_shutdown");
+    return st == TPDRAFT_OK ? ok() : st;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,201 @@
+// `tpdraft serve`: the drafter as a server that target engines call per step over ZeroMQ
+// (docs/protocol.md). In process (--tp N thread ranks) or under mpirun (a group of tp ranks per
+// replica, each replica's rank 0 listening on its own address).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/job.h"
+#include "cli/options.h"
+#include "cli/ranks.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "model/runtime.h"
+#include "serve/group.h"
+#include "serve/server.h"
+
+namespace tpdraft::cli {
+
+namespace {
+
+struct ServeOpts {
+  std::string drafter, target, listen, address_file;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096;
+  double idle_timeout = 300;
+  double spin_us = 2000;
+  int64_t max_memory = 0;
+  RankOptions ranks;
+};
+
+std::string temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  return t != nullptr && *t != '\0' ? t : "/tmp";
+}
+
+// Replica g's endpoint when there are several: ipc paths get ".g", a fixed tcp port g more.
+std::string replica_endpoint(const std::string& listen, int g, int replicas) {
+  if (replicas == 1) return listen;
+  if (listen.rfind("ipc://", 0) == 0) return listen + "." + std::to_string(g);
+  const size_t colon = listen.rfind(':');
+  TPDRAFT_CHECK(colon != std::string::npos && colon + 1 < listen.size(), "--listen {}: no port", listen);
+  const std::string port = listen.substr(colon + 1);
+  if (port == "*") return listen;
+  char* end = nullptr;
+  const long p = std::strtol(port.c_str(), &end, 10);
+  TPDRAFT_CHECK(*end == '\0' && p > 0 && p + replicas - 1 <= 65535,
+                "--listen {}: port '{}' leaves no room for {} replicas' ports", listen, port, replicas);
+  return listen.substr(0, colon + 1) + std::to_string(p + g);
+}
+
+int64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// Every session the server may open holds max_context positions: refuse a configuration whose
+// sessions could not all fit, instead of being killed for memory later.
+void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
+  const double per = static_cast<double>(e.runtime().drafter().session_bytes());
+  const double need = per * static_cast<double>(o.max_open_sessions) * ranks_here;
+  const int64_t have = o.max_memory > 0 ? o.max_memory : available_memory();
+  const double mib = 1024.0 * 1024.0;
+  TPDRAFT_CHECK(have <= 0 || need <= static_cast<double>(have),
+                "--max-open-sessions {} sessions x {:.1f} MiB of context each (--max-context {}) x {} rank(s) here "
+                "need {:.0f} MiB, more than the {:.0f} MiB {}; lower --max-open-sessions or --max-context",
+                o.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
+                o.max_memory > 0 ? "--max-memory allows" : "this machine has available");
+}
+
+void write_address_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
+    out << text;
+    out.close();
+    TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
+  }
+  TPDRAFT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--address-file {}: cannot rename {} to it", path, tmp);
+}
+
+// Removes the address file when the server ends, however it ends (but a kill).
+struct RemoveOnExit {
+  std::string path;
+  ~RemoveOnExit() {
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
+void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* mailbox) {
+  model::ModelSource source;
+  std::unique_ptr<engine::Engine> engine;
+  const bool leader = ctx.comm.rank() == 0;
+  agree_on(ctx.world, kExitInput, [&] {
+    source = model::ModelSource::open(o.drafter, o.target);
+    fault_point(ctx, "load");
+    model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
+    ro.limits.max_sessions = o.max_sessions;
+    ro.limits.max_context = o.max_context;
+    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.max_open_sessions);
+    check_memory(o, *engine, mailbox != nullptr ? ctx.comm.size() : 1);
+  });
+  std::unique_ptr<serve::CommandChannel> channel;
+  if (ctx.comm.size() > 1)
+    channel = mailbox != nullptr ? serve::mailbox_channel(*mailbox, ctx.comm.rank()) : serve::mpi_channel(ctx.comm);
+  TPDRAFT_CHECK(ctx.comm.size() == 1 || channel != nullptr, "no command channel for a group of {}", ctx.comm.size());
+  const serve::StepHook hook = [&ctx] { fault_point(ctx, "draft"); };
+
+  std::unique_ptr<serve::GroupLeader> group;
+  std::unique_ptr<serve::Server> server;
+  std::string endpoint;
+  agree_on(ctx.world, kExitUsage, [&] {
+    if (!leader) return;
+    group = std::make_unique<serve::GroupLeader>(*engine, ctx.comm, channel.get(), hook);
+    serve::ServerOptions so;
+    so.listen = replica_endpoint(o.listen, ctx.replica, ctx.replicas);
+    so.idle_timeout = o.idle_timeout;
+    so.max_open_sessions = o.max_open_sessions;
+    so.spin_seconds = o.spin_us * 1e-6;
+    server = std::make_unique<serve::Server>(*group, so);
+    endpoint = server->bind();
+  });
+  // Every replica's address, in replica order, for the address file.
+  constexpr size_t kSlot = 1024;
+  std::string mine(kSlot, '\0');
+  if (leader) mine.replace(0, std::min(endpoint.size(), kSlot - 1), endpoint.substr(0, kSlot - 1));
+  std::string all(kSlot * static_cast<size_t>(ctx.world.size()), '\0');
+  ctx.world.all_gather(mine.data(), all.data(), kSlot);
+  RemoveOnExit address_file;
+  if (ctx.world.rank() == 0 && !o.address_file.empty()) {
+    std::string text;
+    for (int r = 0; r < ctx.world.size(); ++r) {
+      const std::string a(all.c_str() + static_cast<size_t>(r) * kSlot);
+      if (!a.empty()) text += a + "\n";
+    }
+    write_address_file(o.address_file, text);
+    address_file.path = o.address_file;
+  }
+  if (!leader) {
+    serve::follow(*engine, ctx.comm, *channel, hook);
+    return;
+  }
+  std::printf("%s\n", endpoint.c_str());
+  std::fflush(stdout);
+  TPDRAFT_LOG_INFO("replica {} of {} serving {} (tp {}, {} backend) on {}", ctx.replica, ctx.replicas,
+                   engine->caps().architecture, ctx.comm.size(), engine->runtime().ops().name(), endpoint);
+  server->run();
+  group->stop();
+  server.reset();  // closes the socket (and removes an ipc:// socket file) before the job ends
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOpts>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve the drafter to target engines over ZeroMQ (docs/protocol.md): print the address, answer HELLO, "
+               "OPEN, CLOSE, STEP, STATS and SHUTDOWN until SIGTERM");
+  cmd->add_option("--drafter", o->drafter, "Drafter directory (config.json + safetensors)")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--target", o->target, "Target model directory (embedding + head)")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--listen", o->listen,
+                  "ipc://PATH or tcp://HOST:PORT (PORT * picks a free one); default an ipc socket in $TMPDIR. Under "
+                  "mpirun replica g listens on PATH.g or PORT+g");
+  cmd->add_option("--address-file", o->address_file, "Write the address(es), one line per replica, to this file once listening; removed on exit");
+  cmd->add_option("--max-sessions", o->max_sessions, "Entries one forward may hold (STEPs of many clients are batched up to this)")
+      ->check(whole_number(1, 4096))->capture_default_str();
+  cmd->add_option("--max-open-sessions", o->max_open_sessions, "Sessions open at once, over every client")
+      ->check(whole_number(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-context", o->max_context, "Positions one session may hold")
+      ->check(whole_number(1, int64_t{1} << 31))->capture_default_str();
+  cmd->add_option("--idle-timeout", o->idle_timeout, "Close the sessions of a client silent this many seconds (0: never)")
+      ->check(real_number(0, 1e7))->capture_default_str();
+  cmd->add_option("--spin-us", o->spin_us,
+                  "Microseconds rank 0 keeps looking at the clients' shared-memory rings after a request before it "
+                  "sleeps on the socket (0: sleep at once; a client then rings a doorbell)")
+      ->check(real_number(0, 1e6))->capture_default_str();
+  cmd->add_option("--max-memory", o->max_memory,
+                  "Bytes the sessions' context may take on this machine (0: what /proc/meminfo says is available)")
+      ->check(whole_number(0));
+  add_rank_options(cmd, &o->ranks);
+  cmd->callback([o] {
+    if (o->listen.empty())
+      o->listen = "ipc://" + temp_dir() + "/tpdraft-serve-" + std::to_string(getpid()) + ".sock";
+    serve::install_stop_signals();
+    std::unique_ptr<serve::Mailbox> mailbox;
+    if (!under_mpi() && o->ranks.tp > 1) mailbox = std::make_unique<serve::Mailbox>(o->ranks.tp);
+    run_ranks(o->ranks, [&](const RankContext& ctx) { serve_on_rank(*o, ctx, mailbox.get()); });
+  });
+}
+
+}  // namespace tpdraft::cli

@@ -1,0 +1,47 @@
+// The shared-memory ring of a client on the server's machine (docs/protocol.md, "The ring"): its
+// first 4 KiB are a control block through which a request and its reply travel without the
+// socket: the client writes the request frame into the ring and bumps request_seq; the server,
+// which looks at its clients' rings between requests, writes the reply into the ring and sets
+// reply_seq. Whoever is about to sleep says so first (server_sleeping, client_sleeping) and
+// looks once more, so that the other side knows to wake it (a doorbell frame on the socket for
+// the server, a futex wake for the client): no request or reply is ever missed.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace tpdraft::serve {
+
+constexpr uint64_t kRingControlBytes = 4096;
+
+struct RingControl {
+  uint32_t request_seq;      // bumped by the client once a request frame is in place
+  uint32_t reply_seq;        // set to request_seq by the server once the reply is in place
+  uint32_t server_sleeping;  // 1 while the server may block on its socket: send a doorbell
+  uint32_t client_sleeping;  // 1 while the client may block on reply_seq: wake it
+  uint64_t request_offset, request_bytes;  // the request frame, within the ring
+  uint64_t reply_offset, reply_capacity;   // where the reply may go
+  uint64_t reply_bytes;                    // the reply's size
+};
+static_assert(sizeof(RingControl) <= kRingControlBytes, "the control block fits its page");
+
+inline uint32_t ring_load(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+inline void ring_store(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+
+// Waits while *word == expected, at most `seconds` (the word is in memory shared between
+// processes, so the futex is not private). Returns on a wake, a timeout or a spurious return.
+inline void ring_wait(uint32_t* word, uint32_t expected, double seconds) {
+  timespec t;
+  t.tv_sec = static_cast<time_t>(seconds);
+  t.tv_nsec = static_cast<long>((seconds - static_cast<double>(t.tv_sec)) * 1e9);
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &t, nullptr, 0);
+}
+
+inline void ring_wake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+}  // namespace tpdraft::serve

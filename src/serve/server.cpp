@@ -1,0 +1,663 @@
+// The serving loop of a group's rank 0. One thread: it drains every request that has arrived,
+// answers the cheap ones at once, queues the STEPs, and runs the queued STEPs as one forward
+// (whole requests in arrival order, up to max_sessions entries). Requests that arrive while a
+// forward runs wait in ZeroMQ's queue and make up the next forward.
+#include "serve/server.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <new>
+#include <set>
+
+#include <zmq.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "serve/protocol.h"
+#include "serve/ring.h"
+
+namespace tpdraft::serve {
+
+std::atomic<bool> g_stop_requested{false};
+
+namespace {
+
+extern "C" void on_stop_signal(int) { g_stop_requested = true; }
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A received frame, kept alive while entries read their taps from it.
+struct Frame {
+  zmq_msg_t msg;
+  Frame() { zmq_msg_init(&msg); }
+  ~Frame() { zmq_msg_close(&msg); }
+  Frame(const Frame&) = delete;
+  Frame& operator=(const Frame&) = delete;
+  const char* data() const { return static_cast<const char*>(zmq_msg_data(const_cast<zmq_msg_t*>(&msg))); }
+  size_t size() const { return zmq_msg_size(const_cast<zmq_msg_t*>(&msg)); }
+};
+
+// A client's shared-memory ring: its control block, then what the client placed there.
+struct Ring {
+  char* base = nullptr;
+  size_t bytes = 0;
+  uint32_t seen = 0;  // the last request_seq taken
+  RingControl* control() const { return reinterpret_cast<RingControl*>(base); }
+  void unmap() {
+    if (base != nullptr) munmap(base, bytes);
+    base = nullptr;
+    bytes = 0;
+  }
+};
+
+// Where a request came from, so its reply goes back the same way.
+struct Route {
+  bool ring = false;
+  uint32_t seq = 0;        // the ring request's request_seq
+  uint64_t reply_at = 0;   // the ring's reply area
+  uint64_t reply_capacity = 0;
+};
+
+struct Client {
+  std::string name;  // "client N", for logs and messages
+  std::set<int64_t> sessions;
+  Clock::time_point last;
+  Ring ring;
+  int pending = 0;  // STEP requests queued
+};
+
+struct Pending {
+  std::string rid;
+  Header header;
+  std::unique_ptr<Frame> frame;  // null for a request read from the client's ring
+  Route route;
+  std::vector<engine::StepEntry> entries;
+  std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
+  Clock::time_point arrived;
+};
+
+// A request refused with a status and a message.
+struct Refusal {
+  uint32_t status;
+  std::string message;
+};
+
+}  // namespace
+
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a wait in zmq_poll returns at once
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+struct Server::Impl {
+  GroupLeader& group;
+  engine::Engine& engine;
+  ServerOptions options;
+  void* ctx = nullptr;
+  void* sock = nullptr;
+  std::map<std::string, Client> clients;
+  std::deque<Pending> pending;
+  uint64_t next_client = 1;
+  bool shutdown = false;
+  WireStats stats;
+  Clock::time_point started = Clock::now();
+  std::string reply_buf;
+
+  Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
+
+  std::string ipc_path;  // the socket file this server made, removed when it closes
+
+  ~Impl() {
+    for (auto& c : clients) c.second.ring.unmap();
+    if (sock != nullptr) zmq_close(sock);
+    if (ctx != nullptr) zmq_ctx_term(ctx);
+    // libzmq leaves the file of a bound ipc:// endpoint behind.
+    if (!ipc_path.empty()) unlink(ipc_path.c_str());
+  }
+
+  const engine::Caps& caps() const { return engine.caps(); }
+
+  Route route;  // the route of the request being answered now
+  Clock::time_point last_request = Clock::now();
+
+  void send(const std::string& rid, const std::string& body) { send_to(rid, route, body); }
+
+  void send_to(const std::string& rid, const Route& via, const std::string& body) {
+    if (via.ring) {
+      auto it = clients.find(rid);
+      if (it == clients.end() || it->second.ring.base == nullptr) return;
+      Ring& ring = it->second.ring;
+      RingControl* ctl = ring.control();
+      std::string error;
+      const std::string* out = &body;
+      if (body.size() > via.reply_capacity) {
+        Reader r(body.data(), body.size());
+        error = error_reply(r.header(), kArgument,
+                            fmt::format("the reply of {} bytes does not fit the ring's reply area of {}", body.size(),
+                                        via.reply_capacity));
+        out = &error;
+        if (out->size() > via.reply_capacity) return;  // the client will time out
+      }
+      std::memcpy(ring.base + via.reply_at, out->data(), out->size());
+      ctl->reply_bytes = out->size();
+      ring_store(&ctl->reply_seq, via.seq);
+      if (ring_load(&ctl->client_sleeping) != 0) ring_wake(&ctl->reply_seq);
+      return;
+    }
+    // A client that has gone is dropped by the ROUTER socket: nothing to do about it here.
+    if (zmq_send(sock, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
+    zmq_send(sock, body.data(), body.size(), ZMQ_DONTWAIT);
+  }
+
+  void refuse(const std::string& rid, const Header& h, uint32_t status, const std::string& message) {
+    ++stats.errors;
+    auto it = clients.find(rid);
+    const std::string who = it != clients.end() ? it->second.name : "a client";
+    TPDRAFT_LOG_WARN("{}: {} refused: {}", who, kind_name(h.kind), message);
+    send(rid, error_reply(h, status, message));
+  }
+
+  Header reply_header(const Header& request, uint32_t count = 0) {
+    Header h;
+    h.kind = static_cast<uint16_t>(request.kind | kReply);
+    h.count = count;
+    h.id = request.id;
+    return h;
+  }
+
+  void close_client(const std::string& rid, const char* why) {
+    auto it = clients.find(rid);
+    if (it == clients.end()) return;
+    Client& c = it->second;
+    const size_t n = c.sessions.size();
+    for (int64_t s : c.sessions) group.close_session(s);
+    c.ring.unmap();
+    TPDRAFT_LOG_INFO("{} {}: closed its {} session(s)", c.name, why, n);
+    clients.erase(it);
+  }
+
+  // ---- requests -------------------------------------------------------------------------------
+
+  void on_hello(const std::string& rid, Client& c, const Header& h, Reader& r) {
+    const std::string ring_name = r.str("hello.ring_name", 255);
+    const uint64_t ring_bytes = r.get<uint64_t>("hello.ring_bytes");
+    if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the HELLO request", r.left()));
+    c.ring.unmap();
+    std::string note;
+    if (!ring_name.empty()) note = map_ring(ring_name, ring_bytes, &c.ring);
+    if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
+    std::string out;
+    Writer w(&out);
+    w.header(reply_header(h));
+    const engine::Caps& k = caps();
+    WireCaps wc;
+    wc.architecture = k.architecture;
+    wc.backend = engine.runtime().ops().name();
+    wc.block = k.block;
+    wc.tp = k.tp;
+    wc.taps_width = k.taps_width;
+    wc.hidden = k.hidden;
+    wc.vocab = k.vocab;
+    wc.mask_token = k.mask_token;
+    wc.max_sessions = k.max_sessions;
+    wc.max_open_sessions = options.max_open_sessions;
+    wc.max_context = k.max_context;
+    wc.target_layers = k.target_layers;
+    put_caps(w, wc);
+    w.put<double>(options.idle_timeout);
+    w.put<uint32_t>(c.ring.base != nullptr ? 1 : 0);
+    w.str(note);
+    send(rid, out);
+  }
+
+  // Maps a client's ring; returns why not ("" when mapped).
+  static std::string map_ring(const std::string& name, uint64_t bytes, Ring* ring) {
+    if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos)
+      return fmt::format("ring name '{}' is not a POSIX shared-memory name (/NAME)", name);
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) return fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno));
+    struct stat st {};
+    const bool sized =
+        fstat(fd, &st) == 0 && bytes > kRingControlBytes && static_cast<uint64_t>(st.st_size) >= bytes;
+    if (!sized) {
+      close(fd);
+      return fmt::format("shared memory {} holds {} bytes, the client named {}", name, st.st_size, bytes);
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return fmt::format("cannot map shared memory {}: {}", name, std::strerror(errno));
+    ring->base = static_cast<char*>(p);
+    ring->bytes = bytes;
+    ring->seen = ring_load(&ring->control()->request_seq);
+    ring_store(&ring->control()->server_sleeping, 0);
+    return "";
+  }
+
+  int64_t session_arg(Reader& r, const Client& c, const char* kind) {
+    const int64_t s = r.get<int64_t>("session");
+    if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the {} request", r.left(), kind));
+    if (!c.sessions.count(s)) throw Refusal{kArgument, fmt::format("session {} is not open for {}", s, c.name)};
+    return s;
+  }
+
+  void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Frame> frame) {
+    const int64_t S = caps().max_sessions;
+    if (h.count == 0 || h.count > S)
+      throw Refusal{kArgument, fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
+    std::vector<WireEntry> wire;
+    for (uint32_t i = 0; i < h.count; ++i) wire.push_back(get_entry(r));
+    const char* area = r.data() + r.offset();
+    const uint64_t area_bytes = r.left();
+    Pending p;
+    p.rid = rid;
+    p.header = h;
+    p.route = route;
+    p.arrived = Clock::now();
+    const int64_t width = caps().taps_width, max_context = caps().max_context;
+    for (size_t i = 0; i < wire.size(); ++i) {
+      const WireEntry& x = wire[i];
+      auto bad = [&](const std::string& what) { return Refusal{kArgument, fmt::format("entry {}: {}", i, what)}; };
+      if (!c.sessions.count(x.session)) throw bad(fmt::format("session {} is not open for {}", x.session, c.name));
+      const size_t db = dtype_bytes(x.taps_dtype);
+      if (db == 0) throw bad(fmt::format("taps_dtype {} is not 0 (f32), 1 (bf16) or 2 (f16)", x.taps_dtype));
+      if (x.n_new < 0 || x.n_new > max_context)
+        throw bad(fmt::format("n_new {} outside 0..{} (the max context)", x.n_new, max_context));
+      const uint64_t need = static_cast<uint64_t>(x.n_new) * static_cast<uint64_t>(width) * db;
+      engine::StepEntry e;
+      e.session = x.session;
+      e.keep = x.keep;
+      e.p0 = x.p0;
+      e.n_new = x.n_new;
+      e.anchor = x.anchor;
+      e.dist_width = x.dist_width;
+      e.sampling = {x.temperature, x.top_k, x.top_p, x.seed};
+      e.taps.dtype = x.taps_dtype == 0 ? DType::F32 : x.taps_dtype == 1 ? DType::BF16 : DType::F16;
+      if (x.taps_where == kTapsNone) {
+        if (x.n_new != 0) throw bad(fmt::format("{} new rows but no taps", x.n_new));
+      } else if (x.taps_where == kTapsInline || x.taps_where == kTapsRing) {
+        if (x.taps_bytes != need)
+          throw bad(fmt::format("taps_bytes {} but {} rows of {} values take {}", x.taps_bytes, x.n_new, width, need));
+        const bool in_ring = x.taps_where == kTapsRing;
+        if (in_ring && c.ring.base == nullptr)
+          throw bad("taps in the shared-memory ring, but this client's HELLO mapped none");
+        const char* base = in_ring ? c.ring.base : area;
+        const uint64_t size = in_ring ? c.ring.bytes : area_bytes;
+        if (x.taps_offset > size || need > size - x.taps_offset)
+          throw bad(fmt::format("taps at offset {} ({} bytes) pass the end of the {} ({} bytes)", x.taps_offset, need,
+                                in_ring ? "ring" : "frame's taps area", size));
+        const char* at = base + x.taps_offset;
+        if (reinterpret_cast<uintptr_t>(at) % db != 0) {  // read f32/f16 rows from aligned memory only
+          p.staged.emplace_back((need + 7) / 8);
+          std::memcpy(p.staged.back().data(), at, need);
+          at = reinterpret_cast<const char*>(p.staged.back().data());
+        }
+        e.taps.data = need > 0 ? at : nullptr;
+      } else {
+        throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
+      }
+      p.entries.push_back(e);
+    }
+    p.frame = std::move(frame);
+    ++c.pending;
+    pending.push_back(std::move(p));
+  }
+
+  // A request frame: from the socket (`frame` holds it), or in the client's ring (data, size).
+  void on_request(const std::string& rid, std::unique_ptr<Frame> frame, const char* data = nullptr, size_t size = 0) {
+    if (frame) {
+      data = frame->data();
+      size = frame->size();
+    }
+    last_request = Clock::now();
+    auto it = clients.find(rid);
+    if (it == clients.end()) {
+      it = clients.emplace(rid, Client{}).first;
+      it->second.name = fmt::format("client {}", next_client++);
+      TPDRAFT_LOG_INFO("{} connected", it->second.name);
+    }
+    Client& c = it->second;
+    c.last = Clock::now();
+    Reader r(data, size);
+    Header h;
+    h.kind = 0;
+    try {
+      h = r.header();
+      if (h.version != kProtocolVersion)
+        throw ProtocolError(fmt::format("protocol version {}; this server speaks version {}", h.version,
+                                        kProtocolVersion));
+      if (h.status != 0 || (h.kind & kReply) != 0)
+        throw ProtocolError(fmt::format("a request must have status 0 and a request kind, got kind {:#x} status {}",
+                                        h.kind, h.status));
+      if (h.kind != kStep && h.count != 0)
+        throw ProtocolError(fmt::format("header.count is {}; only STEP takes a count", h.count));
+      switch (h.kind) {
+        case kHello:
+          // It may replace the ring this request came through: only through the socket.
+          if (route.ring) throw ProtocolError("HELLO must come through the socket, not the ring");
+          on_hello(rid, c, h, r);
+          break;
+        case kOpen: {
+          if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the OPEN request", r.left()));
+          const int64_t open = engine.open_sessions();
+          if (open >= options.max_open_sessions)
+            throw Refusal{kArgument, fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
+          const int64_t s = group.open_session();
+          c.sessions.insert(s);
+          std::string out;
+          Writer w(&out);
+          w.header(reply_header(h));
+          w.put<int64_t>(s);
+          send(rid, out);
+          break;
+        }
+        case kClose: {
+          const int64_t s = session_arg(r, c, "CLOSE");
+          group.close_session(s);
+          c.sessions.erase(s);
+          std::string out;
+          Writer(&out).header(reply_header(h));
+          send(rid, out);
+          break;
+        }
+        case kLength: {
+          const int64_t s = session_arg(r, c, "LENGTH");
+          std::string out;
+          Writer w(&out);
+          w.header(reply_header(h));
+          w.put<int64_t>(engine.session_length(s));
+          send(rid, out);
+          break;
+        }
+        case kStep: on_step(rid, c, h, r, std::move(frame)); break;
+        case kStats: {
+          if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the STATS request", r.left()));
+          stats.clients = clients.size();
+          stats.open_sessions = static_cast<uint64_t>(engine.open_sessions());
+          stats.uptime_seconds = seconds_since(started);
+          std::string out;
+          Writer w(&out);
+          w.header(reply_header(h));
+          put_stats(w, stats);
+          send(rid, out);
+          break;
+        }
+        case kShutdown: {
+          TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
+          shutdown = true;
+          std::string out;
+          Writer(&out).header(reply_header(h));
+          send(rid, out);
+          break;
+        }
+        case kBell: break;  // poll_rings() finds the request
+        case kBye: {
+          std::string out;
+          Writer(&out).header(reply_header(h));
+          send(rid, out);
+          if (c.pending == 0) close_client(rid, "said goodbye");
+          break;
+        }
+        default: throw ProtocolError(fmt::format("unknown request kind {}", h.kind));
+      }
+    } catch (const ProtocolError& e) {
+      refuse(rid, h, kMalformed, fmt::format("malformed {} request: {}", kind_name(h.kind), e.what()));
+    } catch (const Refusal& e) {
+      refuse(rid, h, e.status, e.message);
+    } catch (const std::bad_alloc&) {
+      refuse(rid, h, kArgument, fmt::format("out of memory for the {} request", kind_name(h.kind)));
+    }
+  }
+
+  // Receives every frame waiting now.
+  void drain() {
+    for (;;) {
+      zmq_msg_t id;
+      zmq_msg_init(&id);
+      if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&id);
+        return;
+      }
+      const std::string rid(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
+      zmq_msg_close(&id);
+      auto frame = std::make_unique<Frame>();
+      bool more = true;
+      int parts = 0;
+      // A request is one frame; more frames than that are read and refused.
+      while (more) {
+        auto f = std::make_unique<Frame>();
+        if (zmq_msg_recv(&f->msg, sock, 0) < 0) break;
+        more = zmq_msg_more(&f->msg) != 0;
+        if (++parts == 1) frame = std::move(f);
+      }
+      route = Route{};
+      if (parts != 1) {
+        Header h;
+        h.kind = 0;
+        refuse(rid, h, kMalformed, fmt::format("a request is one frame, got {}", parts));
+        continue;
+      }
+      on_request(rid, std::move(frame));
+    }
+  }
+
+  // ---- the batched forward --------------------------------------------------------------------
+
+  void run_batch() {
+    const size_t S = static_cast<size_t>(caps().max_sessions);
+    std::vector<size_t> chosen;
+    std::vector<engine::StepEntry> all;
+    std::set<int64_t> used;
+    std::vector<bool> drop(pending.size(), false);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (all.size() + p.entries.size() > S) break;  // it goes first in the next forward
+      bool clash = false;
+      for (const auto& e : p.entries) clash = clash || used.count(e.session) > 0;
+      if (clash) continue;  // a second step of the same sessions: after this one
+      try {
+        engine.check(p.entries);
+      } catch (const Error& e) {
+        route = p.route;
+        refuse(p.rid, p.header, kArgument, e.what());
+        drop[i] = true;
+        continue;
+      }
+      for (const auto& e : p.entries) {
+        used.insert(e.session);
+        all.push_back(e);
+      }
+      chosen.push_back(i);
+      drop[i] = true;
+    }
+    std::vector<Pending> batch;
+    std::deque<Pending> rest;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (!drop[i]) {
+        rest.push_back(std::move(pending[i]));
+        continue;
+      }
+      auto it = clients.find(pending[i].rid);
+      if (it != clients.end()) --it->second.pending;
+      if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) batch.push_back(std::move(pending[i]));
+    }
+    pending = std::move(rest);
+    if (batch.empty()) return;
+    std::vector<model::DraftResult> results;
+    try {
+      results = group.apply(all);
+    } catch (const std::exception& e) {
+      const std::string why = fmt::format("the drafter failed in a forward; the server is ending: {}", e.what());
+      for (const Pending& p : batch) send_to(p.rid, p.route, error_reply(p.header, kRuntime, why));
+      throw;
+    }
+    ++stats.forwards;
+    stats.steps += batch.size();
+    stats.entries += all.size();
+    stats.max_batch = std::max<uint64_t>(stats.max_batch, all.size());
+    const engine::StepTimes& t = engine.last_times();
+    size_t k = 0;
+    const int64_t rows = caps().block - 1;
+    for (const Pending& p : batch) {
+      std::string& out = reply_buf;
+      out.clear();
+      Writer w(&out);
+      w.header(reply_header(p.header, static_cast<uint32_t>(p.entries.size())));
+      w.put<double>(t.settle);
+      w.put<double>(t.draft);
+      w.put<double>(seconds_since(p.arrived));
+      w.put<uint32_t>(static_cast<uint32_t>(all.size()));
+      w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
+      for (const auto& e : p.entries) {
+        const model::DraftResult& res = results[k++];
+        w.bytes(res.tokens.data(), static_cast<size_t>(rows) * sizeof(int64_t));
+        w.bytes(res.probs.data(), static_cast<size_t>(rows) * sizeof(float));
+        if (e.dist_width == 0) continue;
+        const size_t width = e.dist_width < 0 ? static_cast<size_t>(caps().vocab) : static_cast<size_t>(e.dist_width);
+        for (int64_t row = 0; row < rows; ++row) {
+          const model::RowDistribution& d = res.dists[static_cast<size_t>(row)];
+          if (e.dist_width > 0) w.bytes(d.ids.data(), width * sizeof(int64_t));
+          w.bytes(d.probs.data(), width * sizeof(float));
+          if (e.dist_width > 0) w.put<float>(d.rest);
+        }
+      }
+      send_to(p.rid, p.route, out);
+    }
+  }
+
+  void reap_idle() {
+    if (options.idle_timeout <= 0) return;
+    std::vector<std::string> gone;
+    for (const auto& c : clients)
+      if (c.second.pending == 0 && seconds_since(c.second.last) > options.idle_timeout) gone.push_back(c.first);
+    for (const auto& rid : gone) {
+      ++stats.clients_reaped;
+      close_client(rid, fmt::format("was silent for more than {} s (--idle-timeout)", options.idle_timeout).c_str());
+    }
+  }
+
+  void fail_pending(uint32_t status, const std::string& why) {
+    for (const Pending& p : pending) send_to(p.rid, p.route, error_reply(p.header, status, why));
+    pending.clear();
+  }
+
+  // Takes the requests waiting in the clients' rings; returns whether there were any.
+  bool poll_rings() {
+    std::vector<std::string> ready;
+    for (auto& [rid, c] : clients)
+      if (c.ring.base != nullptr && ring_load(&c.ring.control()->request_seq) != c.ring.seen) ready.push_back(rid);
+    for (const std::string& rid : ready) {
+      auto it = clients.find(rid);
+      if (it == clients.end()) continue;
+      Ring& ring = it->second.ring;
+      RingControl* ctl = ring.control();
+      const uint32_t seq = ring_load(&ctl->request_seq);
+      ring.seen = seq;
+      const uint64_t at = ctl->request_offset, bytes = ctl->request_bytes;
+      route = Route{true, seq, ctl->reply_offset, ctl->reply_capacity};
+      const uint64_t n = ring.bytes;
+      const bool request_ok = at >= kRingControlBytes && at <= n && bytes <= n - at;
+      const bool reply_ok = route.reply_at >= kRingControlBytes && route.reply_at <= n &&
+                            route.reply_capacity <= n - route.reply_at && route.reply_capacity >= 64;
+      if (!reply_ok) {
+        TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring: ignored", it->second.name);
+        continue;
+      }
+      if (!request_ok) {
+        Header h;
+        h.kind = 0;
+        refuse(rid, h, kMalformed, fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
+        continue;
+      }
+      on_request(rid, nullptr, ring.base + at, bytes);
+    }
+    return !ready.empty();
+  }
+
+  void set_sleeping(uint32_t v) {
+    for (auto& c : clients)
+      if (c.second.ring.base != nullptr) ring_store(&c.second.ring.control()->server_sleeping, v);
+  }
+};
+
+Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(new Impl(group, options)) {}
+
+Server::~Server() { delete impl_; }
+
+std::string Server::bind() {
+  Impl& s = *impl_;
+  s.ctx = zmq_ctx_new();
+  TPDRAFT_CHECK(s.ctx != nullptr, "cannot start ZeroMQ: {}", zmq_strerror(zmq_errno()));
+  s.sock = zmq_socket(s.ctx, ZMQ_ROUTER);
+  TPDRAFT_CHECK(s.sock != nullptr, "cannot make a ZeroMQ socket: {}", zmq_strerror(zmq_errno()));
+  const int linger = 500;  // ms to flush the last replies when the server closes
+  zmq_setsockopt(s.sock, ZMQ_LINGER, &linger, sizeof(linger));
+  // The largest request that can be valid: every entry with a full context of f32 rows inline.
+  const engine::Caps& k = s.caps();
+  const double largest = double(kHeaderBytes) + double(k.max_sessions) * (kEntryBytes + 8) +
+                         double(k.max_sessions) * double(k.max_context) * double(k.taps_width) * 4;
+  const int64_t max_msg = largest > 9e18 ? -1 : static_cast<int64_t>(largest) + 4096;
+  zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
+  TPDRAFT_CHECK(zmq_bind(s.sock, s.options.listen.c_str()) == 0, "--listen {}: cannot listen there: {}",
+                s.options.listen, zmq_strerror(zmq_errno()));
+  char endpoint[1024] = {0};
+  size_t size = sizeof(endpoint) - 1;
+  zmq_getsockopt(s.sock, ZMQ_LAST_ENDPOINT, endpoint, &size);
+  const std::string bound(endpoint);
+  if (bound.rfind("ipc://", 0) == 0) s.ipc_path = bound.substr(6);
+  return bound;
+}
+
+void Server::run() {
+  Impl& s = *impl_;
+  zmq_pollitem_t item{s.sock, 0, ZMQ_POLLIN, 0};
+  try {
+    while (!g_stop_requested && !s.shutdown) {
+      // Busy for a moment after each request (the next step of a loop follows soon); then
+      // asleep on the socket, which a client's doorbell wakes.
+      long wait_ms = 0;
+      const bool sleepy =
+          s.pending.empty() && !s.poll_rings() && seconds_since(s.last_request) > s.options.spin_seconds;
+      if (sleepy) {
+        s.set_sleeping(1);
+        if (!s.poll_rings()) wait_ms = 100;  // looked once more after saying so: nothing missed
+      }
+      if (!sleepy && s.pending.empty()) sched_yield();  // busy, but not in the way of a client on this core
+      const int polled = zmq_poll(&item, 1, wait_ms);
+      if (sleepy) s.set_sleeping(0);
+      if (polled < 0 && zmq_errno() != EINTR) TPDRAFT_FAIL("waiting for requests: {}", zmq_strerror(zmq_errno()));
+      s.drain();
+      s.poll_rings();
+      s.reap_idle();
+      if (g_stop_requested || s.shutdown) break;
+      if (!s.pending.empty()) {
+        s.run_batch();
+        // The clients just answered will ask again soon: look busily from now, not from their
+        // requests' arrival (a long forward would have used the window up).
+        s.last_request = Clock::now();
+      }
+    }
+  } catch (...) {
+    s.fail_pending(kRuntime, "the drafter failed; the server is ending");
+    throw;
+  }
+  s.fail_pending(kBusy, "the server is shutting down");
+  TPDRAFT_LOG_INFO("stopping ({}): {} forward(s), {} step(s), {} entries", g_stop_requested ? "signal" : "SHUTDOWN",
+                   s.stats.forwards, s.stats.steps, s.stats.entries);
+}
+
+}  // namespace tpdraft::serve

@@ -1,0 +1,43 @@
+// `tpdraft serve`'s rank 0: a ZeroMQ ROUTER socket that many clients share, requests decoded and
+// checked, STEP requests that arrive while a forward runs batched into the next one, replies
+// routed back, idle clients' sessions closed, SIGTERM honoured between forwards.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "serve/group.h"
+
+namespace tpdraft::serve {
+
+struct ServerOptions {
+  std::string listen;          // a ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT (PORT may be *)
+  double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
+  int64_t max_open_sessions = 64;
+  double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
+};
+
+// Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.
+extern std::atomic<bool> g_stop_requested;
+void install_stop_signals();
+
+class Server {
+ public:
+  Server(GroupLeader& group, const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*).
+  std::string bind();
+  // Serves until SIGTERM, a SHUTDOWN request or a failure of the group. Returns 0 after a clean
+  // stop; rethrows a failure of the group's work after replying to every waiting client.
+  void run();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace tpdraft::serve

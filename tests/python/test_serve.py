@@ -1,0 +1,185 @@
+"""The speculative loop of examples/spec_decode.py against `tpdraft serve` through tpdraft.Client:
+several clients at once, greedy output token for token the target's and every round's drafts
+the in-process library's; sampled output the same draws as in process (so distributed as the
+target's, which a chi-square test checks again). The server runs in process (`serve --tp 2`), or
+under mpirun (`mpirun -np 2 tpdraft serve --tp 2`) when TPDRAFT_SERVE_MPIRUN names the launcher
+(CTest's python_serve_mpi)."""
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the example's target model needs PyTorch")
+import tpdraft  # noqa: E402
+
+from test_spec_decode import (GREEDY, PROMPT, SHORT_PROMPT, SMALL, SMALL_DFLASH2, DRAFT, Sampling,  # noqa: E402
+                              SpeculativeDecoder, caps_of, chi_square, exact_pair_distribution, init, make_target,
+                              open_drafter, target_decode)
+
+MPIRUN = os.environ.get("TPDRAFT_SERVE_MPIRUN", "")
+TIMEOUT = 60.0  # seconds a client call may wait: a server that died fails the test, never hangs it
+
+
+class Server:
+    """`tpdraft serve --tp 2` on an ipc socket in the test's own directory, stopped with SIGTERM."""
+
+    def __init__(self, tmp_path, drafter_dir, target_dir, *options):
+        self.address_file = tmp_path / "server.address"
+        self.log = tmp_path / "server.log"
+        cmd = [os.environ["TPDRAFT_BIN"], "serve", "--drafter", drafter_dir, "--target", target_dir, "--tp", "2",
+               "--threads", "1", "--backend", "cpu", "--listen", f"ipc://{tmp_path}/s.sock",
+               "--address-file", str(self.address_file), *options]
+        if MPIRUN:
+            cmd = shlex.split(MPIRUN) + ["-np", "2"] + cmd
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (self.address_file.exists() and self.address_file.read_text().strip()):
+            assert self.process.poll() is None, f"the server ended:\n{self.log.read_text()}"
+            assert time.monotonic() < deadline, f"no address after 60 s:\n{self.log.read_text()}"
+            time.sleep(0.02)
+        self.address = self.address_file.read_text().split()[0]
+
+    def client(self):
+        return tpdraft.Client(self.address, timeout=TIMEOUT)
+
+    def stop(self):
+        # mpirun ends with a failure status when it is signalled itself, whatever its ranks do:
+        # there the server is asked to stop by a request (SIGTERM is checked in process).
+        if MPIRUN:
+            with self.client() as client:
+                client.shutdown()
+        else:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            status = self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(f"the server did not stop on SIGTERM:\n{self.log.read_text()}")
+        assert status == 0, self.log.read_text()
+        assert not self.address_file.exists()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *error):
+        if self.process.poll() is None:
+            if error[0] is None:
+                self.stop()
+            else:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def in_threads(jobs):
+    """Runs each job on its own thread at once; returns their results, re-raising a failure."""
+    results, errors = [None] * len(jobs), []
+
+    def run(i, job):
+        try:
+            results[i] = job()
+        except BaseException as e:  # noqa: B902 - handed to the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
+
+
+@pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
+def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, config):
+    drafter_dir, target_dir = init(tmp_path, config, "ck")
+    caps = caps_of(drafter_dir, target_dir)
+    n = 96
+    with open_drafter(drafter_dir, target_dir, tp=2) as d:
+        local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
+                 for p in PROMPTS]
+    with Server(tmp_path, drafter_dir, target_dir) as server:
+
+        def one_client(prompt):
+            with server.client() as client:
+                assert client.caps.tp == 2 and client.caps.block_size == caps.block_size
+                assert client.shared_memory
+                return SpeculativeDecoder(make_target(caps, target_dir), client, drafter_dir, GREEDY).decode(
+                    [prompt], n, None)
+
+        served = in_threads([lambda p=p: one_client(p) for p in PROMPTS])
+        with server.client() as client:
+            stats = client.stats()
+            assert stats["open_sessions"] == 0  # every decode closed its session
+            assert stats["steps"] >= len(PROMPTS) and stats["errors"] == 0
+    target = make_target(caps, target_dir)
+    for prompt, (tokens, rounds), (local_tokens, local_rounds) in zip(PROMPTS, served, local):
+        assert tokens[0] == target_decode(target, caps.target_layer_ids, [prompt], n, GREEDY, None)[0]
+        assert (tokens, rounds) == (local_tokens, local_rounds)
+
+
+def pair_counts(decoder, seed, batches, batch):
+    v = decoder.caps.vocab_size
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((v, v))
+    for _ in range(batches):
+        tokens, _ = decoder.decode([SHORT_PROMPT] * batch, 3, rng)
+        for _, x1, x2 in tokens:
+            counts[x1, x2] += 1
+    return counts
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
+def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
+    drafter_dir, target_dir = init(tmp_path, config, "small")
+    caps = caps_of(drafter_dir, target_dir)
+    sampling = Sampling(temperature=1.0, top_k=12)
+    clients, batches, batch = 2, 2, 512
+
+    def decoder(handle):
+        return SpeculativeDecoder(make_target(caps, target_dir), handle, drafter_dir, sampling,
+                                  DRAFT[caps.architecture])
+
+    limits = dict(max_sessions=batch, max_open_sessions=clients * batch, max_context=32)
+    with open_drafter(drafter_dir, target_dir, tp=2, **limits) as d:
+        local = [pair_counts(decoder(d), seed, batches, batch) for seed in range(clients)]
+    with Server(tmp_path, drafter_dir, target_dir, "--max-sessions", str(batch), "--max-open-sessions",
+                str(clients * batch), "--max-context", "32") as server:
+
+        def one_client(seed):
+            with server.client() as client:
+                return pair_counts(decoder(client), seed, batches, batch)
+
+        served = in_threads([lambda s=s: one_client(s) for s in range(clients)])
+    for mine, theirs in zip(served, local):
+        np.testing.assert_array_equal(mine, theirs)
+    want = exact_pair_distribution(make_target(caps, target_dir), caps.target_layer_ids, sampling)
+    statistic, dof, p = chi_square(sum(served), want)
+    assert p > 1e-3, (statistic, dof, p)
+
+
+def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path):
+    drafter_dir, target_dir = init(tmp_path, "tiny-dflash2.json", "ck")
+    with Server(tmp_path, drafter_dir, target_dir) as server:
+        client = server.client()
+        session = client.open_session()
+        taps = np.ones((2, client.caps.taps_width), np.float32)
+        assert len(client.step([{"session": session, "anchor": 3, "taps": taps}])[0]["tokens"]) == \
+            client.caps.block_size - 1
+        server.stop()
+        with pytest.raises(tpdraft.UnavailableError, match="tpdraft_client_step"):
+            client.step([{"session": session, "anchor": 3}])
+        with pytest.raises(tpdraft.UnavailableError):
+            client.open_session()
+        client.close()

@@ -1,0 +1,725 @@
+// `tpdraft serve` as target engines use it, checked against the in-process library: several
+// clients at once over ipc:// + shared memory and over tcp:// draft exactly what tpdraft_step
+// drafts; and each fault a server meets (malformed frames, limits, a client killed or silent, a
+// rank that fails or is killed, a server that stops answering, SIGTERM) answered as
+// docs/protocol.md says, without a hang: every client call carries a timeout.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <zmq.h>
+
+#include "serve/protocol.h"
+#include "serve/ring.h"
+#include "serve/serve_harness.h"
+
+#ifndef TPDRAFT_MPIRUN
+#define TPDRAFT_MPIRUN ""  // a build without MPI: the ServeMpi tests skip themselves
+#endif
+
+namespace tpdraft::serve_test {
+namespace {
+
+using testing::TempDir;
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+// The steps one client made and what the server answered.
+struct Trace {
+  std::vector<std::vector<Spec>> steps;  // per step, per session
+  std::vector<std::vector<Out>> outs;
+};
+
+// A client that opens `sessions` sessions and makes `steps` steps of all of them at once.
+Trace drive(const std::string& address, int sessions, int steps, uint64_t seed, int shared_memory) {
+  Trace t;
+  Client c(address, 30, shared_memory);
+  if (c.c == nullptr) return t;
+  const tpdraft_caps caps = client_caps(c.c);
+  std::vector<tpdraft_session> ids;
+  std::vector<int64_t> lengths(static_cast<size_t>(sessions), 0);
+  for (int i = 0; i < sessions; ++i) ids.push_back(c.open());
+  std::mt19937_64 rng(seed);
+  for (int k = 0; k < steps; ++k) {
+    std::vector<Spec> specs;
+    std::vector<Out> outs(static_cast<size_t>(sessions));
+    std::vector<tpdraft_step_entry> entries(static_cast<size_t>(sessions));
+    for (int i = 0; i < sessions; ++i) {
+      specs.push_back(random_spec(rng, lengths[static_cast<size_t>(i)], caps.taps_width, caps.vocab_size, 3));
+      const Spec& s = specs.back();
+      lengths[static_cast<size_t>(i)] = (s.keep >= 0 ? s.keep : lengths[static_cast<size_t>(i)]) + s.n_new;
+    }
+    for (int i = 0; i < sessions; ++i)
+      fill_entry(specs[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], caps.block_size, caps.vocab_size,
+                 &outs[static_cast<size_t>(i)], &entries[static_cast<size_t>(i)]);
+    const tpdraft_status st = tpdraft_client_step(c.c, entries.data(), entries.size());
+    EXPECT_EQ(st, TPDRAFT_OK) << "step " << k << ": " << tpdraft_last_error();
+    if (st != TPDRAFT_OK) return t;
+    t.steps.push_back(std::move(specs));
+    t.outs.push_back(std::move(outs));
+  }
+  for (int i = 0; i < sessions; ++i) {
+    int64_t n = -1;
+    EXPECT_EQ(tpdraft_client_session_length(c.c, ids[static_cast<size_t>(i)], &n), TPDRAFT_OK);
+    EXPECT_EQ(n, lengths[static_cast<size_t>(i)]);
+  }
+  return t;
+}
+
+// Replays a trace through the in-process library and compares every output.
+void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
+  tpdraft_caps caps{};
+  caps.struct_size = sizeof(caps);
+  ASSERT_EQ(tpdraft_caps_get(d, &caps), TPDRAFT_OK);
+  std::vector<tpdraft_session> ids;
+  for (size_t k = 0; k < t.steps.size(); ++k) {
+    const size_t n = t.steps[k].size();
+    while (ids.size() < n) {
+      tpdraft_session s = -1;
+      ASSERT_EQ(tpdraft_session_open(d, &s), TPDRAFT_OK) << tpdraft_last_error();
+      ids.push_back(s);
+    }
+    std::vector<Out> outs(n);
+    std::vector<tpdraft_step_entry> entries(n);
+    for (size_t i = 0; i < n; ++i) fill_entry(t.steps[k][i], ids[i], caps.block_size, caps.vocab_size, &outs[i], &entries[i]);
+    ASSERT_EQ(tpdraft_step(d, entries.data(), n), TPDRAFT_OK) << tpdraft_last_error();
+    for (size_t i = 0; i < n; ++i)
+      expect_same(t.outs[k][i], outs[i], who + " step " + std::to_string(k) + " session " + std::to_string(i));
+  }
+  for (tpdraft_session s : ids) tpdraft_session_close(d, s);
+}
+
+tpdraft_drafter* open_library(const std::string& dir, int tp) {
+  tpdraft_options o;
+  tpdraft_options_init(&o);
+  o.backend = "cpu";
+  o.threads = 1;
+  o.tp = tp;
+  tpdraft_drafter* d = nullptr;
+  EXPECT_EQ(tpdraft_open((dir + "/drafter").c_str(), (dir + "/target").c_str(), &o, &d), TPDRAFT_OK)
+      << tpdraft_last_error();
+  return d;
+}
+
+// Several clients at once against one server, then every client's trace through the library.
+void many_clients_match_the_library(const std::string& dir, const std::string& address, int shared_memory) {
+  constexpr int kClients = 3;
+  std::vector<Trace> traces(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] { traces[static_cast<size_t>(i)] = drive(address, 2, 10, 100 + i, shared_memory); });
+  for (auto& t : threads) t.join();
+  tpdraft_drafter* d = open_library(dir, 2);
+  ASSERT_NE(d, nullptr);
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(traces[static_cast<size_t>(i)].steps.size(), 10u) << "client " << i;
+    replay(d, traces[static_cast<size_t>(i)], "client " + std::to_string(i));
+  }
+  tpdraft_close(d);
+}
+
+TEST(Serve, HelpAnswersWithoutWork) {
+  const auto r = testing::run_command(std::string(TPDRAFT_BIN) + " serve --help");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("--listen"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--idle-timeout"), std::string::npos) << r.out;
+}
+
+TEST(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "4", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  {
+    Client probe(address);
+    ASSERT_NE(probe.c, nullptr);
+    EXPECT_EQ(tpdraft_client_shared_memory(probe.c), 1);
+    const tpdraft_caps caps = client_caps(probe.c);
+    EXPECT_EQ(caps.tp, 2);
+    EXPECT_EQ(caps.max_sessions, 4);
+    EXPECT_STREQ(caps.architecture, "DFlash2DraftModel");
+  }
+  many_clients_match_the_library(dir.path(), address, -1);
+  // SIGTERM: a clean stop that removes the address file and the socket.
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
+  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_FALSE(exists(dir.file("s.sock")));
+}
+
+TEST(Serve, ManyClientsOverTcpDraftWhatTheLibraryDrafts) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "6", "--listen", "tcp://127.0.0.1:*"});
+  const std::string address = server.wait_address();
+  ASSERT_EQ(address.rfind("tcp://127.0.0.1:", 0), 0u) << address << server.log();
+  {
+    Client probe(address);
+    ASSERT_NE(probe.c, nullptr);
+    EXPECT_EQ(tpdraft_client_shared_memory(probe.c), 0);  // over tcp the taps travel inline
+  }
+  many_clients_match_the_library(dir.path(), address, 0);
+}
+
+TEST(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--max-sessions", "3", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  constexpr int kClients = 5;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<tpdraft_session> sessions;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<Client>(address));
+    sessions.push_back(clients.back()->open());
+  }
+  const tpdraft_caps caps = client_caps(clients[0]->c);
+  tpdraft_server_stats stats{};
+  // The server is stopped while five clients send a step each, so the five wait together when
+  // it goes on: it takes them 3 (--max-sessions) then 2. Over a few rounds at least one forward
+  // must have held more than one client's step, and none more than 3 entries.
+  for (int round = 0; round < 4; ++round) {
+    server.signal(SIGSTOP);
+    std::vector<std::thread> threads;
+    std::vector<Out> outs(kClients);
+    std::mt19937_64 rng(static_cast<uint64_t>(round));
+    std::vector<Spec> specs;
+    for (int i = 0; i < kClients; ++i) specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+    for (int i = 0; i < kClients; ++i)
+      threads.emplace_back([&, i] {
+        tpdraft_step_entry e;
+        Spec s = specs[static_cast<size_t>(i)];
+        s.keep = 0;
+        fill_entry(s, sessions[static_cast<size_t>(i)], caps.block_size, caps.vocab_size, &outs[static_cast<size_t>(i)], &e);
+        EXPECT_EQ(tpdraft_client_step(clients[static_cast<size_t>(i)]->c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
+      });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the requests reach the socket
+    server.signal(SIGCONT);
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(tpdraft_client_stats(clients[0]->c, &stats), TPDRAFT_OK) << tpdraft_last_error();
+    if (stats.max_batch > 1) break;
+  }
+  EXPECT_GT(stats.max_batch, 1u);
+  EXPECT_LE(stats.max_batch, 3u);
+  EXPECT_LT(stats.forwards, stats.steps);
+}
+
+// A raw DEALER socket: frames of our own making, and the server's reply to each.
+struct RawSocket {
+  void* ctx = zmq_ctx_new();
+  void* sock = zmq_socket(ctx, ZMQ_DEALER);
+  explicit RawSocket(const std::string& address) {
+    const int linger = 0, timeout = 20000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
+    zmq_connect(sock, address.c_str());
+  }
+  ~RawSocket() {
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+  }
+  // Sends the parts; returns the reply's status and message ("TIMEOUT" when none came).
+  std::pair<uint32_t, std::string> ask(const std::vector<std::string>& parts) {
+    for (size_t i = 0; i < parts.size(); ++i)
+      zmq_send(sock, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, 0) < 0) {
+      zmq_msg_close(&m);
+      return {99, "TIMEOUT"};
+    }
+    std::string body(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    serve::Reader r(body.data(), body.size());
+    const serve::Header h = r.header();
+    if (h.status == 0) return {0, ""};
+    return {h.status, r.str("message")};
+  }
+};
+
+std::string frame(uint16_t kind, uint32_t count, const std::string& body, uint16_t version = serve::kProtocolVersion) {
+  std::string out;
+  serve::Writer w(&out);
+  serve::Header h;
+  h.kind = kind;
+  h.count = count;
+  h.version = version;
+  h.id = 42;
+  w.header(h);
+  out += body;
+  return out;
+}
+
+std::string entry_bytes(const serve::WireEntry& e) {
+  std::string out;
+  serve::Writer w(&out);
+  serve::put_entry(w, e);
+  return out;
+}
+
+TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--max-sessions", "2", "--spin-us", "0", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  // A well-behaved client steps before and after; its drafts must equal the library's.
+  // (--spin-us 0: the server sleeps after every request, so each of its ring requests rings the
+  // doorbell.)
+  Client good(address);
+  const tpdraft_caps caps = client_caps(good.c);
+  const tpdraft_session gs = good.open();
+  std::mt19937_64 rng(5);
+  Trace trace;
+  auto good_step = [&] {
+    Spec s = random_spec(rng, trace.steps.empty() ? 0 : 1, caps.taps_width, caps.vocab_size, 2);
+    s.keep = -1;
+    Out out;
+    tpdraft_step_entry e;
+    fill_entry(s, gs, caps.block_size, caps.vocab_size, &out, &e);
+    ASSERT_EQ(tpdraft_client_step(good.c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
+    trace.steps.push_back({s});
+    trace.outs.push_back({out});
+  };
+  good_step();
+
+  RawSocket raw(address);
+  const std::string taps(static_cast<size_t>(caps.taps_width) * 4, '\0');
+  // Its own session, for the entries below.
+  std::string hello;
+  serve::Writer(&hello).str("");
+  serve::Writer(&hello).put<uint64_t>(0);
+  ASSERT_EQ(raw.ask({frame(serve::kHello, 0, hello)}).first, 0u);
+  ASSERT_EQ(raw.ask({frame(serve::kOpen, 0, "")}).first, 0u);
+  const int64_t own = gs + 1;  // sessions are numbered in opening order
+  auto step_with = [&](serve::WireEntry e, const std::string& area) {
+    return raw.ask({frame(serve::kStep, 1, entry_bytes(e) + area)});
+  };
+  serve::WireEntry fine;
+  fine.session = own;
+  fine.n_new = 1;
+  fine.anchor = 1;
+  fine.taps_where = serve::kTapsInline;
+  fine.taps_bytes = taps.size();
+  struct Case {
+    std::string what;
+    std::vector<std::string> parts;
+    uint32_t status;
+    std::string says;
+  };
+  serve::WireEntry bad_dtype = fine, past_end = fine, no_ring = fine, other = fine, bad_where = fine, nan_taps = fine;
+  bad_dtype.taps_dtype = 7;
+  past_end.taps_offset = 8;
+  no_ring.taps_where = serve::kTapsRing;
+  other.session = gs;  // the good client's
+  bad_where.taps_where = 9;
+  std::string nan_area = taps;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&nan_area[4], &nan, 4);
+  std::string bad_magic = frame(serve::kStats, 0, "");
+  bad_magic[0] = 'X';
+  const std::vector<Case> cases = {
+      {"short frame", {"abc"}, serve::kMalformed, "shorter than the 24-byte header"},
+      {"bad magic", {bad_magic}, serve::kMalformed, "header.magic"},
+      {"other version", {frame(serve::kStats, 0, "", 9)}, serve::kMalformed, "protocol version 9"},
+      {"unknown kind", {frame(77, 0, "")}, serve::kMalformed, "unknown request kind 77"},
+      {"two frames", {frame(serve::kStats, 0, ""), "x"}, serve::kMalformed, "one frame, got 2"},
+      {"trailing bytes", {frame(serve::kStats, 0, "zz")}, serve::kMalformed, "2 bytes past the end"},
+      {"truncated entry", {frame(serve::kStep, 1, "0123")}, serve::kMalformed, "frame ends inside entry.session"},
+      {"too many entries", {frame(serve::kStep, 3, "")}, serve::kArgument, "1 to 2 entries (--max-sessions), got 3"},
+      {"bad dtype", {frame(serve::kStep, 1, entry_bytes(bad_dtype) + taps)}, serve::kArgument, "taps_dtype 7"},
+      {"taps past end", {frame(serve::kStep, 1, entry_bytes(past_end) + taps)}, serve::kArgument, "pass the end"},
+      {"no ring", {frame(serve::kStep, 1, entry_bytes(no_ring) + taps)}, serve::kArgument, "mapped none"},
+      {"bad where", {frame(serve::kStep, 1, entry_bytes(bad_where) + taps)}, serve::kArgument, "taps_where 9"},
+      {"another client's session", {frame(serve::kStep, 1, entry_bytes(other) + taps)}, serve::kArgument,
+       "session " + std::to_string(gs) + " is not open for client"},
+      {"NaN taps", {frame(serve::kStep, 1, entry_bytes(nan_taps) + nan_area)}, serve::kArgument, "NaN or Inf"},
+      {"close unknown", {frame(serve::kClose, 0, std::string(8, '\x09'))}, serve::kArgument, "is not open for"},
+  };
+  for (const Case& c : cases) {
+    const auto [status, message] = raw.ask(c.parts);
+    EXPECT_EQ(status, c.status) << c.what << ": " << message;
+    EXPECT_NE(message.find(c.says), std::string::npos) << c.what << ": '" << message << "' lacks '" << c.says << "'";
+  }
+  // A ring of its own, named in a HELLO: a request placed outside it is refused through the ring,
+  // and one placed inside is answered there.
+  const std::string ring_name = "/tpdraft-test-ring-" + std::to_string(getpid());
+  const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 65536), 0);
+  void* mapped = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::string ring_hello;
+  serve::Writer(&ring_hello).str(ring_name);
+  serve::Writer(&ring_hello).put<uint64_t>(65536);
+  RawSocket ringed(address);
+  EXPECT_EQ(ringed.ask({frame(serve::kHello, 0, ring_hello)}).first, 0u);
+  shm_unlink(ring_name.c_str());
+  char* ring = static_cast<char*>(mapped);
+  auto* ctl = reinterpret_cast<serve::RingControl*>(ring);
+  auto ring_ask = [&](uint64_t at, const std::string& request, uint32_t seq) -> std::pair<uint32_t, std::string> {
+    if (at + request.size() <= 65536) std::memcpy(ring + at, request.data(), request.size());
+    ctl->request_offset = at;
+    ctl->request_bytes = request.size();
+    ctl->reply_offset = 32768;
+    ctl->reply_capacity = 32768;
+    serve::ring_store(&ctl->request_seq, seq);
+    zmq_send(ringed.sock, frame(serve::kBell, 0, "").data(), serve::kHeaderBytes, 0);  // wakes it if asleep
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (serve::ring_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (serve::ring_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
+    serve::Reader r(ring + 32768, ctl->reply_bytes);
+    const serve::Header h = r.header();
+    return {h.status, h.status == 0 ? "" : r.str("message")};
+  };
+  const auto outside = ring_ask(1 << 20, frame(serve::kStats, 0, ""), 1);
+  EXPECT_EQ(outside.first, serve::kMalformed) << outside.second;
+  EXPECT_NE(outside.second.find("outside the ring"), std::string::npos) << outside.second;
+  const auto hello_in_ring = ring_ask(4096, frame(serve::kHello, 0, ring_hello), 2);
+  EXPECT_NE(hello_in_ring.second.find("HELLO must come through the socket"), std::string::npos)
+      << hello_in_ring.second;
+  EXPECT_EQ(ring_ask(4096, frame(serve::kStats, 0, ""), 3).first, 0u);
+  munmap(mapped, 65536);
+
+  // The same socket's well-formed step still works, and its session did not move.
+  EXPECT_EQ(step_with(fine, taps).first, 0u);
+  good_step();
+  good_step();
+  tpdraft_server_stats stats{};
+  ASSERT_EQ(tpdraft_client_stats(good.c, &stats), TPDRAFT_OK);
+  EXPECT_EQ(stats.errors, cases.size() + 2);  // and the two ring requests
+  EXPECT_EQ(stats.open_sessions, 2u);
+  tpdraft_drafter* d = open_library(dir.path(), 1);
+  ASSERT_NE(d, nullptr);
+  replay(d, trace, "the good client");
+  tpdraft_close(d);
+  EXPECT_TRUE(server.running()) << server.log();
+}
+
+TEST(Serve, LimitsAnswerWithErrors) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--max-sessions", "2", "--max-open-sessions", "3", "--max-context", "16",
+                                    "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  Client a(address), b(address);
+  const tpdraft_caps caps = client_caps(a.c);
+  EXPECT_EQ(caps.max_context, 16);
+  EXPECT_EQ(caps.max_open_sessions, 3);
+  const tpdraft_session s1 = a.open(), s2 = a.open(), s3 = b.open();
+  tpdraft_session s4 = -1;
+  EXPECT_EQ(tpdraft_client_session_open(b.c, &s4), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("all 3 sessions allowed (--max-open-sessions) are open"),
+            std::string::npos) << tpdraft_last_error();
+  // Three entries in one step: refused by the client already, which knows the server's limit.
+  std::vector<Out> outs(3);
+  std::vector<tpdraft_step_entry> e(3);
+  std::mt19937_64 rng(1);
+  std::vector<Spec> specs;
+  for (int i = 0; i < 3; ++i) specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+  const tpdraft_session ids[3] = {s1, s2, s3};
+  for (int i = 0; i < 3; ++i) fill_entry(specs[static_cast<size_t>(i)], ids[i], caps.block_size, caps.vocab_size, &outs[static_cast<size_t>(i)], &e[static_cast<size_t>(i)]);
+  EXPECT_EQ(tpdraft_client_step(a.c, e.data(), 3), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("1 to 2 entries"), std::string::npos) << tpdraft_last_error();
+  EXPECT_EQ(outs[0].tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));  // no drafts
+  // More positions than the max context.
+  Spec big = specs[0];
+  big.n_new = 17;
+  big.taps.assign(static_cast<size_t>(17 * caps.taps_width), 0.5f);
+  Out out;
+  tpdraft_step_entry one;
+  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
+  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("max context 16"), std::string::npos) << tpdraft_last_error();
+  big.n_new = 16;
+  big.taps.resize(static_cast<size_t>(16 * caps.taps_width));
+  big.keep = -1;
+  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
+  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_OK) << tpdraft_last_error();
+  big.n_new = 1;  // the session is full
+  big.taps.resize(static_cast<size_t>(caps.taps_width));
+  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
+  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("do not fit the max context 16"), std::string::npos)
+      << tpdraft_last_error();
+  // After a close there is room for one more.
+  EXPECT_EQ(tpdraft_client_session_close(a.c, s2), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_EQ(tpdraft_client_session_open(b.c, &s4), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_TRUE(server.running());
+
+  // Memory: sessions that could not all fit are refused at start, with the numbers.
+  ServerProcess tight(dir.path(), {"--max-open-sessions", "1000", "--max-memory", "1000000", "--listen",
+                                   "ipc://" + dir.file("t.sock")});
+  EXPECT_EQ(tight.wait_exit(60), 3) << tight.log();
+  EXPECT_NE(tight.log().find("more than the 1 MiB --max-memory allows"), std::string::npos) << tight.log();
+}
+
+TEST(Serve, AKilledOrSilentClientHasItsSessionsClosed) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--idle-timeout", "1", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  // A client process that opens two sessions and is killed without a word.
+  const pid_t child = fork();
+  if (child == 0) {
+    tpdraft_client* c = nullptr;
+    tpdraft_session s;
+    if (tpdraft_client_open(address.c_str(), nullptr, &c) != TPDRAFT_OK) _exit(2);
+    if (tpdraft_client_session_open(c, &s) != TPDRAFT_OK || tpdraft_client_session_open(c, &s) != TPDRAFT_OK) _exit(3);
+    raise(SIGKILL);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "the client process failed before it was killed: " << st;
+  // Another, which keeps talking: its session stays while the silent one's go.
+  Client live(address, 20);
+  const tpdraft_session mine = live.open();
+  tpdraft_server_stats stats{};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_EQ(tpdraft_client_stats(live.c, &stats), TPDRAFT_OK) << tpdraft_last_error();
+  } while (stats.open_sessions != 1 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(stats.open_sessions, 1u) << server.log();
+  EXPECT_GE(stats.clients_reaped, 1u);
+  int64_t n = -1;
+  EXPECT_EQ(tpdraft_client_session_length(live.c, mine, &n), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_NE(server.log().find("was silent for more than 1 s"), std::string::npos) << server.log();
+}
+
+TEST(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  Client c(address, 1.0);
+  const tpdraft_caps caps = client_caps(c.c);
+  const tpdraft_session s = c.open();
+  server.signal(SIGSTOP);
+  std::mt19937_64 rng(3);
+  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+  Out out;
+  tpdraft_step_entry e;
+  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
+  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("no reply"), std::string::npos) << tpdraft_last_error();
+  EXPECT_EQ(out.tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));
+  EXPECT_EQ(out.q, std::vector<float>(static_cast<size_t>(caps.block_size - 1), 0.0f));
+  // Closed for good: the next call fails at once, the same way.
+  int64_t n = 0;
+  EXPECT_EQ(tpdraft_client_session_length(c.c, s, &n), TPDRAFT_ERROR_UNAVAILABLE);
+  server.signal(SIGCONT);
+  // No server at all: the open fails within its timeout too.
+  tpdraft_client_options o;
+  tpdraft_client_options_init(&o);
+  o.timeout_seconds = 0.5;
+  tpdraft_client* none = nullptr;
+  EXPECT_EQ(tpdraft_client_open(("ipc://" + dir.file("nobody.sock")).c_str(), &o, &none), TPDRAFT_ERROR_UNAVAILABLE);
+  EXPECT_EQ(none, nullptr);
+}
+
+TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, {},
+                       {"TPDRAFT_FAULT=1:draft"});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  Client c(address, 20);
+  const tpdraft_caps caps = client_caps(c.c);
+  const tpdraft_session s = c.open();
+  std::mt19937_64 rng(3);
+  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+  Out out;
+  tpdraft_step_entry e;
+  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
+  const tpdraft_status st = tpdraft_client_step(c.c, &e, 1);
+  EXPECT_TRUE(st == TPDRAFT_ERROR_UNAVAILABLE || st == TPDRAFT_ERROR_RUNTIME) << tpdraft_status_name(st);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("rank 1: injected fault at 'draft'"), std::string::npos)
+      << tpdraft_last_error();
+  EXPECT_EQ(out.tokens[0], -1);
+  EXPECT_EQ(server.wait_exit(30), 1) << server.log();
+  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_FALSE(exists(dir.file("s.sock")));
+}
+
+TEST(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  // Clients step until their server goes; each step either drafts or fails closed.
+  std::atomic<int> done{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i)
+    threads.emplace_back([&, i] {
+      Client c(address, 20);
+      if (c.c == nullptr) return;
+      const tpdraft_caps caps = client_caps(c.c);
+      const tpdraft_session s = c.open();
+      std::mt19937_64 rng(static_cast<uint64_t>(i));
+      for (int k = 0; k < 2000; ++k) {
+        Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+        spec.keep = 0;
+        Out out;
+        tpdraft_step_entry e;
+        fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
+        const tpdraft_status st = tpdraft_client_step(c.c, &e, 1);
+        if (st != TPDRAFT_OK) {
+          EXPECT_EQ(st, TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
+          EXPECT_EQ(out.tokens[0], -1);
+          ++failed;
+          return;
+        }
+        EXPECT_GE(out.tokens[0], 0);
+        ++done;
+      }
+    });
+  while (done < 30) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed, 3);
+  EXPECT_NE(server.log().find("stopping (signal)"), std::string::npos) << server.log();
+  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_FALSE(exists(dir.file("s.sock")));
+}
+
+// ---- under mpirun (CTest test_serve_mpi, labelled mpi) ------------------------------------------
+
+#define SKIP_WITHOUT_MPI() \
+  if (std::string(TPDRAFT_MPIRUN).empty()) GTEST_SKIP() << "this build has no MPI"
+
+std::vector<std::string> mpirun(int np) {
+  std::vector<std::string> argv;
+  std::string word;
+  std::istringstream in(TPDRAFT_MPIRUN);
+  while (in >> word) argv.push_back(word);
+  argv.push_back("-np");
+  argv.push_back(std::to_string(np));
+  return argv;
+}
+
+// The pid of the process of world rank `rank` among the launcher's children.
+pid_t rank_pid(pid_t launcher, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  DIR* proc = opendir("/proc");
+  pid_t found = -1;
+  for (dirent* d; proc != nullptr && (d = readdir(proc)) != nullptr;) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(d->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(d->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != launcher) continue;
+    std::ifstream env("/proc/" + std::string(d->d_name) + "/environ");
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    for (size_t at = 0; at < all.size();) {
+      const size_t end = all.find('\0', at);
+      if (all.compare(at, end - at, want) == 0) found = pid;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  }
+  if (proc != nullptr) closedir(proc);
+  return found;
+}
+
+TEST(ServeMpi, ATp2GroupUnderMpirunDraftsWhatTheLibraryDrafts) {
+  SKIP_WITHOUT_MPI();
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "4", "--listen", "ipc://" + dir.file("s.sock")},
+                       mpirun(2));
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  many_clients_match_the_library(dir.path(), address, -1);
+  {
+    Client c(address);
+    ASSERT_EQ(tpdraft_client_shutdown(c.c), TPDRAFT_OK) << tpdraft_last_error();
+  }
+  EXPECT_EQ(server.wait_exit(60), 0) << server.log();
+  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_FALSE(exists(dir.file("s.sock")));
+}
+
+TEST(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
+  SKIP_WITHOUT_MPI();
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, mpirun(2));
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  Client c(address, 30);
+  const tpdraft_caps caps = client_caps(c.c);
+  const tpdraft_session s = c.open();
+  const pid_t victim = rank_pid(server.pid(), 1);
+  ASSERT_GT(victim, 0) << "no rank 1 among mpirun's children";
+  kill(victim, SIGKILL);
+  std::mt19937_64 rng(3);
+  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+  Out out;
+  tpdraft_step_entry e;
+  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
+  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
+  EXPECT_EQ(out.tokens[0], -1);
+  const int status = server.wait_exit(60);
+  EXPECT_NE(status, 0) << server.log();
+  EXPECT_NE(status, -1) << "the job did not end after its rank 1 was killed:\n" << server.log();
+}
+
+TEST(ServeMpi, ARankThatFailsEndsTheJobNamingIt) {
+  SKIP_WITHOUT_MPI();
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  auto launcher = mpirun(2);
+  launcher.push_back("-x");
+  launcher.push_back("TPDRAFT_FAULT=1:draft");
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, launcher);
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  Client c(address, 30);
+  const tpdraft_caps caps = client_caps(c.c);
+  const tpdraft_session s = c.open();
+  std::mt19937_64 rng(3);
+  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+  Out out;
+  tpdraft_step_entry e;
+  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
+  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
+  EXPECT_EQ(server.wait_exit(60), 1) << server.log();
+  EXPECT_NE(server.log().find("rank 1: injected fault at 'draft'"), std::string::npos) << server.log();
+}
+
+}  // namespace
+}  // namespace tpdraft::serve_test
