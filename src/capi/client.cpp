@@ -528,9 +528,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
     for (size_t i = 0; i < count; ++i) {
       const tpdraft_step_entry& e = entries[i];
       std::string bad = check_entry(e, i, c->caps.vocab);
-      // The dtype is read as the integer it holds: an out-of-range value is an error, not UB.
-      int32_t dtype = 0;
-      std::memcpy(&dtype, &e.taps_dtype, sizeof(dtype));
+      const int32_t dtype = e.taps_dtype;
       if (bad.empty() && (dtype < 0 || dtype > 2))
         bad = fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, dtype);
       if (bad.empty() && e.n_new > c->caps.max_context)
