@@ -34,6 +34,19 @@ std::atomic<int>& active_level() {
 
 }  // namespace
 
+bool detail::cpu_has_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512f");
+  }();
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Scalar:
