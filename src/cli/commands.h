@@ -9,5 +9,6 @@ void add_init(CLI::App& app);
 void add_info(CLI::App& app);
 void add_draft(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_quantize(CLI::App& app);
 
 }  // namespace tpdraft::cli

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add_info(app);
   add_draft(app);
   add_bench(app);
+  add_quantize(app);
   int status = kExitOk;
   try {
     init_launch(&argc, &argv);
