@@ -99,9 +99,11 @@ namespace {
 using detail::kQuantRows;
 using detail::QuantLayout;
 
-// Packs one 8-row group: for block b, int8 chunk c (4 columns) is 32 bytes [row][4 columns];
-// int4 pair p (8 columns) is 32 bytes whose low nibbles hold columns p*8..p*8+3 and high nibbles
-// p*8+4..p*8+7 of each row, offset by +8 (so the nibbles are unsigned). Then nb x 8 f32 scales.
+// Packs one 8-row group: for block b, int8 chunk c (4 columns) is 32 bytes [row][4 columns] of
+// q + 128; int4 pair p (8 columns) is 32 bytes whose low nibbles hold columns p*8..p*8+3 and high
+// nibbles p*8+4..p*8+7 of each row as q + 8. Both are unsigned, as vpdpbusd wants its first
+// operand; the offset times the block's activation sum is taken off per block. Then nb x 8 f32
+// scales.
 void pack_group(const QuantLayout& l, const QuantizedRows& src, int64_t rg, std::byte* dst) {
   const int64_t gpr = l.cols / l.group;  // scales per source row
   std::memset(dst, 0, static_cast<size_t>(l.rg_bytes));
@@ -117,7 +119,7 @@ void pack_group(const QuantLayout& l, const QuantizedRows& src, int64_t rg, std:
         const int64_t c = c0 + k;
         const int q = (row < l.rows && k < l.kb && c < l.cols) ? src.q[row * l.cols + c] : 0;
         if (l.bits == 8) {
-          blk[(k / 4) * 32 + r * 4 + k % 4] = static_cast<uint8_t>(static_cast<int8_t>(q));
+          blk[(k / 4) * 32 + r * 4 + k % 4] = static_cast<uint8_t>(q + 128);
         } else {
           const int64_t pair = k / 8, within = k % 8;
           const auto nib = static_cast<uint8_t>(q + 8);
@@ -147,7 +149,7 @@ void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, i
         for (int64_t k = 0; k < l.kp; ++k) {
           int q;
           if (l.bits == 8) {
-            q = static_cast<int8_t>(blk[(k / 4) * 32 + r * 4 + k % 4]);
+            q = blk[(k / 4) * 32 + r * 4 + k % 4] - 128;
           } else {
             const uint8_t byte = blk[(k / 8) * 32 + r * 4 + (k % 8) % 4];
             q = (k % 8 < 4 ? (byte & 0xf) : (byte >> 4)) - 8;
@@ -169,14 +171,17 @@ struct Steps;
 
 template <int MR>
 struct Steps<MR, false> {
+  static constexpr bool kOffset = false;  // int8 products use the signed weights
   TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE_Q void int8(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i aw = _mm256_abs_epi8(w);
+    // Unsigned q + 128 against signed x would overflow maddubs' int16 pairs: back to signed q,
+    // then |q| (unsigned) times x carrying q's sign (pairs within 2 * 128 * 127).
+    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+    const __m256i aw = _mm256_abs_epi8(q);
     for (int i = 0; i < MR; ++i) {
       int32_t xv;
       std::memcpy(&xv, x[i] + k, 4);
-      // |w| (unsigned) times x carrying w's sign: pairs stay within int16 (2 * 128 * 127).
-      const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(xv), w);
+      const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(xv), q);
       acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, s), ones));
     }
   }
@@ -199,12 +204,13 @@ struct Steps<MR, false> {
 
 template <int MR>
 struct Steps<MR, true> {
+  static constexpr bool kOffset = true;  // int8 products include the +128 offset
   TPDRAFT_TARGET_VNNI static TPDRAFT_INLINE_Q void int8(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
-    const __m256i aw = _mm256_abs_epi8(w);
+    // (q + 128) . x in one instruction per row; 128 * sum(x) comes off at the block's end.
     for (int i = 0; i < MR; ++i) {
       int32_t xv;
       std::memcpy(&xv, x[i] + k, 4);
-      acc[i] = _mm256_dpbusd_epi32(acc[i], aw, _mm256_sign_epi8(_mm256_set1_epi32(xv), w));
+      acc[i] = _mm256_dpbusd_epi32(acc[i], w, _mm256_set1_epi32(xv));
     }
   }
   TPDRAFT_TARGET_VNNI static TPDRAFT_INLINE_Q void int4(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
@@ -233,6 +239,9 @@ struct Steps<MR, true> {
     if constexpr (Bits == 8) {                                                                                  \
       for (int64_t k = 0; k < l.kp; k += 4)                                                                 \
         STEPS::int8(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 8)), xr, k);        \
+      if constexpr (STEPS::kOffset)                                                                         \
+        for (int i = 0; i < MR; ++i)                                                                        \
+          acc[i] = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(128 * xsum[i * l.nb + b]));                   \
     } else {                                                                                                \
       for (int64_t k = 0; k < l.kp; k += 8)                                                                 \
         STEPS::int4(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 4)), xr, k);        \
@@ -263,7 +272,8 @@ TPDRAFT_TARGET_VNNI void vnni_group(const QuantLayout& l, const std::byte* wg, c
 
 using GroupFn = void (*)(const QuantLayout&, const std::byte*, const int8_t*, int64_t, const float*, const int32_t*,
                          float*, int64_t);
-constexpr int kQuantMr = 4;
+// Activation rows per weight load: AVX2 has 16 vector registers, AVX-512 (with VL) 32.
+constexpr int kAvx2Mr = 4, kVnniMr = 8, kQuantMr = kVnniMr;
 
 template <int Bits, bool Vnni, int... MR>
 const GroupFn* group_table(std::integer_sequence<int, MR...>) {
@@ -295,20 +305,21 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
   const GroupFn* table = nullptr;
   if (job.kernel != QuantKernel::Scalar) {
     const bool vnni = job.kernel == QuantKernel::Avx512Vnni;
-    table = l.bits == 8 ? (vnni ? group_table<8, true>(std::make_integer_sequence<int, kQuantMr>{})
-                                : group_table<8, false>(std::make_integer_sequence<int, kQuantMr>{}))
-                        : (vnni ? group_table<4, true>(std::make_integer_sequence<int, kQuantMr>{})
-                                : group_table<4, false>(std::make_integer_sequence<int, kQuantMr>{}));
+    table = l.bits == 8 ? (vnni ? group_table<8, true>(std::make_integer_sequence<int, kVnniMr>{})
+                                : group_table<8, false>(std::make_integer_sequence<int, kAvx2Mr>{}))
+                        : (vnni ? group_table<4, true>(std::make_integer_sequence<int, kVnniMr>{})
+                                : group_table<4, false>(std::make_integer_sequence<int, kAvx2Mr>{}));
   }
-  const int64_t mc = std::max<int64_t>(kQuantMr, (256 * 1024) / std::max<int64_t>(1, job.xstride) / kQuantMr * kQuantMr);
+  const int64_t tile = job.kernel == QuantKernel::Avx512Vnni ? kVnniMr : kAvx2Mr;
+  const int64_t mc = std::max<int64_t>(tile, (256 * 1024) / std::max<int64_t>(1, job.xstride) / tile * tile);
   float tmp[kQuantMr * kQuantRows];
   for (int64_t mb = 0; mb < job.m; mb += mc) {
     const int64_t me = std::min(job.m, mb + mc);
     for (int64_t g = g0; g < g1; ++g) {
       const std::byte* wg = job.w + g * l.rg_bytes;
       const int64_t c0 = g * kQuantRows, nr = std::min<int64_t>(kQuantRows, n - c0);
-      for (int64_t i0 = mb; i0 < me; i0 += kQuantMr) {
-        const int mr = static_cast<int>(std::min<int64_t>(kQuantMr, me - i0));
+      for (int64_t i0 = mb; i0 < me; i0 += tile) {
+        const int mr = static_cast<int>(std::min<int64_t>(tile, me - i0));
         const int8_t* xq = job.xq + i0 * job.xstride;
         const float* xs = job.xs + i0 * l.nb;
         const int32_t* xsum = job.xsum + i0 * l.nb;
