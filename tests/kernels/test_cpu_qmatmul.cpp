@@ -191,7 +191,7 @@ TEST(CpuQuantMatmul, LayoutAndBlocks) {
   EXPECT_EQ(cpu::detail::quant_block(1031, 2062), 1031);  // a prime: one block
   EXPECT_EQ(cpu::detail::quant_block(4096, 8192), 256);
   EXPECT_EQ(cpu::detail::quant_block(1031, 1031), 128);   // one scale per row: blocks of 128, the last short
-  const auto l = cpu::detail::quant_layout(WeightFormat::Int4, 13, 200, 40);
+  const auto l = cpu::detail::quant_layout(WeightFormat::Int4, 29, 200, 40);
   EXPECT_EQ(l.kb, 40);
   EXPECT_EQ(l.nb, 5);
   EXPECT_EQ(l.rgroups, 2);

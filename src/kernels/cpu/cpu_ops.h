@@ -49,7 +49,7 @@ bool cpu_has_vnni();
 // The CPU layout of a quantized matrix: groups of kQuantRows interleaved rows, each holding nb
 // blocks of kp (kb rounded up to 8) packed columns and then nb x kQuantRows f32 scales.
 // Activations are quantized in the same blocks of kb columns.
-constexpr int64_t kQuantRows = 8;
+constexpr int64_t kQuantRows = 16;
 struct QuantLayout {
   int bits = 8;
   int64_t rows = 0, cols = 0, group = 0;

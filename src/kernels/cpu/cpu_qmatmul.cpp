@@ -1,10 +1,10 @@
 // Matmul with int8 / int4 weights. Activations are quantized per row to int8 in blocks of the
 // weights' scale groups, so that a block's dot product is an exact int32 sum of int8 x int8 (or
 // int4 x int8) products, scaled once by the weight row's group scale times the activation block's
-// scale. The weights are repacked at load into groups of 8 interleaved rows: a 32-byte vector holds
-// 4 consecutive columns of each of the 8 rows, so one broadcast of 4 activation bytes feeds all 8
+// scale. The weights are repacked at load into groups of 16 interleaved rows: 64 bytes hold 4
+// consecutive columns of each of the 16 rows, so one broadcast of 4 activation bytes feeds all 16
 // rows and every 32-bit lane accumulates one row (no horizontal sums). Variants: portable C++,
-// AVX2 (maddubs + madd), AVX-512 VNNI (vpdpbusd on 256-bit vectors). The integer sums are exact and
+// AVX2 (maddubs + madd, 8 rows at a time), AVX-512 VNNI (vpdpbusd, 16 rows). The integer sums are exact and
 // the float steps are the same operations in the same order, so every variant gives bit-identical
 // results.
 #pragma GCC diagnostic push
@@ -22,7 +22,7 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #define TPDRAFT_INLINE_Q inline __attribute__((always_inline))
-#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 namespace tpdraft::kernels::cpu {
 
@@ -99,11 +99,14 @@ namespace {
 using detail::kQuantRows;
 using detail::QuantLayout;
 
-// Packs one 8-row group: for block b, int8 chunk c (4 columns) is 32 bytes [row][4 columns] of
-// q + 128; int4 pair p (8 columns) is 32 bytes whose low nibbles hold columns p*8..p*8+3 and high
-// nibbles p*8+4..p*8+7 of each row as q + 8. Both are unsigned, as vpdpbusd wants its first
-// operand; the offset times the block's activation sum is taken off per block. Then nb x 8 f32
-// scales.
+// Bytes of one int8 chunk (4 columns) or int4 pair (8 columns) of a row group.
+constexpr int64_t kChunkBytes = kQuantRows * 4;
+
+// Packs one row group: for block b, int8 chunk c (4 columns) is kChunkBytes [row][4 columns] of
+// q + 128; int4 pair p (8 columns) is kChunkBytes whose low nibbles hold columns p*8..p*8+3 and
+// high nibbles p*8+4..p*8+7 of each row as q + 8. Both are unsigned, as vpdpbusd wants its first
+// operand; the offset times the block's activation sum is taken off per block. Then nb x
+// kQuantRows f32 scales.
 void pack_group(const QuantLayout& l, const QuantizedRows& src, int64_t rg, std::byte* dst) {
   const int64_t gpr = l.cols / l.group;  // scales per source row
   std::memset(dst, 0, static_cast<size_t>(l.rg_bytes));
@@ -113,17 +116,17 @@ void pack_group(const QuantLayout& l, const QuantizedRows& src, int64_t rg, std:
     for (int64_t b = 0; b < l.nb; ++b) {
       uint8_t* blk = reinterpret_cast<uint8_t*>(dst + b * l.block_bytes);
       const int64_t c0 = b * l.kb;
-      // Padding rows and columns: zero weights (int4: the nibble 8) and zero scales.
+      // Padding rows and columns: zero weights (stored as the offset) and zero scales.
       scales[b * kQuantRows + r] = row < l.rows ? src.scales[row * gpr + c0 / l.group] : 0.0f;
       for (int64_t k = 0; k < l.kp; ++k) {
         const int64_t c = c0 + k;
         const int q = (row < l.rows && k < l.kb && c < l.cols) ? src.q[row * l.cols + c] : 0;
         if (l.bits == 8) {
-          blk[(k / 4) * 32 + r * 4 + k % 4] = static_cast<uint8_t>(q + 128);
+          blk[(k / 4) * kChunkBytes + r * 4 + k % 4] = static_cast<uint8_t>(q + 128);
         } else {
           const int64_t pair = k / 8, within = k % 8;
           const auto nib = static_cast<uint8_t>(q + 8);
-          uint8_t& byte = blk[pair * 32 + r * 4 + within % 4];
+          uint8_t& byte = blk[pair * kChunkBytes + r * 4 + within % 4];
           byte = static_cast<uint8_t>(byte | (within < 4 ? nib : static_cast<uint8_t>(nib << 4)));
         }
       }
@@ -131,12 +134,12 @@ void pack_group(const QuantLayout& l, const QuantizedRows& src, int64_t rg, std:
   }
 }
 
-// ---- kernels: MR activation rows x one 8-row weight group, all blocks; out[i * os + r] ------------
+// ---- kernels: MR activation rows x one row group, all blocks; out[i * os + r] ---------------------
 
 // Portable. The int32 sums are exact; the float steps match the SIMD variants (a product of the
 // two scales, then one fused multiply-add per block).
 void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, int64_t xstride, const float* xs,
-                  const int32_t* xsum, int mr, float* out, int64_t os) {
+                  int mr, float* out, int64_t os) {
   const auto* scales = reinterpret_cast<const float*>(wg + l.scale_offset);
   for (int i = 0; i < mr; ++i) {
     float acc[kQuantRows] = {};
@@ -149,9 +152,9 @@ void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, i
         for (int64_t k = 0; k < l.kp; ++k) {
           int q;
           if (l.bits == 8) {
-            q = blk[(k / 4) * 32 + r * 4 + k % 4] - 128;
+            q = blk[(k / 4) * kChunkBytes + r * 4 + k % 4] - 128;
           } else {
-            const uint8_t byte = blk[(k / 8) * 32 + r * 4 + (k % 8) % 4];
+            const uint8_t byte = blk[(k / 8) * kChunkBytes + r * 4 + (k % 8) % 4];
             q = (k % 8 < 4 ? (byte & 0xf) : (byte >> 4)) - 8;
           }
           sum += q * xb[k];
@@ -162,112 +165,109 @@ void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, i
     }
     for (int r = 0; r < kQuantRows; ++r) out[i * os + r] = acc[r];
   }
-  (void)xsum;
 }
 
-// One 4-column int8 step or one 8-column int4 step for MR rows, AVX2 or VNNI.
-template <int MR, bool Vnni>
-struct Steps;
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE_Q __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
 
-template <int MR>
-struct Steps<MR, false> {
-  static constexpr bool kOffset = false;  // int8 products use the signed weights
-  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE_Q void int8(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    // Unsigned q + 128 against signed x would overflow maddubs' int16 pairs: back to signed q,
-    // then |q| (unsigned) times x carrying q's sign (pairs within 2 * 128 * 127).
-    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
-    const __m256i aw = _mm256_abs_epi8(q);
-    for (int i = 0; i < MR; ++i) {
-      int32_t xv;
-      std::memcpy(&xv, x[i] + k, 4);
-      const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(xv), q);
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, s), ones));
-    }
-  }
-  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE_Q void int4(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    const __m256i lo = _mm256_and_si256(w, low);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-    for (int i = 0; i < MR; ++i) {
-      int32_t x0, x1;
-      std::memcpy(&x0, x[i] + k, 4);
-      std::memcpy(&x1, x[i] + k + 4, 4);
-      // Unsigned nibbles (q + 8) times signed x: each pair at most 2 * 15 * 127.
-      const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
-                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(p, ones));
-    }
-  }
-};
-
-template <int MR>
-struct Steps<MR, true> {
-  static constexpr bool kOffset = true;  // int8 products include the +128 offset
-  TPDRAFT_TARGET_VNNI static TPDRAFT_INLINE_Q void int8(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
-    // (q + 128) . x in one instruction per row; 128 * sum(x) comes off at the block's end.
-    for (int i = 0; i < MR; ++i) {
-      int32_t xv;
-      std::memcpy(&xv, x[i] + k, 4);
-      acc[i] = _mm256_dpbusd_epi32(acc[i], w, _mm256_set1_epi32(xv));
-    }
-  }
-  TPDRAFT_TARGET_VNNI static TPDRAFT_INLINE_Q void int4(__m256i (&acc)[MR], __m256i w, const int8_t* const* x, int64_t k) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    const __m256i lo = _mm256_and_si256(w, low);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-    for (int i = 0; i < MR; ++i) {
-      int32_t x0, x1;
-      std::memcpy(&x0, x[i] + k, 4);
-      std::memcpy(&x1, x[i] + k + 4, 4);
-      acc[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc[i], lo, _mm256_set1_epi32(x0)), hi, _mm256_set1_epi32(x1));
-    }
-  }
-};
-
-#define TPDRAFT_QGROUP_BODY(STEPS)                                                                          \
-  const auto* scales = reinterpret_cast<const float*>(wg + l.scale_offset);                                 \
-  __m256 facc[MR];                                                                                          \
-  for (int i = 0; i < MR; ++i) facc[i] = _mm256_setzero_ps();                                               \
-  const int8_t* xr[MR];                                                                                     \
-  for (int64_t b = 0; b < l.nb; ++b) {                                                                      \
-    for (int i = 0; i < MR; ++i) xr[i] = xq + i * xstride + b * l.kp;                                       \
-    __m256i acc[MR];                                                                                        \
-    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_si256();                                           \
-    const std::byte* blk = wg + b * l.block_bytes;                                                          \
-    if constexpr (Bits == 8) {                                                                                  \
-      for (int64_t k = 0; k < l.kp; k += 4)                                                                 \
-        STEPS::int8(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 8)), xr, k);        \
-      if constexpr (STEPS::kOffset)                                                                         \
-        for (int i = 0; i < MR; ++i)                                                                        \
-          acc[i] = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(128 * xsum[i * l.nb + b]));                   \
-    } else {                                                                                                \
-      for (int64_t k = 0; k < l.kp; k += 8)                                                                 \
-        STEPS::int4(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 4)), xr, k);        \
-      /* The nibbles carry q + 8: take 8 x (the block's sum of x) back off. */                              \
-      for (int i = 0; i < MR; ++i)                                                                          \
-        acc[i] = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(8 * xsum[i * l.nb + b]));                       \
-    }                                                                                                       \
-    const __m256 ws = _mm256_loadu_ps(scales + b * kQuantRows);                                             \
-    for (int i = 0; i < MR; ++i)                                                                            \
-      facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_mul_ps(ws, _mm256_set1_ps(xs[i * l.nb + b])), \
-                                facc[i]);                                                                   \
-  }                                                                                                         \
-  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + i * os, facc[i]);
-
+// AVX2: each half of the row group (8 rows) in turn, 8 lanes = 8 rows.
 template <int MR, int Bits>
 TPDRAFT_TARGET_AVX2 void avx2_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, int64_t xstride,
                                     const float* xs, const int32_t* xsum, float* out, int64_t os) {
-  using S = Steps<MR, false>;
-  TPDRAFT_QGROUP_BODY(S)
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int h = 0; h < 2; ++h) {
+    const auto* scales = reinterpret_cast<const float*>(wg + l.scale_offset) + h * 8;
+    __m256 facc[MR];
+    for (int i = 0; i < MR; ++i) facc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < l.nb; ++b) {
+      const int8_t* xr[MR];
+      for (int i = 0; i < MR; ++i) xr[i] = xq + i * xstride + b * l.kp;
+      __m256i acc[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_si256();
+      const std::byte* blk = wg + b * l.block_bytes + h * 32;
+      if constexpr (Bits == 8) {
+        for (int64_t k = 0; k < l.kp; k += 4) {
+          // Unsigned q + 128 against signed x would overflow maddubs' int16 pairs: back to signed
+          // q, then |q| (unsigned) times x carrying q's sign (pairs within 2 * 128 * 127).
+          const __m256i q = _mm256_xor_si256(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (k / 4) * kChunkBytes)), flip);
+          const __m256i aq = _mm256_abs_epi8(q);
+          for (int i = 0; i < MR; ++i)
+            acc[i] = _mm256_add_epi32(
+                acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(bcast4(xr[i] + k), q)), ones));
+        }
+      } else {
+        for (int64_t k = 0; k < l.kp; k += 8) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (k / 8) * kChunkBytes));
+          const __m256i lo = _mm256_and_si256(w, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+          // Unsigned nibbles (q + 8) times signed x: each pair at most 2 * 15 * 127.
+          for (int i = 0; i < MR; ++i)
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xr[i] + k)),
+                                                                                 _mm256_maddubs_epi16(hi, bcast4(xr[i] + k + 4))),
+                                                                ones));
+        }
+        for (int i = 0; i < MR; ++i) acc[i] = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(8 * xsum[i * l.nb + b]));
+      }
+      const __m256 ws = _mm256_loadu_ps(scales + b * kQuantRows);
+      for (int i = 0; i < MR; ++i)
+        facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_mul_ps(ws, _mm256_set1_ps(xs[i * l.nb + b])),
+                                  facc[i]);
+    }
+    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + i * os + h * 8, facc[i]);
+  }
 }
 
+TPDRAFT_TARGET_VNNI TPDRAFT_INLINE_Q __m512i bcast4_512(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// AVX-512 VNNI: 16 lanes = the whole row group; one vpdpbusd per activation row and 4 columns
+// (int8) or two per 8 columns (int4).
 template <int MR, int Bits>
 TPDRAFT_TARGET_VNNI void vnni_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, int64_t xstride,
                                     const float* xs, const int32_t* xsum, float* out, int64_t os) {
-  using S = Steps<MR, true>;
-  TPDRAFT_QGROUP_BODY(S)
+  const auto* scales = reinterpret_cast<const float*>(wg + l.scale_offset);
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512 facc[MR];
+  for (int i = 0; i < MR; ++i) facc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < l.nb; ++b) {
+    const int8_t* xr[MR];
+    for (int i = 0; i < MR; ++i) xr[i] = xq + i * xstride + b * l.kp;
+    __m512i acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_si512();
+    const std::byte* blk = wg + b * l.block_bytes;
+    if constexpr (Bits == 8) {
+      for (int64_t k = 0; k < l.kp; k += 4) {
+        const __m512i w = _mm512_loadu_si512(blk + (k / 4) * kChunkBytes);
+        for (int i = 0; i < MR; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, bcast4_512(xr[i] + k));
+      }
+    } else {
+      for (int64_t k = 0; k < l.kp; k += 8) {
+        const __m512i w = _mm512_loadu_si512(blk + (k / 8) * kChunkBytes);
+        const __m512i lo = _mm512_and_si512(w, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+        for (int i = 0; i < MR; ++i)
+          acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, bcast4_512(xr[i] + k)), hi,
+                                       bcast4_512(xr[i] + k + 4));
+      }
+    }
+    // The stored offset (128 or 8) times the block's activation sum comes off.
+    constexpr int offset = Bits == 8 ? 128 : 8;
+    const __m512 ws = _mm512_loadu_ps(scales + b * kQuantRows);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i dot = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(offset * xsum[i * l.nb + b]));
+      facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(xs[i * l.nb + b])), facc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * os, facc[i]);
 }
 
 using GroupFn = void (*)(const QuantLayout&, const std::byte*, const int8_t*, int64_t, const float*, const int32_t*,
@@ -324,7 +324,7 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
         const float* xs = job.xs + i0 * l.nb;
         const int32_t* xsum = job.xsum + i0 * l.nb;
         if (table == nullptr) {
-          scalar_group(l, wg, xq, job.xstride, xs, xsum, mr, tmp, kQuantRows);
+          scalar_group(l, wg, xq, job.xstride, xs, mr, tmp, kQuantRows);
         } else {
           table[mr - 1](l, wg, xq, job.xstride, xs, xsum, tmp, kQuantRows);
         }
