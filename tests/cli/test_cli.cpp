@@ -164,6 +164,21 @@ TEST(Cli, QuantizeThenDraftMatchesTheDequantizedReference) {
   EXPECT_NE(bits.out.find("--bits"), std::string::npos) << bits.out;
 }
 
+// TPDRAFT_CPU_ISA caps the kernels' level (quantized ones included); an unknown name is refused.
+TEST(Cli, CpuIsaCapFromTheEnvironment) {
+  const std::string args = "bench --config " + testing::source_path("configs/tiny-dflash2.json") +
+                           " --ctx 8 --repeat 1 --warmup 0 --threads 1 --backend cpu --quant q4 --json";
+  Result capped = run_prefixed("TPDRAFT_CPU_ISA=scalar ", args);
+  EXPECT_EQ(capped.status, 0) << capped.out;
+  Result plain = run(args);
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  // The variants are bit-identical: the same tokens either way.
+  EXPECT_EQ(nlohmann::json::parse(json_line(capped.out))["tokens"], nlohmann::json::parse(json_line(plain.out))["tokens"]);
+  Result bad = run_prefixed("TPDRAFT_CPU_ISA=avx9 ", args);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("TPDRAFT_CPU_ISA is 'avx9'"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, EveryCommandAnswersHelp) {
   for (const char* c : {"", "init ", "info ", "draft ", "bench ", "quantize "}) {
     Result r = run(std::string(c) + "--help");
