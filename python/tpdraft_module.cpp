@@ -256,7 +256,7 @@ class Endpoint {
 class Drafter : public Endpoint<InProcess> {
  public:
   Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
-          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs) {
+          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs, py::object quant) {
     tpdraft_options o;
     tpdraft_options_init(&o);
     o.backend = backend.c_str();
@@ -266,6 +266,8 @@ class Drafter : public Endpoint<InProcess> {
     o.max_context = max_context;
     o.max_open_sessions = max_open_sessions;
     o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
+    const std::string quant_name = quant.is_none() ? std::string() : quant.cast<std::string>();
+    o.quant = quant.is_none() ? nullptr : quant_name.c_str();
     tpdraft_drafter* h = nullptr;
     tpdraft_status st;
     {
@@ -361,11 +363,13 @@ PYBIND11_MODULE(tpdraft, m) {
 
   py::class_<Drafter>(m, "Drafter",
                       "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                      "max_context=4096, max_open_sessions=64, graphs=None)")
-      .def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int, py::object>(),
+                      "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8' or 'q4' "
+                      "(quantize a float checkpoint while loading)")
+      .def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int, py::object,
+                    py::object>(),
            py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
            py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
-           py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none())
+           py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none())
       .def_property_readonly("caps", &Drafter::caps)
       .def("open_session", &Drafter::open_session)
       .def("close_session", &Drafter::close_session, py::arg("session"))

@@ -64,6 +64,9 @@ typedef struct tpdraft_options {
   int64_t max_context;       /* positions one session may hold (default 4096) */
   int32_t max_open_sessions; /* sessions open at once (default 64) */
   int32_t graphs;            /* capture the block forward and replay it: -1 auto (on for cuda), 0, 1 */
+  const char* quant;         /* NULL: weights as stored; "q8" or "q4": quantize a float checkpoint while
+                                loading (q8: every matrix int8; q4: layer matrices int4, fc and the
+                                projections int8; cpu backend; docs/quantization.md) */
 } tpdraft_options;
 
 /* Fills the defaults; call it, then change what you need. */

@@ -184,8 +184,13 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
   return guarded("tpdraft_open", TPDRAFT_ERROR_INPUT, [&] {
     const model::RuntimeOptions ro = runtime_options(o);
     auto d = std::make_unique<tpdraft_drafter>();
-    d->group = std::make_unique<engine::LocalGroup>(model::ModelSource::open(drafter_dir, target_dir), ro,
-                                                    std::max(1, o.tp), o.max_open_sessions);
+    model::ModelSource source = model::ModelSource::open(drafter_dir, target_dir);
+    if (o.quant != nullptr) {
+      const std::string q = o.quant;
+      TPDRAFT_CHECK(q == "q8" || q == "q4", "options.quant is '{}', expected NULL, \"q8\" or \"q4\"", q);
+      model::quantize_on_load(source, q);
+    }
+    d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);
     d->caps = d->group->leader().caps();
     d->backend = d->group->leader().runtime().ops().name();
     *out = d.release();

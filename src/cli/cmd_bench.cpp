@@ -271,6 +271,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["settle_gflops"] = r.settle_gflops();
   j["draft_gflop"] = r.work.flops / 1e9;
   j["draft_gbytes"] = r.work.bytes() / 1e9;
+  j["draft_weight_gbytes"] = r.work.weight_bytes / 1e9;
   j["achieved_gflops"] = r.achieved_gflops();
   j["achieved_gbps"] = r.achieved_gbps();
   j["machine_read_gbps"] = r.read_gbps;
@@ -308,7 +309,8 @@ void print_table(const BenchResult& r) {
               calls_and_bytes(r, c.all_reduce_calls, c.all_reduce_bytes).c_str(),
               calls_and_bytes(r, c.all_gather_calls, c.all_gather_bytes).c_str(),
               calls_and_bytes(r, c.broadcast_calls, c.broadcast_bytes).c_str());
-  std::printf("  work       %.2f GFLOP, %.3f GB per draft\n", r.work.flops / 1e9, r.work.bytes() / 1e9);
+  std::printf("  work       %.2f GFLOP, %.3f GB per draft (weights %.3f GB, context %.3f GB)\n", r.work.flops / 1e9,
+              r.work.bytes() / 1e9, r.work.weight_bytes / 1e9, r.work.context_bytes / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
               r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
               100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
@@ -322,7 +324,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
   std::unique_ptr<model::RankRuntime> runtime;
   agree_on(ctx.world, kExitInput, [&] {
-    const model::ModelSource source = bench_source(o, ctx, dtype);
+    model::ModelSource source = bench_source(o, ctx, dtype);
+    model::quantize_on_load(source, o.ranks.quant);
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.batch;
     ro.limits.max_context = std::max<int64_t>(1, o.ctx);
@@ -344,6 +347,9 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   time_drafts(o, rt, reqs, &r);
   const double wbytes = static_cast<double>(dtype_size(rt.weights().head.dtype));
   r.work = model::draft_work(cfg, rt.plan(), o.batch, o.ctx, wbytes);
+  // Quantized matrices read fewer bytes than the head's dtype says.
+  if (cfg.quant.any())
+    r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head.dtype, rt.weights().head.dtype);
   r.settle_work = model::settle_work(cfg, rt.plan(), o.ctx * o.batch, wbytes);
   rt.comm().barrier();
   if (!ctx.leader()) return;  // the ceilings and the report come from one rank
@@ -353,6 +359,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   r.backend = rt.ops().name();
   r.communicator = rt.comm().name();
   r.dtype = dtype_name(rt.weights().head.dtype);
+  if (!o.ranks.quant.empty()) r.dtype += " --quant " + o.ranks.quant;
+  else if (cfg.quant.any()) r.dtype += " (quantized checkpoint)";
   r.threads = ctx.threads;
   r.tp = rt.comm().size();
   r.replicas = ctx.replicas;

@@ -120,6 +120,7 @@ struct Prepared {
 void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
   p->source = model::ModelSource::open(o.drafter, o.target);
+  model::quantize_on_load(p->source, o.ranks.quant);
   p->taps = read_taps(o.taps, p->source.config);
   fault_point(ctx, "load");
   model::RuntimeOptions ro = runtime_options(o.ranks, ctx);

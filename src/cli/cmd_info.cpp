@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/cost.h"
+#include "model/quant_tensors.h"
 #include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
@@ -24,7 +25,7 @@ namespace tpdraft::cli {
 namespace {
 
 struct InfoOpts {
-  std::string drafter, config, target, dtype = "bf16";
+  std::string drafter, config, target, dtype = "bf16", quant;
   int tp = 1;
   int64_t sessions = 1, ctx = 1024;
   bool tensors = false;
@@ -49,8 +50,20 @@ struct Source {
     TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing", path, name);
     return t->dtype;
   }
-  // Bytes per element of the streamed matrices (the first layer's q projection).
-  double weight_bytes() const { return static_cast<double>(dtype_size(dtype_of("layers.0.self_attn.q_proj.weight"))); }
+  // How a drafter tensor is held: its scheme when quantized, else its dtype.
+  std::string format_of(const std::string& name) const {
+    const model::QuantScheme q = cfg.quant.scheme_for(name);
+    return q.quantized() ? q.describe() : dtype_name(dtype_of(name));
+  }
+  // Bytes per element of the streamed matrices (the first layer's q projection; quantized:
+  // packed values plus their f32 scales).
+  double weight_bytes() const {
+    const std::string q = "layers.0.self_attn.q_proj.weight";
+    const model::QuantScheme s = cfg.quant.scheme_for(q);
+    if (!s.quantized()) return static_cast<double>(dtype_size(dtype_of(q)));
+    const double n = static_cast<double>(cfg.n_q * cfg.head_dim) * static_cast<double>(cfg.hidden);
+    return static_cast<double>(model::quantized_share_bytes(s, cfg.n_q * cfg.head_dim, cfg.hidden)) / n;
+  }
 };
 
 DType parse_weight_dtype(const std::string& s) {
@@ -87,6 +100,11 @@ Source open_source(const InfoOpts& o) {
   } else {
     src.path = o.config;
     src.cfg = model::DrafterConfig::from_file(o.config);
+  }
+  if (!o.quant.empty()) {
+    TPDRAFT_CHECK(!src.cfg.quant.any(), "info: --quant {}: {} is quantized already", o.quant, src.path);
+    src.cfg.quant = model::plan_quantization(model::QuantRequest::preset(o.quant),
+                                             model::expected_drafter_tensors(src.cfg), model::QuantConfig::Source::OnLoad);
   }
   if (!o.target.empty()) read_target(o.target, &src);
   return src;
@@ -160,6 +178,29 @@ void print_parameters(const Source& src, bool list) {
   }
 }
 
+// Every drafter tensor a rank loads into backend memory: its format and the bytes each rank holds.
+void print_shares(const Source& src, int tp) {
+  const std::string ranks = tp > 1 ? ", ranks 0.." + std::to_string(tp - 1) : "";
+  std::printf("tensor shares (format, shape, bytes per rank%s)\n", ranks.c_str());
+  std::vector<model::ShardPlan> plans;
+  for (int r = 0; r < tp; ++r) plans.push_back(model::ShardPlan::make(src.cfg, r, tp));
+  for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg)) {
+    std::string bytes;
+    for (const auto& plan : plans) {
+      const model::TensorShare share = model::tensor_share(src.cfg, plan, name, shape);
+      const model::QuantScheme q = src.cfg.quant.scheme_for(name);
+      const size_t b = share.placement == model::Placement::HostMapped ? 0
+                       : q.quantized() ? model::quantized_share_bytes(q, share.rows.size(), share.cols.size())
+                                       : share.backend_bytes(src.dtype_of(name));
+      bytes += (bytes.empty() ? "" : " / ") + (share.placement == model::Placement::HostMapped ? std::string("mapped")
+                                                                                              : human_bytes(static_cast<double>(b)));
+    }
+    std::string dims;
+    for (size_t i = 0; i < shape.size(); ++i) dims += fmt::format("{}{}", i ? ", " : "", shape[i]);
+    std::printf("  %-52s %-17s [%s]  %s\n", name.c_str(), src.format_of(name).c_str(), dims.c_str(), bytes.c_str());
+  }
+}
+
 void print_ranks(const Source& src, int tp) {
   for (int r = 0; r < tp; ++r) {
     const auto plan = model::ShardPlan::make(src.cfg, r, tp);
@@ -194,6 +235,11 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
       model::rank_memory(cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
   const double wb = src.weight_bytes();
   const model::WorkCount settle = model::settle_work(cfg, plan, 1, wb);
+  model::WorkCount draft = model::draft_work(cfg, plan, o.sessions, o.ctx, wb);
+  if (cfg.quant.any()) {
+    const DType dense = src.store ? src.head_dtype : src.assumed;
+    draft.weight_bytes = model::draft_weight_bytes(cfg, plan, dense, src.head_dtype);
+  }
   model::SamplingParams sampled;
   sampled.temperature = 1.0;
   return {
@@ -202,7 +248,7 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
                 {"ffn", range_json(plan.ffn)}, {"vocab", range_json(plan.vocab)}}},
       {"bytes", {{"sharded", m.sharded}, {"head", m.head}, {"replicated", m.replicated}, {"total", m.total()},
                  {"context_per_position", model::context_bytes_per_position(cfg, plan)}}},
-      {"draft", work_json(model::draft_work(cfg, plan, o.sessions, o.ctx, wb))},
+      {"draft", work_json(draft)},
       {"settle", {{"flops_per_row", settle.flops}, {"context_bytes_per_row", settle.context_bytes},
                   {"weight_bytes_per_forward", settle.weight_bytes}}},
       {"collectives", {{"greedy", collectives_json(model::draft_collectives(cfg, plan, o.sessions, {}))},
@@ -225,7 +271,7 @@ void print_json(const Source& src, const InfoOpts& o) {
       {"source", src.store ? "checkpoint" : "config"}, {"path", src.path}, {"architecture", src.cfg.arch_name},
       {"dflash2", src.cfg.is_dflash2()}, {"geometry", geometry_json(src.cfg)}, {"tp", o.tp},
       {"vocab_padded", plan0.vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
-      {"weight_dtype", dtype_name(src.dtype_of("layers.0.self_attn.q_proj.weight"))},
+      {"weight_dtype", src.format_of("layers.0.self_attn.q_proj.weight")},
       {"head_dtype", dtype_name(src.head_dtype)}, {"head_dtype_assumed", !src.head_from_target},
       {"sampled_mode", "temperature > 0, no top-k / top-p"}};
   for (int r = 0; r < o.tp; ++r) j["ranks"].push_back(rank_json(src, o, r));
@@ -242,8 +288,22 @@ void run_info(const InfoOpts& o) {
   }
   print_geometry(src);
   print_parameters(src, false);
+  if (src.cfg.quant.any()) {
+    std::map<std::string, int> formats;
+    for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg))
+      if (src.cfg.quant.scheme_for(name).quantized()) ++formats[src.cfg.quant.scheme_for(name).describe()];
+    std::string list;
+    for (const auto& [f, n] : formats) list += fmt::format("{}{} x {}", list.empty() ? "" : ", ", n, f);
+    const std::string how = src.cfg.quant.source == model::QuantConfig::Source::OnLoad
+                                ? "while loading, --quant " + o.quant
+                                : "quantization_config, " + src.cfg.quant.format;
+    std::printf("quantized   %s (%s)\n", list.c_str(), how.c_str());
+  }
   print_ranks(src, o.tp);
-  if (o.tensors) print_parameters(src, true);
+  if (o.tensors) {
+    print_parameters(src, true);
+    print_shares(src, o.tp);
+  }
 }
 
 }  // namespace
@@ -264,7 +324,9 @@ void add_info(CLI::App& app) {
       ->capture_default_str()->check(whole_number(1));
   cmd->add_option("--ctx", o->ctx, "Context positions per session, for the work of --json")
       ->capture_default_str()->check(whole_number(0));
-  cmd->add_flag("--tensors", o->tensors, "List every tensor");
+  cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4 would hold them (a float checkpoint)")
+      ->check(CLI::IsMember({"q8", "q4"}));
+  cmd->add_flag("--tensors", o->tensors, "List every tensor, and each drafter tensor's format and bytes per rank");
   cmd->add_flag("--json", o->json, "Print one JSON object: geometry, and per rank the bytes held, the work per draft "
                                    "and per settled row, and the collectives per draft");
   cmd->callback([o] { run_alone([&] { run_info(*o); }); });

@@ -10,5 +10,6 @@ void add_info(CLI::App& app);
 void add_draft(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_quantize(CLI::App& app);
 
 }  // namespace tpdraft::cli

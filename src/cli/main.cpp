@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   add_draft(app);
   add_bench(app);
   add_serve(app);
+  add_quantize(app);
   int status = kExitOk;
   try {
     init_launch(&argc, &argv);

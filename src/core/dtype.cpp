@@ -2,8 +2,10 @@
 #include "core/dtype.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 
@@ -18,7 +20,7 @@ struct DTypeRow {
 constexpr DTypeRow kDTypes[] = {
     {DType::F64, "F64", 8}, {DType::F32, "F32", 4}, {DType::F16, "F16", 2}, {DType::BF16, "BF16", 2},
     {DType::I64, "I64", 8}, {DType::I32, "I32", 4}, {DType::I16, "I16", 2}, {DType::I8, "I8", 1},
-    {DType::U8, "U8", 1},   {DType::BOOL, "BOOL", 1},
+    {DType::U8, "U8", 1},   {DType::BOOL, "BOOL", 1}, {DType::F8E4M3, "F8_E4M3", 1},
 };
 }  // namespace
 
@@ -42,6 +44,16 @@ bool parse_dtype(const std::string& s, DType* out) {
     }
   }
   return false;
+}
+
+float f8e4m3_to_f32(uint8_t v) {
+  const float sign = (v & 0x80u) ? -1.0f : 1.0f;
+  const int exp = (v >> 3) & 0xf;
+  const int man = v & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  // Subnormals: man * 2^-9; normals: (1 + man / 8) * 2^(exp - 7).
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -9);
+  return sign * std::ldexp(static_cast<float>(8 + man), exp - 10);
 }
 
 float f16_to_f32(uint16_t h) {
@@ -126,8 +138,11 @@ void convert_to_f32(DType src_type, const void* src, float* dst, size_t n) {
     case DType::F64:
       for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load<double>(src, i));
       return;
+    case DType::F8E4M3:
+      for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(load<uint8_t>(src, i));
+      return;
     default:
-      TPDRAFT_FAIL("cannot convert dtype {} to F32 (expected F32, F16, BF16 or F64)", dtype_name(src_type));
+      TPDRAFT_FAIL("cannot convert dtype {} to F32 (expected F32, F16, BF16, F8_E4M3 or F64)", dtype_name(src_type));
   }
 }
 
@@ -181,6 +196,7 @@ int64_t find_non_finite(DType t, const void* p, size_t n) {
     case DType::F32: return first_all_ones_exponent<uint32_t>(bytes, n, 0x7f800000u);
     case DType::F16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7c00u);
     case DType::BF16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7f80u);
+    case DType::F8E4M3: return first_all_ones_exponent<uint8_t>(bytes, n, 0x7f);  // only NaN: no infinities
     default: return -1;
   }
 }

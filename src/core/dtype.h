@@ -9,7 +9,9 @@
 
 namespace tpdraft {
 
-enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+// F8E4M3: the OCP 8-bit float ("F8_E4M3" in safetensors: 4 exponent bits, 3 mantissa bits, no
+// infinities; S.1111.111 is NaN), met in FP8-quantized checkpoints.
+enum class DType : uint8_t { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL, F8E4M3 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
@@ -34,6 +36,8 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 float f16_to_f32(uint16_t h);
+// Exact: every e4m3 value is an f32. The NaN code (exponent and mantissa all ones) gives NaN.
+float f8e4m3_to_f32(uint8_t v);
 uint16_t f32_to_f16(float f);
 
 // Converts n elements of type `src_type` at src to f32 at dst.

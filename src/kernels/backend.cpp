@@ -47,3 +47,27 @@ double cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k
 }
 
 }  // namespace tpdraft::kernels
+
+namespace tpdraft::kernels {
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Dense:
+      return "dense";
+    case WeightFormat::Int8:
+      return "int8";
+    case WeightFormat::Int4:
+      return "int4";
+  }
+  return "?";
+}
+
+// Backends without quantized kernels (CUDA for now) refuse quantized weights when they load.
+size_t Ops::quantized_bytes(WeightFormat, int64_t, int64_t, int64_t) const { return 0; }
+
+Matrix Ops::upload_quantized(const QuantizedRows& src, void*) {
+  TPDRAFT_FAIL("backend '{}' has no kernels for int{} weights; use the cpu backend or a float checkpoint", name(),
+               src.bits);
+}
+
+}  // namespace tpdraft::kernels

@@ -17,12 +17,32 @@
 
 namespace tpdraft::kernels {
 
-// A weight matrix [rows, cols] in its storage dtype (F32, F16 or BF16), row-major.
+// How a weight matrix is held. Dense: `dtype` elements (F32, F16 or BF16), row-major. Int8 /
+// Int4: symmetric integers, w[r][c] = q[r][c] * scale[r][c / group], in the backend's own packed
+// layout (made by Ops::upload_quantized; `data` points to it, scales included).
+enum class WeightFormat : uint8_t { Dense, Int8, Int4 };
+
+const char* weight_format_name(WeightFormat f);  // "dense", "int8", "int4"
+
+// A weight matrix [rows, cols].
 struct Matrix {
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  // Dense only
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
+  WeightFormat format = WeightFormat::Dense;
+  int64_t group = 0;  // Int8 / Int4: columns per scale (divides cols; cols: one scale per row)
+
+  bool quantized() const { return format != WeightFormat::Dense; }
+};
+
+// A quantized matrix on the host, as read from a checkpoint or made while loading:
+// q[r * cols + c] in [-2^(bits-1), 2^(bits-1)), scales[r * (cols / group) + c / group] (finite).
+struct QuantizedRows {
+  int bits = 8;  // 4 or 8
+  int64_t rows = 0, cols = 0, group = 0;
+  const int8_t* q = nullptr;
+  const float* scales = nullptr;
 };
 
 // One session's context for one layer and the local kv heads: a ring of `capacity` slots,
@@ -106,7 +126,14 @@ class Ops {
   // no streams: nothing to wait for.
   virtual void wait_for(void* stream) { (void)stream; }
 
-  // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K].
+  // Quantized weights. Bytes of backend memory a quantized matrix takes in this backend's layout
+  // (0: the backend has no kernels for it, and upload_quantized throws).
+  virtual size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
+  // Packs `src` into `dst` (quantized_bytes(...) of backend memory) and returns the matrix over it.
+  virtual Matrix upload_quantized(const QuantizedRows& src, void* dst);
+
+  // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K]. Quantized W: the backend's kernels may
+  // quantize x too (the CPU backend: to int8 per row, in blocks; docs/quantization.md).
   virtual void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr) = 0;
   // y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of length n; y may alias x.
   virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;

@@ -209,6 +209,8 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
     c.selector_topk = require_size(j, "selector_top_k", source, true);
   }
 
+  if (const json* v = find_top(j, "quantization_config")) c.quant = QuantConfig::from_json(*v, source);
+
   c.validate(source);
   return c;
 }
@@ -316,6 +318,7 @@ json DrafterConfig::to_json() const {
   }
   j["dflash_config"] = dc;
   if (num_target_layers > 0) j["num_target_layers"] = num_target_layers;
+  if (quant.source == QuantConfig::Source::Checkpoint) j["quantization_config"] = quant.to_json();
   return j;
 }
 

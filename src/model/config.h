@@ -8,6 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/quant_config.h"
+
 namespace tpdraft::model {
 
 enum class Arch { DFlash, DFlash2 };
@@ -45,6 +47,9 @@ struct DrafterConfig {
   int64_t conv_group = 0;      // gs
   int64_t selector_rank = 0;   // R
   int64_t selector_topk = 0;   // k_top
+
+  // quantization_config (docs/quantization.md), or a plan to quantize while loading.
+  QuantConfig quant;
 
   int64_t n_taps() const { return static_cast<int64_t>(taps.size()); }
   int64_t conv_groups() const { return conv_group > 0 ? hidden / conv_group : 0; }  // G

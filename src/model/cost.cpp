@@ -2,6 +2,8 @@
 // docs/parallel.md and the shard plan; each mirrors what drafter.cpp and sharded_head.cpp do.
 #include "model/cost.h"
 
+#include "model/quant_tensors.h"
+
 #include <algorithm>
 
 #include "model/sharded_head.h"
@@ -39,6 +41,21 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
   return w;
 }
 
+double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtype, DType head_dtype) {
+  double bytes = 0;
+  for (const auto& [name, shape] : expected_drafter_tensors(c)) {
+    // What a draft's forward streams: the layer matrices and the selector's projection (fc works
+    // in settle only; norms and biases are noise).
+    const bool layer_matrix = name.rfind("layers.", 0) == 0 && quantizable_tensor(name);
+    if (!layer_matrix && name != "candidate_selector.hidden_projection.weight") continue;
+    const TensorShare share = tensor_share(c, p, name, shape);
+    const QuantScheme q = c.quant.scheme_for(name);
+    bytes += static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
+                                               : share.backend_bytes(dtype));
+  }
+  return bytes + static_cast<double>(tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden}).backend_bytes(head_dtype));
+}
+
 WorkCount settle_work(const DrafterConfig& c, const ShardPlan& p, int64_t rows, double wb) {
   const double H = static_cast<double>(c.hidden), D = static_cast<double>(c.head_dim);
   const double n = static_cast<double>(rows), nkv = static_cast<double>(p.kv_heads.size());
@@ -55,7 +72,9 @@ RankMemory rank_memory(const DrafterConfig& c, const ShardPlan& p,
   RankMemory m;
   for (const auto& [name, shape] : expected_drafter_tensors(c)) {
     const TensorShare share = tensor_share(c, p, name, shape);
-    const double bytes = static_cast<double>(share.backend_bytes(dtype_of(name)));
+    const QuantScheme q = c.quant.scheme_for(name);
+    const double bytes = static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
+                                                           : share.backend_bytes(dtype_of(name)));
     (share.sharded() ? m.sharded : m.replicated) += bytes;
   }
   m.head = static_cast<double>(tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden}).backend_bytes(head_dtype));

@@ -36,8 +36,14 @@ struct RankMemory {
   double sharded = 0, head = 0, replicated = 0;
   double total() const { return sharded + head + replicated; }
 };
+// Weight bytes one draft's forward reads on a rank (layer matrices, selector projection, head
+// slice), with cfg.quant's matrices counted as packed values + f32 scales and the others in
+// `dtype`.
+double draft_weight_bytes(const DrafterConfig& cfg, const ShardPlan& plan, DType dtype, DType head_dtype);
+
 // dtype_of(name): how the checkpoint stores a drafter tensor (its file, or an assumption for a
-// bare config); head_dtype: the target head's.
+// bare config; not asked for the matrices cfg.quant quantizes, counted as packed values + f32
+// scales); head_dtype: the target head's.
 RankMemory rank_memory(const DrafterConfig& cfg, const ShardPlan& plan,
                        const std::function<DType(const std::string&)>& dtype_of, DType head_dtype);
 

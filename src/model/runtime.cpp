@@ -32,4 +32,13 @@ RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& grou
 
 RankRuntime::~RankRuntime() = default;
 
+void quantize_on_load(ModelSource& source, const std::string& mode) {
+  if (mode.empty() || mode == "none") return;
+  TPDRAFT_CHECK(!source.config.quant.any(), "{}: --quant {}: the checkpoint is quantized already ({})",
+                source.drafter ? source.drafter->source() : std::string("drafter"), mode,
+                source.config.quant.file);
+  source.config.quant = plan_quantization(QuantRequest::preset(mode), expected_drafter_tensors(source.config),
+                                          QuantConfig::Source::OnLoad);
+}
+
 }  // namespace tpdraft::model

@@ -28,6 +28,11 @@ struct ModelSource {
   static ModelSource open(const std::string& drafter_dir, const std::string& target_dir);
 };
 
+// `mode` "q8" / "q4" (QuantRequest::preset): the float checkpoint's matrices are quantized as they
+// load (its config's quant becomes that plan); "" or "none": nothing. Refuses a checkpoint that
+// is quantized already.
+void quantize_on_load(ModelSource& source, const std::string& mode);
+
 enum class GraphMode { Auto, On, Off };  // Auto: on for backends whose memory is a device's
 
 struct RuntimeOptions {

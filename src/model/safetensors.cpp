@@ -52,6 +52,8 @@ std::string canonical_name(const std::string& name) {
 bool convertible(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64;
 }
+// FP8 converts to the float dtypes (exactly), never from them.
+bool convertible(DType from, DType to) { return (convertible(from) || from == DType::F8E4M3) && convertible(to); }
 
 // Converts n elements from the (possibly unaligned) src to dst. Goes through small aligned
 // buffers, since safetensors does not promise that a tensor's bytes are aligned to its dtype.
@@ -62,7 +64,7 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
     std::memcpy(dst, src, n * ss);
     return;
   }
-  TPDRAFT_CHECK(convertible(t.dtype) && convertible(dst_type),
+  TPDRAFT_CHECK(convertible(t.dtype, dst_type),
                 "{}: tensor '{}' has dtype {}, cannot convert it to {} (float dtypes only)", t.file, t.name,
                 dtype_name(t.dtype), dtype_name(dst_type));
   const size_t ds = dtype_size(dst_type);

@@ -18,6 +18,21 @@ ShardPlan ShardPlan::make(const DrafterConfig& cfg, int rank, int tp) {
   TPDRAFT_CHECK(cfg.n_kv % tp == 0 || tp % cfg.n_kv == 0,
                 "num_key_value_heads ({}) and tp = {}: one must divide the other", cfg.n_kv, tp);
   TPDRAFT_CHECK(cfg.ffn % tp == 0, "intermediate_size ({}) is not divisible by tp = {}", cfg.ffn, tp);
+  // A row-parallel quantized matrix (o, down) is split along its columns; each rank's part must
+  // hold whole scale groups.
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    const std::pair<const char*, int64_t> row_parallel[] = {{"self_attn.o_proj.weight", cfg.n_q * cfg.head_dim},
+                                                            {"mlp.down_proj.weight", cfg.ffn}};
+    for (const auto& [suffix, cols] : row_parallel) {
+      const std::string name = "layers." + std::to_string(l) + "." + suffix;
+      const QuantScheme s = cfg.quant.scheme_for(name);
+      if (s.strategy != QuantScheme::Strategy::Group || !s.quantized() || tp == 1) continue;
+      TPDRAFT_CHECK(cols % tp == 0 && (cols / tp) % s.group == 0,
+                    "tp = {} cuts the quantization groups of '{}': it splits the {} columns into parts of {}, not a "
+                    "multiple of the group size {} (use a tp whose parts hold whole groups, or quantize with smaller "
+                    "groups)", tp, name, cols, cols / tp, s.group);
+    }
+  }
   ShardPlan p;
   p.rank = rank;
   p.tp = tp;

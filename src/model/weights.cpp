@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/quant_tensors.h"
 
 namespace tpdraft::model {
 
@@ -93,7 +94,12 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
 
   // Unknown tensors are reported, never silently used or ignored.
   std::set<std::string> known;
-  for (const auto& [name, shape] : expected_drafter_tensors(cfg)) known.insert(name);
+  for (const auto& [name, shape] : expected_drafter_tensors(cfg)) {
+    known.insert(name);
+    // A quantized module's companions (a zero point or g_idx is refused when it loads).
+    if (cfg.quant.scheme_for(name).quantized())
+      for (const char* part : {"packed", "scale", "shape", "zero_point", "g_idx"}) known.insert(quant_part(name, part));
+  }
   std::vector<std::string> unknown;
   for (const auto& n : d.names()) {
     if (!known.count(n) && !(n.size() > 7 && known.count(n.substr(0, n.size() - 7)) && n.substr(n.size() - 7) == ".weight"))
@@ -158,8 +164,15 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
 const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
   // Every tensor is checked (present, shaped as the config says, a float dtype) before the first
   // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
+  const bool stored_quantized = cfg_.quant.source == QuantConfig::Source::Checkpoint;
   for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
-    if (name.size() < 9 || name.compare(name.size() - 9, 9, "_codebook") != 0) drafter_->require(name, shape);
+    if (name.size() >= 9 && name.compare(name.size() - 9, 9, "_codebook") == 0) continue;
+    const QuantScheme scheme = cfg_.quant.scheme_for(name);
+    if (stored_quantized && scheme.quantized()) {
+      check_quantized_tensor(*drafter_, name, shape, scheme);
+    } else {
+      drafter_->require(name, shape);
+    }
   }
   if (cfg_.is_dflash2()) {
     pred_ = &codebook("candidate_selector.predecessor_codebook");
@@ -225,6 +238,10 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
   // Memory estimates (tpdraft info) count what tensor_share says; the load must agree.
   TPDRAFT_CHECK(!share.as_f32 && share.placement != Placement::HostMapped,
                 "the shard rules do not keep tensor '{}' as a matrix in backend memory", name);
+  if (&store == drafter_.get()) {
+    const QuantScheme scheme = cfg_.quant.scheme_for(name);
+    if (scheme.quantized()) return load_quantized(store, name, shape, share, scheme);
+  }
   const TensorInfo& info = store.require(name, shape);
   const size_t esize = dtype_size(info.dtype);
   const int64_t full_cols = info.cols();
@@ -253,6 +270,33 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
                    static_cast<size_t>(n) * out_row_bytes);
   }
   m.data = buf.get();
+  backend_bytes_ += buf.bytes();
+  buffers_.push_back(std::move(buf));
+  return m;
+}
+
+kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const std::string& name,
+                                               const std::vector<int64_t>& shape, const TensorShare& share,
+                                               const QuantScheme& scheme) {
+  const bool stored = cfg_.quant.source == QuantConfig::Source::Checkpoint;
+  if (scheme.kind == QuantScheme::Kind::Fp8) {
+    // No FP8 kernels: the share is dequantized (exactly) and held as f32.
+    const std::vector<float> w = read_fp8_share(store, name, shape, scheme, share.rows, share.cols);
+    kernels::Buffer buf(ops_, w.size() * sizeof(float));
+    ops_.to_device(buf.get(), w.data(), buf.bytes());
+    kernels::Matrix m{DType::F32, share.rows.size(), share.cols.size(), buf.get()};
+    backend_bytes_ += buf.bytes();
+    buffers_.push_back(std::move(buf));
+    return m;
+  }
+  const QuantShare q = stored ? read_packed_share(store, name, shape, scheme, share.rows, share.cols)
+                              : quantize_share(store.require(name, shape), scheme, share.rows, share.cols);
+  const kernels::WeightFormat format = q.bits == 4 ? kernels::WeightFormat::Int4 : kernels::WeightFormat::Int8;
+  const size_t bytes = ops_.quantized_bytes(format, q.rows, q.cols, q.group);
+  TPDRAFT_CHECK(bytes > 0, "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend "
+                "or a float checkpoint)", name, scheme.describe(), ops_.name());
+  kernels::Buffer buf(ops_, bytes);
+  const kernels::Matrix m = ops_.upload_quantized(q.view(), buf.get());
   backend_bytes_ += buf.bytes();
   buffers_.push_back(std::move(buf));
   return m;

@@ -61,6 +61,8 @@ class DrafterWeights {
   kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
                               const TensorShare& share);
+  kernels::Matrix load_quantized(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
+                                 const TensorShare& share, const QuantScheme& scheme);
   const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   const TensorInfo& codebook(const std::string& base) const;
   // Checks every drafter tensor and finds the codebooks and the target tables, before anything

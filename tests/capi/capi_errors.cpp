@@ -284,6 +284,7 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
       {[](tpdraft_options& x) { x.graphs = 2; }, "options.graphs is 2"},
       {[](tpdraft_options& x) { x.backend = "tpu"; }, "backend 'tpu'"},
       {[](tpdraft_options& x) { x.tp = 3; }, "tp = 3"},
+      {[](tpdraft_options& x) { x.quant = "q5"; }, "options.quant is 'q5'"},
   };
   for (const auto& [spoil, needle] : fields) {
     o = good;

@@ -117,8 +117,70 @@ TEST(Cli, DraftOnUnseenDFlashCheckpointMatchesReference) { check_against_referen
 TEST(Cli, DraftOnUnseenDFlash2CheckpointMatchesReference) { check_against_reference(true, "bf16"); }
 TEST(Cli, DraftOnF32CheckpointMatchesReference) { check_against_reference(true, "f32"); }
 
+// `tpdraft quantize` on an unseen geometry (o_proj has 70 columns: one scale per row), then `tpdraft draft` on the result against the float64
+// reference on the dequantized weights (within the activation rounding the op tests bound), and
+// `tpdraft info` naming every matrix's format and its bytes per rank.
+TEST(Cli, QuantizeThenDraftMatchesTheDequantizedReference) {
+  testing::TempDir dir;
+  const std::string config = write_odd_config(dir, true);
+  const std::string ck = dir.file("ck"), q = dir.file("q");
+  ASSERT_EQ(run("init --config " + config + " --out " + ck + " --seed 4 --taps 29").status, 0);
+  Result made = run("quantize --drafter " + ck + "/drafter --out " + q + " --bits 4 --group 8 --include-fc");
+  ASSERT_EQ(made.status, 0) << made.out;
+  EXPECT_NE(made.out.find("tensors quantized"), std::string::npos) << made.out;
+  const std::string dump = dir.file("dump.safetensors");
+  Result draft = run("draft --drafter " + q + " --target " + ck + "/target --taps " + ck +
+                     "/taps.safetensors --anchor 11 --threads 2 --dump " + dump);
+  ASSERT_EQ(draft.status, 0) << draft.out;
+  reference::RefModel ref(q, ck + "/target");
+  const auto& cfg = ref.config();
+  auto taps_store = model::TensorStore::open(ck + "/taps.safetensors");
+  reference::RefContext ctx;
+  ref.settle(ctx, 0, f64(*taps_store->find("taps")), 29);
+  const reference::RefDraft want = ref.draft(ctx, 11, {});
+  auto got = model::TensorStore::open(dump);
+  const double eh = rel(f64(got->require("hidden", {cfg.block, cfg.hidden})), want.hidden);
+  const double el = rel(f64(got->require("logits", {cfg.block - 1, cfg.vocab})), want.logits);
+  EXPECT_LT(eh, 2e-2);
+  EXPECT_LT(el, 2e-2);
+  EXPECT_GT(el, 1e-5);  // activations are rounded to int8: not the float path's 1e-6
+
+  Result info = run("info --drafter " + q + " --tensors");
+  ASSERT_EQ(info.status, 0) << info.out;
+  EXPECT_NE(info.out.find("quantized   13 x int4 g8, 2 x int4 per-channel (quantization_config, pack-quantized)"), std::string::npos)
+      << info.out;
+  EXPECT_NE(info.out.find("layers.1.mlp.down_proj.weight"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("int4 g8"), std::string::npos) << info.out;
+  Result onload = run("info --drafter " + ck + "/drafter --quant q8");
+  EXPECT_NE(onload.out.find("while loading, --quant q8"), std::string::npos) << onload.out;
+
+  // Quantizing twice, or asking --quant of a quantized checkpoint, is refused.
+  Result again = run("draft --drafter " + q + " --target " + ck + "/target --taps " + ck +
+                     "/taps.safetensors --anchor 11 --quant q4");
+  EXPECT_NE(again.status, 0);
+  EXPECT_NE(again.out.find("quantized already"), std::string::npos) << again.out;
+  Result bits = run("quantize --drafter " + ck + "/drafter --out " + dir.file("q3") + " --bits 3");
+  EXPECT_NE(bits.status, 0);
+  EXPECT_NE(bits.out.find("--bits"), std::string::npos) << bits.out;
+}
+
+// TPDRAFT_CPU_ISA caps the kernels' level (quantized ones included); an unknown name is refused.
+TEST(Cli, CpuIsaCapFromTheEnvironment) {
+  const std::string args = "bench --config " + testing::source_path("configs/tiny-dflash2.json") +
+                           " --ctx 8 --repeat 1 --warmup 0 --threads 1 --backend cpu --quant q4 --json";
+  Result capped = run_prefixed("TPDRAFT_CPU_ISA=scalar ", args);
+  EXPECT_EQ(capped.status, 0) << capped.out;
+  Result plain = run(args);
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  // The variants are bit-identical: the same tokens either way.
+  EXPECT_EQ(nlohmann::json::parse(json_line(capped.out))["tokens"], nlohmann::json::parse(json_line(plain.out))["tokens"]);
+  Result bad = run_prefixed("TPDRAFT_CPU_ISA=avx9 ", args);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("TPDRAFT_CPU_ISA is 'avx9'"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, EveryCommandAnswersHelp) {
-  for (const char* c : {"", "init ", "info ", "draft ", "bench "}) {
+  for (const char* c : {"", "init ", "info ", "draft ", "bench ", "quantize "}) {
     Result r = run(std::string(c) + "--help");
     EXPECT_EQ(r.status, 0) << c;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;

@@ -47,11 +47,36 @@ double ref_bf16(uint16_t h) {
   return sign * std::ldexp(128 + man, exp - 134);
 }
 
+// e4m3 from its definition: 1 sign, 4 exponent (bias 7), 3 mantissa bits; subnormals at exponent
+// 0; no infinities; S.1111.111 is NaN. Every one of the 256 codes, and as a converted span.
+TEST(DType, F8E4M3EveryCode) {
+  std::vector<uint8_t> codes(256);
+  for (int v = 0; v < 256; ++v) codes[static_cast<size_t>(v)] = static_cast<uint8_t>(v);
+  std::vector<float> span(256);
+  convert_to_f32(DType::F8E4M3, codes.data(), span.data(), 256);
+  for (int v = 0; v < 256; ++v) {
+    const int e = (v >> 3) & 15, m = v & 7;
+    const double sign = (v & 0x80) ? -1.0 : 1.0;
+    const float got = f8e4m3_to_f32(static_cast<uint8_t>(v));
+    if (e == 15 && m == 7) {
+      EXPECT_TRUE(std::isnan(got)) << v;
+      EXPECT_TRUE(std::isnan(span[static_cast<size_t>(v)])) << v;
+      continue;
+    }
+    const double want = e == 0 ? sign * m * std::pow(2.0, -9) : sign * (8 + m) * std::pow(2.0, e - 10);
+    EXPECT_EQ(got, want) << v;
+    EXPECT_EQ(span[static_cast<size_t>(v)], want) << v;
+  }
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);  // the largest finite value
+  EXPECT_EQ(find_non_finite(DType::F8E4M3, codes.data(), 127), -1);
+  EXPECT_EQ(find_non_finite(DType::F8E4M3, codes.data(), 256), 127);
+}
+
 TEST(DType, NamesSizesAndParsing) {
-  const DType all[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64,
-                       DType::I32, DType::I16, DType::I8,  DType::U8,   DType::BOOL};
-  const size_t sizes[] = {8, 4, 2, 2, 8, 4, 2, 1, 1, 1};
-  const char* names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"};
+  const DType all[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32,
+                       DType::I16, DType::I8,  DType::U8,  DType::BOOL, DType::F8E4M3};
+  const size_t sizes[] = {8, 4, 2, 2, 8, 4, 2, 1, 1, 1, 1};
+  const char* names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3"};
   for (size_t i = 0; i < std::size(all); ++i) {
     EXPECT_EQ(dtype_size(all[i]), sizes[i]);
     EXPECT_STREQ(dtype_name(all[i]), names[i]);
@@ -60,7 +85,7 @@ TEST(DType, NamesSizesAndParsing) {
     EXPECT_EQ(parsed, all[i]);
   }
   DType t = DType::F32;
-  EXPECT_FALSE(parse_dtype("F8_E4M3", &t));
+  EXPECT_FALSE(parse_dtype("F8_E5M2", &t));
   EXPECT_FALSE(parse_dtype("bf16", &t));  // spelling is case sensitive
   EXPECT_FALSE(parse_dtype("", &t));
   EXPECT_TRUE(is_float_weight(DType::BF16));

@@ -111,3 +111,20 @@ def test_a_closed_drafter_refuses_calls(checkpoint):
     d.close()  # twice is harmless
     with pytest.raises(ValueError, match="closed"):
         d.open_session()
+
+
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_quant_while_loading_equals_the_program(checkpoint, quant):
+    # A float checkpoint quantized while it loads drafts as `tpdraft draft --quant` does; the
+    # sampled probabilities show it is not the float model.
+    ck = checkpoint("tiny-dflash2.json", taps=16)
+    with open_drafter(ck, quant=quant) as d:
+        s = d.open_session()
+        got = d.step([{"session": s, "taps": taps_of(ck, d), "anchor": 5}])[0]
+    want = draft_with_program(ck, 5, ["--quant", quant])
+    assert got["tokens"].tolist() == want["tokens"]
+    np.testing.assert_allclose(got["q"], want["probs"], rtol=1e-6)
+    sampled = ["--temperature", "0.9", "--seed", "4"]
+    assert draft_with_program(ck, 5, sampled + ["--quant", quant])["probs"] != draft_with_program(ck, 5, sampled)["probs"]
+    with pytest.raises(Exception, match="options.quant is 'q3'"):
+        open_drafter(ck, quant="q3")

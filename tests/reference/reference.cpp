@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 #include <limits>
 #include <memory>
 
@@ -151,6 +153,43 @@ double ref_uniform(uint64_t seed, uint64_t row, uint64_t id) {
   return (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // 2^53
 }
 
+namespace {
+
+// A quantized matrix as float64, read straight from the compressed-tensors tensors: the bits from
+// the packed row width, the group from the scale's shape (docs/quantization.md), w = q * scale.
+std::vector<double> dequantize(const model::TensorStore& store, const std::string& name,
+                               const std::vector<int64_t>& shape) {
+  const int64_t n = shape[0], k = shape[1];
+  const model::TensorInfo* scale_t = store.find(name + "_scale");
+  if (scale_t == nullptr) throw std::runtime_error("reference: " + name + "_scale missing");
+  const std::vector<double> scale = model::to_f64(*scale_t);
+  const int64_t per_row = scale.size() == 1 ? 0 : static_cast<int64_t>(scale.size()) / n;  // 0: one scale
+  auto scale_of = [&](int64_t r, int64_t c) {
+    if (per_row == 0) return scale[0];
+    return scale[static_cast<size_t>(r * per_row + c / (k / per_row))];
+  };
+  std::vector<double> out(static_cast<size_t>(n * k));
+  if (const model::TensorInfo* packed = store.find(name + "_packed")) {
+    const int64_t words = packed->shape[1];
+    const int bits = words == (k + 7) / 8 ? 4 : 8;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t bit = c * bits;
+        uint32_t word;
+        std::memcpy(&word, packed->data + 4 * (r * words + bit / 32), 4);
+        const int64_t u = (word >> (bit % 32)) & ((1u << bits) - 1);
+        out[static_cast<size_t>(r * k + c)] = static_cast<double>(u - (int64_t{1} << (bits - 1))) * scale_of(r, c);
+      }
+    return out;
+  }
+  const std::vector<double> w = model::to_f64(*store.find(name));  // FP8, widened exactly
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) out[static_cast<size_t>(r * k + c)] = w[static_cast<size_t>(r * k + c)] * scale_of(r, c);
+  return out;
+}
+
+}  // namespace
+
 RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir) {
   cfg_ = model::DrafterConfig::from_file(drafter_dir + "/config.json");
   const model::DrafterConfig& c = cfg_;
@@ -161,7 +200,11 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
   auto load_as = [&](const std::string& name, const std::string& file_name, const std::vector<int64_t>& shape) {
     Tensor t;
     t.shape = shape;
-    t.data = model::to_f64(store->require(file_name, shape));
+    if (store->find(file_name + "_packed") || store->find(file_name + "_scale")) {
+      t.data = dequantize(*store, file_name, shape);
+    } else {
+      t.data = model::to_f64(store->require(file_name, shape));
+    }
     weights_.emplace_back(name, std::move(t));
   };
   auto load = [&](const std::string& name, const std::vector<int64_t>& shape) { load_as(name, name, shape); };

@@ -194,8 +194,8 @@ const std::vector<float>& CpuOps::head_row_norms(const Matrix& head) {
 }
 
 void CpuOps::head_logits(const HeadParams& p, float* logits) {
-  TPDRAFT_CHECK(is_float_weight(p.head.dtype), "head_logits: head dtype {} is not F32, F16 or BF16",
-                dtype_name(p.head.dtype));
+  TPDRAFT_CHECK(is_float_weight(p.head.dtype) && !p.head.quantized(),
+                "head_logits: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
   TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
                 "head_logits: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,
                 p.head.cols);
@@ -225,8 +225,8 @@ void CpuOps::head_logits(const HeadParams& p, float* logits) {
 // inflated by 1e-3, and 2^-20 ||w|| ||g_hi|| covers rounding when forming A +- bound in f32.
 // The ||g - g_hi|| term dominates (~2^-9 ||g||); the rest adds a few percent.
 void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
-  TPDRAFT_CHECK(is_float_weight(p.head.dtype), "head_topk: head dtype {} is not F32, F16 or BF16",
-                dtype_name(p.head.dtype));
+  TPDRAFT_CHECK(is_float_weight(p.head.dtype) && !p.head.quantized(),
+                "head_topk: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
   TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
   TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
                 "head_topk: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,

@@ -402,6 +402,14 @@ void matmul_columns(const MatmulJob& job, int64_t unit_begin, int64_t unit_end) 
 }  // namespace
 
 void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
+  if (w.quantized()) {
+    TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
+                  w.cols);
+    TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+    if (recording(&CpuOps::matmul, w, x, m, y, bias)) return;
+    if (m > 0) qmatmul(w, x, m, y, bias);
+    return;
+  }
   TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
   TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
   TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -27,12 +28,36 @@ Isa probe_isa() {
   return Isa::Scalar;
 }
 
+// TPDRAFT_CPU_ISA=scalar|avx2|avx512|avx512-bf16 caps the level (benchmarks of what a smaller
+// processor would run); unset: the detected level. An unknown name is an error.
+int initial_level() {
+  const int detected = static_cast<int>(detected_isa());
+  const char* env = std::getenv("TPDRAFT_CPU_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  for (int i = 0; i <= static_cast<int>(Isa::Avx512Bf16); ++i)
+    if (std::string(env) == isa_name(static_cast<Isa>(i))) return std::min(i, detected);
+  TPDRAFT_FAIL("TPDRAFT_CPU_ISA is '{}': expected scalar, avx2, avx512 or avx512-bf16", env);
+}
+
 std::atomic<int>& active_level() {
-  static std::atomic<int> level{static_cast<int>(detected_isa())};
+  static std::atomic<int> level{initial_level()};
   return level;
 }
 
 }  // namespace
+
+bool detail::cpu_has_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512f");
+  }();
+  return vnni;
+#else
+  return false;
+#endif
+}
 
 const char* isa_name(Isa isa) {
   switch (isa) {

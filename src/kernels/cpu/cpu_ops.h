@@ -36,7 +36,38 @@ Isa active_isa();    // the level the kernels use now (detected unless forced)
 // For tests that compare the variants; not meant to be flipped while ops run.
 Isa force_isa(Isa isa);
 
+// Kernels for quantized weights (cpu_qmatmul.cpp): chosen from the active level, VNNI when the
+// processor has AVX-512 VNNI and the level is AVX-512 or above.
+enum class QuantKernel : int { Scalar = 0, Avx2 = 1, Avx512Vnni = 2 };
+QuantKernel quant_kernel(Isa isa);
+const char* quant_kernel_name(QuantKernel k);
+
 namespace detail {
+
+bool cpu_has_vnni();
+
+// The CPU layout of a quantized matrix: groups of kQuantRows interleaved rows, each holding nb
+// blocks of kp (kb rounded up to 8) packed columns and then nb x kQuantRows f32 scales.
+// Activations are quantized in the same blocks of kb columns.
+constexpr int64_t kQuantRows = 16;
+struct QuantLayout {
+  int bits = 8;
+  int64_t rows = 0, cols = 0, group = 0;
+  int64_t kb = 0;           // columns per block (never spans two scale groups)
+  int64_t nb = 0;           // blocks per row
+  int64_t kp = 0;           // kb rounded up to a multiple of 8
+  int64_t rgroups = 0;      // row groups
+  int64_t block_bytes = 0;  // one block of one row group
+  int64_t scale_offset = 0; // of the scales inside a row group
+  int64_t rg_bytes = 0;     // one row group, 64-byte aligned
+  int64_t total = 0;
+};
+// Columns per block for scale groups of `group` columns in rows of `cols`.
+int64_t quant_block(int64_t group, int64_t cols);
+QuantLayout quant_layout(WeightFormat format, int64_t rows, int64_t cols, int64_t group);
+// Rows of x [m, l.cols] to int8, per block: xq [m, nb * kp] (zero padded), scale xs [m, nb]
+// (amax / 127; x ~ xq * xs) and the sum of the block's int8 values xsum [m, nb].
+void quantize_activations(const QuantLayout& l, const float* x, int64_t m, int8_t* xq, float* xs, int32_t* xsum);
 
 // Rows of a matrix in storage dtype: row r starts at data + r * stride elements; rows hold `cols`.
 struct WeightRows {
@@ -102,6 +133,8 @@ class CpuOps final : public Ops {
   void to_host(void* dst, const void* src, size_t bytes) override;
   void sync() override;
 
+  size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
+  Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -137,6 +170,7 @@ class CpuOps final : public Ops {
   }
   // Memory and copies are not ops a graph may hold (as on the CUDA backend).
   void check_not_capturing(const char* what) const;
+  void qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
   void free_deferred() noexcept;
 
   // L2 norms of the rows of a bf16 head matrix, computed once per (data, rows, cols) and cached.
@@ -177,6 +211,9 @@ class CpuOps final : public Ops {
   // first step no op allocates. An instance serves one calling thread at a time.
   Scratch<float> packed_;           // packed activation rows
   Scratch<uint16_t> packed_bf16_;   // head input rows rounded to bf16
+  Scratch<int8_t> qx_;              // quantized activation rows (quantized weights)
+  Scratch<float> qscale_;           // their block scales
+  Scratch<int32_t> qsum_;           // their block sums
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack
   std::vector<float> bound_slack_;
   std::vector<double> rope_inv_freq_;  // theta^(-2i/D), kept while theta and D repeat

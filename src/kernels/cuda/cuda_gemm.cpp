@@ -63,6 +63,13 @@ int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, f
 }
 
 void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
+  if (w.quantized()) {
+    TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
+                  w.cols);
+    TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+    if (m > 0) qmatmul(w, x, m, y, bias);
+    return;
+  }
   TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
   TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
   TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);

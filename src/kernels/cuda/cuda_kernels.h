@@ -42,6 +42,24 @@ void launch_sum_parts(const float* parts_buf, int parts, int64_t m, int64_t n, c
 void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, float scale, float cap,
                       float* logits, cudaStream_t stream);
 
+// ---- cuda_qgemm.cu: weight-only int8 / int4 matmul ---------------------------------------------
+// A quantized matrix in device memory: q row-major, row_bytes bytes per row (int8: one value per
+// byte; int4: two per byte as q + 8, the even column in the low nibble), scales [rows, cols / group].
+struct QuantDeviceMatrix {
+  int bits = 8;
+  int64_t rows = 0, cols = 0, group = 0, row_bytes = 0;
+  const void* q = nullptr;
+  const float* scales = nullptr;
+};
+// The layout of a [rows, cols] matrix: q bytes first, then the scales at scale_offset (aligned).
+struct QuantDeviceLayout {
+  int64_t row_bytes = 0, scale_offset = 0, total = 0;
+};
+QuantDeviceLayout quant_device_layout(int bits, int64_t rows, int64_t cols, int64_t group);
+// y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]) for i < m, in f32 (weights dequantized exactly).
+void launch_qgemm(const QuantDeviceMatrix& w, const float* x, int64_t m, float* y, const float* bias,
+                  cudaStream_t stream);
+
 // ---- cuda_topk.cu -----------------------------------------------------------------------------
 // Per row of logits [m, n]: the k best (value desc, id asc), values copied bit for bit from
 // logits, ids + id_base; NaN logits never win; -inf / -1 past the last candidate. keys_a / keys_b hold

@@ -32,6 +32,8 @@ class CudaOps final : public Ops {
   void sync() override;
   void wait_for(void* stream) override;
 
+  size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
+  Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -60,6 +62,8 @@ class CudaOps final : public Ops {
 
  private:
   void check_not_capturing(const char* what) const;
+  // Weight-only int8 / int4 matmul (cuda_quant.cpp, cuda_qgemm.cu).
+  void qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
   void free_deferred() noexcept;  // frees what release() put aside during a capture
   // Every workspace of this backend (for reset and pin).
   std::array<Workspace*, 7> workspaces() {

@@ -1,0 +1,229 @@
+// The CPU backend's matmul on int8 / int4 weights against float64 loops written here, for every
+// quantized kernel this processor can run (portable, AVX2, AVX-512 VNNI). Two references:
+// (1) the same arithmetic in float64 (activations quantized per block as docs/quantization.md
+// says), which the kernels must match to f32 rounding; (2) the dequantized weights against the
+// unquantized activations, which they must match within the bound the activation rounding
+// allows: |error| <= sum over k of |w[k]| * (block amax / 127) / 2. Odd K and N, groups that are
+// not multiples of 8, per-channel rows longer than a block, many rows (the settle path).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <cstring>
+#include <vector>
+
+#include "kernels/buffer.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "support/test_support.h"
+
+namespace tpdraft::kernels {
+namespace {
+
+using cpu::Isa;
+
+struct QCase {
+  int bits;
+  int64_t m, k, n, group;
+  bool bias;
+};
+
+struct QWeights {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+};
+
+QWeights random_weights(const QCase& c, std::mt19937_64& rng) {
+  const int lo = -(1 << (c.bits - 1)), hi = (1 << (c.bits - 1)) - 1;
+  std::uniform_int_distribution<int> qd(lo, hi);
+  std::uniform_real_distribution<float> sd(0.002f, 0.03f);
+  QWeights w;
+  w.q.resize(static_cast<size_t>(c.n * c.k));
+  for (auto& v : w.q) v = static_cast<int8_t>(qd(rng));
+  w.scales.resize(static_cast<size_t>(c.n * (c.k / c.group)));
+  for (auto& s : w.scales) s = sd(rng);
+  return w;
+}
+
+std::vector<float> random_rows(int64_t m, int64_t k, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = nd(rng);
+  // A few outlier channels, as real activations have.
+  for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * k + (7 * i) % k)] *= 12.0f;
+  return x;
+}
+
+struct Refs {
+  std::vector<double> same;   // float64 with the activations quantized as the kernels do
+  std::vector<double> scale;  // sum of |terms| of `same` (what f32 rounding grows with)
+  std::vector<double> exact;  // dequantized weights times the f32 activations
+  std::vector<double> bound;  // the most the activation rounding can move an output
+};
+
+Refs reference(const QCase& c, const QWeights& w, const std::vector<float>& x, const std::vector<float>& bias) {
+  const int64_t kb = cpu::detail::quant_block(c.group, c.k);
+  Refs r;
+  const size_t out = static_cast<size_t>(c.m * c.n);
+  r.same.assign(out, 0.0);
+  r.scale.assign(out, 0.0);
+  r.exact.assign(out, 0.0);
+  r.bound.assign(out, 0.0);
+  for (int64_t i = 0; i < c.m; ++i) {
+    const float* xr = x.data() + i * c.k;
+    // Per block of kb columns: scale amax / 127, values round(x * 127 / amax) (f32, as specified).
+    std::vector<double> xq(static_cast<size_t>(c.k)), xs(static_cast<size_t>(c.k));
+    for (int64_t b0 = 0; b0 < c.k; b0 += kb) {
+      const int64_t b1 = std::min(c.k, b0 + kb);
+      float amax = 0.0f;
+      for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t k = b0; k < b1; ++k) {
+        xq[static_cast<size_t>(k)] = std::nearbyint(xr[k] * inv);
+        xs[static_cast<size_t>(k)] = static_cast<double>(amax / 127.0f);
+      }
+    }
+    for (int64_t n = 0; n < c.n; ++n) {
+      double same = 0, scale = 0, exact = 0, bound = 0;
+      for (int64_t k = 0; k < c.k; ++k) {
+        const double wv = static_cast<double>(w.q[static_cast<size_t>(n * c.k + k)]) *
+                          w.scales[static_cast<size_t>(n * (c.k / c.group) + k / c.group)];
+        const double t = wv * xq[static_cast<size_t>(k)] * xs[static_cast<size_t>(k)];
+        same += t;
+        scale += std::fabs(t);
+        exact += wv * xr[k];
+        bound += std::fabs(wv) * xs[static_cast<size_t>(k)] / 2;
+      }
+      const double b = c.bias ? bias[static_cast<size_t>(n)] : 0.0;
+      const size_t o = static_cast<size_t>(i * c.n + n);
+      r.same[o] = same + b;
+      r.scale[o] = scale + std::fabs(b);
+      r.exact[o] = exact + b;
+      r.bound[o] = bound;
+    }
+  }
+  return r;
+}
+
+std::vector<Isa> every_isa() {
+  std::vector<Isa> out;
+  for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) out.push_back(static_cast<Isa>(i));
+  return out;
+}
+
+// Runs the case on every kernel the machine has; checks both references and that all agree bit for bit.
+void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
+  const std::string what = "int" + std::to_string(c.bits) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) +
+                           " n=" + std::to_string(c.n) + " group=" + std::to_string(c.group);
+  const QWeights w = random_weights(c, rng);
+  const std::vector<float> x = random_rows(c.m, c.k, rng);
+  std::vector<float> bias(static_cast<size_t>(c.n));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& b : bias) b = nd(rng);
+  const Refs ref = reference(c, w, x, bias);
+
+  const WeightFormat format = c.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
+  Buffer buf(ops, ops.quantized_bytes(format, c.n, c.k, c.group));
+  const Matrix mat = ops.upload_quantized({c.bits, c.n, c.k, c.group, w.q.data(), w.scales.data()}, buf.get());
+  ASSERT_EQ(mat.format, format);
+
+  std::vector<float> first;
+  std::set<cpu::QuantKernel> seen;
+  for (Isa isa : every_isa()) {
+    cpu::force_isa(isa);
+    seen.insert(cpu::quant_kernel(isa));
+    const std::string label = what + " on " + cpu::quant_kernel_name(cpu::quant_kernel(isa));
+    std::vector<float> y(static_cast<size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
+    ops.matmul(mat, x.data(), c.m, y.data(), c.bias ? bias.data() : nullptr);
+    size_t bad_same = 0, bad_exact = 0;
+    for (size_t o = 0; o < y.size(); ++o) {
+      const bool ok_same = std::isfinite(y[o]) && std::fabs(y[o] - ref.same[o]) <= 2e-6 * ref.scale[o] + 1e-30;
+      const bool ok_exact = std::isfinite(y[o]) && std::fabs(y[o] - ref.exact[o]) <= ref.bound[o] + 2e-6 * ref.scale[o];
+      if (!ok_same && bad_same++ < 3)
+        ADD_FAILURE() << label << ": output " << o << " = " << y[o] << ", float64 same arithmetic " << ref.same[o];
+      if (!ok_exact && bad_exact++ < 3)
+        ADD_FAILURE() << label << ": output " << o << " = " << y[o] << ", dequantized float64 " << ref.exact[o]
+                      << " (bound " << ref.bound[o] << ")";
+    }
+    // The worst case bound is loose (errors of random sign partly cancel); in the mean the
+    // quantized product is within 5% of the dequantized float64 one (a few outputs with
+    // an outlier channel in every row are the hardest case).
+    std::vector<float> yf(y.begin(), y.end());
+    EXPECT_LT(testing::relative_error(yf, ref.exact), 5e-2) << label;
+    if (first.empty()) {
+      first = y;
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+          << label << ": differs from the portable kernel";
+    }
+  }
+  cpu::force_isa(cpu::detected_isa());
+}
+
+const QCase kCases[] = {
+    {8, 1, 64, 8, 64, false},     {4, 1, 64, 8, 64, false},     {8, 5, 96, 13, 32, true},
+    {4, 5, 96, 13, 32, true},     {8, 16, 33, 7, 33, true},     {4, 16, 33, 7, 33, false},
+    {8, 3, 200, 17, 40, false},   {4, 3, 200, 17, 40, true},    {8, 7, 1024, 9, 128, true},
+    {4, 16, 1024, 24, 128, false}, {8, 4, 600, 10, 600, false}, {4, 4, 600, 10, 600, true},
+    {8, 9, 1031, 5, 1031, true},  {4, 2, 1031, 3, 1031, false}, {4, 6, 40, 11, 5, true},
+};
+
+TEST(CpuQuantMatmul, MatchesFloat64OnEveryKernel) {
+  auto ops = make_cpu_ops(2);
+  std::mt19937_64 rng(11);
+  for (const QCase& c : kCases) check_case(*ops, c, rng);
+}
+
+// The settle path: hundreds of rows, taken in several row blocks and split over threads.
+TEST(CpuQuantMatmul, ManyRows) {
+  auto ops = make_cpu_ops(2);
+  std::mt19937_64 rng(12);
+  check_case(*ops, {8, 300, 512, 40, 128, true}, rng);
+  check_case(*ops, {4, 257, 512, 33, 64, false}, rng);
+}
+
+TEST(CpuQuantMatmul, LayoutAndBlocks) {
+  EXPECT_EQ(cpu::detail::quant_block(128, 1024), 128);
+  EXPECT_EQ(cpu::detail::quant_block(33, 33), 33);
+  EXPECT_EQ(cpu::detail::quant_block(600, 1200), 200);    // the largest divisor up to 256
+  EXPECT_EQ(cpu::detail::quant_block(1031, 2062), 1031);  // a prime: one block
+  EXPECT_EQ(cpu::detail::quant_block(4096, 8192), 256);
+  EXPECT_EQ(cpu::detail::quant_block(1031, 1031), 128);   // one scale per row: blocks of 128, the last short
+  const auto l = cpu::detail::quant_layout(WeightFormat::Int4, 29, 200, 40);
+  EXPECT_EQ(l.kb, 40);
+  EXPECT_EQ(l.nb, 5);
+  EXPECT_EQ(l.rgroups, 2);
+  EXPECT_EQ(l.rg_bytes % 64, 0);
+  // int4 holds half the bytes of int8, bf16 twice those of int8 (plus scales).
+  auto ops = make_cpu_ops(1);
+  const size_t q8 = ops->quantized_bytes(WeightFormat::Int8, 4096, 4096, 128);
+  const size_t q4 = ops->quantized_bytes(WeightFormat::Int4, 4096, 4096, 128);
+  EXPECT_NEAR(static_cast<double>(q8) / (4096.0 * 4096.0), 1.0, 0.04);
+  EXPECT_NEAR(static_cast<double>(q4) / (4096.0 * 4096.0), 0.5, 0.04);
+  EXPECT_THROW(cpu::detail::quant_layout(WeightFormat::Int8, 4, 100, 30), Error);  // 30 does not divide 100
+}
+
+// A captured matmul on quantized weights reads the activations when it is replayed.
+TEST(CpuQuantMatmul, CaptureAndReplay) {
+  auto ops = make_cpu_ops(2);
+  std::mt19937_64 rng(13);
+  const QCase c{4, 3, 64, 9, 32, false};
+  const QWeights w = random_weights(c, rng);
+  Buffer buf(*ops, ops->quantized_bytes(WeightFormat::Int4, c.n, c.k, c.group));
+  const Matrix mat = ops->upload_quantized({4, c.n, c.k, c.group, w.q.data(), w.scales.data()}, buf.get());
+  std::vector<float> x(static_cast<size_t>(c.m * c.k), 0.0f), y(static_cast<size_t>(c.m * c.n), -1.0f);
+  ops->begin_capture();
+  ops->matmul(mat, x.data(), c.m, y.data());
+  auto graph = ops->end_capture();
+  EXPECT_EQ(y[0], -1.0f);  // not run while captured
+  const std::vector<float> fresh = random_rows(c.m, c.k, rng);
+  std::copy(fresh.begin(), fresh.end(), x.begin());  // the same memory the capture points to
+  ops->replay(*graph);
+  const Refs ref = reference(c, w, x, {});
+  for (size_t o = 0; o < y.size(); ++o) EXPECT_NEAR(y[o], ref.same[o], 2e-6 * ref.scale[o] + 1e-30) << o;
+}
+
+}  // namespace
+}  // namespace tpdraft::kernels
