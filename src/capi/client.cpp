@@ -535,16 +535,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
         bad = fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, c->caps.max_context);
       if (!bad.empty()) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
       serve::WireEntry& x = wire[i];
-      x.session = e.session;
-      x.keep = e.keep;
-      x.p0 = e.p0;
-      x.n_new = e.n_new;
-      x.anchor = e.anchor;
-      x.dist_width = e.dist_width;
-      x.top_k = e.sampling.top_k;
-      x.temperature = e.sampling.temperature;
-      x.top_p = e.sampling.top_p;
-      x.seed = e.sampling.seed;
+      serve::fields_to_wire(e, &x);
       x.taps_dtype = static_cast<uint32_t>(dtype);
       const size_t w = e.dist_width < 0 ? static_cast<size_t>(c->caps.vocab) : static_cast<size_t>(e.dist_width);
       const size_t rows_here = static_cast<size_t>(c->caps.block - 1);

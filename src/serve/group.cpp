@@ -87,16 +87,7 @@ void encode_step(const std::vector<engine::StepEntry>& entries, int64_t taps_wid
   std::vector<std::pair<const void*, size_t>> areas;
   for (const engine::StepEntry& e : entries) {
     WireEntry x;
-    x.session = e.session;
-    x.keep = e.keep;
-    x.p0 = e.p0;
-    x.n_new = e.n_new;
-    x.anchor = e.anchor;
-    x.dist_width = e.dist_width;
-    x.top_k = e.sampling.top_k;
-    x.temperature = e.sampling.temperature;
-    x.top_p = e.sampling.top_p;
-    x.seed = e.sampling.seed;
+    fields_to_wire(e, &x);
     x.taps_dtype = e.taps.dtype == DType::F32 ? 0 : e.taps.dtype == DType::BF16 ? 1 : 2;
     const size_t bytes = e.n_new > 0 ? static_cast<size_t>(e.n_new * taps_width) * dtype_bytes(x.taps_dtype) : 0;
     x.taps_where = bytes > 0 ? kTapsInline : kTapsNone;
@@ -127,14 +118,8 @@ std::vector<engine::StepEntry> decode_step(const std::vector<uint64_t>& payload)
   std::vector<engine::StepEntry> entries;
   for (const WireEntry& x : wire) {
     engine::StepEntry e;
-    e.session = x.session;
-    e.keep = x.keep;
-    e.p0 = x.p0;
-    e.n_new = x.n_new;
-    e.anchor = x.anchor;
-    e.dist_width = x.dist_width;
-    e.sampling = {x.temperature, x.top_k, x.top_p, x.seed};
-    e.taps.dtype = x.taps_dtype == 0 ? DType::F32 : x.taps_dtype == 1 ? DType::BF16 : DType::F16;
+    fields_from_wire(x, &e);
+    e.taps.dtype = wire_dtype(x.taps_dtype);
     e.taps.data = x.taps_where == kTapsInline ? taps + x.taps_offset : nullptr;
     entries.push_back(e);
   }

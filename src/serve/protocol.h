@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace tpdraft::serve {
@@ -126,6 +127,35 @@ struct WireEntry {
 };
 void put_entry(Writer& w, const WireEntry& e);
 WireEntry get_entry(Reader& r);
+
+// An entry's fields beside its taps, between the wire and an engine::StepEntry or a C ABI
+// tpdraft_step_entry (both use these names); where the taps are is the caller's business.
+template <typename Entry>
+void fields_to_wire(const Entry& e, WireEntry* x) {
+  x->session = e.session;
+  x->keep = e.keep;
+  x->p0 = e.p0;
+  x->n_new = e.n_new;
+  x->anchor = e.anchor;
+  x->dist_width = e.dist_width;
+  x->top_k = e.sampling.top_k;
+  x->temperature = e.sampling.temperature;
+  x->top_p = e.sampling.top_p;
+  x->seed = e.sampling.seed;
+}
+template <typename Entry>
+void fields_from_wire(const WireEntry& x, Entry* e) {
+  e->session = x.session;
+  e->keep = x.keep;
+  e->p0 = x.p0;
+  e->n_new = x.n_new;
+  e->anchor = x.anchor;
+  e->dist_width = x.dist_width;
+  e->sampling = {x.temperature, x.top_k, x.top_p, x.seed};
+}
+
+// The element type of a wire taps dtype code known to be valid (dtype_bytes(code) != 0).
+inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code == 1 ? DType::BF16 : DType::F16; }
 
 // Bytes of one element of a wire taps dtype (0 when the code is unknown).
 size_t dtype_bytes(uint32_t code);

@@ -279,14 +279,8 @@ struct Server::Impl {
         throw bad(fmt::format("n_new {} outside 0..{} (the max context)", x.n_new, max_context));
       const uint64_t need = static_cast<uint64_t>(x.n_new) * static_cast<uint64_t>(width) * db;
       engine::StepEntry e;
-      e.session = x.session;
-      e.keep = x.keep;
-      e.p0 = x.p0;
-      e.n_new = x.n_new;
-      e.anchor = x.anchor;
-      e.dist_width = x.dist_width;
-      e.sampling = {x.temperature, x.top_k, x.top_p, x.seed};
-      e.taps.dtype = x.taps_dtype == 0 ? DType::F32 : x.taps_dtype == 1 ? DType::BF16 : DType::F16;
+      fields_from_wire(x, &e);
+      e.taps.dtype = wire_dtype(x.taps_dtype);
       if (x.taps_where == kTapsNone) {
         if (x.n_new != 0) throw bad(fmt::format("{} new rows but no taps", x.n_new));
       } else if (x.taps_where == kTapsInline || x.taps_where == kTapsRing) {
