@@ -363,8 +363,8 @@ PYBIND11_MODULE(tpdraft, m) {
 
   py::class_<Drafter>(m, "Drafter",
                       "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                      "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8' or 'q4' "
-                      "(quantize a float checkpoint while loading)")
+                      "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8', 'q4', 'q8+head' or "
+                      "'q4+head' (quantize a float checkpoint while loading; +head: the target's head too)")
       .def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int, py::object,
                     py::object>(),
            py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",

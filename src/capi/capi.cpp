@@ -187,7 +187,9 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
     model::ModelSource source = model::ModelSource::open(drafter_dir, target_dir);
     if (o.quant != nullptr) {
       const std::string q = o.quant;
-      TPDRAFT_CHECK(q == "q8" || q == "q4", "options.quant is '{}', expected NULL, \"q8\" or \"q4\"", q);
+      const auto& presets = model::quant_presets();
+      TPDRAFT_CHECK(std::find(presets.begin(), presets.end(), q) != presets.end(), "options.quant is '{}', expected NULL, {}",
+                    q, model::quant_preset_list());
       model::quantize_on_load(source, q);
     }
     d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);

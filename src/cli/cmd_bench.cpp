@@ -345,11 +345,11 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
   r.repeat = o.repeat;
   time_drafts(o, rt, reqs, &r);
-  const double wbytes = static_cast<double>(dtype_size(rt.weights().head.dtype));
+  const double wbytes = static_cast<double>(dtype_size(rt.weights().head_dtype));
   r.work = model::draft_work(cfg, rt.plan(), o.batch, o.ctx, wbytes);
   // Quantized matrices read fewer bytes than the head's dtype says.
   if (cfg.quant.any())
-    r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head.dtype, rt.weights().head.dtype);
+    r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
   r.settle_work = model::settle_work(cfg, rt.plan(), o.ctx * o.batch, wbytes);
   rt.comm().barrier();
   if (!ctx.leader()) return;  // the ceilings and the report come from one rank
@@ -358,7 +358,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   r.architecture = cfg.arch_name;
   r.backend = rt.ops().name();
   r.communicator = rt.comm().name();
-  r.dtype = dtype_name(rt.weights().head.dtype);
+  r.dtype = dtype_name(rt.weights().head_dtype);
   if (!o.ranks.quant.empty()) r.dtype += " --quant " + o.ranks.quant;
   else if (cfg.quant.any()) r.dtype += " (quantized checkpoint)";
   r.threads = ctx.threads;

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/cost.h"
 #include "model/quant_tensors.h"
+#include "model/runtime.h"
 #include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
@@ -101,11 +102,7 @@ Source open_source(const InfoOpts& o) {
     src.path = o.config;
     src.cfg = model::DrafterConfig::from_file(o.config);
   }
-  if (!o.quant.empty()) {
-    TPDRAFT_CHECK(!src.cfg.quant.any(), "info: --quant {}: {} is quantized already", o.quant, src.path);
-    src.cfg.quant = model::plan_quantization(model::QuantRequest::preset(o.quant),
-                                             model::expected_drafter_tensors(src.cfg), model::QuantConfig::Source::OnLoad);
-  }
+  if (!o.quant.empty()) src.cfg.quant = model::quantization_on_load(src.cfg, o.quant, src.path);
   if (!o.target.empty()) read_target(o.target, &src);
   return src;
 }
@@ -206,7 +203,7 @@ void print_ranks(const Source& src, int tp) {
     const auto plan = model::ShardPlan::make(src.cfg, r, tp);
     const model::RankMemory m =
         model::rank_memory(src.cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
-    const std::string assumed = src.head_from_target ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
+    const std::string assumed = src.head_from_target || src.cfg.quant.head.quantized() ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
     const std::string head = human_bytes(m.head) + assumed;
     std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
                 human_bytes(m.sharded).c_str(), head.c_str(), human_bytes(m.replicated).c_str(),
@@ -273,6 +270,7 @@ void print_json(const Source& src, const InfoOpts& o) {
       {"vocab_padded", plan0.vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
       {"weight_dtype", src.format_of("layers.0.self_attn.q_proj.weight")},
       {"head_dtype", dtype_name(src.head_dtype)}, {"head_dtype_assumed", !src.head_from_target},
+      {"head_format", src.cfg.quant.head.quantized() ? src.cfg.quant.head.describe() : dtype_name(src.head_dtype)},
       {"sampled_mode", "temperature > 0, no top-k / top-p"}};
   for (int r = 0; r < o.tp; ++r) j["ranks"].push_back(rank_json(src, o, r));
   std::printf("%s\n", j.dump().c_str());
@@ -294,6 +292,7 @@ void run_info(const InfoOpts& o) {
       if (src.cfg.quant.scheme_for(name).quantized()) ++formats[src.cfg.quant.scheme_for(name).describe()];
     std::string list;
     for (const auto& [f, n] : formats) list += fmt::format("{}{} x {}", list.empty() ? "" : ", ", n, f);
+    if (src.cfg.quant.head.quantized()) list += ", head " + src.cfg.quant.head.describe();
     const std::string how = src.cfg.quant.source == model::QuantConfig::Source::OnLoad
                                 ? "while loading, --quant " + o.quant
                                 : "quantization_config, " + src.cfg.quant.format;
@@ -324,8 +323,9 @@ void add_info(CLI::App& app) {
       ->capture_default_str()->check(whole_number(1));
   cmd->add_option("--ctx", o->ctx, "Context positions per session, for the work of --json")
       ->capture_default_str()->check(whole_number(0));
-  cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4 would hold them (a float checkpoint)")
-      ->check(CLI::IsMember({"q8", "q4"}));
+  cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4|q8+head|q4+head would hold them (a float "
+                  "checkpoint)")
+      ->check(CLI::IsMember(model::quant_presets()));
   cmd->add_flag("--tensors", o->tensors, "List every tensor, and each drafter tensor's format and bytes per rank");
   cmd->add_flag("--json", o->json, "Print one JSON object: geometry, and per rank the bytes held, the work per draft "
                                    "and per settled row, and the collectives per draft");

@@ -19,7 +19,7 @@ struct RankOptions {
   int tp = 0;                    // --tp: in-process ranks, or MPI ranks per replica (0: all)
   int threads = 0;               // --threads: CPU threads per rank (0: the cores shared out)
   double comm_timeout = 0;       // --comm-timeout: seconds a collective may wait (0: forever)
-  std::string quant;             // --quant q8|q4: quantize a float checkpoint while loading
+  std::string quant;             // --quant q8|q4[+head]: quantize a float checkpoint while loading
 };
 void add_rank_options(CLI::App* cmd, RankOptions* options);
 

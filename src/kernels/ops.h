@@ -131,6 +131,8 @@ class Ops {
   virtual size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
   // Packs `src` into `dst` (quantized_bytes(...) of backend memory) and returns the matrix over it.
   virtual Matrix upload_quantized(const QuantizedRows& src, void* dst);
+  // Whether head_logits / head_topk take a quantized head (HeadParams::head of format Int8/Int4).
+  virtual bool quantized_head() const { return false; }
 
   // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K]. Quantized W: the backend's kernels may
   // quantize x too (the CPU backend: to int8 per row, in blocks; docs/quantization.md).
@@ -154,7 +156,8 @@ class Ops {
   virtual void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                           int64_t first_pos) = 0;
 
-  // Every logit of the slice: logits [m, valid_rows].
+  // Every logit of the slice: logits [m, valid_rows]. A quantized head (where quantized_head())
+  // runs through matmul's kernels: its logits are those of matmul on the same weights.
   virtual void head_logits(const HeadParams& p, float* logits) = 0;
   // The k best logits of each row over the slice's valid rows, ordered by value descending then
   // id ascending; ids are slice row + id_base. Exact: equal to sorting head_logits' output.

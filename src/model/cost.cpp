@@ -41,6 +41,18 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
   return w;
 }
 
+namespace {
+
+// The head's vocabulary slice on this rank: quantized by a +head preset, else in its dtype.
+double head_bytes(const DrafterConfig& c, const ShardPlan& p, DType head_dtype) {
+  const TensorShare share = tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden});
+  const QuantScheme& q = c.quant.head;
+  return static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
+                                           : share.backend_bytes(head_dtype));
+}
+
+}  // namespace
+
 double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtype, DType head_dtype) {
   double bytes = 0;
   for (const auto& [name, shape] : expected_drafter_tensors(c)) {
@@ -53,7 +65,7 @@ double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtyp
     bytes += static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
                                                : share.backend_bytes(dtype));
   }
-  return bytes + static_cast<double>(tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden}).backend_bytes(head_dtype));
+  return bytes + head_bytes(c, p, head_dtype);
 }
 
 WorkCount settle_work(const DrafterConfig& c, const ShardPlan& p, int64_t rows, double wb) {
@@ -77,7 +89,7 @@ RankMemory rank_memory(const DrafterConfig& c, const ShardPlan& p,
                                                            : share.backend_bytes(dtype_of(name)));
     (share.sharded() ? m.sharded : m.replicated) += bytes;
   }
-  m.head = static_cast<double>(tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden}).backend_bytes(head_dtype));
+  m.head = head_bytes(c, p, head_dtype);
   return m;
 }
 

@@ -229,20 +229,35 @@ json QuantConfig::to_json() const {
           {"kv_cache_scheme", nullptr}};
 }
 
+const std::vector<std::string>& quant_presets() {
+  static const std::vector<std::string> names{"q8", "q4", "q8+head", "q4+head"};
+  return names;
+}
+
+std::string quant_preset_list() {
+  const auto& n = quant_presets();
+  std::string out;
+  for (size_t i = 0; i < n.size(); ++i) out += (i == 0 ? "" : i + 1 == n.size() ? " or " : ", ") + n[i];
+  return out;
+}
+
 QuantRequest QuantRequest::preset(const std::string& name) {
   QuantRequest r;
   r.group = 128;
   r.only = "all";
   r.include_fc = false;
-  if (name == "q8") {
+  const std::string suffix = "+head";
+  const bool head = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const std::string layers = head ? name.substr(0, name.size() - suffix.size()) : name;
+  if (layers == "q8") {
     r.bits = 8;
-    r.aux_bits = 8;
-  } else if (name == "q4") {
+  } else if (layers == "q4") {
     r.bits = 4;
-    r.aux_bits = 8;
   } else {
-    TPDRAFT_FAIL("unknown quantization '{}': expected q8 or q4", name);
+    TPDRAFT_FAIL("unknown quantization '{}': expected {}", name, quant_preset_list());
   }
+  r.aux_bits = 8;
+  r.head_bits = head ? 8 : 0;
   return r;
 }
 

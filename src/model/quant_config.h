@@ -1,7 +1,7 @@
 // Which drafter matrices are quantized, and how: the `quantization_config` of a checkpoint's
 // config.json (compressed-tensors: config groups with targets, an ignore list, the weights'
 // bits / type / strategy / group size), or a plan made to quantize a float checkpoint while it
-// loads (`--quant q8|q4`) or into a new checkpoint (`tpdraft quantize`). docs/quantization.md.
+// loads (`--quant q8|q4`, with `+head` the target's head too) or into a new checkpoint (`tpdraft quantize`). docs/quantization.md.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,9 @@ struct QuantConfig {
   std::vector<Group> groups;
   std::vector<std::string> ignore;  // module names or "re:<regex>"
   std::string file;                 // for messages
+  // The target's head (lm_head, or the tied embedding): quantized only while loading (a `+head`
+  // preset); a checkpoint's quantization_config covers drafter tensors only.
+  QuantScheme head;
 
   bool any() const { return source != Source::None; }
   // The scheme of drafter tensor `tensor` (e.g. "layers.0.mlp.down_proj.weight"): the first
@@ -72,10 +75,16 @@ struct QuantRequest {
   std::string only = "all";
   bool include_fc = false;
   int aux_bits = 0;
+  int head_bits = 0;  // the target's head while loading (0: as stored)
   // The --quant presets of draft / bench / open: "q8" (every matrix 8-bit) and "q4" (layer
-  // matrices 4-bit, fc and the projections 8-bit), groups of 128 where they fit.
+  // matrices 4-bit, fc and the projections 8-bit), groups of 128 where they fit; "q8+head" and
+  // "q4+head" hold the target's head in 8 bits as well (the largest matrix a draft reads).
   static QuantRequest preset(const std::string& name);
 };
+
+// The names preset() takes, and them as one phrase for messages ("q8, q4, q8+head or q4+head").
+const std::vector<std::string>& quant_presets();
+std::string quant_preset_list();
 
 // The per-tensor plan of `request` for the drafter tensors `tensors` (name, full shape), as one
 // config group per distinct scheme, listing module names as targets.

@@ -32,13 +32,27 @@ RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& grou
 
 RankRuntime::~RankRuntime() = default;
 
+QuantConfig quantization_on_load(const DrafterConfig& config, const std::string& mode, const std::string& source) {
+  TPDRAFT_CHECK(!config.quant.any(), "{}: --quant {}: the checkpoint is quantized already ({})", source, mode,
+                config.quant.file);
+  const QuantRequest request = QuantRequest::preset(mode);
+  QuantConfig q = plan_quantization(request, expected_drafter_tensors(config), QuantConfig::Source::OnLoad);
+  if (request.head_bits > 0) {
+    // The head's rows are vocabulary entries of `hidden` columns: groups of 128 where they fit.
+    q.head.kind = QuantScheme::Kind::Int;
+    q.head.bits = request.head_bits;
+    if (config.hidden % request.group == 0) {
+      q.head.strategy = QuantScheme::Strategy::Group;
+      q.head.group = request.group;
+    }
+  }
+  return q;
+}
+
 void quantize_on_load(ModelSource& source, const std::string& mode) {
   if (mode.empty() || mode == "none") return;
-  TPDRAFT_CHECK(!source.config.quant.any(), "{}: --quant {}: the checkpoint is quantized already ({})",
-                source.drafter ? source.drafter->source() : std::string("drafter"), mode,
-                source.config.quant.file);
-  source.config.quant = plan_quantization(QuantRequest::preset(mode), expected_drafter_tensors(source.config),
-                                          QuantConfig::Source::OnLoad);
+  source.config.quant = quantization_on_load(
+      source.config, mode, source.drafter ? source.drafter->source() : std::string("drafter"));
 }
 
 }  // namespace tpdraft::model

@@ -28,9 +28,12 @@ struct ModelSource {
   static ModelSource open(const std::string& drafter_dir, const std::string& target_dir);
 };
 
-// `mode` "q8" / "q4" (QuantRequest::preset): the float checkpoint's matrices are quantized as they
-// load (its config's quant becomes that plan); "" or "none": nothing. Refuses a checkpoint that
-// is quantized already.
+// The plan of --quant `mode` (QuantRequest::preset: "q8", "q4", "q8+head", "q4+head") for the float
+// checkpoint of `config`, the `+head` presets' head scheme included; refuses a checkpoint that is
+// quantized already, naming `source`.
+QuantConfig quantization_on_load(const DrafterConfig& config, const std::string& mode, const std::string& source);
+// The float checkpoint's matrices are quantized as they load (its config's quant becomes the plan
+// of `mode`); "" or "none": nothing.
 void quantize_on_load(ModelSource& source, const std::string& mode);
 
 enum class GraphMode { Auto, On, Off };  // Auto: on for backends whose memory is a device's

@@ -151,7 +151,15 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
 
   // Target tables: embedding always host-mapped; the head's vocab slice copied in.
   // A tied head is read from the embedding table, with the head's share.
-  head = load_matrix(*target_, head_name, head_info.shape, tensor_share(cfg, plan, "lm_head.weight", head_info.shape));
+  const TensorShare head_share = tensor_share(cfg, plan, "lm_head.weight", head_info.shape);
+  head_dtype = head_info.dtype;
+  if (cfg.quant.head.quantized()) {
+    TPDRAFT_CHECK(ops.quantized_head(), "{}: --quant with +head: backend '{}' has no kernels for a quantized head "
+                  "(use the cpu backend, or --quant without +head)", target_->source(), ops.name());
+    head = load_quantized(*target_, head_name, head_info.shape, head_share, cfg.quant.head);
+  } else {
+    head = load_matrix(*target_, head_name, head_info.shape, head_share);
+  }
 
   if (cfg.is_dflash2())
     selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H});

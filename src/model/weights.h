@@ -46,6 +46,7 @@ class DrafterWeights {
   const float* final_norm = nullptr;
   std::vector<LayerWeights> layers;
   kernels::Matrix head;              // local vocab rows [plan.vocab.size(), H]
+  DType head_dtype = DType::BF16;    // the head's dtype in the target checkpoint (also when quantized)
   kernels::Matrix selector_proj;     // [R, H] (DFlash 2)
 
   // Host lookups (f32 out): target embedding row, selector codebook rows.

@@ -153,6 +153,14 @@ TEST(Cli, QuantizeThenDraftMatchesTheDequantizedReference) {
   EXPECT_NE(info.out.find("int4 g8"), std::string::npos) << info.out;
   Result onload = run("info --drafter " + ck + "/drafter --quant q8");
   EXPECT_NE(onload.out.find("while loading, --quant q8"), std::string::npos) << onload.out;
+  // +head: the head is counted as int8 (per channel: the tiny rows are shorter than a group).
+  Result head = run("info --drafter " + ck + "/drafter --target " + ck + "/target --quant q8+head --json");
+  ASSERT_EQ(head.status, 0) << head.out;
+  const auto hj = nlohmann::json::parse(json_line(head.out));
+  const auto plain = nlohmann::json::parse(json_line(run("info --drafter " + ck + "/drafter --target " + ck +
+                                                         "/target --quant q8 --json").out));
+  EXPECT_EQ(hj["head_format"], "int8 per-channel");
+  EXPECT_LT(hj["ranks"][0]["bytes"]["head"].get<double>(), 0.6 * plain["ranks"][0]["bytes"]["head"].get<double>());
 
   // Quantizing twice, or asking --quant of a quantized checkpoint, is refused.
   Result again = run("draft --drafter " + q + " --target " + ck + "/target --taps " + ck +

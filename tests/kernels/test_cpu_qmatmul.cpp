@@ -225,5 +225,52 @@ TEST(CpuQuantMatmul, CaptureAndReplay) {
   for (size_t o = 0; o < y.size(); ++o) EXPECT_NEAR(y[o], ref.same[o], 2e-6 * ref.scale[o] + 1e-30) << o;
 }
 
+// A quantized head (--quant ...+head): head_logits are the matmul's dots through the logit
+// transform (against the float64 reference), rows past valid_rows never appear, and head_topk
+// equals sorting head_logits' output (value descending, then id), ties and the soft cap included.
+TEST(CpuQuantMatmul, QuantizedHeadLogitsAndTopk) {
+  auto ops = make_cpu_ops(2);
+  std::mt19937_64 rng(14);
+  for (const float cap : {0.0f, 0.05f}) {
+    const QCase c{8, 5, 96, 301, 32, false};
+    const QWeights w = random_weights(c, rng);
+    Buffer buf(*ops, ops->quantized_bytes(WeightFormat::Int8, c.n, c.k, c.group));
+    const Matrix mat = ops->upload_quantized({8, c.n, c.k, c.group, w.q.data(), w.scales.data()}, buf.get());
+    const std::vector<float> x = random_rows(c.m, c.k, rng);
+    HeadParams p;
+    p.head = mat;
+    p.g = x.data();
+    p.m = c.m;
+    p.valid_rows = 290;
+    p.scale = 0.75f;
+    p.cap = cap;
+    std::vector<float> logits(static_cast<size_t>(c.m * p.valid_rows));
+    ops->head_logits(p, logits.data());
+    const Refs ref = reference(c, w, x, {});
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t v = 0; v < p.valid_rows; ++v) {
+        const size_t o = static_cast<size_t>(i * c.n + v);
+        const double raw = 0.75 * ref.same[o], want = cap > 0 ? cap * std::tanh(raw / cap) : raw;
+        EXPECT_NEAR(logits[static_cast<size_t>(i * p.valid_rows + v)], want, 2e-6 * 0.75 * ref.scale[o] + 1e-30)
+            << "cap " << cap << " row " << i << " vocab " << v;
+      }
+    const int k = 9;
+    const int64_t base = 1000;
+    std::vector<float> values(static_cast<size_t>(c.m * k));
+    std::vector<int64_t> ids(static_cast<size_t>(c.m * k));
+    ops->head_topk(p, k, base, values.data(), ids.data());
+    for (int64_t i = 0; i < c.m; ++i) {
+      std::vector<int64_t> order(static_cast<size_t>(p.valid_rows));
+      for (int64_t v = 0; v < p.valid_rows; ++v) order[static_cast<size_t>(v)] = v;
+      const float* l = logits.data() + i * p.valid_rows;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
+      for (int j = 0; j < k; ++j) {
+        EXPECT_EQ(ids[static_cast<size_t>(i * k + j)], order[static_cast<size_t>(j)] + base) << "cap " << cap << " row " << i;
+        EXPECT_EQ(values[static_cast<size_t>(i * k + j)], l[order[static_cast<size_t>(j)]]) << "cap " << cap << " row " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpdraft::kernels

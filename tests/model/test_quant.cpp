@@ -137,6 +137,13 @@ TEST(QuantConfig, PlansAndPresets) {
   EXPECT_EQ(q4.scheme_for("layers.0.attention_conv.kernel_projection.weight").bits, 8);
   EXPECT_EQ(q4.scheme_for("candidate_selector.hidden_projection.weight").bits, 8);
   EXPECT_THROW(QuantRequest::preset("q3"), Error);
+  // +head: the head int8 as well (the layers as without it); nothing else takes the suffix.
+  EXPECT_EQ(QuantRequest::preset("q4").head_bits, 0);
+  EXPECT_EQ(QuantRequest::preset("q4+head").head_bits, 8);
+  EXPECT_EQ(QuantRequest::preset("q4+head").bits, 4);
+  EXPECT_EQ(QuantRequest::preset("q8+head").bits, 8);
+  for (const char* bad : {"+head", "q8+", "q8+heads", "q3+head", "head"}) EXPECT_THROW(QuantRequest::preset(bad), Error) << bad;
+  EXPECT_EQ(quant_preset_list(), "q8, q4, q8+head or q4+head");
 }
 
 // The shard plan: a tp whose row-parallel parts would cut a scale group is refused at start-up.

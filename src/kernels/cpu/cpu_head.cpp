@@ -193,14 +193,29 @@ const std::vector<float>& CpuOps::head_row_norms(const Matrix& head) {
   return entry.norms;
 }
 
+const float* CpuOps::quantized_head_dots(const HeadParams& p) {
+  float* dots = qhead_.get(static_cast<size_t>(p.m * p.head.rows));
+  qmatmul(p.head, p.g, p.m, dots, nullptr);
+  return dots;
+}
+
 void CpuOps::head_logits(const HeadParams& p, float* logits) {
-  TPDRAFT_CHECK(is_float_weight(p.head.dtype) && !p.head.quantized(),
+  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype),
                 "head_logits: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
   TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
                 "head_logits: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,
                 p.head.cols);
   if (recording(&CpuOps::head_logits, p, logits)) return;
   if (p.m == 0 || p.valid_rows == 0) return;
+  if (p.head.quantized()) {
+    const float* dots = quantized_head_dots(p);
+    const int64_t n = p.valid_rows, rows = p.head.rows;
+    pool_.parallel_for(p.m, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i)
+        for (int64_t v = 0; v < n; ++v) logits[i * n + v] = logit_of(dots[i * rows + v], p.scale, p.cap);
+    });
+    return;
+  }
   const Isa isa = active_isa();
   const int64_t h = p.head.cols, pc = detail::packed_cols(h), n = p.valid_rows;
   float* packed = packed_.get(static_cast<size_t>(p.m * pc));
@@ -225,7 +240,7 @@ void CpuOps::head_logits(const HeadParams& p, float* logits) {
 // inflated by 1e-3, and 2^-20 ||w|| ||g_hi|| covers rounding when forming A +- bound in f32.
 // The ||g - g_hi|| term dominates (~2^-9 ||g||); the rest adds a few percent.
 void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
-  TPDRAFT_CHECK(is_float_weight(p.head.dtype) && !p.head.quantized(),
+  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype),
                 "head_topk: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
   TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
   TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
@@ -236,6 +251,13 @@ void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* value
   TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);
   if (recording(&CpuOps::head_topk, p, k, id_base, values, ids)) return;
   if (p.m == 0) return;
+  if (p.head.quantized()) {
+    // The dots are the matmul kernels' (exact for the quantized model): scan them with no bound.
+    const float* dots = p.valid_rows > 0 ? quantized_head_dots(p) : nullptr;
+    head_scan(p, k, false, nullptr, dots);
+    head_finish(p, k, id_base, values, ids, dots);
+    return;
+  }
   const Isa isa = active_isa();
   const int64_t h = p.head.cols, pc = detail::packed_cols(h);
   float* packed = packed_.get(static_cast<size_t>(p.m * pc));
@@ -270,8 +292,8 @@ void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* value
       bound_slack_[i] = static_cast<float>(slack);
     }
   }
-  head_scan(p, k, screen, norms);
-  head_finish(p, k, id_base, values, ids);
+  head_scan(p, k, screen, norms, nullptr);
+  head_finish(p, k, id_base, values, ids, nullptr);
 }
 
 // Pass 1. Each worker takes a contiguous vocabulary range and keeps, per input row, a min-heap
@@ -279,7 +301,7 @@ void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* value
 // row's true k-th raw dot, so a vocabulary row whose upper bound A + bound is below
 // raw_cutoff(T) cannot be in the top k, and every other row is recorded as a candidate. Without
 // screening the dots are exact and the bound is 0.
-void CpuOps::head_scan(const HeadParams& p, int k, bool screen, const float* norms) {
+void CpuOps::head_scan(const HeadParams& p, int k, bool screen, const float* norms, const float* qdots) {
   const Isa isa = active_isa();
   const int64_t n = p.valid_rows, h = p.head.cols;
   const detail::WeightRows rows{p.head.dtype, p.head.data, h, h};
@@ -298,12 +320,12 @@ void CpuOps::head_scan(const HeadParams& p, int k, bool screen, const float* nor
       const int64_t cnt = std::min(kBlock, n - v0);
       if (screen)
         screen_dots(rows, v0, cnt, packed_bf16_.data(), p.m, tile, kBlock);
-      else
+      else if (qdots == nullptr)  // a quantized head's dots are read in place below
         detail::exact_dots(isa, rows, v0, cnt, packed_.data(), p.m, tile, kBlock);
       for (int64_t i = 0; i < p.m; ++i) {
         RowScan& s = wk.scans[i];
         const float sc = screen ? bound_scale_[i] : 0.0f, sl = screen ? bound_slack_[i] : 0.0f;
-        const float* a = tile + i * kBlock;
+        const float* a = qdots != nullptr ? qdots + i * p.head.rows + v0 : tile + i * kBlock;
         for (int64_t j = 0; j < cnt; ++j) {
           const float bound = screen ? norms[v0 + j] * sc + sl : 0.0f;
           const float upper = a[j] + bound;
@@ -330,7 +352,8 @@ void CpuOps::head_scan(const HeadParams& p, int k, bool screen, const float* nor
 // k-th exact dot E_k). A top-k row v has logit_of(E_v) >= logit_of(E_k) >= logit_of(T) and
 // upper_v >= E_v, so upper_v >= raw_cutoff(T): filtering candidates by that keeps every top-k row
 // and every row tying the k-th logit. Survivors are recomputed with the exact dot of head_logits.
-void CpuOps::head_finish(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
+void CpuOps::head_finish(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids,
+                         const float* qdots) {
   const Isa isa = active_isa();
   const int64_t h = p.head.cols, pc = detail::packed_cols(h);
   const detail::WeightRows rows{p.head.dtype, p.head.data, h, h};
@@ -350,7 +373,10 @@ void CpuOps::head_finish(const HeadParams& p, int k, int64_t id_base, float* val
         for (const Candidate& c : w.scans[i].candidates) {
           if (!(c.upper >= cutoff)) continue;
           float dot;
-          detail::exact_dots(isa, rows, c.row, 1, packed_.data() + i * pc, 1, &dot, 1);
+          if (qdots != nullptr)
+            dot = qdots[i * p.head.rows + c.row];
+          else
+            detail::exact_dots(isa, rows, c.row, 1, packed_.data() + i * pc, 1, &dot, 1);
           wk.picks.push_back({logit_of(dot, p.scale, p.cap), c.row});
         }
       }

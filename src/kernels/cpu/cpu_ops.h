@@ -135,6 +135,7 @@ class CpuOps final : public Ops {
 
   size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
+  bool quantized_head() const override { return true; }
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -177,8 +178,11 @@ class CpuOps final : public Ops {
   const std::vector<float>& head_row_norms(const Matrix& head);
   // head_topk's two passes: every valid row against a running per-row threshold, then the
   // surviving candidates recomputed exactly and sorted.
-  void head_scan(const HeadParams& p, int k, bool screen, const float* norms);
-  void head_finish(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids);
+  // `qdots`: a quantized head's dots [m, head.rows] (quantized_head_dots), read instead of computed.
+  void head_scan(const HeadParams& p, int k, bool screen, const float* norms, const float* qdots);
+  void head_finish(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids, const float* qdots);
+  // A quantized head's raw dots of every row, by the matmul kernels: [m, head.rows] in qhead_.
+  const float* quantized_head_dots(const HeadParams& p);
 
   // Head top-k scan state of one output row: the k largest lower bounds seen (a min-heap), the
   // raw value below which a vocabulary row can no longer reach the k-th logit, the candidates.
@@ -214,6 +218,7 @@ class CpuOps final : public Ops {
   Scratch<int8_t> qx_;              // quantized activation rows (quantized weights)
   Scratch<float> qscale_;           // their block scales
   Scratch<int32_t> qsum_;           // their block sums
+  Scratch<float> qhead_;            // a quantized head's dots
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack
   std::vector<float> bound_slack_;
   std::vector<double> rope_inv_freq_;  // theta^(-2i/D), kept while theta and D repeat
