@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # Quantized drafts against bf16, A/B in one run: `tpdraft bench` on the same random weights at
-# bf16, --quant q8 and --quant q4, taking turns for several rounds (so that a machine whose speed
+# bf16, --quant q8, q4, q8+head and q4+head, taking turns for several rounds (so that a machine whose speed
 # drifts affects all three alike), then the median of each one's per-round medians.
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-Usage: bench/quant_ab.sh [--config FILE] [--ctx N] [--threads N] [--rounds N] [--repeat N] [--bin PATH]
+Usage: bench/quant_ab.sh [--config FILE] [--ctx N] [--threads N] [--rounds N] [--repeat N] [--variants LIST] [--bin PATH]
 
   --config FILE   drafter config of the random weights (default configs/bench-dflash2-2048.json)
   --ctx N         context rows settled per session (default 1024)
   --threads N     CPU threads (default 2)
-  --rounds N      turns of the three variants (default 3)
+  --rounds N      turns of bf16 and the variants (default 3)
   --repeat N      timed drafts per bench run (default 10)
+  --variants LIST --quant presets against bf16 (default q8,q4,q8+head,q4+head)
   --bin PATH      the tpdraft program (default build/tpdraft)
 
-Prints, per variant: weight bytes one draft reads, the median draft time, the layers' share of
-it, and the speed relative to bf16 (draft and layers).
+Prints, per variant: weight bytes one draft reads, the median draft time, its layers' and head's
+parts, and the speed relative to bf16 (draft and layers).
 USAGE
 }
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 config=$here/configs/bench-dflash2-2048.json ctx=1024 threads=2 rounds=3 repeat=10 bin=$here/build/tpdraft
+variants=q8,q4,q8+head,q4+head
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
@@ -29,6 +31,7 @@ while (($#)); do
     --threads) threads=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --variants) variants=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "quant_ab.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -38,24 +41,26 @@ done
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/tpdraft-quant-ab.XXXXXX")
 trap 'rm -rf "$out"' EXIT
+IFS=, read -ra quants <<<"$variants"
 for ((r = 0; r < rounds; ++r)); do
-  for q in bf16 q8 q4; do
+  for q in bf16 "${quants[@]}"; do
     extra=()
     [[ $q == bf16 ]] || extra=(--quant "$q")
     TPDRAFT_LOG_LEVEL=warn "$bin" bench --config "$config" --ctx "$ctx" --threads "$threads" --backend cpu \
-      --repeat "$repeat" --warmup 2 --json "${extra[@]}" | tail -1 >>"$out/$q.jsonl"
+      --repeat "$repeat" --warmup 2 --json "${extra[@]}" | tail -1 >>"$out/${q/+/-}.jsonl"
   done
 done
 
-python3 - "$out" "$config" "$ctx" "$threads" "$rounds" <<'PY'
+python3 - "$out" "$config" "$ctx" "$threads" "$rounds" "bf16,$variants" <<'PY'
 import json, statistics, sys
-out, config, ctx, threads, rounds = sys.argv[1:]
-runs = {q: [json.loads(l) for l in open(f"{out}/{q}.jsonl")] for q in ("bf16", "q8", "q4")}
+out, config, ctx, threads, rounds, names = sys.argv[1:]
+names = names.split(",")
+runs = {q: [json.loads(l) for l in open(f"{out}/{q.replace('+', '-')}.jsonl")] for q in names}
 med = lambda q, k: statistics.median(r[k] for r in runs[q])
 print(f"{config}, {ctx} context rows, 1 session, {threads} threads, {rounds} rounds")
-print(f"{'weights':8} {'GB/draft':>9} {'draft ms':>9} {'layers ms':>10} {'draft x':>8} {'layers x':>9}")
-for q in ("bf16", "q8", "q4"):
-    print(f"{q:8} {med(q, 'draft_weight_gbytes'):9.3f} "
-          f"{med(q, 'draft_ms'):9.2f} {med(q, 'layers_ms'):10.2f} {med('bf16', 'draft_ms') / med(q, 'draft_ms'):8.2f} "
+print(f"{'weights':8} {'GB/draft':>9} {'draft ms':>9} {'layers ms':>10} {'head ms':>8} {'draft x':>8} {'layers x':>9}")
+for q in names:
+    print(f"{q:8} {med(q, 'draft_weight_gbytes'):9.3f} {med(q, 'draft_ms'):9.2f} {med(q, 'layers_ms'):10.2f} "
+          f"{med(q, 'head_ms'):8.2f} {med('bf16', 'draft_ms') / med(q, 'draft_ms'):8.2f} "
           f"{med('bf16', 'layers_ms') / med(q, 'layers_ms'):9.2f}")
 PY

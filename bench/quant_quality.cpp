@@ -134,6 +134,7 @@ int run(int argc, char** argv) {
   const std::vector<Draft> ref = run_variant(base, a);
   struct Variant {
     const char* name;
+    const char* preset;  // a --quant preset, or nullptr: `req`
     model::QuantRequest req;
   };
   model::QuantRequest mlp4;
@@ -141,10 +142,12 @@ int run(int argc, char** argv) {
   mlp4.only = "mlp";
   model::QuantRequest mlp8 = mlp4;
   mlp8.bits = 8;
-  const Variant variants[] = {{"q8 (all int8)", model::QuantRequest::preset("q8")},
-                              {"q4 (layers int4, rest int8)", model::QuantRequest::preset("q4")},
-                              {"int8 MLP only", mlp8},
-                              {"int4 MLP only", mlp4}};
+  const Variant variants[] = {{"q8 (all int8)", "q8", {}},
+                              {"q4 (layers int4, rest int8)", "q4", {}},
+                              {"q8+head (head int8 too)", "q8+head", {}},
+                              {"q4+head (head int8 too)", "q4+head", {}},
+                              {"int8 MLP only", nullptr, mlp8},
+                              {"int4 MLP only", nullptr, mlp4}};
   std::printf("%s, %lld contexts x %lld anchors, %lld context rows, outlier channels x%g, greedy drafts of %lld "
               "tokens\n", a.config.c_str(), static_cast<long long>(a.contexts), static_cast<long long>(a.anchors),
               static_cast<long long>(a.ctx), a.outliers, static_cast<long long>(rows));
@@ -152,8 +155,9 @@ int run(int argc, char** argv) {
               "logits err");
   for (const Variant& v : variants) {
     model::ModelSource q = base;
-    q.config.quant = model::plan_quantization(v.req, model::expected_drafter_tensors(q.config),
-                                              model::QuantConfig::Source::OnLoad);
+    q.config.quant = v.preset != nullptr ? model::quantization_on_load(q.config, v.preset, a.config)
+                                         : model::plan_quantization(v.req, model::expected_drafter_tensors(q.config),
+                                                                    model::QuantConfig::Source::OnLoad);
     const std::vector<Draft> got = run_variant(q, a);
     double same = 0, prefix = 0, kl_sum = 0, kl_max = 0, err2 = 0, norm2 = 0;
     for (size_t d = 0; d < ref.size(); ++d) {

@@ -1,0 +1,181 @@
+// The CPU matmul on bf16, int8 and int4 weights, A/B in one run: the layer shapes of a drafter
+// config against M activation rows (16: one draft), each kernel level this processor runs, taking
+// turns for several rounds; prints per level and format the median time of one pass over every
+// layer matrix, the multiply-adds per second and the speed relative to bf16 at that level.
+//   matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+
+namespace tpdraft::bench {
+namespace {
+
+using kernels::Matrix;
+using kernels::WeightFormat;
+namespace cpu = kernels::cpu;
+
+struct Args {
+  std::string config = "configs/bench-dflash2-2048.json";
+  int64_t rows = 16, group = 128;
+  int threads = 2, rounds = 5, repeat = 5;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      TPDRAFT_CHECK(i + 1 < argc, "matmul_ab: {} needs a value", k);
+      return argv[++i];
+    };
+    if (k == "--config") a.config = next();
+    else if (k == "--rows") a.rows = std::stoll(next());
+    else if (k == "--group") a.group = std::stoll(next());
+    else if (k == "--threads") a.threads = std::stoi(next());
+    else if (k == "--rounds") a.rounds = std::stoi(next());
+    else if (k == "--repeat") a.repeat = std::stoi(next());
+    else if (k == "--help" || k == "-h") {
+      std::printf("matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]\n");
+      std::exit(0);
+    } else {
+      TPDRAFT_FAIL("matmul_ab: unknown argument '{}'", k);
+    }
+  }
+  return a;
+}
+
+struct Shape {
+  int64_t n, k;
+};
+
+// One layer's matrices: q, k, v, o, gate, up, down.
+std::vector<Shape> layer_shapes(const model::DrafterConfig& c) {
+  const int64_t h = c.hidden, q = c.n_q * c.head_dim, kv = c.n_kv * c.head_dim;
+  return {{q, h}, {kv, h}, {kv, h}, {h, q}, {c.ffn, h}, {c.ffn, h}, {h, c.ffn}};
+}
+
+struct Variant {
+  std::string name;
+  std::vector<Matrix> mats;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run(const Args& a) {
+  const model::DrafterConfig config = model::DrafterConfig::from_file(a.config);
+  const std::vector<Shape> shapes = layer_shapes(config);
+  auto ops = kernels::make_cpu_ops(a.threads);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  std::vector<std::shared_ptr<void>> keep;
+  auto buffer = [&](size_t bytes) {
+    void* p = ops->alloc(bytes);
+    keep.emplace_back(p, [&ops](void* q) { ops->release(q); });
+    return p;
+  };
+  Variant bf16{"bf16", {}}, q8{"int8", {}}, q4{"int4", {}};
+  double macs = 0;
+  for (const Shape& s : shapes) {
+    std::vector<float> w(static_cast<size_t>(s.n * s.k));
+    for (float& v : w) v = normal(rng) * 0.02f;
+    std::vector<uint16_t> wb(w.size());
+    convert_from_f32(DType::BF16, w.data(), wb.data(), w.size());
+    void* d = buffer(wb.size() * 2);
+    ops->to_device(d, wb.data(), wb.size() * 2);
+    Matrix m;
+    m.dtype = DType::BF16;
+    m.rows = s.n;
+    m.cols = s.k;
+    m.data = d;
+    bf16.mats.push_back(m);
+    for (const int bits : {8, 4}) {
+      const int top = (1 << (bits - 1)) - 1;
+      const int64_t gpr = s.k / a.group;
+      std::vector<int8_t> q(w.size());
+      std::vector<float> scales(static_cast<size_t>(s.n * gpr));
+      for (int64_t r = 0; r < s.n; ++r)
+        for (int64_t g = 0; g < gpr; ++g) {
+          float amax = 0;
+          for (int64_t c = g * a.group; c < (g + 1) * a.group; ++c) amax = std::max(amax, std::abs(w[r * s.k + c]));
+          const float scale = amax > 0 ? amax / static_cast<float>(top) : 1.0f;
+          scales[r * gpr + g] = scale;
+          for (int64_t c = g * a.group; c < (g + 1) * a.group; ++c)
+            q[r * s.k + c] = static_cast<int8_t>(std::clamp<float>(std::nearbyint(w[r * s.k + c] / scale), -top, top));
+        }
+      const WeightFormat f = bits == 8 ? WeightFormat::Int8 : WeightFormat::Int4;
+      void* dq = buffer(ops->quantized_bytes(f, s.n, s.k, a.group));
+      (bits == 8 ? q8 : q4).mats.push_back(ops->upload_quantized({bits, s.n, s.k, a.group, q.data(), scales.data()}, dq));
+    }
+    macs += static_cast<double>(s.n) * static_cast<double>(s.k) * static_cast<double>(a.rows);
+  }
+  int64_t max_n = 0, max_k = 0;
+  for (const Shape& s : shapes) max_n = std::max(max_n, s.n), max_k = std::max(max_k, s.k);
+  std::vector<float> x(static_cast<size_t>(a.rows * max_k));
+  for (float& v : x) v = normal(rng);
+  float* dx = static_cast<float*>(buffer(x.size() * 4));
+  float* dy = static_cast<float*>(buffer(static_cast<size_t>(a.rows * max_n) * 4));
+  ops->to_device(dx, x.data(), x.size() * 4);
+
+  std::vector<cpu::Isa> levels;
+  for (int l = static_cast<int>(cpu::Isa::Avx2); l <= static_cast<int>(cpu::detected_isa()); ++l)
+    levels.push_back(static_cast<cpu::Isa>(l));
+  std::vector<Variant*> variants{&bf16, &q8, &q4};
+  // times[level][variant]: per-round medians of one pass over the layer's matrices.
+  std::vector<std::vector<std::vector<double>>> times(levels.size(), std::vector<std::vector<double>>(3));
+  for (int r = 0; r < a.rounds; ++r)
+    for (size_t li = 0; li < levels.size(); ++li) {
+      cpu::force_isa(levels[li]);
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        std::vector<double> t;
+        for (int i = 0; i < a.repeat + 1; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (const Matrix& m : variants[vi]->mats) ops->matmul(m, dx, a.rows, dy, nullptr);
+          ops->sync();
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (i > 0) t.push_back(s);  // the first pass warms the caches
+        }
+        times[li][vi].push_back(median(t));
+      }
+    }
+  std::printf("%s: one layer's 7 matrices, %lld activation rows, %d threads, group %lld, %d rounds x %d passes\n",
+              a.config.c_str(), static_cast<long long>(a.rows), a.threads, static_cast<long long>(a.group), a.rounds,
+              a.repeat);
+  std::printf("%-12s %-6s %10s %12s %8s\n", "level", "weights", "ms", "GMAC/s", "x bf16");
+  for (size_t li = 0; li < levels.size(); ++li) {
+    const double base = median(times[li][0]);
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      const double t = median(times[li][vi]);
+      const char* kernel = vi == 0 ? cpu::isa_name(levels[li]) : cpu::quant_kernel_name(cpu::quant_kernel(levels[li]));
+      std::printf("%-12s %-6s %10.3f %12.1f %8.2f\n", kernel, variants[vi]->name.c_str(), t * 1e3, macs / t * 1e-9,
+                  base / t);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tpdraft::bench
+
+int main(int argc, char** argv) {
+  try {
+    return tpdraft::bench::run(tpdraft::bench::parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "matmul_ab: %s\n", e.what());
+    return 1;
+  }
+}
