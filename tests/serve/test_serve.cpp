@@ -566,13 +566,14 @@ TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
   EXPECT_FALSE(exists(dir.file("s.sock")));
 }
 
-TEST(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")});
+// Three clients step until their server goes; once 30 steps have drafted, SIGTERM goes to the
+// server's process (tpdraft, or its launcher). Every step must either draft or fail closed,
+// every client must see its server go, and the server must say it stopped for the signal and
+// leave no file behind. Returns the server's exit status.
+int sigterm_while_clients_step(ServerProcess& server, const TempDir& dir) {
   const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
-  // Clients step until their server goes; each step either drafts or fails closed.
+  EXPECT_FALSE(address.empty()) << server.log();
+  if (address.empty()) return -1;
   std::atomic<int> done{0}, failed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i)
@@ -601,12 +602,20 @@ TEST(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
     });
   while (done < 30) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   server.signal(SIGTERM);
-  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
+  const int status = server.wait_exit(30);
   for (auto& t : threads) t.join();
   EXPECT_EQ(failed, 3);
   EXPECT_NE(server.log().find("stopping (signal)"), std::string::npos) << server.log();
   EXPECT_FALSE(exists(server.address_file()));
   EXPECT_FALSE(exists(dir.file("s.sock")));
+  return status;
+}
+
+TEST(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")});
+  EXPECT_EQ(sigterm_while_clients_step(server, dir), 0) << server.log();
 }
 
 // ---- under mpirun (CTest test_serve_mpi, labelled mpi) ------------------------------------------
@@ -696,6 +705,19 @@ TEST(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
   const int status = server.wait_exit(60);
   EXPECT_NE(status, 0) << server.log();
   EXPECT_NE(status, -1) << "the job did not end after its rank 1 was killed:\n" << server.log();
+}
+
+// SIGTERM to mpirun: it passes the signal to every rank (and ends the job with status 1, as
+// OpenMPI does for a job it was told to stop); rank 0 finishes the forward in flight, answers and
+// stops the group cleanly, as in process.
+TEST(ServeMpi, SigtermToMpirunStopsTheGroupCleanly) {
+  SKIP_WITHOUT_MPI();
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, mpirun(2));
+  const int status = sigterm_while_clients_step(server, dir);
+  EXPECT_NE(status, -1) << "the job did not end after SIGTERM:\n" << server.log();
+  EXPECT_EQ(server.log().find("[error]"), std::string::npos) << "no rank may fail on the way out:\n" << server.log();
 }
 
 TEST(ServeMpi, ARankThatFailsEndsTheJobNamingIt) {
