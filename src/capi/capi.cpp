@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "capi/caps.h"
 #include "capi/last_error.h"
 #include "core/error.h"
 #include "engine/local_group.h"
@@ -209,20 +210,7 @@ tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
   if (d == nullptr || out == nullptr) return refuse("tpdraft_caps_get: drafter or out is NULL");
   if (out->struct_size < sizeof(tpdraft_caps))
     return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  const engine::Caps& c = d->caps;
-  out->architecture = c.architecture.c_str();
-  out->backend = d->backend.c_str();
-  out->block_size = static_cast<int32_t>(c.block);
-  out->tp = c.tp;
-  out->taps_width = c.taps_width;
-  out->hidden_size = c.hidden;
-  out->vocab_size = c.vocab;
-  out->mask_token_id = c.mask_token;
-  out->n_target_layers = static_cast<int32_t>(c.target_layers.size());
-  out->target_layer_ids = c.target_layers.data();
-  out->max_sessions = static_cast<int32_t>(c.max_sessions);
-  out->max_open_sessions = static_cast<int32_t>(c.max_open_sessions);
-  out->max_context = c.max_context;
+  tpdraft::capi::fill_caps(d->caps, d->backend, out);
   t_last_error.clear();
   return TPDRAFT_OK;
 }

@@ -18,6 +18,7 @@
 
 #include <zmq.h>
 
+#include "capi/caps.h"
 #include "capi/last_error.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
@@ -453,20 +454,7 @@ tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* ou
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
   if (out->struct_size < sizeof(tpdraft_caps))
     return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  const serve::WireCaps& k = c->caps;
-  out->architecture = k.architecture.c_str();
-  out->backend = c->backend.c_str();
-  out->block_size = static_cast<int32_t>(k.block);
-  out->tp = static_cast<int32_t>(k.tp);
-  out->taps_width = k.taps_width;
-  out->hidden_size = k.hidden;
-  out->vocab_size = k.vocab;
-  out->mask_token_id = k.mask_token;
-  out->n_target_layers = static_cast<int32_t>(k.target_layers.size());
-  out->target_layer_ids = k.target_layers.data();
-  out->max_sessions = static_cast<int32_t>(k.max_sessions);
-  out->max_open_sessions = static_cast<int32_t>(k.max_open_sessions);
-  out->max_context = k.max_context;
+  tpdraft::capi::fill_caps(c->caps, c->backend, out);
   return ok();
 }
 
