@@ -87,30 +87,38 @@ TPDRAFT_QTILE_HD int64_t group_of(int64_t k, int64_t group, int64_t groups) {
 // Whether every k16 step of the tiles lies in one scale group (one scale per output and step).
 TPDRAFT_QTILE_HD bool step_uniform(int64_t group, int64_t groups) { return groups == 1 || group % 16 == 0; }
 
-// How the tensor-core kernel walks K (src/kernels/cuda/cuda_qgemm.cu): in chunks of kChunk inputs
-// staged in shared memory; warp w of a block takes the chunk's K tiles w, w + kWarps, ... (its
-// u-th is chunk_tile(...); tiles at or past tiles_k, in the last chunk, are skipped). A block
-// takes chunks_per_split chunks; `splits` blocks per tile column cover K (split-K).
+// How the tensor-core kernel divides the work (src/kernels/cuda/cuda_qgemm.cu). A block owns
+// kColumns tile columns (128 outputs, so each staged activation serves 128 outputs) and a range
+// of K chunks of kChunk inputs, staged in shared memory one at a time. Its kWarps warps are
+// kColumns x kWarpsK: warp w works on tile column w / kWarpsK of the block and takes, of each
+// chunk, the K tiles kw, kw + kWarpsK, ... (kw = w % kWarpsK; its u-th is chunk_tile(...); tiles
+// at or past tiles_k, in the last chunk, are skipped). `splits` blocks per block column cover K
+// (split-K), chunks_per_split chunks each.
 constexpr int kWarps = 8;
-constexpr int kChunk = 256;
+constexpr int kColumns = 4;
+constexpr int kWarpsK = kWarps / kColumns;
+constexpr int kChunk = 128;
 TPDRAFT_QTILE_HD constexpr int tiles_per_chunk(int bits) { return kChunk / tile_k(bits); }
-TPDRAFT_QTILE_HD constexpr int loads_per_warp(int bits) { return tiles_per_chunk(bits) / kWarps; }
-TPDRAFT_QTILE_HD int64_t chunk_tile(int bits, int64_t chunk, int warp, int u) {
-  return chunk * tiles_per_chunk(bits) + warp + kWarps * u;
+TPDRAFT_QTILE_HD constexpr int loads_per_warp(int bits) { return tiles_per_chunk(bits) / kWarpsK; }
+TPDRAFT_QTILE_HD int64_t chunk_tile(int bits, int64_t chunk, int kw, int u) {
+  return chunk * tiles_per_chunk(bits) + kw + kWarpsK * u;
 }
-static_assert(kChunk % (kWarps * 32) == 0, "every warp takes whole tiles of a chunk, int4 and int8");
+static_assert(kWarps % kColumns == 0, "every tile column of a block has the same warps");
+static_assert(kChunk % (kWarpsK * 32) == 0, "every warp takes whole tiles of a chunk, int4 and int8");
 
 struct Split {
   int64_t chunks = 0, chunks_per_split = 0;
+  int64_t block_columns = 0;  // blocks along N: tiles_n / kColumns, rounded up
   int splits = 1;
 };
 // Split-K for `tiles_n` tile columns of K inputs on `sm_count` SMs: about four blocks per SM,
 // enough loads in flight to stream the weights at full bandwidth, and no empty split.
 inline Split split_k(int64_t tiles_n, int64_t k, int sm_count) {
   Split p;
+  p.block_columns = (tiles_n + kColumns - 1) / kColumns;
   p.chunks = (k + kChunk - 1) / kChunk;
   const int64_t target = 4 * static_cast<int64_t>(sm_count > 0 ? sm_count : 1);
-  int64_t want = (target + tiles_n - 1) / tiles_n;
+  int64_t want = (target + p.block_columns - 1) / p.block_columns;
   want = want < 1 ? 1 : (want > p.chunks ? p.chunks : want);
   p.chunks_per_split = (p.chunks + want - 1) / want;
   p.splits = static_cast<int>((p.chunks + p.chunks_per_split - 1) / p.chunks_per_split);

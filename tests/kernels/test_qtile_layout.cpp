@@ -154,14 +154,20 @@ TEST(QTileLayout, WarpsCoverEveryKTileOnce) {
           ASSERT_GE(sp.splits, 1);
           ASSERT_GE(sp.chunks_per_split * sp.chunks, 1);
           ASSERT_LT(static_cast<int64_t>(sp.splits - 1) * sp.chunks_per_split, sp.chunks) << "an empty split";
+          // Block columns: warp w of block column b works on tile column b kColumns + w / kWarpsK.
+          ASSERT_EQ(sp.block_columns, (tiles_n + kColumns - 1) / kColumns);
+          std::vector<int> columns(static_cast<size_t>(sp.block_columns * kColumns), 0);
+          for (int64_t b = 0; b < sp.block_columns; ++b)
+            for (int warp = 0; warp < kWarps; warp += kWarpsK) ++columns[static_cast<size_t>(b * kColumns + warp / kWarpsK)];
+          for (int64_t t = 0; t < tiles_n; ++t) ASSERT_EQ(columns[static_cast<size_t>(t)], 1) << "tile column " << t;
           std::vector<int> seen(static_cast<size_t>(tiles_k), 0);
           for (int split = 0; split < sp.splits; ++split) {
             const int64_t c0 = split * sp.chunks_per_split;
             const int64_t c1 = std::min(c0 + sp.chunks_per_split, sp.chunks);
             for (int64_t chunk = c0; chunk < c1; ++chunk)
-              for (int warp = 0; warp < kWarps; ++warp)
+              for (int kw = 0; kw < kWarpsK; ++kw)
                 for (int u = 0; u < loads_per_warp(bits); ++u) {
-                  const int64_t kt = chunk_tile(bits, chunk, warp, u);
+                  const int64_t kt = chunk_tile(bits, chunk, kw, u);
                   // The tile's inputs lie in the chunk staged for it.
                   ASSERT_GE(kt * tile_k(bits), chunk * kChunk);
                   ASSERT_LE((kt + 1) * tile_k(bits), (chunk + 1) * kChunk);

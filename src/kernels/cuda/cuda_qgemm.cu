@@ -1,14 +1,15 @@
 // Weight-only int8 / int4 matmul, y[i][n] = sum_k x[i][k] * q[n][k] * scale[n][k / group]
 // (+ bias[n]), on weights in the tiled layout of kernels/qtile_layout.h.
 //
-// Up to 64 activation rows (a draft): tensor cores. Each block owns one tile column of 32 outputs
-// and a share of K (split-K over the grid when there are too few tile columns to fill the
-// device); its 8 warps take turns over the K tiles of each 256-input chunk. The chunk's
-// activations are converted to bf16 into shared memory once for all warps; each warp fetches a
-// whole weight tile with one 16-byte load per lane, which is already its B fragments, dequantizes
-// them in registers (q * scale, rounded to bf16) and issues mma.m16n8k16 (bf16 in, f32
-// accumulate) for every 16-row slice of the activations. The next chunk's tiles are loaded before
-// the current one is multiplied. The warps' sums are added in a fixed order (bit-reproducible).
+// Up to 64 activation rows (a draft): tensor cores. Each block owns four tile columns (128
+// outputs) and a share of K (split-K over the grid when there are too few block columns to fill
+// the device); two warps per tile column take turns over the K tiles of each 128-input chunk
+// (qtile::chunk_tile). The chunk's activations are converted to bf16 into shared memory once for
+// all warps; each warp fetches a whole weight tile with one 16-byte load per lane, which is
+// already its B fragments, dequantizes them in registers (q * scale, rounded to bf16) and issues
+// mma.m16n8k16 (bf16 in, f32 accumulate) for every 16-row slice of the activations. The next
+// chunk's tiles are loaded before the current one is multiplied. The warps' sums are added in a
+// fixed order (bit-reproducible).
 //
 // More rows (settle): the weights are dequantized to bf16 into a workspace and cuBLAS multiplies
 // (cuda_quant.cpp); launch_qdequant below is that first step.
@@ -23,15 +24,17 @@ namespace tpdraft::kernels::cuda {
 namespace {
 
 using qtile::kChunk;
+using qtile::kColumns;
 using qtile::kTileN;
 using qtile::kWarps;
+using qtile::kWarpsK;
 
 constexpr int kThreads = kWarps * 32;
 constexpr int kStride = kChunk + 8;  // bf16 per staged row: rows 4 words apart, no bank conflicts
 
 template <int MT>
 __host__ __device__ constexpr int smem_bytes() {
-  constexpr int stage = MT * 16 * kStride * 2, reduce = MT * 16 * kTileN * 4;
+  constexpr int stage = MT * 16 * kStride * 2, reduce = kColumns * MT * 16 * kTileN * 4;
   return stage > reduce ? stage : reduce;
 }
 
@@ -59,7 +62,7 @@ struct TcArgs {
   const float* bias = nullptr;    // [n] or null (applied only without split-K)
   float* out = nullptr;           // y [m, n] (one split) or partial sums [splits, m, n]
   int64_t m = 0, n = 0, k = 0, n_padded = 0, tiles_k = 0, group = 0, groups = 0;
-  int64_t chunks = 0, chunks_per_split = 0;
+  int64_t tiles_n = 0, chunks = 0, chunks_per_split = 0;
   int splits = 1;
 };
 
@@ -96,15 +99,17 @@ __device__ __forceinline__ void tc_step(const TcArgs& a, const uint32_t (&words)
 template <int BITS, int MT, bool UNIFORM>
 __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
   constexpr int KT = qtile::tile_k(BITS);
-  constexpr int kLoads = qtile::loads_per_warp(BITS);  // tiles per warp and chunk: 2 (int8) or 1 (int4)
+  constexpr int kLoads = qtile::loads_per_warp(BITS);  // tiles per warp and chunk: 4 (int8) or 2 (int4)
   __shared__ __align__(16) unsigned char smem[smem_bytes<MT>()];
   auto* xs = reinterpret_cast<__nv_bfloat16*>(smem);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t tile_n = blockIdx.x, n_tile0 = tile_n * kTileN;
+  const int column = warp / kWarpsK, kw = warp % kWarpsK;
+  const int64_t tile_n = static_cast<int64_t>(blockIdx.x) * kColumns + column, n_tile0 = tile_n * kTileN;
+  const bool live = tile_n < a.tiles_n;  // the last block column may reach past N's tiles
   const int64_t c_begin = blockIdx.y * a.chunks_per_split;
   const int64_t c_end = c_begin + a.chunks_per_split < a.chunks ? c_begin + a.chunks_per_split : a.chunks;
-  const uint4* tiles = a.tiles + tile_n * a.tiles_k * 32 + lane;
+  const uint4* tiles = a.tiles + (live ? tile_n : 0) * a.tiles_k * 32 + lane;
 
   float acc[MT][4][4];
 #pragma unroll
@@ -114,15 +119,15 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.0f;
 
-  // Warp w takes the chunk's tiles w, w + 8, ...; tiles past K (last chunk) read nothing.
+  // Tiles past K (last chunk) and past N (last block column) read nothing.
   auto load = [&](int64_t chunk, uint4 (&w)[kLoads]) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int64_t kt = qtile::chunk_tile(BITS, chunk, warp, u);
-      w[u] = kt < a.tiles_k ? __ldg(tiles + kt * 32) : make_uint4(0, 0, 0, 0);
+      const int64_t kt = qtile::chunk_tile(BITS, chunk, kw, u);
+      w[u] = live && kt < a.tiles_k ? __ldg(tiles + kt * 32) : make_uint4(0, 0, 0, 0);
     }
   };
-  uint4 cur[kLoads], next[kLoads];
+  uint4 cur[kLoads] = {}, next[kLoads] = {};
   if (c_begin < c_end) load(c_begin, cur);
   for (int64_t chunk = c_begin; chunk < c_end; ++chunk) {
     if (chunk + 1 < c_end) load(chunk + 1, next);
@@ -142,8 +147,8 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
     __syncthreads();
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int64_t kt = qtile::chunk_tile(BITS, chunk, warp, u);
-      if (kt >= a.tiles_k) break;
+      const int64_t kt = qtile::chunk_tile(BITS, chunk, kw, u);
+      if (!live || kt >= a.tiles_k) break;
       const int local = static_cast<int>(kt - chunk * qtile::tiles_per_chunk(BITS));  // tile within the chunk
       const uint32_t words[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
 #pragma unroll
@@ -157,26 +162,29 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
     for (int u = 0; u < kLoads; ++u) cur[u] = next[u];
   }
 
-  // Sum the warps' tiles in shared memory, warp 0 first, then in order.
-  auto* red = reinterpret_cast<float*>(smem);
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
+  // Sum each tile column's warps in shared memory, kw = 0 first, then in order.
+  auto* red = reinterpret_cast<float*>(smem) + column * (MT * 16 * kTileN);
+  for (int r = 0; r < kWarpsK; ++r) {
+    if (kw == r) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            float& r = red[(mt * 16 + qtile::c_row(lane, i)) * kTileN + 8 * j + qtile::c_col(lane, i)];
-            r = w == 0 ? acc[mt][j][i] : __fadd_rn(r, acc[mt][j][i]);
+            float& v = red[(mt * 16 + qtile::c_row(lane, i)) * kTileN + 8 * j + qtile::c_col(lane, i)];
+            v = r == 0 ? acc[mt][j][i] : __fadd_rn(v, acc[mt][j][i]);
           }
     }
     __syncthreads();
   }
-  for (int p = threadIdx.x; p < MT * 16 * kTileN; p += kThreads) {
-    const int64_t row = p / kTileN, col = n_tile0 + p % kTileN;
+  // Row by row over the block's 128 outputs, so that consecutive threads write consecutive floats.
+  const auto* sums = reinterpret_cast<const float*>(smem);
+  for (int p = threadIdx.x; p < MT * 16 * kColumns * kTileN; p += kThreads) {
+    const int row = p / (kColumns * kTileN), cc = p % (kColumns * kTileN);
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumns * kTileN + cc;
     if (row >= a.m || col >= a.n) continue;
-    const float v = red[p];
+    const float v = sums[((cc / kTileN) * MT * 16 + row) * kTileN + cc % kTileN];
     if (a.splits == 1)
       a.out[row * a.n + col] = a.bias != nullptr ? __fadd_rn(v, a.bias[col]) : v;
     else
@@ -253,12 +261,13 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
   a.tiles_k = w.tiles_k;
   a.group = w.group;
   a.groups = w.groups;
+  a.tiles_n = w.tiles_n;
   a.chunks = plan.chunks;
   a.chunks_per_split = plan.chunks_per_split;
   a.splits = plan.splits;
   const int mt = static_cast<int>((m + 15) / 16);
   const bool uniform = qtile::step_uniform(w.group, w.groups);
-  const dim3 grid(static_cast<unsigned>(w.tiles_n), static_cast<unsigned>(plan.splits));
+  const dim3 grid(static_cast<unsigned>(plan.block_columns), static_cast<unsigned>(plan.splits));
   if (w.bits == 8)
     launch_tc<8>(a, mt, uniform, grid, stream);
   else
