@@ -173,6 +173,6 @@ for quant in q8 q4; do
     --drafter \"$CKPT/drafter\" --target \"$CKPT/target\" --ctx $CTX --repeat 20 --warmup 3 --json \
     >\"$LOGS/bench-$quant.json\"" || quant_ok=0
 done
-record "draft ms bf16 q8 q4" "$(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-on bench-q8 bench-q4)"
+record "draft ms bf16 q8 q4" "$(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-on=bf16 bench-q8=q8 bench-q4=q4)"
 ((bench_ok)) && { python3 scripts/lib/gpu-table.py "$LOGS" >"$LOGS/table.txt" || bench_ok=0; }
 ((tests_ok && bench_ok && quant_ok))

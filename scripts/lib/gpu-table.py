@@ -8,8 +8,9 @@ copy bandwidth) and the draft's ratio to it, the graph's node count, the settle 
 cuBLAS, PyTorch's time, and whether both modes drafted the same tokens. Exit 1 when they did
 not or when the graph run is missing.
 
-With --draft-ms LOGS NAME...: one line with the draft time of each LOGS/NAME.json run and its
-ratio to the first (the bf16 / --quant q8 / --quant q4 timing step); "not run" for a missing one.
+With --draft-ms LOGS NAME[=LABEL]...: one line with the draft time of each LOGS/NAME.json run
+and its ratio to the first (the bf16 / --quant q8 / --quant q4 timing step); "not run" for a
+missing one.
 """
 import json
 import os
@@ -59,14 +60,17 @@ def rows(on, off, torch):
 
 
 def draft_ms(logs, names):
-    runs = [(n, last_json(logs, n + ".json")) for n in names]
-    base = runs[0][1]["draft_ms"] if runs and runs[0][1] else None
+    """NAME or NAME=LABEL per run: 'LABEL x.xxx ms (r.rrx)', the ratio to the first run."""
+    runs = []
+    for item in names:
+        name, _, label = item.partition("=")
+        runs.append((label or name, last_json(logs, name + ".json")))
+    base = runs[0][1]["draft_ms"] if runs[0][1] else None
     parts = []
-    for name, r in runs:
-        label = name[len("bench-"):] if name.startswith("bench-") else name
+    for i, (label, r) in enumerate(runs):
         if r is None:
             parts.append(f"{label} not run")
-        elif base and name != runs[0][0]:
+        elif base and i > 0:
             parts.append(f'{label} {r["draft_ms"]:.3f} ms ({r["draft_ms"] / base:.2f}x)')
         else:
             parts.append(f'{label} {r["draft_ms"]:.3f} ms')
@@ -79,7 +83,7 @@ def main(argv):
         return 0
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nUsage: gpu-table.py LOGS | gpu-table.py --draft-ms LOGS NAME...")
+        print("\nUsage: gpu-table.py LOGS | gpu-table.py --draft-ms LOGS NAME[=LABEL]...")
         return 0 if len(argv) == 2 else 2
     logs = argv[1]
     on, off, torch = (last_json(logs, n) for n in ("bench-on.json", "bench-off.json", "torch.json"))

@@ -139,9 +139,9 @@ class Table(unittest.TestCase):
                 with open(os.path.join(logs, name + ".json"), "w") as f:
                     f.write("a log line\n" + bench_line(draft_ms=ms) + "\n")
             p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "lib", "gpu-table.py"), "--draft-ms",
-                                logs, "bench-on", "bench-q8", "bench-q4"], capture_output=True, text=True, timeout=60)
+                                logs, "bench-on=bf16", "bench-q8=q8", "bench-q4"], capture_output=True, text=True, timeout=60)
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertEqual(p.stdout.strip(), "on 0.800 ms, q8 0.600 ms (0.75x), q4 not run")
+            self.assertEqual(p.stdout.strip(), "bf16 0.800 ms, q8 0.600 ms (0.75x), bench-q4 not run")
 
 
 class Script(unittest.TestCase):
