@@ -79,16 +79,20 @@ __device__ __forceinline__ void tc_step(const TcArgs& a, const uint32_t (&words)
     for (int r = 0; r < 4; ++r)
       af[mt][r] = *reinterpret_cast<const uint32_t*>(
           &xs[(mt * 16 + qtile::a_row(lane, r)) * kStride + c0 + qtile::a_col(lane, r)]);
-  const int64_t g_step = qtile::group_of(k0, a.group, a.groups);
+  const int64_t g_step = UNIFORM ? qtile::group_of(k0, a.group, a.groups) : 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t n = n_tile0 + qtile::frag_n(lane, j);
+    const float s_step = UNIFORM ? __ldg(&a.scales[g_step * a.n_padded + n]) : 0.0f;
     float w[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t g = UNIFORM ? g_step : qtile::group_of(k0 + qtile::frag_k(lane, e), a.group, a.groups);
-      const float s = __ldg(&a.scales[g * a.n_padded + n]);
-      w[e] = __fmul_rn(static_cast<float>(qtile::q_of_word(BITS, words[j], idx0 + e)), s);
+      const float s = UNIFORM ? s_step
+                              : __ldg(&a.scales[qtile::group_of(k0 + qtile::frag_k(lane, e), a.group, a.groups) *
+                                                    a.n_padded + n]);
+      // float(q) exactly (qtile::magic_bits), then q * scale rounded once, as before bf16.
+      const float q = __fsub_rn(__uint_as_float(qtile::magic_bits(BITS, words[j], idx0 + e)), qtile::magic_offset(BITS));
+      w[e] = __fmul_rn(q, s);
     }
     const uint32_t b0 = pack_bf16(w[0], w[1]), b1 = pack_bf16(w[2], w[3]);
 #pragma unroll
