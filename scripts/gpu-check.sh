@@ -10,11 +10,12 @@ usage() {
 Usage: scripts/gpu-check.sh
 
 On a machine with a GPU, from the working tree alone: builds tpdraft with the CUDA backend,
-runs the GPU tests (ctest -L gpu: CUDA ops against the CPU, whole drafts, graph replays, two and
-four in-process ranks sharing the one GPU through the thread communicator, NCCL at one rank
-inside a captured forward), times drafts of the Qwen3-8B geometry (bf16, one session, 4096
-context rows) replayed from a CUDA graph and issued op by op, and the same draft in PyTorch bf16
-eager. Needs no network and no MPI.
+runs the GPU tests (ctest -L gpu: CUDA ops against the CPU, int8 / int4 matmuls, whole drafts,
+graph replays, two and four in-process ranks sharing the one GPU through the thread
+communicator, NCCL at one rank inside a captured forward), times drafts of the Qwen3-8B geometry
+(bf16, one session, 4096 context rows) replayed from a CUDA graph and issued op by op, the same
+draft in PyTorch bf16 eager, and the graph draft with int8 and int4 layer weights (--quant q8,
+q4). Needs no network and no MPI.
 
 Needs carried with the tree when the image lacks them: .gpu-deps/ (fmt, spdlog, nlohmann-json,
 CLI11, GoogleTest as .deb files), made on a Debian machine by scripts/gpu-deps.sh. The script
@@ -137,7 +138,7 @@ record "prerequisites" "ok (NCCL: $nccl)"
 run_step configure 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_CUDA=ON -DTPDRAFT_PYTHON=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" "${nccl_flag[@]}" "${prefix_flag[@]}" || exit 1
 run_step build 240 cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli test_cuda_ops test_cuda_drafter \
-  test_lazy_libs || exit 1
+  test_cuda_qmatmul test_lazy_libs || exit 1
 tests_ok=1
 run_step gpu-tests 150 ctest --test-dir "$BUILD" -L gpu -V --timeout 120 || tests_ok=0
 skipped=$(grep -c "\[  SKIPPED \] .*(" "$LOGS/gpu-tests.log" 2>/dev/null || true)
@@ -164,5 +165,14 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
   record "torch" "skipped: $PY has no torch with CUDA"
 fi
+# Quantized layer weights (quantized from the bf16 checkpoint while loading): the graph draft's
+# time at q8 and q4 beside bf16's (bench-on). Last, so that it never takes time from the above.
+quant_ok=1
+for quant in q8 q4; do
+  run_step "bench-$quant" 90 sh -c "\"$BUILD/tpdraft\" bench --backend cuda --graphs on --quant $quant \
+    --drafter \"$CKPT/drafter\" --target \"$CKPT/target\" --ctx $CTX --repeat 20 --warmup 3 --json \
+    >\"$LOGS/bench-$quant.json\"" || quant_ok=0
+done
+record "draft ms bf16 q8 q4" "$(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-on=bf16 bench-q8=q8 bench-q4=q4)"
 ((bench_ok)) && { python3 scripts/lib/gpu-table.py "$LOGS" >"$LOGS/table.txt" || bench_ok=0; }
-((tests_ok && bench_ok))
+((tests_ok && bench_ok && quant_ok))

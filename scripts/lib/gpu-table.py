@@ -7,6 +7,10 @@ the draft times, their phases, the memory floor (the bytes a draft must read at 
 copy bandwidth) and the draft's ratio to it, the graph's node count, the settle rate against
 cuBLAS, PyTorch's time, and whether both modes drafted the same tokens. Exit 1 when they did
 not or when the graph run is missing.
+
+With --draft-ms LOGS NAME[=LABEL]...: one line with the draft time of each LOGS/NAME.json run
+and its ratio to the first (the bf16 / --quant q8 / --quant q4 timing step); "not run" for a
+missing one.
 """
 import json
 import os
@@ -55,10 +59,31 @@ def rows(on, off, torch):
     return out
 
 
+def draft_ms(logs, names):
+    """NAME or NAME=LABEL per run: 'LABEL x.xxx ms (r.rrx)', the ratio to the first run."""
+    runs = []
+    for item in names:
+        name, _, label = item.partition("=")
+        runs.append((label or name, last_json(logs, name + ".json")))
+    base = runs[0][1]["draft_ms"] if runs[0][1] else None
+    parts = []
+    for i, (label, r) in enumerate(runs):
+        if r is None:
+            parts.append(f"{label} not run")
+        elif base and i > 0:
+            parts.append(f'{label} {r["draft_ms"]:.3f} ms ({r["draft_ms"] / base:.2f}x)')
+        else:
+            parts.append(f'{label} {r["draft_ms"]:.3f} ms')
+    return ", ".join(parts)
+
+
 def main(argv):
+    if len(argv) >= 4 and argv[1] == "--draft-ms":
+        print(draft_ms(argv[2], argv[3:]))
+        return 0
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nUsage: gpu-table.py LOGS")
+        print("\nUsage: gpu-table.py LOGS | gpu-table.py --draft-ms LOGS NAME[=LABEL]...")
         return 0 if len(argv) == 2 else 2
     logs = argv[1]
     on, off, torch = (last_json(logs, n) for n in ("bench-on.json", "bench-off.json", "torch.json"))

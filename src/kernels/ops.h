@@ -135,7 +135,8 @@ class Ops {
   virtual bool quantized_head() const { return false; }
 
   // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K]. Quantized W: the backend's kernels may
-  // quantize x too (the CPU backend: to int8 per row, in blocks; docs/quantization.md).
+  // quantize x too (the CPU backend: to int8 per row, in blocks; the CUDA backend rounds x and
+  // the dequantized weights to bf16; docs/quantization.md).
   virtual void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr) = 0;
   // y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of length n; y may alias x.
   virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;

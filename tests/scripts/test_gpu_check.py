@@ -7,7 +7,8 @@
 - The prerequisites step: a machine without usable headers is told what is missing (each
   header with its package) and what to carry, before anything is built, with exit 3.
 - The table: the memory floor, the draft's ratio to it and the token check, from recorded
-  bench lines.
+  bench lines; the quantized-weight line (bf16, q8, q4 draft times and their ratios).
+- The script builds and runs the quantized matmul's GPU test and times --quant q8 and q4.
 """
 
 import json
@@ -131,6 +132,29 @@ class Table(unittest.TestCase):
     def test_no_graph_run_fails(self):
         rc, _ = self.table(None, bench_line())
         self.assertEqual(rc, 1)
+
+    def test_draft_ms_of_the_quantized_runs(self):
+        with tempfile.TemporaryDirectory() as logs:
+            for name, ms in (("bench-on", 0.8), ("bench-q8", 0.6)):
+                with open(os.path.join(logs, name + ".json"), "w") as f:
+                    f.write("a log line\n" + bench_line(draft_ms=ms) + "\n")
+            p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "lib", "gpu-table.py"), "--draft-ms",
+                                logs, "bench-on=bf16", "bench-q8=q8", "bench-q4"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout.strip(), "bf16 0.800 ms, q8 0.600 ms (0.75x), bench-q4 not run")
+
+
+class Script(unittest.TestCase):
+    def test_quantized_matmul_is_built_and_timed(self):
+        with open(os.path.join(REPO, "scripts", "gpu-check.sh")) as f:
+            script = f.read()
+        build = script[script.index("run_step build 240"):script.index("|| exit 1", script.index("run_step build 240"))]
+        self.assertIn("test_cuda_qmatmul", build)
+        for quant in ("q8", "q4"):
+            self.assertIn("bench-$quant", script)
+            self.assertIn(f"{quant}", script[script.index("for quant in"):])
+        self.assertIn("--quant $quant", script)
+        self.assertIn("--draft-ms", script)
 
 
 if __name__ == "__main__":

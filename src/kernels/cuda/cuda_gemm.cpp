@@ -62,6 +62,18 @@ int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, f
   return parts;
 }
 
+void CudaOps::gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x, int64_t m, float* y, int64_t ldy) {
+  check_int(n, "weight rows", "matmul");
+  check_int(k, "weight cols", "matmul");
+  check_int(m, "rows", "matmul");
+  check_int(ldy, "output row length", "matmul");
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(
+      blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, w,
+      CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(k), &zero, y, CUDA_R_32F,
+      static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
   if (w.quantized()) {
     TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,

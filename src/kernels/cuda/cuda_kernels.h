@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/ops.h"
+#include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
 
@@ -43,22 +44,24 @@ void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, f
                       float* logits, cudaStream_t stream);
 
 // ---- cuda_qgemm.cu: weight-only int8 / int4 matmul ---------------------------------------------
-// A quantized matrix in device memory: q row-major, row_bytes bytes per row (int8: one value per
-// byte; int4: two per byte as q + 8, the even column in the low nibble), scales [rows, cols / group].
-struct QuantDeviceMatrix {
+// A quantized matrix in device memory, in the tiled layout of kernels/qtile_layout.h.
+struct QuantTiles {
   int bits = 8;
-  int64_t rows = 0, cols = 0, group = 0, row_bytes = 0;
-  const void* q = nullptr;
-  const float* scales = nullptr;
+  int64_t n = 0, k = 0, group = 0, groups = 0;  // W [n, k], a scale per group inputs
+  int64_t n_padded = 0, tiles_n = 0, tiles_k = 0;
+  const void* tiles = nullptr;     // tiles_n * tiles_k tiles of 512 bytes
+  const float* scales = nullptr;   // [groups][n_padded]
 };
-// The layout of a [rows, cols] matrix: q bytes first, then the scales at scale_offset (aligned).
-struct QuantDeviceLayout {
-  int64_t row_bytes = 0, scale_offset = 0, total = 0;
-};
-QuantDeviceLayout quant_device_layout(int bits, int64_t rows, int64_t cols, int64_t group);
-// y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]) for i < m, in f32 (weights dequantized exactly).
-void launch_qgemm(const QuantDeviceMatrix& w, const float* x, int64_t m, float* y, const float* bias,
-                  cudaStream_t stream);
+// How the tensor-core kernel splits K over the grid (qtile::split_k); splits > 1 needs
+// splits * m * n floats of partial sums.
+using QTcPlan = qtile::Split;
+// Tensor cores, for 1 <= m <= kQgemmTcMaxRows: y[i][n] = sum_k x[i][k] * w[n][k] (+ bias[n]),
+// x and the dequantized weights rounded to bf16, f32 sums.
+constexpr int64_t kQgemmTcMaxRows = 64;
+void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, int64_t m, float* y,
+                     const float* bias, float* partials, cudaStream_t stream);
+// out [rows, k] bf16 = rows [n0, n0 + rows) of the dequantized matrix (q * scale rounded to bf16).
+void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream);
 
 // ---- cuda_topk.cu -----------------------------------------------------------------------------
 // Per row of logits [m, n]: the k best (value desc, id asc), values copied bit for bit from

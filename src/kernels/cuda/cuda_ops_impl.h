@@ -64,10 +64,13 @@ class CudaOps final : public Ops {
   void check_not_capturing(const char* what) const;
   // Weight-only int8 / int4 matmul (cuda_quant.cpp, cuda_qgemm.cu).
   void qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
+  // y (ldy floats per row) [m, n] = x [m, k] . w^T, both bf16 row-major (w [n, k]), on cuBLAS
+  // with f32 accumulation and output.
+  void gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x, int64_t m, float* y, int64_t ldy);
   void free_deferred() noexcept;  // frees what release() put aside during a capture
   // Every workspace of this backend (for reset and pin).
-  std::array<Workspace*, 7> workspaces() {
-    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_};
+  std::array<Workspace*, 8> workspaces() {
+    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_, &dequant_};
   }
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
@@ -88,6 +91,7 @@ class CudaOps final : public Ops {
   Workspace logits_;       // head_topk's logits
   Workspace keys_a_, keys_b_;  // head_topk's passes
   Workspace attn_acc_, attn_ml_;
+  Workspace dequant_;      // bf16 weights of quantized matrices for cuBLAS (many rows)
   double rope_theta_ = 0.0;
   int64_t rope_dim_ = 0;
   double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat

@@ -1,63 +1,301 @@
-// Weight-only int8 / int4 matmul (W8A16 / W4A16 with f32 activations): y[i][n] = sum_k x[i][k] *
-// q[n][k] * scale[n][k / group] (+ bias[n]). The weights stay packed in device memory and are
-// dequantized in registers; one warp per output row, the activation rows taken 8 at a time (a
-// draft's 16 rows in two passes). A plain reference-quality kernel: no tensor cores, no
-// Marlin-style layout, and large row counts (settle) re-read the weights once per 8 rows.
+// Weight-only int8 / int4 matmul, y[i][n] = sum_k x[i][k] * q[n][k] * scale[n][k / group]
+// (+ bias[n]), on weights in the tiled layout of kernels/qtile_layout.h.
+//
+// Up to 64 activation rows (a draft): tensor cores. Each block owns four tile columns (128
+// outputs) and a share of K (split-K over the grid when there are too few block columns to fill
+// the device); two warps per tile column take turns over the K tiles of each 128-input chunk
+// (qtile::chunk_tile). The chunk's activations are converted to bf16 into shared memory once for
+// all warps; each warp fetches a whole weight tile with one 16-byte load per lane, which is
+// already its B fragments, dequantizes them in registers (q * scale, rounded to bf16) and issues
+// mma.m16n8k16 (bf16 in, f32 accumulate) for every 16-row slice of the activations. The next
+// chunk's tiles are loaded before the current one is multiplied. The warps' sums are added in a
+// fixed order (bit-reproducible).
+//
+// More rows (settle): the weights are dequantized to bf16 into a workspace and cuBLAS multiplies
+// (cuda_quant.cpp); launch_qdequant below is that first step.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
-constexpr int kWarps = 8;      // output rows per block
-constexpr int kRowsPerPass = 8;  // activation rows per pass
+using qtile::kChunk;
+using qtile::kColumns;
+using qtile::kTileN;
+using qtile::kWarps;
+using qtile::kWarpsK;
 
-// Weight (q * scale) of row n, column k in the packed layout of quant_layout_bytes.
-__device__ __forceinline__ float weight_at(const QuantDeviceMatrix& w, int64_t n, int64_t k) {
-  int q;
-  if (w.bits == 8) {
-    q = static_cast<int>(static_cast<const int8_t*>(w.q)[n * w.row_bytes + k]);
-  } else {
-    const uint8_t byte = static_cast<const uint8_t*>(w.q)[n * w.row_bytes + k / 2];
-    q = static_cast<int>((k & 1) ? (byte >> 4) : (byte & 0xf)) - 8;
-  }
-  return __fmul_rn(static_cast<float>(q), w.scales[n * (w.cols / w.group) + k / w.group]);
+constexpr int kThreads = kWarps * 32;
+constexpr int kStride = kChunk + 8;  // bf16 per staged row: rows 4 words apart, no bank conflicts
+
+template <int MT>
+__host__ __device__ constexpr int smem_bytes() {
+  constexpr int stage = MT * 16 * kStride * 2, reduce = kColumns * MT * 16 * kTileN * 4;
+  return stage > reduce ? stage : reduce;
 }
 
-__global__ void qgemm_kernel(QuantDeviceMatrix w, const float* x, int64_t m, float* y, const float* bias) {
-  const int lane = threadIdx.x & 31;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= w.rows) return;
-  for (int64_t i0 = 0; i0 < m; i0 += kRowsPerPass) {
-    const int rows = static_cast<int>(m - i0 < kRowsPerPass ? m - i0 : kRowsPerPass);
-    float acc[kRowsPerPass];
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 mma needs sm_80; the build targets 80 and 90
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+struct TcArgs {
+  const uint4* tiles = nullptr;  // qtile layout
+  const float* scales = nullptr;  // [groups][n_padded]
+  const float* x = nullptr;       // [m, k]
+  const float* bias = nullptr;    // [n] or null (applied only without split-K)
+  float* out = nullptr;           // y [m, n] (one split) or partial sums [splits, m, n]
+  int64_t m = 0, n = 0, k = 0, n_padded = 0, tiles_k = 0, group = 0, groups = 0;
+  int64_t tiles_n = 0, chunks = 0, chunks_per_split = 0;
+  int splits = 1;
+};
+
+// One k16 step of one warp: B fragments from the lane's word per n8 group (element idx0 + e of
+// the word), dequantized with the step's scales, times every 16-row slice of the staged rows.
+template <int BITS, int MT, bool UNIFORM>
+__device__ __forceinline__ void tc_step(const TcArgs& a, const uint32_t (&words)[4], int idx0, int64_t k0, int c0,
+                                        const __nv_bfloat16* xs, int64_t n_tile0, int lane,
+                                        float (&acc)[MT][4][4]) {
+  uint32_t af[MT][4];
 #pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) acc[i] = 0.0f;
-    for (int64_t k = lane; k < w.cols; k += 32) {
-      const float wv = weight_at(w, n, k);
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i)
-        if (i < rows) acc[i] = __fmaf_rn(wv, x[(i0 + i) * w.cols + k], acc[i]);
+    for (int r = 0; r < 4; ++r)
+      af[mt][r] = *reinterpret_cast<const uint32_t*>(
+          &xs[(mt * 16 + qtile::a_row(lane, r)) * kStride + c0 + qtile::a_col(lane, r)]);
+  const int64_t g_step = UNIFORM ? qtile::group_of(k0, a.group, a.groups) : 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t n = n_tile0 + qtile::frag_n(lane, j);
+    const float s_step = UNIFORM ? __ldg(&a.scales[g_step * a.n_padded + n]) : 0.0f;
+    float w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float s = UNIFORM ? s_step
+                              : __ldg(&a.scales[qtile::group_of(k0 + qtile::frag_k(lane, e), a.group, a.groups) *
+                                                    a.n_padded + n]);
+      // float(q) exactly (qtile::magic_bits), then q * scale rounded once, as before bf16.
+      const float q = __fsub_rn(__uint_as_float(qtile::magic_bits(BITS, words[j], idx0 + e)), qtile::magic_offset(BITS));
+      w[e] = __fmul_rn(q, s);
     }
+    const uint32_t b0 = pack_bf16(w[0], w[1]), b1 = pack_bf16(w[2], w[3]);
 #pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      float v = acc[i];
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0 && i < rows) y[(i0 + i) * w.rows + n] = bias ? __fadd_rn(v, bias[n]) : v;
+    for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[mt][j], af[mt], b0, b1);
+  }
+}
+
+template <int BITS, int MT, bool UNIFORM>
+__global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
+  constexpr int KT = qtile::tile_k(BITS);
+  constexpr int kLoads = qtile::loads_per_warp(BITS);  // tiles per warp and chunk: 4 (int8) or 2 (int4)
+  __shared__ __align__(16) unsigned char smem[smem_bytes<MT>()];
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(smem);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int column = warp / kWarpsK, kw = warp % kWarpsK;
+  const int64_t tile_n = static_cast<int64_t>(blockIdx.x) * kColumns + column, n_tile0 = tile_n * kTileN;
+  const bool live = tile_n < a.tiles_n;  // the last block column may reach past N's tiles
+  const int64_t c_begin = blockIdx.y * a.chunks_per_split;
+  const int64_t c_end = c_begin + a.chunks_per_split < a.chunks ? c_begin + a.chunks_per_split : a.chunks;
+  const uint4* tiles = a.tiles + (live ? tile_n : 0) * a.tiles_k * 32 + lane;
+
+  float acc[MT][4][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.0f;
+
+  // Tiles past K (last chunk) and past N (last block column) read nothing.
+  auto load = [&](int64_t chunk, uint4 (&w)[kLoads]) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t kt = qtile::chunk_tile(BITS, chunk, kw, u);
+      w[u] = live && kt < a.tiles_k ? __ldg(tiles + kt * 32) : make_uint4(0, 0, 0, 0);
     }
+  };
+  uint4 cur[kLoads] = {}, next[kLoads] = {};
+  if (c_begin < c_end) load(c_begin, cur);
+  for (int64_t chunk = c_begin; chunk < c_end; ++chunk) {
+    if (chunk + 1 < c_end) load(chunk + 1, next);
+    // Stage rows [0, 16 MT) x inputs [k_chunk, k_chunk + kChunk) as bf16, zeros past m and k.
+    const int64_t k_chunk = chunk * kChunk;
+    for (int p = threadIdx.x; p < MT * 16 * (kChunk / 2); p += kThreads) {
+      const int row = p / (kChunk / 2), col = 2 * (p % (kChunk / 2));
+      const int64_t k = k_chunk + col;
+      float v0 = 0.0f, v1 = 0.0f;
+      if (row < a.m) {
+        const float* xr = a.x + row * a.k;
+        if (k < a.k) v0 = xr[k];
+        if (k + 1 < a.k) v1 = xr[k + 1];
+      }
+      *reinterpret_cast<uint32_t*>(&xs[row * kStride + col]) = pack_bf16(v0, v1);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t kt = qtile::chunk_tile(BITS, chunk, kw, u);
+      if (!live || kt >= a.tiles_k) break;
+      const int local = static_cast<int>(kt - chunk * qtile::tiles_per_chunk(BITS));  // tile within the chunk
+      const uint32_t words[4] = {cur[u].x, cur[u].y, cur[u].z, cur[u].w};
+#pragma unroll
+      for (int s = 0; s < KT / 16; ++s) {
+        const int c0 = local * KT + 16 * s;
+        tc_step<BITS, MT, UNIFORM>(a, words, 4 * s, k_chunk + c0, c0, xs, n_tile0, lane, acc);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) cur[u] = next[u];
+  }
+
+  // Sum each tile column's warps in shared memory, kw = 0 first, then in order.
+  auto* red = reinterpret_cast<float*>(smem) + column * (MT * 16 * kTileN);
+  for (int r = 0; r < kWarpsK; ++r) {
+    if (kw == r) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float& v = red[(mt * 16 + qtile::c_row(lane, i)) * kTileN + 8 * j + qtile::c_col(lane, i)];
+            v = r == 0 ? acc[mt][j][i] : __fadd_rn(v, acc[mt][j][i]);
+          }
+    }
+    __syncthreads();
+  }
+  // Row by row over the block's 128 outputs, so that consecutive threads write consecutive floats.
+  const auto* sums = reinterpret_cast<const float*>(smem);
+  for (int p = threadIdx.x; p < MT * 16 * kColumns * kTileN; p += kThreads) {
+    const int row = p / (kColumns * kTileN), cc = p % (kColumns * kTileN);
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumns * kTileN + cc;
+    if (row >= a.m || col >= a.n) continue;
+    const float v = sums[((cc / kTileN) * MT * 16 + row) * kTileN + cc % kTileN];
+    if (a.splits == 1)
+      a.out[row * a.n + col] = a.bias != nullptr ? __fadd_rn(v, a.bias[col]) : v;
+    else
+      a.out[(blockIdx.y * a.m + row) * a.n + col] = v;
+  }
+}
+
+// y = sum over the splits of the partial sums, in split order (+ bias).
+__global__ void sum_splits_kernel(const float* part, int splits, int64_t m, int64_t n, const float* bias, float* y) {
+  const int64_t count = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = part[i];
+    for (int s = 1; s < splits; ++s) v = __fadd_rn(v, part[s * count + i]);
+    if (bias != nullptr) v = __fadd_rn(v, bias[i % n]);
+    y[i] = v;
+  }
+}
+
+// out[r][k] = bf16(q[n0 + r][k] * scale), rows [n0, n0 + rows) of the matrix, row-major [rows, k].
+template <int BITS>
+__global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bfloat16* out) {
+  const int64_t count = rows * w.k;
+  const auto* bytes = static_cast<const uint8_t*>(w.tiles);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = n0 + i / w.k, k = i % w.k;
+    int shift = 0;
+    const int64_t at = qtile::weight_byte(BITS, w.tiles_k, n, k, &shift);
+    const int q = qtile::q_of_word(BITS, static_cast<uint32_t>(bytes[at]) >> shift, 0);
+    const float s = w.scales[qtile::group_of(k, w.group, w.groups) * w.n_padded + n];
+    out[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(q), s));
+  }
+}
+
+template <int BITS, int MT, bool UNIFORM>
+void launch_tc(const TcArgs& a, dim3 grid, cudaStream_t stream) {
+  qgemm_tc_kernel<BITS, MT, UNIFORM><<<grid, kThreads, 0, stream>>>(a);
+}
+
+template <int BITS, int MT>
+void launch_tc(const TcArgs& a, bool uniform, dim3 grid, cudaStream_t stream) {
+  if (uniform)
+    launch_tc<BITS, MT, true>(a, grid, stream);
+  else
+    launch_tc<BITS, MT, false>(a, grid, stream);
+}
+
+template <int BITS>
+void launch_tc(const TcArgs& a, int mt, bool uniform, dim3 grid, cudaStream_t stream) {
+  switch (mt) {
+    case 1: launch_tc<BITS, 1>(a, uniform, grid, stream); break;
+    case 2: launch_tc<BITS, 2>(a, uniform, grid, stream); break;
+    case 3: launch_tc<BITS, 3>(a, uniform, grid, stream); break;
+    default: launch_tc<BITS, 4>(a, uniform, grid, stream); break;
   }
 }
 
 }  // namespace
 
-void launch_qgemm(const QuantDeviceMatrix& w, const float* x, int64_t m, float* y, const float* bias,
-                  cudaStream_t stream) {
-  if (m <= 0 || w.rows <= 0) return;
-  const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
-  qgemm_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(w, x, m, y, bias);
-  TPDRAFT_CHECK_LAUNCH("qgemm");
+void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, int64_t m, float* y,
+                     const float* bias, float* partials, cudaStream_t stream) {
+  if (m <= 0) return;
+  TcArgs a;
+  a.tiles = static_cast<const uint4*>(w.tiles);
+  a.scales = w.scales;
+  a.x = x;
+  a.bias = bias;
+  a.out = plan.splits > 1 ? partials : y;
+  a.m = m;
+  a.n = w.n;
+  a.k = w.k;
+  a.n_padded = w.n_padded;
+  a.tiles_k = w.tiles_k;
+  a.group = w.group;
+  a.groups = w.groups;
+  a.tiles_n = w.tiles_n;
+  a.chunks = plan.chunks;
+  a.chunks_per_split = plan.chunks_per_split;
+  a.splits = plan.splits;
+  const int mt = static_cast<int>((m + 15) / 16);
+  const bool uniform = qtile::step_uniform(w.group, w.groups);
+  const dim3 grid(static_cast<unsigned>(plan.block_columns), static_cast<unsigned>(plan.splits));
+  if (w.bits == 8)
+    launch_tc<8>(a, mt, uniform, grid, stream);
+  else
+    launch_tc<4>(a, mt, uniform, grid, stream);
+  TPDRAFT_CHECK_LAUNCH("qgemm (tensor cores)");
+  if (plan.splits > 1) {
+    const int64_t count = m * w.n, blocks = (count + 255) / 256;
+    sum_splits_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
+        partials, plan.splits, m, w.n, bias, y);
+    TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
+  }
+}
+
+void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream) {
+  const int64_t count = rows * w.k;
+  if (count <= 0) return;
+  const int64_t blocks = (count + 255) / 256;
+  const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  if (w.bits == 8)
+    dequant_kernel<8><<<grid, 256, 0, stream>>>(w, n0, rows, o);
+  else
+    dequant_kernel<4><<<grid, 256, 0, stream>>>(w, n0, rows, o);
+  TPDRAFT_CHECK_LAUNCH("qgemm (dequantize to bf16)");
 }
 
 }  // namespace tpdraft::kernels::cuda

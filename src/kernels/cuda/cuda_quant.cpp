@@ -1,52 +1,38 @@
-// The CUDA backend's quantized matrices: the device layout (quant_device_layout), packing at load
-// and the weight-only matmul's host side. The kernel is in cuda_qgemm.cu.
-#include <cstring>
+// The CUDA backend's quantized matrices: packing into the tiled layout at upload
+// (kernels/qtile_layout.h) and the weight-only matmul's dispatch. Up to kQgemmTcMaxRows rows (a
+// draft) run the tensor-core kernel, which streams the packed weights once; more rows (settle)
+// dequantize the weights to bf16, a block of rows at a time, and multiply with cuBLAS, so that
+// hundreds of rows do not re-read packed weights per 64. Kernels in cuda_qgemm.cu.
+#include <algorithm>
 #include <vector>
 
-#include "core/checked.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops_impl.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
+namespace {
 
-QuantDeviceLayout quant_device_layout(int bits, int64_t rows, int64_t cols, int64_t group) {
-  TPDRAFT_CHECK((bits == 4 || bits == 8) && rows > 0 && cols > 0 && group > 0 && cols % group == 0,
-                "cuda backend: quantized matrix [{}, {}], {} bits, group {}: bits 4 or 8, a group dividing the "
-                "columns", rows, cols, bits, group);
-  QuantDeviceLayout l;
-  l.row_bytes = bits == 8 ? cols : (cols + 1) / 2;
-  const int64_t q_bytes = checked_mul(rows, l.row_bytes, "cuda quantized matrix [{}, {}]", rows, cols);
-  l.scale_offset = (q_bytes + 255) / 256 * 256;
-  const int64_t scales = checked_mul(rows, cols / group, "cuda quantized scales");
-  l.total = checked_add(l.scale_offset, checked_mul(scales, 4, "cuda quantized scales"), "cuda quantized matrix");
-  return l;
-}
+int bits_of(WeightFormat f) { return f == WeightFormat::Int4 ? 4 : 8; }
+
+// Bytes of bf16 weights dequantized at a time on the cuBLAS path.
+constexpr int64_t kDequantBytes = int64_t{64} << 20;
+
+}  // namespace
 
 size_t CudaOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
   TPDRAFT_CHECK(format == WeightFormat::Int8 || format == WeightFormat::Int4, "cuda backend: {} is not quantized",
                 weight_format_name(format));
-  return static_cast<size_t>(quant_device_layout(format == WeightFormat::Int4 ? 4 : 8, rows, cols, group).total);
+  return static_cast<size_t>(qtile::layout(bits_of(format), rows, cols, group).total);
 }
 
 Matrix CudaOps::upload_quantized(const QuantizedRows& src, void* dst) {
   check_not_capturing("upload_quantized");
-  const QuantDeviceLayout l = quant_device_layout(src.bits, src.rows, src.cols, src.group);
-  std::vector<std::byte> host(static_cast<size_t>(l.total), std::byte{0});
-  auto* q = reinterpret_cast<uint8_t*>(host.data());
-  for (int64_t r = 0; r < src.rows; ++r)
-    for (int64_t c = 0; c < src.cols; ++c) {
-      const int v = src.q[r * src.cols + c];
-      if (src.bits == 8) {
-        q[r * l.row_bytes + c] = static_cast<uint8_t>(static_cast<int8_t>(v));
-      } else {
-        uint8_t& byte = q[r * l.row_bytes + c / 2];
-        byte = static_cast<uint8_t>(byte | ((c & 1) ? (v + 8) << 4 : (v + 8)));
-      }
-    }
-  std::memcpy(host.data() + l.scale_offset, src.scales,
-              static_cast<size_t>(src.rows * (src.cols / src.group)) * sizeof(float));
+  const qtile::Layout l = qtile::layout(src.bits, src.rows, src.cols, src.group);
+  std::vector<std::byte> host(static_cast<size_t>(l.total));
+  qtile::pack(src, host.data());
   to_device(dst, host.data(), host.size());
   Matrix m;
   m.format = src.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
@@ -58,18 +44,38 @@ Matrix CudaOps::upload_quantized(const QuantizedRows& src, void* dst) {
 }
 
 void CudaOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
-  const int bits = w.format == WeightFormat::Int4 ? 4 : 8;
-  const QuantDeviceLayout l = quant_device_layout(bits, w.rows, w.cols, w.group);
-  QuantDeviceMatrix d;
-  d.bits = bits;
-  d.rows = w.rows;
-  d.cols = w.cols;
-  d.group = w.group;
-  d.row_bytes = l.row_bytes;
-  d.q = w.data;
-  d.scales = reinterpret_cast<const float*>(static_cast<const std::byte*>(w.data) + l.scale_offset);
+  const qtile::Layout l = qtile::layout(bits_of(w.format), w.rows, w.cols, w.group);
+  QuantTiles t;
+  t.bits = l.bits;
+  t.n = l.rows;
+  t.k = l.cols;
+  t.group = l.group;
+  t.groups = l.groups;
+  t.n_padded = l.rows_padded;
+  t.tiles_n = l.tiles_n;
+  t.tiles_k = l.tiles_k;
+  t.tiles = w.data;
+  t.scales = reinterpret_cast<const float*>(static_cast<const std::byte*>(w.data) + l.scale_offset);
+  TPDRAFT_CHECK(t.tiles_n <= 0x7fffffff, "matmul: {} output rows exceed the cuda grid", t.n);
   DeviceGuard guard(device_);
-  launch_qgemm(d, x, m, y, bias, stream_);
+  if (m <= kQgemmTcMaxRows) {
+    const QTcPlan plan = qtile::split_k(t.tiles_n, t.k, sm_count_);
+    float* partials = plan.splits > 1 ? parts_.as<float>(static_cast<size_t>(plan.splits * m * t.n), stream_) : nullptr;
+    launch_qgemm_tc(t, plan, x, m, y, bias, partials, stream_);
+    return;
+  }
+  // Activations rounded to bf16 once (the same rounding the tensor-core kernel applies), then
+  // each block of weight rows dequantized and multiplied straight into its columns of y.
+  void* xa = act_.get(static_cast<size_t>(m * t.k) * 2, stream_);
+  launch_split_activations(x, m, t.k, DType::BF16, 1, xa, stream_);
+  const int64_t block_rows = std::min(t.n, std::max<int64_t>(qtile::kTileN, kDequantBytes / (2 * t.k)));
+  void* wb = dequant_.get(static_cast<size_t>(block_rows * t.k) * 2, stream_);
+  for (int64_t n0 = 0; n0 < t.n; n0 += block_rows) {
+    const int64_t rows = std::min(block_rows, t.n - n0);
+    launch_qdequant(t, n0, rows, wb, stream_);
+    gemm_bf16_into(wb, rows, t.k, xa, m, y + n0, t.n);
+  }
+  if (bias != nullptr) launch_sum_parts(y, 1, m, t.n, bias, y, stream_);
 }
 
 }  // namespace tpdraft::kernels::cuda

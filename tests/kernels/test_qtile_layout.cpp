@@ -1,0 +1,315 @@
+// The CUDA backend's tiled layout of int8 / int4 weights (src/kernels/qtile_layout.h), checked
+// without a GPU: the host packer's output is read back through the very index formulas the
+// kernels use (the tensor-core kernel's fragment reads, the dequantizer's byte lookup, the warps'
+// walk over K), and the tensor-core kernel's arithmetic is emulated lane by lane, its mma
+// operands placed by the PTX ISA's fragment tables (written out here independently of the
+// helpers), so that a wrong lane, byte, nibble, scale or padding shows up here rather than on a
+// device. The bound the GPU test allows (tests/gpu/test_cuda_qmatmul.cpp) is checked against the
+// emulation too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/qtile_layout.h"
+
+namespace tpdraft::kernels {
+namespace {
+
+using namespace qtile;
+
+struct Shape {
+  int bits;
+  int64_t n, k, group;
+};
+
+std::string name_of(const Shape& s) {
+  return "int" + std::to_string(s.bits) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " group " +
+         std::to_string(s.group);
+}
+
+struct Packed {
+  Layout l;
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<std::byte> bytes;
+};
+
+Packed make(const Shape& s, std::mt19937_64& rng) {
+  Packed p;
+  std::uniform_int_distribution<int> qd(-(1 << (s.bits - 1)), (1 << (s.bits - 1)) - 1);
+  std::uniform_real_distribution<float> sd(0.001f, 0.05f);
+  p.q.resize(static_cast<size_t>(s.n * s.k));
+  for (auto& v : p.q) v = static_cast<int8_t>(qd(rng));
+  p.scales.resize(static_cast<size_t>(s.n * (s.k / s.group)));
+  for (auto& v : p.scales) v = sd(rng);
+  p.l = layout(s.bits, s.n, s.k, s.group);
+  p.bytes.assign(static_cast<size_t>(p.l.total), std::byte{0x5a});  // garbage the packer must overwrite
+  pack({s.bits, s.n, s.k, s.group, p.q.data(), p.scales.data()}, p.bytes.data());
+  return p;
+}
+
+// The lane's 32-bit word j of tile (nt, kt), as the kernel's 16-byte load sees it (little endian).
+uint32_t word_at(const Packed& p, int64_t nt, int64_t kt, int lane, int j) {
+  uint32_t w = 0;
+  std::memcpy(&w, p.bytes.data() + ((nt * p.l.tiles_k + kt) * 32 + lane) * kLaneBytes + 4 * j, 4);
+  return w;
+}
+
+float scale_at(const Packed& p, int64_t g, int64_t n) {
+  float s = 0;
+  std::memcpy(&s, p.bytes.data() + p.l.scale_offset + (g * p.l.rows_padded + n) * 4, 4);
+  return s;
+}
+
+int8_t source_q(const Packed& p, int64_t n, int64_t k) {
+  return n < p.l.rows && k < p.l.cols ? p.q[static_cast<size_t>(n * p.l.cols + k)] : int8_t{0};
+}
+
+const Shape kShapes[] = {
+    {8, 1, 16, 16},   {4, 1, 32, 32},    {8, 37, 200, 200}, {4, 37, 200, 200}, {8, 1000, 64, 32},
+    {4, 1000, 64, 32}, {8, 40, 2048, 128}, {4, 40, 2048, 128}, {8, 13, 96, 32},  {4, 70, 33, 33},
+    {8, 257, 33, 33},  {4, 24, 66, 33},    {8, 24, 66, 33},   {4, 9, 200, 8},    {8, 31, 40, 20},
+    {4, 33, 264, 264},
+};
+
+TEST(QTileLayout, EveryWeightReadsBackThroughTheFragmentFormulas) {
+  std::mt19937_64 rng(11);
+  for (const Shape& s : kShapes) {
+    const Packed p = make(s, rng);
+    const Layout& l = p.l;
+    ASSERT_EQ(l.rows_padded % kTileN, 0);
+    ASSERT_EQ(l.cols_padded % tile_k(s.bits), 0);
+    ASSERT_GE(l.rows_padded, s.n);
+    ASSERT_LT(l.rows_padded - s.n, kTileN);
+    ASSERT_LT(l.cols_padded - s.k, tile_k(s.bits));
+    ASSERT_EQ(l.scale_offset % 256, 0);
+    ASSERT_GE(l.scale_offset, l.tiles_n * l.tiles_k * kTileBytes);
+    std::vector<int> seen(static_cast<size_t>(l.rows_padded * l.cols_padded), 0);
+    size_t bad = 0;
+    for (int64_t nt = 0; nt < l.tiles_n; ++nt)
+      for (int64_t kt = 0; kt < l.tiles_k; ++kt)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t w = word_at(p, nt, kt, lane, j);
+            for (int st = 0; st < tile_k(s.bits) / 16; ++st)
+              for (int e = 0; e < 4; ++e) {
+                const int64_t n = nt * kTileN + frag_n(lane, j);
+                const int64_t k = kt * tile_k(s.bits) + 16 * st + frag_k(lane, e);
+                ++seen[static_cast<size_t>(n * l.cols_padded + k)];
+                const int got = q_of_word(s.bits, w, 4 * st + e);
+                if (got != source_q(p, n, k) && bad++ < 5)
+                  ADD_FAILURE() << name_of(s) << ": tile (" << nt << ", " << kt << ") lane " << lane << " word " << j
+                                << " element " << 4 * st + e << " -> w[" << n << "][" << k << "] = " << got
+                                << ", packed " << int{source_q(p, n, k)};
+              }
+          }
+    EXPECT_EQ(bad, 0u) << name_of(s);
+    for (size_t i = 0; i < seen.size(); ++i)
+      ASSERT_EQ(seen[i], 1) << name_of(s) << ": padded weight " << i / l.cols_padded << ", " << i % l.cols_padded
+                            << " read " << seen[i] << " times";
+  }
+}
+
+TEST(QTileLayout, DequantizerLookupAndScales) {
+  std::mt19937_64 rng(12);
+  for (const Shape& s : kShapes) {
+    const Packed p = make(s, rng);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(p.bytes.data());
+    for (int64_t n = 0; n < s.n; ++n)
+      for (int64_t k = 0; k < s.k; ++k) {
+        int shift = -1;
+        const int64_t at = weight_byte(s.bits, p.l.tiles_k, n, k, &shift);
+        ASSERT_TRUE(at >= 0 && at < p.l.scale_offset) << name_of(s);
+        ASSERT_EQ(q_of_word(s.bits, static_cast<uint32_t>(bytes[at]) >> shift, 0), source_q(p, n, k))
+            << name_of(s) << " w[" << n << "][" << k << "]";
+      }
+    for (int64_t n = 0; n < p.l.rows_padded; ++n)
+      for (int64_t g = 0; g < p.l.groups; ++g)
+        ASSERT_EQ(scale_at(p, g, n), n < s.n ? p.scales[static_cast<size_t>(n * p.l.groups + g)] : 0.0f)
+            << name_of(s) << " scale " << n << ", " << g;
+    EXPECT_EQ(p.l.total, p.l.scale_offset + p.l.groups * p.l.rows_padded * 4);
+    // One scale per output and k16 step where the kernel assumes it: the step's valid inputs
+    // share the group of its first one.
+    if (step_uniform(s.group, p.l.groups)) {
+      for (int64_t k0 = 0; k0 < p.l.cols_padded; k0 += 16)
+        for (int64_t k = k0; k < k0 + 16 && k < s.k; ++k)
+          ASSERT_EQ(group_of(k, s.group, p.l.groups), group_of(k0, s.group, p.l.groups)) << name_of(s);
+    }
+  }
+}
+
+TEST(QTileLayout, WarpsCoverEveryKTileOnce) {
+  for (int bits : {4, 8})
+    for (int64_t k : {16, 33, 64, 200, 256, 257, 2048, 4096, 12288, 12289})
+      for (int64_t tiles_n : {1, 2, 32, 128, 384, 4748})
+        for (int sms : {1, 108, 132}) {
+          const int64_t tiles_k = (k + tile_k(bits) - 1) / tile_k(bits);
+          const Split sp = split_k(tiles_n, k, sms);
+          ASSERT_GE(sp.splits, 1);
+          ASSERT_GE(sp.chunks_per_split * sp.chunks, 1);
+          ASSERT_LT(static_cast<int64_t>(sp.splits - 1) * sp.chunks_per_split, sp.chunks) << "an empty split";
+          // Block columns: warp w of block column b works on tile column b kColumns + w / kWarpsK.
+          ASSERT_EQ(sp.block_columns, (tiles_n + kColumns - 1) / kColumns);
+          std::vector<int> columns(static_cast<size_t>(sp.block_columns * kColumns), 0);
+          for (int64_t b = 0; b < sp.block_columns; ++b)
+            for (int warp = 0; warp < kWarps; warp += kWarpsK) ++columns[static_cast<size_t>(b * kColumns + warp / kWarpsK)];
+          for (int64_t t = 0; t < tiles_n; ++t) ASSERT_EQ(columns[static_cast<size_t>(t)], 1) << "tile column " << t;
+          std::vector<int> seen(static_cast<size_t>(tiles_k), 0);
+          for (int split = 0; split < sp.splits; ++split) {
+            const int64_t c0 = split * sp.chunks_per_split;
+            const int64_t c1 = std::min(c0 + sp.chunks_per_split, sp.chunks);
+            for (int64_t chunk = c0; chunk < c1; ++chunk)
+              for (int kw = 0; kw < kWarpsK; ++kw)
+                for (int u = 0; u < loads_per_warp(bits); ++u) {
+                  const int64_t kt = chunk_tile(bits, chunk, kw, u);
+                  // The tile's inputs lie in the chunk staged for it.
+                  ASSERT_GE(kt * tile_k(bits), chunk * kChunk);
+                  ASSERT_LE((kt + 1) * tile_k(bits), (chunk + 1) * kChunk);
+                  if (kt < tiles_k) ++seen[static_cast<size_t>(kt)];
+                }
+          }
+          for (int64_t kt = 0; kt < tiles_k; ++kt)
+            ASSERT_EQ(seen[static_cast<size_t>(kt)], 1) << "bits " << bits << " k " << k << " tile " << kt;
+        }
+}
+
+// bf16 round to nearest even of a finite f32, as __float2bfloat16_rn.
+float bf16(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// mma.m16n8k16 as the PTX ISA tables place it, independently of qtile's helpers: A element
+// (row, col) is in lane 4 (row % 8) + (col % 8) / 2, register row / 8 + 2 (col / 8), half col % 2;
+// B element (k, n) in lane 4 n + (k % 8) / 2, register k / 8, half k % 2; C (row, col) in lane
+// 4 (row % 8) + col / 2, element 2 (row / 8) + col % 2. Halves are held as floats here.
+void emulated_mma(const float (&a)[32][4][2], const float (&b)[32][2][2], double (&c)[32][4]) {
+  for (int row = 0; row < 16; ++row)
+    for (int col = 0; col < 8; ++col) {
+      double sum = 0;
+      for (int k = 0; k < 16; ++k)
+        sum += static_cast<double>(a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)][k % 2]) *
+               b[4 * col + (k % 8) / 2][k / 8][k % 2];
+      c[4 * (row % 8) + col / 2][2 * (row / 8) + col % 2] += sum;
+    }
+}
+
+// The tensor-core kernel's arithmetic for all m rows, lane by lane through qtile's helpers.
+std::vector<double> emulate_kernel(const Packed& p, const std::vector<float>& x, int64_t m) {
+  const Layout& l = p.l;
+  const int bits = l.bits;
+  const bool uniform = step_uniform(l.group, l.groups);
+  std::vector<double> y(static_cast<size_t>(m * l.rows), 0.0);
+  const int64_t mts = (m + 15) / 16;
+  for (int64_t nt = 0; nt < l.tiles_n; ++nt)
+    for (int64_t mt = 0; mt < mts; ++mt) {
+      double acc[4][32][4];
+      std::memset(acc, 0, sizeof(acc));
+      for (int64_t kt = 0; kt < l.tiles_k; ++kt)
+        for (int st = 0; st < tile_k(bits) / 16; ++st) {
+          const int64_t k0 = kt * tile_k(bits) + 16 * st;
+          float a[32][4][2];
+          for (int lane = 0; lane < 32; ++lane)
+            for (int r = 0; r < 4; ++r)
+              for (int h = 0; h < 2; ++h) {
+                const int64_t row = mt * 16 + a_row(lane, r), k = k0 + a_col(lane, r) + h;
+                a[lane][r][h] = row < m && k < l.cols ? bf16(x[static_cast<size_t>(row * l.cols + k)]) : 0.0f;
+              }
+          for (int j = 0; j < 4; ++j) {
+            float b[32][2][2];
+            for (int lane = 0; lane < 32; ++lane) {
+              const int64_t n = nt * kTileN + frag_n(lane, j);
+              const uint32_t w = word_at(p, nt, kt, lane, j);
+              for (int e = 0; e < 4; ++e) {
+                const int64_t g = uniform ? group_of(k0, l.group, l.groups)
+                                          : group_of(k0 + frag_k(lane, e), l.group, l.groups);
+                const uint32_t mb = magic_bits(bits, w, 4 * st + e);
+                float qf = 0;
+                std::memcpy(&qf, &mb, 4);
+                b[lane][e >> 1][e & 1] = bf16((qf - magic_offset(bits)) * scale_at(p, g, n));
+              }
+            }
+            emulated_mma(a, b, acc[j]);
+          }
+        }
+      for (int j = 0; j < 4; ++j)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int i = 0; i < 4; ++i) {
+            const int64_t row = mt * 16 + c_row(lane, i), n = nt * kTileN + 8 * j + c_col(lane, i);
+            if (row < m && n < l.rows) y[static_cast<size_t>(row * l.rows + n)] += acc[j][lane][i];
+          }
+    }
+  return y;
+}
+
+TEST(QTileLayout, EmulatedTensorCoreKernelMatchesFloat64WithinTheBf16Bound) {
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Shape& s : kShapes) {
+    if (s.n * s.k > 100000) continue;  // the emulation is slow; the layout tests above cover the rest
+    const Packed p = make(s, rng);
+    for (int64_t m : {1, 7, 17}) {
+      std::vector<float> x(static_cast<size_t>(m * s.k));
+      for (auto& v : x) v = nd(rng);
+      const std::vector<double> y = emulate_kernel(p, x, m);
+      size_t bad = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t n = 0; n < s.n; ++n) {
+          // Exact products of the bf16 operands, and the float64 product of the unrounded ones.
+          double rounded = 0, exact = 0, mag = 0;
+          for (int64_t k = 0; k < s.k; ++k) {
+            const float w = static_cast<float>(p.q[static_cast<size_t>(n * s.k + k)]) *
+                            p.scales[static_cast<size_t>(n * (s.k / s.group) + k / s.group)];
+            const float xv = x[static_cast<size_t>(i * s.k + k)];
+            rounded += static_cast<double>(bf16(w)) * bf16(xv);
+            exact += static_cast<double>(w) * xv;
+            mag += std::fabs(static_cast<double>(w) * xv);
+          }
+          const double got = y[static_cast<size_t>(i * s.n + n)];
+          // The operands' roundings: |x^ w^ - x w| <= |x w| (2^-8 + 2^-18) (each within 2^-9).
+          const double bound = mag * (std::ldexp(1.0, -8) + std::ldexp(1.0, -18));
+          if ((std::fabs(got - rounded) > 1e-12 * (mag + 1) || std::fabs(got - exact) > bound) && bad++ < 5)
+            ADD_FAILURE() << name_of(s) << " m " << m << ": y[" << i << "][" << n << "] = " << got << ", bf16 operands "
+                          << rounded << ", float64 " << exact << " (bound " << bound << ")";
+        }
+      EXPECT_EQ(bad, 0u) << name_of(s) << " m " << m;
+    }
+  }
+}
+
+// The kernel's conversion of a packed element to float (magic_bits - magic_offset) is float(q)
+// for every byte and nibble value, in every position of a word.
+TEST(QTileLayout, MagicNumberConversionIsExact) {
+  for (int bits : {8, 4})
+    for (int idx = 0; idx < (bits == 8 ? 4 : 8); ++idx)
+      for (uint32_t v = 0; v < (1u << bits); ++v) {
+        const uint32_t word = (v << (bits * idx)) | (bits == 8 ? 0x5a5a5a5au & ~(0xffu << (8 * idx))
+                                                                 : 0x9c3e71a5u & ~(0xfu << (4 * idx)));
+        const uint32_t m = magic_bits(bits, word, idx);
+        float f = 0;
+        std::memcpy(&f, &m, 4);
+        const float q = f - magic_offset(bits);
+        ASSERT_EQ(q, static_cast<float>(q_of_word(bits, word, idx))) << "bits " << bits << " idx " << idx << " v " << v;
+        ASSERT_TRUE(bits == 8 ? (q >= -128 && q <= 127) : (q >= -8 && q <= 7));
+      }
+}
+
+TEST(QTileLayout, RefusesBadShapes) {
+  EXPECT_ANY_THROW(layout(3, 4, 32, 32));
+  EXPECT_ANY_THROW(layout(8, 0, 32, 32));
+  EXPECT_ANY_THROW(layout(8, 4, 32, 24));
+  EXPECT_NO_THROW(layout(4, 4, 33, 11));
+}
+
+}  // namespace
+}  // namespace tpdraft::kernels
