@@ -4,8 +4,10 @@ and transport (ipc:// + the shared-memory ring, tcp:// with taps inline): a serv
 one CPU thread, then 1 client and 8 concurrent clients (threads, one session each) making steps
 as a decoding loop does (roll back to the prompt, settle 2 new rows, draft). Reports, per step,
 the round trip beyond the draft (the client's wall time minus the server's settle + draft), the
-same figure for tpdraft.Drafter in process, their difference (what serving adds), and sequences
-drafted per second with 8 clients against 1, all in one run (medians). Usage:
+same figure for tpdraft.Drafter in process, their difference (what serving adds), sequences
+drafted per second with 8 clients against 1, and the most batching could give: in process, 8
+sessions in each step against 1 (the same forward a server batches), all in one run (medians).
+Usage:
 serve_overhead.py [--config configs/X.json]... [--steps N] (the module from build/python, the
 checkpoint made by build/tpdraft init in a temp dir)."""
 
@@ -67,6 +69,25 @@ def loop(handle, steps, seed, out):
     handle.close_session(s)
 
 
+def batched_rate(handle, steps, n, seed):
+    """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
+    width = handle.caps.taps_width
+    rng = np.random.default_rng(seed)
+    prefix = rng.standard_normal((CONTEXT, width), dtype=np.float32)
+    rows = rng.standard_normal((NEW_ROWS, width), dtype=np.float32)
+    sessions = [handle.open_session() for _ in range(n)]
+    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        handle.step([{"session": s, "keep": CONTEXT, "taps": rows, "anchor": 2 + (i + j) % 7}
+                     for j, s in enumerate(sessions)])
+        times.append(time.perf_counter() - t0)
+    for s in sessions:
+        handle.close_session(s)
+    return n / statistics.median(times)
+
+
 def run_clients(address, n, steps):
     """n clients at once; returns (per-step samples, sequences drafted per second, whether the
     ring was used, entries per forward)."""
@@ -99,9 +120,11 @@ def measure(config, steps):
         subprocess.run([TPDRAFT, "init", "--config", os.path.join(REPO, config), "--out", ck], check=True,
                        capture_output=True)
         local = []
-        with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1,
+        with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1, max_sessions=8,
                              max_context=CONTEXT + 64) as d:
             loop(d, steps, 0, local)
+            few = max(3, steps // 4)
+            ceiling = batched_rate(d, few, 8, 1) / batched_rate(d, few, 1, 1)
         in_process = beyond(local)
         draft_ms = statistics.median(d for _, d in local) * 1e3
         for name, listen in (("ipc+shm", f"ipc://{tmp}/s.sock"), ("tcp", "tcp://127.0.0.1:*")):
@@ -116,7 +139,7 @@ def measure(config, steps):
             rows.append({"config": os.path.basename(config), "transport": name, "draft_ms": draft_ms,
                          "in_process_us": in_process, "one_us": beyond(one), "added_us": beyond(one) - in_process,
                          "eight_us": beyond(eight), "one_rate": one_rate, "eight_rate": eight_rate,
-                         "batch": batch})
+                         "batch": batch, "ceiling": ceiling})
     return rows
 
 
@@ -130,11 +153,13 @@ def main():
     for c in a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"]:
         rows += measure(c, a.steps if "bench" not in c else max(8, a.steps // 100))
     print(f"{'geometry':24} {'transport':9} {'draft ms':>9} {'in-process us':>14} {'served us':>10} "
-          f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7} {'batch':>6}")
+          f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7} {'batch':>6} "
+          f"{'in-process 8 vs 1':>18}")
     for r in rows:
         print(f"{r['config']:24} {r['transport']:9} {r['draft_ms']:9.2f} {r['in_process_us']:14.1f} "
               f"{r['one_us']:10.1f} {r['added_us']:9.1f} {r['eight_us']:13.1f} {r['one_rate']:8.1f} "
-              f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x {r['batch']:6.1f}")
+              f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x {r['batch']:6.1f} "
+              f"{r['ceiling']:17.2f}x")
 
 
 if __name__ == "__main__":
