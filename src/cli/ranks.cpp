@@ -50,7 +50,7 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
   cmd->add_option("--quant", o->quant,
                   "Quantize a float checkpoint while loading: q8 (every matrix int8) or q4 (layer matrices int4, fc "
                   "and the projections int8); groups of 128 columns where they divide, else per channel; q8+head "
-                  "or q4+head: the target's head int8 too (cpu backend)")
+                  "or q4+head: the target's head int8 too")
       ->check(CLI::IsMember(model::quant_presets()));
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))

@@ -142,5 +142,83 @@ TEST(CudaQuantMatmul, RepeatsBitForBit) {
     }
 }
 
+// A quantized head (--quant ...+head) on CUDA: head_logits are the matmul's dots through the logit
+// transform (so within the bound above of the CPU backend's head, scale applied), padded vocabulary
+// rows never appear, and head_topk equals sorting head_logits' own output (value, then id).
+TEST(CudaQuantMatmul, QuantizedHead) {
+  if (cuda_devices() == 0) GTEST_SKIP() << "no CUDA device (or a build without the CUDA backend)";
+  auto gpu = make_ops("cuda", 1, 0);
+  auto cpu = make_ops("cpu", 0, 0);
+  ASSERT_TRUE(gpu->quantized_head());
+  std::mt19937_64 rng(7);
+  const int64_t n = 1000, k = 256, group = 128, valid = 990;
+  for (const int64_t m : {15, 90}) {  // the tensor-core kernel, and dequant + cuBLAS
+    std::uniform_int_distribution<int> qd(-127, 127);
+    std::uniform_real_distribution<float> sd(0.001f, 0.02f);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<int8_t> q(static_cast<size_t>(n * k));
+    for (auto& v : q) v = static_cast<int8_t>(qd(rng));
+    std::vector<float> scales(static_cast<size_t>(n * (k / group))), x(static_cast<size_t>(m * k));
+    for (auto& v : scales) v = sd(rng);
+    for (auto& v : x) v = nd(rng);
+    const QuantizedRows src{8, n, k, group, q.data(), scales.data()};
+    Buffer wg(*gpu, gpu->quantized_bytes(WeightFormat::Int8, n, k, group));
+    Buffer wc(*cpu, cpu->quantized_bytes(WeightFormat::Int8, n, k, group));
+    Buffer xg(*gpu, x.size() * 4);
+    gpu->to_device(xg.get(), x.data(), x.size() * 4);
+    HeadParams p;
+    p.head = gpu->upload_quantized(src, wg.get());
+    p.g = xg.f32();
+    p.m = m;
+    p.valid_rows = valid;
+    p.scale = 0.5f;
+    HeadParams pc = p;
+    pc.head = cpu->upload_quantized(src, wc.get());
+    pc.g = x.data();
+    std::vector<float> lg(static_cast<size_t>(m * valid)), lc(lg.size());
+    Buffer lgb(*gpu, lg.size() * 4);
+    gpu->head_logits(p, lgb.f32());
+    gpu->to_host(lg.data(), lgb.get(), lg.size() * 4);
+    cpu->head_logits(pc, lc.data());
+    size_t bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      double amax = 0;
+      for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(static_cast<double>(x[static_cast<size_t>(i * k + c)])));
+      for (int64_t v = 0; v < valid; ++v) {
+        double mag = 0, wsum = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const double w = static_cast<double>(q[static_cast<size_t>(v * k + c)]) * scales[static_cast<size_t>(v * (k / group) + c / group)];
+          mag += std::fabs(w * x[static_cast<size_t>(i * k + c)]);
+          wsum += std::fabs(w);
+        }
+        const double acc = static_cast<double>(k) * std::ldexp(1.0, -23);
+        const double bound = 0.5 * (mag * (std::ldexp(1.0, -8) + std::ldexp(1.0, -18) + 2 * acc) + wsum * amax / 254.0) + 1e-30;
+        const size_t o = static_cast<size_t>(i * valid + v);
+        if (!(std::fabs(static_cast<double>(lg[o]) - lc[o]) <= bound) && bad++ < 3)
+          ADD_FAILURE() << "m " << m << " logit [" << i << "][" << v << "] cuda " << lg[o] << ", cpu " << lc[o] << " (bound " << bound << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "m " << m;
+    const int topk = 8;
+    const int64_t base = 5000;
+    Buffer vb(*gpu, static_cast<size_t>(m * topk) * 4), ib(*gpu, static_cast<size_t>(m * topk) * 8);
+    gpu->head_topk(p, topk, base, vb.f32(), static_cast<int64_t*>(ib.get()));
+    std::vector<float> values(static_cast<size_t>(m * topk));
+    std::vector<int64_t> ids(values.size());
+    gpu->to_host(values.data(), vb.get(), values.size() * 4);
+    gpu->to_host(ids.data(), ib.get(), ids.size() * 8);
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<int64_t> order(static_cast<size_t>(valid));
+      for (int64_t v = 0; v < valid; ++v) order[static_cast<size_t>(v)] = v;
+      const float* l = lg.data() + i * valid;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
+      for (int j = 0; j < topk; ++j) {
+        EXPECT_EQ(ids[static_cast<size_t>(i * topk + j)], order[static_cast<size_t>(j)] + base) << "m " << m << " row " << i;
+        EXPECT_EQ(values[static_cast<size_t>(i * topk + j)], l[order[static_cast<size_t>(j)]]) << "m " << m << " row " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tpdraft::kernels

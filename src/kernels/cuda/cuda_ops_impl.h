@@ -34,6 +34,7 @@ class CudaOps final : public Ops {
 
   size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
+  bool quantized_head() const override { return true; }
   void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
   void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -69,9 +70,12 @@ class CudaOps final : public Ops {
   void gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x, int64_t m, float* y, int64_t ldy);
   void free_deferred() noexcept;  // frees what release() put aside during a capture
   // Every workspace of this backend (for reset and pin).
-  std::array<Workspace*, 8> workspaces() {
-    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_, &dequant_};
+  std::array<Workspace*, 10> workspaces() {
+    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_, &dequant_, &qhead_, &qhead_valid_};
   }
+  // A quantized head's raw dots of its first n rows as one part [m, n] for launch_head_post,
+  // by qmatmul (the matmul's kernels), so head_logits and head_topk see the same values.
+  const float* quantized_head_part(const HeadParams& p, int64_t n);
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
@@ -92,6 +96,7 @@ class CudaOps final : public Ops {
   Workspace keys_a_, keys_b_;  // head_topk's passes
   Workspace attn_acc_, attn_ml_;
   Workspace dequant_;      // bf16 weights of quantized matrices for cuBLAS (many rows)
+  Workspace qhead_, qhead_valid_;  // a quantized head's dots [m, rows], and its valid columns
   double rope_theta_ = 0.0;
   int64_t rope_dim_ = 0;
   double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat
