@@ -22,8 +22,6 @@ struct QuantScheme {
   int64_t group = 0;  // Group: columns per scale
 
   bool quantized() const { return kind != Kind::None; }
-  // Columns that share a scale in a matrix of `cols` columns (Group: group; else all of them).
-  int64_t scale_cols(int64_t cols) const { return strategy == Strategy::Group ? group : cols; }
   std::string describe() const;  // "int4 g128", "int8 per-channel", "fp8 per-tensor", "float"
   bool operator==(const QuantScheme& o) const {
     return kind == o.kind && bits == o.bits && strategy == o.strategy && group == o.group;
