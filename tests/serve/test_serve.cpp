@@ -105,12 +105,13 @@ void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
   for (tpdraft_session s : ids) tpdraft_session_close(d, s);
 }
 
-tpdraft_drafter* open_library(const std::string& dir, int tp) {
+tpdraft_drafter* open_library(const std::string& dir, int tp, const char* quant = nullptr) {
   tpdraft_options o;
   tpdraft_options_init(&o);
   o.backend = "cpu";
   o.threads = 1;
   o.tp = tp;
+  o.quant = quant;
   tpdraft_drafter* d = nullptr;
   EXPECT_EQ(tpdraft_open((dir + "/drafter").c_str(), (dir + "/target").c_str(), &o, &d), TPDRAFT_OK)
       << tpdraft_last_error();
@@ -118,14 +119,15 @@ tpdraft_drafter* open_library(const std::string& dir, int tp) {
 }
 
 // Several clients at once against one server, then every client's trace through the library.
-void many_clients_match_the_library(const std::string& dir, const std::string& address, int shared_memory) {
+void many_clients_match_the_library(const std::string& dir, const std::string& address, int shared_memory,
+                                    const char* quant = nullptr) {
   constexpr int kClients = 3;
   std::vector<Trace> traces(kClients);
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i)
     threads.emplace_back([&, i] { traces[static_cast<size_t>(i)] = drive(address, 2, 10, 100 + i, shared_memory); });
   for (auto& t : threads) t.join();
-  tpdraft_drafter* d = open_library(dir, 2);
+  tpdraft_drafter* d = open_library(dir, 2, quant);
   ASSERT_NE(d, nullptr);
   for (int i = 0; i < kClients; ++i) {
     EXPECT_EQ(traces[static_cast<size_t>(i)].steps.size(), 10u) << "client " << i;
@@ -162,6 +164,18 @@ TEST(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
   EXPECT_EQ(server.wait_exit(30), 0) << server.log();
   EXPECT_FALSE(exists(server.address_file()));
   EXPECT_FALSE(exists(dir.file("s.sock")));
+}
+
+// --quant quantizes the served drafter while it loads, as the library's options.quant does.
+TEST(Serve, AQuantizedServerDraftsWhatTheQuantizedLibraryDrafts) {
+  TempDir dir;
+  make_checkpoint("tiny-dflash2.json", dir.path());
+  ServerProcess server(dir.path(), {"--tp", "2", "--quant", "q4+head", "--listen", "ipc://" + dir.file("s.sock")});
+  const std::string address = server.wait_address();
+  ASSERT_FALSE(address.empty()) << server.log();
+  many_clients_match_the_library(dir.path(), address, -1, "q4+head");
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
 }
 
 TEST(Serve, ManyClientsOverTcpDraftWhatTheLibraryDrafts) {
