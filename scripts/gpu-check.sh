@@ -15,7 +15,7 @@ graph replays, two and four in-process ranks sharing the one GPU through the thr
 communicator, NCCL at one rank inside a captured forward), times drafts of the Qwen3-8B geometry
 (bf16, one session, 4096 context rows) replayed from a CUDA graph and issued op by op, the same
 draft in PyTorch bf16 eager, and the graph draft with int8 and int4 layer weights (--quant q8,
-q4). Needs no network and no MPI.
+q4) and with the head int8 too (q4+head). Needs no network and no MPI.
 
 Needs carried with the tree when the image lacks them: .gpu-deps/ (fmt, spdlog, nlohmann-json,
 CLI11, GoogleTest as .deb files), made on a Debian machine by scripts/gpu-deps.sh. The script
@@ -165,14 +165,16 @@ if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
   record "torch" "skipped: $PY has no torch with CUDA"
 fi
-# Quantized layer weights (quantized from the bf16 checkpoint while loading): the graph draft's
-# time at q8 and q4 beside bf16's (bench-on). Last, so that it never takes time from the above.
+# Quantized weights (quantized from the bf16 checkpoint while loading): the graph draft's time at
+# q8, q4 and q4+head (the head int8 too) beside bf16's (bench-on). Last, so that it never takes
+# time from the above.
 quant_ok=1
-for quant in q8 q4; do
+for quant in q8 q4 q4+head; do
   run_step "bench-$quant" 90 sh -c "\"$BUILD/tpdraft\" bench --backend cuda --graphs on --quant $quant \
     --drafter \"$CKPT/drafter\" --target \"$CKPT/target\" --ctx $CTX --repeat 20 --warmup 3 --json \
     >\"$LOGS/bench-$quant.json\"" || quant_ok=0
 done
-record "draft ms bf16 q8 q4" "$(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-on=bf16 bench-q8=q8 bench-q4=q4)"
+record "draft ms bf16 q8 q4 q4+head" "$(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-on=bf16 bench-q8=q8 \
+  bench-q4=q4 bench-q4+head=q4+head)"
 ((bench_ok)) && { python3 scripts/lib/gpu-table.py "$LOGS" >"$LOGS/table.txt" || bench_ok=0; }
 ((tests_ok && bench_ok && quant_ok))

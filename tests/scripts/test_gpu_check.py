@@ -150,7 +150,7 @@ class Script(unittest.TestCase):
             script = f.read()
         build = script[script.index("run_step build 240"):script.index("|| exit 1", script.index("run_step build 240"))]
         self.assertIn("test_cuda_qmatmul", build)
-        for quant in ("q8", "q4"):
+        for quant in ("q8", "q4", "q4+head"):
             self.assertIn("bench-$quant", script)
             self.assertIn(f"{quant}", script[script.index("for quant in"):])
         self.assertIn("--quant $quant", script)
