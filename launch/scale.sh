@@ -35,6 +35,8 @@ that was not idle are marked in the reports. The reports take bytes, work and co
                      runs with --gather-logits (the full logits all-gathered every draft)
   --params FILE      communication model for the projection (default: bench/scaling/comm-model.json)
   --layouts LIST     projected layouts NODESxGPUS (default: 1x1,1x2,1x4,1x8,2x8)
+  --quant LIST       --quant presets projected beside the float weights (default:
+                     q8,q4,q8+head,q4+head; "none" skips them)
   --span-nodes       project one tp group across the nodes of a layout (default: replicas per node)
   --bin PATH         the tpdraft binary (default: build/tpdraft of this repository)
   --timeout S        give up on one run after S seconds (default: 1800)
@@ -52,7 +54,7 @@ USAGE
 here=$(cd "$(dirname "$0")/.." && pwd)
 out="" configs="$here/configs/bench-dflash2-2048.json" tps="" ctxs=1024 batches=1 weak=1 threads=1
 repeat="" warmup="" quick=0 backend=auto vocab="151936,202048,248320" vocab_base="$here/configs/bench-dflash2-2048.json"
-vocab_tps="" params="" layouts="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
+vocab_tps="" params="" layouts="" quants="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
 while (($#)); do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -71,6 +73,7 @@ while (($#)); do
     --vocab-tp) vocab_tps=$2; shift 2 ;;
     --params) params=$2; shift 2 ;;
     --layouts) layouts=$2; shift 2 ;;
+    --quant) quants=$2; shift 2 ;;
     --span-nodes) span=1; shift ;;
     --bin) bin=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
@@ -238,6 +241,7 @@ popts=(--bin "$bin")
 # The projection first: the report plots it beside the measurements.
 proj=(--records "$records" --out "$out" "${popts[@]}")
 [ -z "$layouts" ] || proj+=(--layouts "$layouts")
+[ -z "$quants" ] || proj+=(--quant "$quants")
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
 "$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null

@@ -97,11 +97,12 @@ def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", t
     return None, "no measurement of this config and context"
 
 
-def estimate_compute_on(machine, runs, info, config, tp, sessions, context, dtype="bf16"):
+def estimate_compute_on(machine, runs, info, config, tp, sessions, context, dtype="bf16", quant=""):
     """(ms, label, kind) of one rank's compute on another machine (a GPU). The nearest CPU run's
     efficiency against its own roofline is carried over: T = roofline_target(tp) / (roofline_cpu(run)
-    / T_cpu(run)). Without any run: the ideal roofline (a lower bound)."""
-    ideal = roofline_s(geometry.work(info.query(config, tp, sessions, context, dtype)), machine) * 1e3
+    / T_cpu(run)). Without any run: the ideal roofline (a lower bound). With `quant` (a --quant
+    preset) the target's roofline counts the quantized weights' bytes, at the float run's efficiency."""
+    ideal = roofline_s(geometry.work(info.query(config, tp, sessions, context, dtype, quant)), machine) * 1e3
     cands = compute_candidates(runs, geometry.config_name(config), context, "cpu")
     if not cands:
         return ideal, f"ideal {machine.label} roofline (no measurement; a lower bound)", "ideal"

@@ -19,15 +19,16 @@ class NotShardable(Exception):
 
 
 class Info:
-    """Answers of `tpdraft info --config FILE --json`, cached per (config, tp, sessions, context, dtype)."""
+    """Answers of `tpdraft info --config FILE --json`, cached per (config, tp, sessions, context, dtype,
+    quant): quant is a --quant preset ("q8", "q4+head", ...) or "" for the weights as they are."""
 
     def __init__(self, binary=None):
         self.binary = binary or os.environ.get("TPDRAFT_BIN") or DEFAULT_BIN
         self._answers = {}
 
-    def query(self, config, tp, sessions=1, context=1024, dtype="bf16"):
+    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant=""):
         """The info object of `config` at tp ranks; raises NotShardable when tp cannot shard it."""
-        key = (os.path.abspath(config), tp, sessions, context, info_dtype(dtype))
+        key = (os.path.abspath(config), tp, sessions, context, info_dtype(dtype), quant)
         if key not in self._answers:
             self._answers[key] = self._ask(*key)
         answer = self._answers[key]
@@ -43,11 +44,11 @@ class Info:
         except NotShardable as e:
             return str(e)
 
-    def _ask(self, config, tp, sessions, context, dtype):
+    def _ask(self, config, tp, sessions, context, dtype, quant):
         if not os.access(self.binary, os.X_OK):
             raise SystemExit(f"{self.binary} is not built: cmake --build build --target tpdraft_cli (or pass --bin)")
         args = [self.binary, "info", "--config", config, "--tp", str(tp), "--sessions", str(sessions),
-                "--ctx", str(context), "--dtype", dtype, "--json"]
+                "--ctx", str(context), "--dtype", dtype, "--json"] + (["--quant", quant] if quant else [])
         res = subprocess.run(args, capture_output=True, text=True)
         if res.returncode == 0:
             return json.loads(res.stdout.strip().splitlines()[-1])

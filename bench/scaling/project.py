@@ -34,6 +34,8 @@ def parse_args(argv):
     p.add_argument("--inter", help="inter-node fabric (default: defaults.inter)")
     p.add_argument("--cpu-tp", default="1,2,4,8", help="tp values of the CPU MPI table")
     p.add_argument("--bin", help="the tpdraft binary that answers `info --json` (default: build/tpdraft)")
+    p.add_argument("--quant", default="q8,q4,q8+head,q4+head",
+                   help="comma list of --quant presets projected beside the float weights ('none': skip)")
     return p.parse_args(argv)
 
 
@@ -125,6 +127,31 @@ def project_cpu(s, config, ctx, sessions, tps, fabric, legend):
     return rows
 
 
+def project_quant(s, config, ctx, sessions, rows, quants):
+    """Per projected GPU layout, the total with each --quant preset: the compute at the GPU roofline
+    of the quantized weights' bytes (`tpdraft info --json --quant`), carried at the float run's CPU
+    efficiency; the collectives are those of the float weights (activations are not quantized)."""
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            continue
+        point = {"layout": r["layout"], "tp": r["tp"], "total_ms": {"bf16": r["total_ms"]}}
+        for q in quants:
+            comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx,
+                                                     s.dtype, q)
+            point["total_ms"][q] = comp + r["comm_ms"]
+        out.append(point)
+    return out
+
+
+def quant_table(points, quants):
+    header = ["layout", "tp", "float weights ms"] + [f"{q} ms" for q in quants]
+    body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["bf16"])]
+            + [f"{tb.fmt_ms(p['total_ms'][q])} ({p['total_ms']['bf16'] / p['total_ms'][q]:.2f}x)" for q in quants]
+            for p in points]
+    return tb.md_table(header, body)
+
+
 def gpu_table(rows, alt_names):
     header = ["layout", "tp", "compute ms", "comm ms", "total ms", "efficiency", "comm share", "total over the ranges"]
     header += [f"total, {n}" for n in alt_names] + ["drafts/s (all replicas)", "assumptions"]
@@ -198,6 +225,7 @@ def main(argv=None):
                 cm.fabric_range(params, a.inter or d["inter"]), alt, a.span_nodes,
                 geometry.info_dtype(d.get("weight_bytes", 2)))
     layouts = a.layouts.split(",") if a.layouts else d["layouts"]
+    quants = [] if a.quant == "none" else [q for q in a.quant.split(",") if q]
     cpu_fab = cm.cpu_fabric(runs, params)
     paths = [geometry.resolve_config(c) for c in a.config] or sorted({geometry.resolve_config(r.config_file) for r in runs})
     if not paths:
@@ -205,7 +233,7 @@ def main(argv=None):
     md = header_lines(a, params, machine, cpu_fab)
     out = {"params": a.params, "gpu": machine.label, "span_nodes": a.span_nodes,
            "cpu_fabric": {"alpha_us": cpu_fab.alpha["all_reduce"] * 1e6, "bw_GBps": cpu_fab.bw / 1e9, "source": cpu_fab.source},
-           "gpu_points": [], "cpu_points": []}
+           "gpu_points": [], "cpu_points": [], "quant_points": []}
     for path in paths:
         name = geometry.config_name(path)
         mine = [r for r in runs if r.config_name == name]
@@ -217,6 +245,13 @@ def main(argv=None):
                        f"### Projected on {machine.label} nodes", "", *fastest_line(rows), gpu_table(rows, list(alt)), "",
                        glegend.markdown(), ""]
                 out["gpu_points"] += [{"config": name, "context": ctx, "sessions": b, **r} for r in rows]
+                if quants:
+                    qpoints = project_quant(s, path, ctx, b, rows, quants)
+                    md += [f"### Projected on {machine.label} nodes with quantized weights (PROJECTED)", "",
+                           "Compute at the roofline of the quantized weights' bytes (`tpdraft info --json --quant`) "
+                           "at the float run's efficiency, collectives unchanged; in brackets the speed against the "
+                           "float weights.", "", quant_table(qpoints, quants), ""]
+                    out["quant_points"] += [{"config": name, "context": ctx, "sessions": b, **p} for p in qpoints]
                 crow = project_cpu(s, path, ctx, b, ints(a.cpu_tp), cpu_fab, clegend)
                 if crow:
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",

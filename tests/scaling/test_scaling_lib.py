@@ -19,6 +19,7 @@ import commmodel as cm  # noqa: E402
 import compute  # noqa: E402
 import geometry  # noqa: E402
 import plots  # noqa: E402
+import project  # noqa: E402
 import record  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
@@ -154,10 +155,14 @@ def answer(tp, sessions=2, flops=1e9, weight_bytes=4e8, context_bytes=1e8, dflas
 class FakeInfo:
     """Answers at any tp from answer(); tp = 3 cannot shard."""
 
-    def query(self, config, tp, sessions=1, context=1024, dtype="bf16"):
+    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant=""):
         if tp == 3:
             raise geometry.NotShardable("tp = 3")
-        return answer(tp, sessions)
+        a = answer(tp, sessions)
+        if quant:  # quantized weights: a quarter of the bytes, as int4 would hold them
+            for rank in a["ranks"]:
+                rank["draft"] = dict(rank["draft"], weight_bytes=rank["draft"]["weight_bytes"] / 4)
+        return a
 
     def problem(self, config, tp):
         return "tp = 3" if tp == 3 else None
@@ -238,6 +243,21 @@ class Compute(unittest.TestCase):
         self.assertEqual((ms, kind), (ideal, "roofline"))
         self.assertIn("(capped)", how)
         self.assertEqual(compute.estimate_compute_on(gpu, [], FakeInfo(), "x.json", 2, 2, 256)[2], "ideal")
+
+
+class QuantizedProjection(unittest.TestCase):
+    def test_quantized_weights_change_only_the_compute(self):
+        gpu = compute.Machine("G", 1e15, 1e12)  # bound by bytes: a quarter of the weights' bytes
+        s = project.Setting({}, [], FakeInfo(), gpu, None, None, {}, False, "bf16")
+        rows = [{"layout": "1x2", "tp": 2, "total_ms": 1.0, "comm_ms": 0.1}, {"layout": "1x3", "tp": 3, "skipped": "tp = 3"}]
+        points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
+        self.assertEqual([p["layout"] for p in points], ["1x2"])  # a layout that cannot shard is left out
+        full = compute.roofline_s(geometry.work(answer(2, 2)), gpu) * 1e3
+        quant = compute.roofline_s(geometry.work(FakeInfo().query("x.json", 2, 2, quant="q4")), gpu) * 1e3
+        self.assertLess(quant, full)
+        self.assertAlmostEqual(points[0]["total_ms"]["q4"], quant + 0.1)
+        self.assertEqual(points[0]["total_ms"]["bf16"], 1.0)
+        self.assertIn("| 1x2 | 2 | 1 | ", project.quant_table(points, ["q4"]))
 
 
 class Reports(unittest.TestCase):
