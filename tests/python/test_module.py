@@ -113,7 +113,7 @@ def test_a_closed_drafter_refuses_calls(checkpoint):
         d.open_session()
 
 
-@pytest.mark.parametrize("quant", ["q8", "q4"])
+@pytest.mark.parametrize("quant", ["q8", "q4", "q4+head"])
 def test_quant_while_loading_equals_the_program(checkpoint, quant):
     # A float checkpoint quantized while it loads drafts as `tpdraft draft --quant` does; the
     # sampled probabilities show it is not the float model.
