@@ -29,6 +29,7 @@ struct ServeOpts {
   int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096;
   double idle_timeout = 300;
   double spin_us = 2000;
+  double gather_us = 2000;
   int64_t max_memory = 0;
   RankOptions ranks;
 };
@@ -128,6 +129,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     so.idle_timeout = o.idle_timeout;
     so.max_open_sessions = o.max_open_sessions;
     so.spin_seconds = o.spin_us * 1e-6;
+    so.gather_seconds = o.gather_us * 1e-6;
     server = std::make_unique<serve::Server>(*group, so);
     endpoint = server->bind();
   });
@@ -184,6 +186,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--spin-us", o->spin_us,
                   "Microseconds rank 0 keeps looking at the clients' shared-memory rings after a request before it "
                   "sleeps on the socket (0: sleep at once; a client then rings a doorbell)")
+      ->check(real_number(0, 1e6))->capture_default_str();
+  cmd->add_option("--gather-us", o->gather_us,
+                  "Microseconds queued STEPs may wait, at most (and never over a tenth of the last forward), for "
+                  "the clients of the last forward to ask again, so that they share the next one (0: never wait)")
       ->check(real_number(0, 1e6))->capture_default_str();
   cmd->add_option("--max-memory", o->max_memory,
                   "Bytes the sessions' context may take on this machine (0: what /proc/meminfo says is available)")

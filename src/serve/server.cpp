@@ -117,6 +117,8 @@ struct Server::Impl {
   WireStats stats;
   Clock::time_point started = Clock::now();
   std::string reply_buf;
+  std::set<std::string> last_batch;  // the clients the last forward answered
+  double last_forward_seconds = 0;
 
   Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
 
@@ -451,6 +453,25 @@ struct Server::Impl {
 
   // ---- the batched forward --------------------------------------------------------------------
 
+  // Whether the queued STEPs should run now. The clients the last forward answered ask again
+  // soon: wait until each of them has (or is gone), or the queue holds a full forward, or the
+  // first queued request has waited the gather time (options.gather_seconds, at most a tenth of
+  // the last forward); the wait is never longer, so no session loses a forward to it.
+  bool ready_to_run() const {
+    if (pending.empty()) return false;
+    size_t entries = 0;
+    std::set<std::string> asking;
+    for (const Pending& p : pending) {
+      entries += p.entries.size();
+      asking.insert(p.rid);
+    }
+    if (entries >= static_cast<size_t>(caps().max_sessions)) return true;
+    bool all_back = true;
+    for (const std::string& rid : last_batch) all_back = all_back && (asking.count(rid) > 0 || clients.count(rid) == 0);
+    if (all_back) return true;
+    return seconds_since(pending.front().arrived) >= std::min(options.gather_seconds, 0.1 * last_forward_seconds);
+  }
+
   void run_batch() {
     const size_t S = static_cast<size_t>(caps().max_sessions);
     std::vector<size_t> chosen;
@@ -492,6 +513,7 @@ struct Server::Impl {
     pending = std::move(rest);
     if (batch.empty()) return;
     std::vector<model::DraftResult> results;
+    const Clock::time_point forward_start = Clock::now();
     try {
       results = group.apply(all);
     } catch (const std::exception& e) {
@@ -499,6 +521,9 @@ struct Server::Impl {
       for (const Pending& p : batch) send_to(p.rid, p.route, error_reply(p.header, kRuntime, why));
       throw;
     }
+    last_forward_seconds = seconds_since(forward_start);
+    last_batch.clear();
+    for (const Pending& p : batch) last_batch.insert(p.rid);
     ++stats.forwards;
     stats.steps += batch.size();
     stats.entries += all.size();
@@ -630,7 +655,7 @@ void Server::run() {
         s.set_sleeping(1);
         if (!s.poll_rings()) wait_ms = 100;  // looked once more after saying so: nothing missed
       }
-      if (!sleepy && s.pending.empty()) sched_yield();  // busy, but not in the way of a client on this core
+      if (!sleepy && !s.ready_to_run()) sched_yield();  // busy, but not in the way of a client on this core
       const int polled = zmq_poll(&item, 1, wait_ms);
       if (sleepy) s.set_sleeping(0);
       if (polled < 0 && zmq_errno() != EINTR) TPDRAFT_FAIL("waiting for requests: {}", zmq_strerror(zmq_errno()));
@@ -638,7 +663,7 @@ void Server::run() {
       s.poll_rings();
       s.reap_idle();
       if (g_stop_requested || s.shutdown) break;
-      if (!s.pending.empty()) {
+      if (s.ready_to_run()) {
         s.run_batch();
         // The clients just answered will ask again soon: look busily from now, not from their
         // requests' arrival (a long forward would have used the window up).

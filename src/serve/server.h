@@ -16,6 +16,10 @@ struct ServerOptions {
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
   int64_t max_open_sessions = 64;
   double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
+  // How long queued STEPs may wait for the clients of the last forward to ask again, at most
+  // (and never more than a tenth of that forward's time): lock-stepped engines then share
+  // forwards instead of splitting into two halves that alternate. 0: run what is queued at once.
+  double gather_seconds = 0.002;
 };
 
 // Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.
