@@ -460,14 +460,13 @@ struct Server::Impl {
   bool ready_to_run() const {
     if (pending.empty()) return false;
     size_t entries = 0;
-    std::set<std::string> asking;
-    for (const Pending& p : pending) {
-      entries += p.entries.size();
-      asking.insert(p.rid);
-    }
+    for (const Pending& p : pending) entries += p.entries.size();
     if (entries >= static_cast<size_t>(caps().max_sessions)) return true;
-    bool all_back = true;
-    for (const std::string& rid : last_batch) all_back = all_back && (asking.count(rid) > 0 || clients.count(rid) == 0);
+    bool all_back = true;  // each client keeps the count of its queued STEPs
+    for (const std::string& rid : last_batch) {
+      const auto it = clients.find(rid);
+      all_back = all_back && (it == clients.end() || it->second.pending > 0);
+    }
     if (all_back) return true;
     return seconds_since(pending.front().arrived) >= std::min(options.gather_seconds, 0.1 * last_forward_seconds);
   }
