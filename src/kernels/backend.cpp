@@ -62,8 +62,18 @@ const char* weight_format_name(WeightFormat f) {
   return "?";
 }
 
-// Backends without quantized kernels (CUDA for now) refuse quantized weights when they load.
+// Backends without quantized kernels refuse quantized weights when they load.
 size_t Ops::quantized_bytes(WeightFormat, int64_t, int64_t, int64_t) const { return 0; }
+
+Matrix quantized_matrix(const QuantizedRows& src, const void* packed) {
+  Matrix m;
+  m.format = src.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
+  m.rows = src.rows;
+  m.cols = src.cols;
+  m.group = src.group;
+  m.data = packed;
+  return m;
+}
 
 Matrix Ops::upload_quantized(const QuantizedRows& src, void*) {
   TPDRAFT_FAIL("backend '{}' has no kernels for int{} weights; use the cpu backend or a float checkpoint", name(),

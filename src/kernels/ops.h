@@ -106,6 +106,9 @@ class OpGraph {
   virtual size_t nodes() const = 0;
 };
 
+// The matrix over `packed`, a backend's packed copy of `src` (what upload_quantized returns).
+Matrix quantized_matrix(const QuantizedRows& src, const void* packed);
+
 class Ops {
  public:
   virtual ~Ops() = default;

@@ -379,13 +379,7 @@ Matrix CpuOps::upload_quantized(const QuantizedRows& src, void* dst) {
   pool_.parallel_for(l.rgroups, [&](int64_t b, int64_t e, int) {
     for (int64_t g = b; g < e; ++g) pack_group(l, src, g, out + g * l.rg_bytes);
   });
-  Matrix m;
-  m.format = format;
-  m.rows = src.rows;
-  m.cols = src.cols;
-  m.group = src.group;
-  m.data = dst;
-  return m;
+  return quantized_matrix(src, dst);
 }
 
 void CpuOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {

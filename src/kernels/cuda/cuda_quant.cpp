@@ -34,13 +34,7 @@ Matrix CudaOps::upload_quantized(const QuantizedRows& src, void* dst) {
   std::vector<std::byte> host(static_cast<size_t>(l.total));
   qtile::pack(src, host.data());
   to_device(dst, host.data(), host.size());
-  Matrix m;
-  m.format = src.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
-  m.rows = src.rows;
-  m.cols = src.cols;
-  m.group = src.group;
-  m.data = dst;
-  return m;
+  return quantized_matrix(src, dst);
 }
 
 void CudaOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
