@@ -11,22 +11,15 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "support/test_support.h"
 
 namespace tpdraft {
 namespace {
 
+using testing::error_of;
+
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
-
-// The message of the Error f throws ("" when it throws none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Checked, MulAndAddAreExactInRange) {
   EXPECT_EQ(checked_mul(3, 4, "x"), 12);

@@ -17,14 +17,7 @@
 namespace tpdraft {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Files, RegularFilesAreReadWhole) {
   testing::TempDir dir;

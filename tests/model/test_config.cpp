@@ -20,20 +20,9 @@ namespace tpdraft::model {
 namespace {
 
 using nlohmann::json;
+using testing::expect_error;
 
 const char* kSource = "drafter/config.json";
-
-// Runs f, expects a tpdraft::Error whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
-}
 
 // A minimal valid DFlash config; tests change one thing at a time.
 json base() {

@@ -27,6 +27,8 @@
 namespace tpdraft::model {
 namespace {
 
+using testing::error_of;
+
 using json = nlohmann::json;
 
 json int_config(int bits, const std::string& strategy, int64_t group) {
@@ -37,15 +39,6 @@ json int_config(int bits, const std::string& strategy, int64_t group) {
           {"format", "pack-quantized"},
           {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", w}}}}},
           {"ignore", {"fc", "re:.*kernel_projection$"}}};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(QuantConfig, TargetsIgnoreAndSchemes) {

@@ -20,19 +20,8 @@
 namespace tpdraft::model {
 namespace {
 
-using tpdraft::testing::TempDir;
-
-// Runs f, expects a tpdraft::Error whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
-}
+using testing::expect_error;
+using testing::TempDir;
 
 // A safetensors file assembled by hand: length field (overridable), header text, data bytes.
 void write_raw(const std::string& path, const std::string& header, const std::vector<uint8_t>& data,

@@ -26,17 +26,7 @@
 namespace tpdraft::model {
 namespace {
 
-// Runs f, expects a tpdraft::Error whose message holds every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
-}
+using testing::expect_error;
 
 DrafterConfig tiny(const std::string& file) { return DrafterConfig::from_file(testing::source_path("configs/" + file)); }
 

@@ -61,6 +61,11 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// The message of the tpdraft::Error that f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f);
+// Expects f to throw a tpdraft::Error whose message holds every one of `parts`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
 // How many times `needle` occurs in `text`.
 size_t count_of(const std::string& text, const std::string& needle);
 // Rewrites the safetensors file at `path` with element `index` of tensor `name` set to `value`
