@@ -18,14 +18,56 @@ const char* kind_name(uint16_t kind) {
   return "unknown";
 }
 
-void Writer::header(const Header& h) {
-  put(h.magic);
-  put(h.version);
-  put(h.kind);
-  put(h.status);
-  put(h.count);
-  put(h.id);
+namespace {
+
+// Each message's fixed fields in wire order, with the names a decoding error gives them: the
+// encoder and the decoder walk the same list, so the two cannot drift apart.
+template <typename H, typename F>
+void header_fields(H& h, F&& f) {
+  f(h.magic, "header.magic"); f(h.version, "header.version"); f(h.kind, "header.kind");
+  f(h.status, "header.status"); f(h.count, "header.count"); f(h.id, "header.id");
 }
+
+template <typename E, typename F>
+void entry_fields(E& e, F&& f) {
+  f(e.session, "entry.session"); f(e.keep, "entry.keep"); f(e.p0, "entry.p0"); f(e.n_new, "entry.n_new");
+  f(e.anchor, "entry.anchor"); f(e.dist_width, "entry.dist_width"); f(e.top_k, "entry.top_k");
+  f(e.temperature, "entry.temperature"); f(e.top_p, "entry.top_p"); f(e.seed, "entry.seed");
+  f(e.taps_dtype, "entry.taps_dtype"); f(e.taps_where, "entry.taps_where");
+  f(e.taps_offset, "entry.taps_offset"); f(e.taps_bytes, "entry.taps_bytes");
+}
+
+template <typename C, typename F>
+void caps_numbers(C& c, F&& f) {
+  f(c.block, "caps.block_size"); f(c.tp, "caps.tp"); f(c.taps_width, "caps.taps_width");
+  f(c.hidden, "caps.hidden_size"); f(c.vocab, "caps.vocab_size"); f(c.mask_token, "caps.mask_token_id");
+  f(c.max_sessions, "caps.max_sessions"); f(c.max_open_sessions, "caps.max_open_sessions");
+  f(c.max_context, "caps.max_context");
+}
+
+template <typename S, typename F>
+void stats_fields(S& s, F&& f) {
+  f(s.clients, "stats.clients"); f(s.open_sessions, "stats.open_sessions"); f(s.forwards, "stats.forwards");
+  f(s.steps, "stats.steps"); f(s.entries, "stats.entries"); f(s.errors, "stats.errors");
+  f(s.max_batch, "stats.max_batch"); f(s.clients_reaped, "stats.clients_reaped");
+  f(s.uptime_seconds, "stats.uptime_seconds");
+}
+
+struct Put {
+  Writer& w;
+  template <typename T>
+  void operator()(const T& v, const char*) const { w.put(v); }
+};
+
+struct Get {
+  Reader& r;
+  template <typename T>
+  void operator()(T& v, const char* field) const { v = r.get<T>(field); }
+};
+
+}  // namespace
+
+void Writer::header(const Header& h) { header_fields(h, Put{*this}); }
 
 void Reader::need(size_t n, const char* field) const {
   if (n > size_ - at_)
@@ -41,53 +83,20 @@ std::string Reader::str(const char* field, size_t max) {
 }
 
 Header Reader::header() {
-  Header h;
   if (size_ < kHeaderBytes)
     throw ProtocolError(fmt::format("a frame of {} bytes is shorter than the {}-byte header", size_, kHeaderBytes));
-  h.magic = get<uint32_t>("header.magic");
+  Header h;
+  header_fields(h, Get{*this});
   if (h.magic != kMagic)
     throw ProtocolError(fmt::format("header.magic is {:#010x}, expected {:#010x} (\"TPD1\")", h.magic, kMagic));
-  h.version = get<uint16_t>("header.version");
-  h.kind = get<uint16_t>("header.kind");
-  h.status = get<uint32_t>("header.status");
-  h.count = get<uint32_t>("header.count");
-  h.id = get<uint64_t>("header.id");
   return h;
 }
 
-void put_entry(Writer& w, const WireEntry& e) {
-  w.put(e.session);
-  w.put(e.keep);
-  w.put(e.p0);
-  w.put(e.n_new);
-  w.put(e.anchor);
-  w.put(e.dist_width);
-  w.put(e.top_k);
-  w.put(e.temperature);
-  w.put(e.top_p);
-  w.put(e.seed);
-  w.put(e.taps_dtype);
-  w.put(e.taps_where);
-  w.put(e.taps_offset);
-  w.put(e.taps_bytes);
-}
+void put_entry(Writer& w, const WireEntry& e) { entry_fields(e, Put{w}); }
 
 WireEntry get_entry(Reader& r) {
   WireEntry e;
-  e.session = r.get<int64_t>("entry.session");
-  e.keep = r.get<int64_t>("entry.keep");
-  e.p0 = r.get<int64_t>("entry.p0");
-  e.n_new = r.get<int64_t>("entry.n_new");
-  e.anchor = r.get<int64_t>("entry.anchor");
-  e.dist_width = r.get<int64_t>("entry.dist_width");
-  e.top_k = r.get<int64_t>("entry.top_k");
-  e.temperature = r.get<double>("entry.temperature");
-  e.top_p = r.get<double>("entry.top_p");
-  e.seed = r.get<uint64_t>("entry.seed");
-  e.taps_dtype = r.get<uint32_t>("entry.taps_dtype");
-  e.taps_where = r.get<uint32_t>("entry.taps_where");
-  e.taps_offset = r.get<uint64_t>("entry.taps_offset");
-  e.taps_bytes = r.get<uint64_t>("entry.taps_bytes");
+  entry_fields(e, Get{r});
   return e;
 }
 
@@ -115,9 +124,7 @@ std::string error_reply(const Header& request, uint32_t status, const std::strin
 void put_caps(Writer& w, const WireCaps& c) {
   w.str(c.architecture);
   w.str(c.backend);
-  for (int64_t v : {c.block, c.tp, c.taps_width, c.hidden, c.vocab, c.mask_token, c.max_sessions,
-                    c.max_open_sessions, c.max_context})
-    w.put(v);
+  caps_numbers(c, Put{w});
   w.put<uint32_t>(static_cast<uint32_t>(c.target_layers.size()));
   for (int64_t l : c.target_layers) w.put(l);
 }
@@ -126,39 +133,18 @@ WireCaps get_caps(Reader& r) {
   WireCaps c;
   c.architecture = r.str("caps.architecture");
   c.backend = r.str("caps.backend");
-  c.block = r.get<int64_t>("caps.block_size");
-  c.tp = r.get<int64_t>("caps.tp");
-  c.taps_width = r.get<int64_t>("caps.taps_width");
-  c.hidden = r.get<int64_t>("caps.hidden_size");
-  c.vocab = r.get<int64_t>("caps.vocab_size");
-  c.mask_token = r.get<int64_t>("caps.mask_token_id");
-  c.max_sessions = r.get<int64_t>("caps.max_sessions");
-  c.max_open_sessions = r.get<int64_t>("caps.max_open_sessions");
-  c.max_context = r.get<int64_t>("caps.max_context");
+  caps_numbers(c, Get{r});
   const uint32_t n = r.get<uint32_t>("caps.n_target_layers");
   if (n > 4096) throw ProtocolError(fmt::format("caps.n_target_layers is {}, at most 4096", n));
   for (uint32_t i = 0; i < n; ++i) c.target_layers.push_back(r.get<int64_t>("caps.target_layer_ids"));
   return c;
 }
 
-void put_stats(Writer& w, const WireStats& s) {
-  for (uint64_t v : {s.clients, s.open_sessions, s.forwards, s.steps, s.entries, s.errors, s.max_batch,
-                     s.clients_reaped})
-    w.put(v);
-  w.put(s.uptime_seconds);
-}
+void put_stats(Writer& w, const WireStats& s) { stats_fields(s, Put{w}); }
 
 WireStats get_stats(Reader& r) {
   WireStats s;
-  s.clients = r.get<uint64_t>("stats.clients");
-  s.open_sessions = r.get<uint64_t>("stats.open_sessions");
-  s.forwards = r.get<uint64_t>("stats.forwards");
-  s.steps = r.get<uint64_t>("stats.steps");
-  s.entries = r.get<uint64_t>("stats.entries");
-  s.errors = r.get<uint64_t>("stats.errors");
-  s.max_batch = r.get<uint64_t>("stats.max_batch");
-  s.clients_reaped = r.get<uint64_t>("stats.clients_reaped");
-  s.uptime_seconds = r.get<double>("stats.uptime_seconds");
+  stats_fields(s, Get{r});
   return s;
 }
 
