@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <new>
 #include <set>
@@ -182,6 +183,19 @@ struct Server::Impl {
     return h;
   }
 
+  // An ok reply to `request`: the header, then what `body` writes.
+  void reply(const std::string& rid, const Header& request, const std::function<void(Writer&)>& body = {}) {
+    std::string out;
+    Writer w(&out);
+    w.header(reply_header(request));
+    if (body) body(w);
+    send(rid, out);
+  }
+
+  static void expect_end(const Reader& r, const char* kind) {
+    if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the {} request", r.left(), kind));
+  }
+
   void close_client(const std::string& rid, const char* why) {
     auto it = clients.find(rid);
     if (it == clients.end()) return;
@@ -198,14 +212,11 @@ struct Server::Impl {
   void on_hello(const std::string& rid, Client& c, const Header& h, Reader& r) {
     const std::string ring_name = r.str("hello.ring_name", 255);
     const uint64_t ring_bytes = r.get<uint64_t>("hello.ring_bytes");
-    if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the HELLO request", r.left()));
+    expect_end(r, "HELLO");
     c.ring.unmap();
     std::string note;
     if (!ring_name.empty()) note = map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
-    std::string out;
-    Writer w(&out);
-    w.header(reply_header(h));
     const engine::Caps& k = caps();
     WireCaps wc;
     wc.architecture = k.architecture;
@@ -220,11 +231,12 @@ struct Server::Impl {
     wc.max_open_sessions = options.max_open_sessions;
     wc.max_context = k.max_context;
     wc.target_layers = k.target_layers;
-    put_caps(w, wc);
-    w.put<double>(options.idle_timeout);
-    w.put<uint32_t>(c.ring.base != nullptr ? 1 : 0);
-    w.str(note);
-    send(rid, out);
+    reply(rid, h, [&](Writer& w) {
+      put_caps(w, wc);
+      w.put<double>(options.idle_timeout);
+      w.put<uint32_t>(c.ring.base != nullptr ? 1 : 0);
+      w.str(note);
+    });
   }
 
   // Maps a client's ring; returns why not ("" when mapped).
@@ -252,7 +264,7 @@ struct Server::Impl {
 
   int64_t session_arg(Reader& r, const Client& c, const char* kind) {
     const int64_t s = r.get<int64_t>("session");
-    if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the {} request", r.left(), kind));
+    expect_end(r, kind);
     if (!c.sessions.count(s)) throw Refusal{kArgument, fmt::format("session {} is not open for {}", s, c.name)};
     return s;
   }
@@ -348,63 +360,45 @@ struct Server::Impl {
           on_hello(rid, c, h, r);
           break;
         case kOpen: {
-          if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the OPEN request", r.left()));
+          expect_end(r, "OPEN");
           const int64_t open = engine.open_sessions();
           if (open >= options.max_open_sessions)
             throw Refusal{kArgument, fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
           const int64_t s = group.open_session();
           c.sessions.insert(s);
-          std::string out;
-          Writer w(&out);
-          w.header(reply_header(h));
-          w.put<int64_t>(s);
-          send(rid, out);
+          reply(rid, h, [&](Writer& w) { w.put<int64_t>(s); });
           break;
         }
         case kClose: {
           const int64_t s = session_arg(r, c, "CLOSE");
           group.close_session(s);
           c.sessions.erase(s);
-          std::string out;
-          Writer(&out).header(reply_header(h));
-          send(rid, out);
+          reply(rid, h);
           break;
         }
         case kLength: {
           const int64_t s = session_arg(r, c, "LENGTH");
-          std::string out;
-          Writer w(&out);
-          w.header(reply_header(h));
-          w.put<int64_t>(engine.session_length(s));
-          send(rid, out);
+          reply(rid, h, [&](Writer& w) { w.put<int64_t>(engine.session_length(s)); });
           break;
         }
         case kStep: on_step(rid, c, h, r, std::move(frame)); break;
         case kStats: {
-          if (r.left() != 0) throw ProtocolError(fmt::format("{} bytes past the end of the STATS request", r.left()));
+          expect_end(r, "STATS");
           stats.clients = clients.size();
           stats.open_sessions = static_cast<uint64_t>(engine.open_sessions());
           stats.uptime_seconds = seconds_since(started);
-          std::string out;
-          Writer w(&out);
-          w.header(reply_header(h));
-          put_stats(w, stats);
-          send(rid, out);
+          reply(rid, h, [&](Writer& w) { put_stats(w, stats); });
           break;
         }
         case kShutdown: {
           TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
           shutdown = true;
-          std::string out;
-          Writer(&out).header(reply_header(h));
-          send(rid, out);
+          reply(rid, h);
           break;
         }
         case kBell: break;  // poll_rings() finds the request
         case kBye: {
-          std::string out;
-          Writer(&out).header(reply_header(h));
-          send(rid, out);
+          reply(rid, h);
           if (c.pending == 0) close_client(rid, "said goodbye");
           break;
         }
