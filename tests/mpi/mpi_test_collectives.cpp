@@ -11,11 +11,10 @@
 
 #include "core/error.h"
 #include "parallel/mpi_comm.h"
+#include "support/collective_checks.h"
 
 namespace tpdraft::parallel {
 namespace {
-
-uint8_t pattern_byte(int rank, size_t j) { return static_cast<uint8_t>(rank * 37 + j * 11 + 5); }
 
 // Assertions here are EXPECTs only: a rank that left a test early would leave its peers waiting
 // in the next collective.
@@ -30,51 +29,9 @@ class MpiCollectives : public ::testing::Test {
   int r_ = 0, n_ = 1;
 };
 
-TEST_F(MpiCollectives, AllReduceF32ExactIntegers) {
-  for (size_t count : {0, 1, 7, 1000, 4099}) {
-    std::vector<float> x(count);
-    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>((i % 2 ? -1.0 : 1.0) * (r_ * 1000.0 + i));
-    comm_->all_reduce_sum(x.data(), count);
-    size_t bad = 0;
-    for (size_t i = 0; i < count; ++i) {
-      const double expect = (i % 2 ? -1.0 : 1.0) * (1000.0 * n_ * (n_ - 1) / 2 + double(n_) * i);
-      bad += static_cast<double>(x[i]) != expect;
-    }
-    EXPECT_EQ(bad, 0u) << "rank " << r_ << " count " << count;
-  }
-}
-
-TEST_F(MpiCollectives, AllGatherDistinctBlocks) {
-  for (size_t bytes : {0, 1, 3, 17, 4097}) {
-    for (bool in_place : {false, true}) {
-      std::vector<uint8_t> recv(bytes * n_, 0xee), send(bytes);
-      for (size_t j = 0; j < bytes; ++j) send[j] = pattern_byte(r_, j);
-      const void* src = send.data();
-      if (in_place) {
-        if (bytes > 0) std::memcpy(recv.data() + bytes * r_, send.data(), bytes);  // memcpy wants non-null pointers
-        src = recv.data() + bytes * r_;
-      }
-      comm_->all_gather(src, recv.data(), bytes);
-      size_t bad = 0;
-      for (int k = 0; k < n_; ++k)
-        for (size_t j = 0; j < bytes; ++j) bad += recv[k * bytes + j] != pattern_byte(k, j);
-      EXPECT_EQ(bad, 0u) << "rank " << r_ << " bytes " << bytes << " in place " << in_place;
-    }
-  }
-}
-
-TEST_F(MpiCollectives, BroadcastFromEveryRoot) {
-  for (size_t bytes : {0, 1, 13, 1000}) {
-    for (int root = 0; root < n_; ++root) {
-      std::vector<uint8_t> data(bytes);
-      for (size_t j = 0; j < bytes; ++j) data[j] = pattern_byte(r_, j);
-      comm_->broadcast(data.data(), bytes, root);
-      size_t bad = 0;
-      for (size_t j = 0; j < bytes; ++j) bad += data[j] != pattern_byte(root, j);
-      EXPECT_EQ(bad, 0u) << "rank " << r_ << " root " << root << " bytes " << bytes;
-    }
-  }
-}
+TEST_F(MpiCollectives, AllReduceF32ExactIntegers) { testing::check_all_reduce_exact(*comm_); }
+TEST_F(MpiCollectives, AllGatherDistinctBlocks) { testing::check_all_gather(*comm_); }
+TEST_F(MpiCollectives, BroadcastFromEveryRoot) { testing::check_broadcast(*comm_); }
 
 TEST_F(MpiCollectives, BroadcastRootOutOfRangeIsRefusedOnEveryRank) {
   uint8_t b = 0;
@@ -87,26 +44,7 @@ TEST_F(MpiCollectives, BroadcastRootOutOfRangeIsRefusedOnEveryRank) {
   }
 }
 
-TEST_F(MpiCollectives, CountersAreExact) {
-  std::vector<float> f(10);
-  std::vector<uint8_t> block(5), gathered(5 * n_), bytes(7);
-  comm_->all_reduce_sum(f.data(), f.size());
-  comm_->all_reduce_sum(f.data(), 3);
-  comm_->all_gather(block.data(), gathered.data(), block.size());
-  comm_->broadcast(bytes.data(), bytes.size(), n_ - 1);
-  comm_->broadcast(bytes.data(), 2, 0);
-  for (int i = 0; i < 3; ++i) comm_->barrier();
-  const CommStats& s = comm_->stats();
-  EXPECT_EQ(s.all_reduce_calls, 2u);
-  EXPECT_EQ(s.all_reduce_bytes, 10u * 4 + 3u * 4);
-  EXPECT_EQ(s.all_gather_calls, 1u);
-  EXPECT_EQ(s.all_gather_bytes, 5u);
-  EXPECT_EQ(s.broadcast_calls, 2u);
-  EXPECT_EQ(s.broadcast_bytes, 9u);
-  EXPECT_EQ(s.barrier_calls, 3u);
-  EXPECT_GE(s.seconds, 0.0);
-  EXPECT_EQ(comm_->name(), "mpi");
-}
+TEST_F(MpiCollectives, CountersAreExact) { testing::check_counters(*comm_, "mpi"); }
 
 // Random non-integer floats: every rank must end with the same bits (checked by gathering them),
 // close to the float64 sum.
