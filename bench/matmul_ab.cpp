@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -33,24 +35,18 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      TPDRAFT_CHECK(i + 1 < argc, "matmul_ab: {} needs a value", k);
-      return argv[++i];
-    };
-    if (k == "--config") a.config = next();
-    else if (k == "--rows") a.rows = std::stoll(next());
-    else if (k == "--group") a.group = std::stoll(next());
-    else if (k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--rounds") a.rounds = std::stoi(next());
-    else if (k == "--repeat") a.repeat = std::stoi(next());
-    else if (k == "--help" || k == "-h") {
-      std::printf("matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]\n");
-      std::exit(0);
-    } else {
-      TPDRAFT_FAIL("matmul_ab: unknown argument '{}'", k);
-    }
+  CLI::App app{"The CPU matmul on bf16, int8 and int4 weights at a drafter's layer shapes, A/B in one run",
+               "matmul_ab"};
+  app.add_option("--config", a.config, "Drafter config.json whose layer shapes are timed")->capture_default_str();
+  app.add_option("--rows", a.rows, "Activation rows M (16: one draft)")->capture_default_str();
+  app.add_option("--group", a.group, "Quantization group along the input")->capture_default_str();
+  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
+  app.add_option("--rounds", a.rounds, "Rounds in which the variants take turns")->capture_default_str();
+  app.add_option("--repeat", a.repeat, "Passes over the layer matrices per round")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return a;
 }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 #include "model/quant_config.h"
 #include "model/random_checkpoint.h"
@@ -34,24 +36,17 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      TPDRAFT_CHECK(i + 1 < argc, "quant_quality: {} needs a value", k);
-      return argv[++i];
-    };
-    if (k == "--config") a.config = next();
-    else if (k == "--ctx") a.ctx = std::stoll(next());
-    else if (k == "--contexts") a.contexts = std::stoll(next());
-    else if (k == "--anchors") a.anchors = std::stoll(next());
-    else if (k == "--outliers") a.outliers = std::stod(next());
-    else if (k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--help" || k == "-h") {
-      std::printf("quant_quality [--config FILE] [--ctx N] [--contexts N] [--anchors N] [--outliers F] [--threads N]\n");
-      std::exit(0);
-    } else {
-      TPDRAFT_FAIL("quant_quality: unknown argument '{}'", k);
-    }
+  CLI::App app{"How far quantized drafts are from the bf16 ones on random weights", "quant_quality"};
+  app.add_option("--config", a.config, "Drafter config.json")->capture_default_str();
+  app.add_option("--ctx", a.ctx, "Context rows settled per context")->capture_default_str();
+  app.add_option("--contexts", a.contexts, "Random contexts")->capture_default_str();
+  app.add_option("--anchors", a.anchors, "Drafts per context")->capture_default_str();
+  app.add_option("--outliers", a.outliers, "Scale of the outlier input channels (1: none)")->capture_default_str();
+  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return a;
 }
