@@ -7,16 +7,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace tpdraft::model {
 
 using json = nlohmann::json;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 const char* kLayerSuffixes[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                 "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
@@ -247,7 +244,7 @@ QuantRequest QuantRequest::preset(const std::string& name) {
   r.only = "all";
   r.include_fc = false;
   const std::string suffix = "+head";
-  const bool head = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const bool head = name.size() > suffix.size() && ends_with(name, suffix);
   const std::string layers = head ? name.substr(0, name.size() - suffix.size()) : name;
   if (layers == "q8") {
     r.bits = 8;

@@ -20,6 +20,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "core/thread_pool.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -47,16 +48,12 @@ struct Law {
 };
 
 Law law_for(const std::string& name, const std::vector<int64_t>& shape, const DrafterConfig& c) {
-  auto ends_with = [&](const char* suffix) {
-    const std::string s(suffix);
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends_with("norm.weight") || ends_with("layernorm.weight")) return {1.0, 0.05};
-  if (ends_with(".bias")) return {0.0, 0.02};
-  if (ends_with("base_kernel")) return {0.0, 0.1};  // tap 0 is shifted to ~1 below
-  if (ends_with("kernel_projection.weight")) return {0.0, 0.05 / std::sqrt(static_cast<double>(c.hidden))};
-  if (ends_with("_codebook")) return {0.0, std::pow(static_cast<double>(c.selector_rank), -0.25)};
-  if (ends_with("embed_tokens.weight")) return {0.0, 1.0};
+  if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) return {1.0, 0.05};
+  if (ends_with(name, ".bias")) return {0.0, 0.02};
+  if (ends_with(name, "base_kernel")) return {0.0, 0.1};  // tap 0 is shifted to ~1 below
+  if (ends_with(name, "kernel_projection.weight")) return {0.0, 0.05 / std::sqrt(static_cast<double>(c.hidden))};
+  if (ends_with(name, "_codebook")) return {0.0, std::pow(static_cast<double>(c.selector_rank), -0.25)};
+  if (ends_with(name, "embed_tokens.weight")) return {0.0, 1.0};
   // Linear layers [out, in], the head included: unit-variance outputs for unit-RMS inputs.
   return {0.0, 1.0 / std::sqrt(static_cast<double>(shape.back()))};
 }
@@ -71,7 +68,7 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
   t.bytes.resize(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name));
   const uint64_t key = mix(seed ^ name_hash(name));
   const double a = std::sqrt(3.0) * law.sigma;
-  const bool base_kernel = name.size() > 11 && name.compare(name.size() - 11, 11, "base_kernel") == 0;
+  const bool base_kernel = ends_with(name, "base_kernel");
   const int64_t kh = base_kernel ? shape[1] * shape[2] : 0, h = base_kernel ? shape[2] : 0;
   pool.parallel_for(
       n,
@@ -115,17 +112,14 @@ int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt
 
 // The config keys that size a tensor, with their values: what a user would shrink.
 std::string sized_by(const std::string& name, const DrafterConfig& c, int64_t vt) {
-  auto ends_with = [&](const std::string& s) {
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
   if (name.rfind("layers.", 0) == 0)
     return fmt::format("the layers: num_hidden_layers = {} of hidden_size = {}, intermediate_size = {}", c.layers,
                        c.hidden, c.ffn);
   if (name == "fc.weight")
     return fmt::format("fc.weight: hidden_size = {} x {} target_layer_ids x hidden_size", c.hidden, c.n_taps());
-  if (ends_with("_codebook"))
+  if (ends_with(name, "_codebook"))
     return fmt::format("the selector codebooks: vocab_size = {} x selector_rank = {}", c.vocab, c.selector_rank);
-  if (ends_with("embed_tokens.weight") || ends_with("lm_head.weight"))
+  if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight"))
     return fmt::format("the target embedding and head: {} = {} x hidden_size = {}",
                        vt == c.vocab ? "vocab_size" : "target vocab", vt, c.hidden);
   return "the norms and small projections";

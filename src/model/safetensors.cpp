@@ -20,6 +20,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/strings.h"
 
 namespace tpdraft::model {
 
@@ -37,12 +38,6 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string canonical_name(const std::string& name) {

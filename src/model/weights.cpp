@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "model/quant_tensors.h"
 
 namespace tpdraft::model {
@@ -174,7 +175,7 @@ const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
   // buffer is allocated: a bad tensor in the last layer must not cost loading all the others.
   const bool stored_quantized = cfg_.quant.source == QuantConfig::Source::Checkpoint;
   for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
-    if (name.size() >= 9 && name.compare(name.size() - 9, 9, "_codebook") == 0) continue;
+    if (ends_with(name, "_codebook")) continue;
     const QuantScheme scheme = cfg_.quant.scheme_for(name);
     if (stored_quantized && scheme.quantized()) {
       check_quantized_tensor(*drafter_, name, shape, scheme);
