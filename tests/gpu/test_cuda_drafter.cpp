@@ -51,64 +51,22 @@ DrafterConfig tiny(const std::string& file) {
   return DrafterConfig::from_file(testing::source_path("configs/" + file));
 }
 
-struct Scenario {
-  std::vector<int64_t> contexts = {40};
-  std::vector<model::SamplingParams> sampling = {{}};
-  bool rollback = false;
-  bool dump = true;
-};
-
-struct RankOutput {
-  std::vector<model::DraftResult> results;
-  model::DraftDump dump;
-  std::string comm;  // the communicator the drafter used
-};
+using testing::Scenario;
+using testing::write_checkpoint;
+using RankOutput = testing::ScenarioOutput;
 
 // Settles and drafts the scenario on one rank of `group` with a fresh runtime of the backend.
-RankOutput run_scenario(parallel::Communicator& group, const model::RuntimeOptions& base, const std::string& ckpt,
+RankOutput run_on(parallel::Communicator& group, model::RuntimeOptions ro, const std::string& ckpt,
                         const DrafterConfig& cfg, const Scenario& sc) {
-  model::RuntimeOptions ro = base;
-  ro.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
   ro.limits.max_context = 1024;
   ro.limits.settle_chunk = 48;
   ro.graphs = model::GraphMode::Off;
-  const auto rt = testing::open_rank(group, ckpt, cfg, ro);
-  model::Drafter& drafter = rt->drafter();
-  std::vector<std::unique_ptr<model::Session>> sessions;
-  std::vector<model::DraftRequest> reqs;
-  for (size_t s = 0; s < sc.contexts.size(); ++s) {
-    const int64_t n = sc.contexts[s];
-    const auto taps = model::random_taps(cfg, n + 10, 50 + s);
-    sessions.push_back(drafter.new_session());
-    if (sc.rollback && n >= 4) {
-      drafter.settle(*sessions.back(), 0, taps.data(), n + 3);
-      drafter.rollback(*sessions.back(), n - 4);
-      drafter.settle(*sessions.back(), n - 4, taps.data() + (n - 4) * cfg.n_taps() * cfg.hidden, 4);
-    } else {
-      drafter.settle(*sessions.back(), 0, taps.data(), n);
-    }
-    reqs.push_back({sessions.back().get(), static_cast<int64_t>(7 + 31 * s) % cfg.vocab,
-                    sc.sampling[s % sc.sampling.size()]});
-  }
-  RankOutput o;
-  o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
-  o.comm = rt->comm().name();
-  return o;
-}
-
-std::string write_checkpoint(const testing::TempDir& dir, const DrafterConfig& cfg, DType dtype = DType::BF16) {
-  model::RandomCheckpointOptions o;
-  o.seed = 5;
-  o.dtype = dtype;
-  o.target_vocab = cfg.vocab + 13;  // a padded head
-  o.threads = 2;
-  model::write_random_checkpoint(cfg, dir.path(), o, 0);
-  return dir.path();
+  return testing::run_scenario(group, ro, ckpt, cfg, sc);
 }
 
 RankOutput run_cpu(const std::string& ckpt, const DrafterConfig& cfg, const Scenario& sc) {
   auto comm = parallel::make_single_rank();
-  return run_scenario(*comm, testing::backend("cpu", 2), ckpt, cfg, sc);
+  return run_on(*comm, testing::backend("cpu", 2), ckpt, cfg, sc);
 }
 
 void expect_same(const RankOutput& want, const RankOutput& got, const std::string& what) {
@@ -137,7 +95,7 @@ void check_single_gpu(const DrafterConfig& cfg, const Scenario& sc, const std::s
   const std::string ckpt = write_checkpoint(dir, cfg, dtype);
   const RankOutput want = run_cpu(ckpt, cfg, sc);
   auto single = parallel::make_single_rank();
-  expect_same(want, run_scenario(*single, testing::backend("cuda"), ckpt, cfg, sc), what);
+  expect_same(want, run_on(*single, testing::backend("cuda"), ckpt, cfg, sc), what);
 }
 
 TEST(CudaDrafter, DFlashGreedyAndDump) {
@@ -197,7 +155,7 @@ TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
     parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
       model::RuntimeOptions ro = testing::backend("cuda");
       ro.local_rank = 0;  // every rank on the one GPU
-      got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
+      got[static_cast<size_t>(comm.rank())] = run_on(comm, ro, ckpt, cfg, sc);
     });
     for (int r = 0; r < tp; ++r) {
       EXPECT_EQ(got[static_cast<size_t>(r)].comm, "threads+staging");
@@ -242,7 +200,7 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
             EXPECT_EQ(g[i].results[s].tokens, e[i].results[s].tokens) << at << " session " << s;
           const std::vector<double> h(e[i].dump.hidden.begin(), e[i].dump.hidden.end());
           EXPECT_LT(testing::relative_error(g[i].dump.hidden, h), 1e-6) << at;
-          RankOutput got_out{g[i].results, g[i].dump, ""}, want_out{want[i].results, want[i].dump, ""};
+          RankOutput got_out{g[i].results, g[i].dump, {}, ""}, want_out{want[i].results, want[i].dump, {}, ""};
           expect_same(want_out, got_out, at + " against the cpu");
         }
       }
@@ -376,7 +334,7 @@ TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   parallel::run_ranks(2, [&](parallel::Communicator& comm) {
     model::RuntimeOptions ro = testing::backend("cuda");
     ro.nccl = true;  // one rank per GPU (the group rank picks it)
-    got[static_cast<size_t>(comm.rank())] = run_scenario(comm, ro, ckpt, cfg, sc);
+    got[static_cast<size_t>(comm.rank())] = run_on(comm, ro, ckpt, cfg, sc);
   });
   EXPECT_EQ(got[0].comm, "nccl");
   expect_same(want, got[0], "nccl rank 0");

@@ -22,48 +22,17 @@ namespace {
 
 using model::DrafterConfig;
 
-struct RankOutput {
-  std::vector<model::DraftResult> results;
-  model::DraftDump dump;
-  parallel::CommStats stats;
-};
-
-struct Scenario {
-  std::vector<int64_t> contexts = {40};
-  std::vector<model::SamplingParams> sampling = {{}};
-  bool rollback = false;
-  bool dump = true;
-};
+using testing::Scenario;
+using RankOutput = testing::ScenarioOutput;
 
 // Runs the scenario at tp ranks; returns every rank's output.
 std::vector<RankOutput> run_tp(const std::string& ckpt, const DrafterConfig& cfg, int tp, const Scenario& sc) {
   std::vector<RankOutput> out(static_cast<size_t>(tp));
   parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
     model::RuntimeOptions ro = testing::backend("cpu");
-    ro.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
     ro.limits.max_context = 128;
     ro.limits.settle_chunk = 32;
-    const auto rt = testing::open_rank(comm, ckpt, cfg, ro);
-    model::Drafter& drafter = rt->drafter();
-    std::vector<std::unique_ptr<model::Session>> sessions;
-    std::vector<model::DraftRequest> reqs;
-    for (size_t s = 0; s < sc.contexts.size(); ++s) {
-      const auto taps = model::random_taps(cfg, sc.contexts[s] + 10, 50 + s);
-      sessions.push_back(drafter.new_session());
-      if (sc.rollback) {
-        // A round whose last 7 rows were rejected (within the ring's one-block slack).
-        drafter.settle(*sessions.back(), 0, taps.data(), sc.contexts[s] + 3);
-        drafter.rollback(*sessions.back(), sc.contexts[s] - 4);
-        drafter.settle(*sessions.back(), sc.contexts[s] - 4, taps.data() + (sc.contexts[s] - 4) * cfg.n_taps() * cfg.hidden, 4);
-      } else {
-        drafter.settle(*sessions.back(), 0, taps.data(), sc.contexts[s]);
-      }
-      reqs.push_back({sessions.back().get(), static_cast<int64_t>(7 + 31 * s) % cfg.vocab, sc.sampling[s % sc.sampling.size()]});
-    }
-    comm.reset_stats();
-    RankOutput& o = out[static_cast<size_t>(comm.rank())];
-    o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
-    o.stats = comm.stats();
+    out[static_cast<size_t>(comm.rank())] = testing::run_scenario(comm, ro, ckpt, cfg, sc);
   });
   return out;
 }
@@ -88,12 +57,9 @@ void expect_same_draft(const std::vector<RankOutput>& base, const std::vector<Ra
 void check_sizes(const std::string& config, const Scenario& sc, std::vector<int> sizes = {2, 4, 8}) {
   const DrafterConfig cfg = testing::eight_heads_over_two(config);
   testing::TempDir dir;
-  model::RandomCheckpointOptions o;
-  o.seed = 5;
-  o.target_vocab = cfg.vocab + 13;  // a padded head; V is not a multiple of 8 either
-  model::write_random_checkpoint(cfg, dir.path(), o, 0);
-  const auto base = run_tp(dir.path(), cfg, 1, sc);
-  for (int tp : sizes) expect_same_draft(base, run_tp(dir.path(), cfg, tp, sc), config + " tp " + std::to_string(tp));
+  const std::string ckpt = testing::write_checkpoint(dir, cfg);
+  const auto base = run_tp(ckpt, cfg, 1, sc);
+  for (int tp : sizes) expect_same_draft(base, run_tp(ckpt, cfg, tp, sc), config + " tp " + std::to_string(tp));
 }
 
 TEST(TensorParallel, DFlashGreedyAtEverySize) { check_sizes("tiny-dflash.json", {}); }

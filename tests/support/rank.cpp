@@ -1,5 +1,8 @@
 #include "support/rank.h"
 
+#include <vector>
+
+#include "model/random_checkpoint.h"
 #include "support/test_support.h"
 
 namespace tpdraft::testing {
@@ -25,6 +28,45 @@ model::DrafterConfig eight_heads_over_two(const std::string& file) {
   c.head_dim = 8;
   c.ffn = 96;
   return c;
+}
+
+std::string write_checkpoint(const TempDir& dir, const model::DrafterConfig& cfg, DType dtype) {
+  model::RandomCheckpointOptions o;
+  o.seed = 5;
+  o.dtype = dtype;
+  o.target_vocab = cfg.vocab + 13;  // a padded head; V is not a multiple of 8 either
+  o.threads = 2;
+  model::write_random_checkpoint(cfg, dir.path(), o, 0);
+  return dir.path();
+}
+
+ScenarioOutput run_scenario(parallel::Communicator& group, model::RuntimeOptions options, const std::string& ckpt,
+                            const model::DrafterConfig& cfg, const Scenario& sc) {
+  options.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
+  const auto rt = open_rank(group, ckpt, cfg, options);
+  model::Drafter& drafter = rt->drafter();
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  std::vector<model::DraftRequest> reqs;
+  for (size_t s = 0; s < sc.contexts.size(); ++s) {
+    const int64_t n = sc.contexts[s];
+    const auto taps = model::random_taps(cfg, n + 10, 50 + s);
+    sessions.push_back(drafter.new_session());
+    if (sc.rollback && n >= 4) {
+      drafter.settle(*sessions.back(), 0, taps.data(), n + 3);
+      drafter.rollback(*sessions.back(), n - 4);
+      drafter.settle(*sessions.back(), n - 4, taps.data() + (n - 4) * cfg.n_taps() * cfg.hidden, 4);
+    } else {
+      drafter.settle(*sessions.back(), 0, taps.data(), n);
+    }
+    reqs.push_back({sessions.back().get(), static_cast<int64_t>(7 + 31 * s) % cfg.vocab,
+                    sc.sampling[s % sc.sampling.size()]});
+  }
+  rt->comm().reset_stats();
+  ScenarioOutput o;
+  o.results = drafter.draft(reqs, sc.dump ? &o.dump : nullptr);
+  o.stats = rt->comm().stats();
+  o.comm = rt->comm().name();
+  return o;
 }
 
 }  // namespace tpdraft::testing

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "core/dtype.h"
+#include "model/drafter.h"
 #include "model/runtime.h"
 #include "parallel/communicator.h"
 
@@ -22,5 +24,33 @@ std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, con
 // configs/FILE with 8 query heads over 2 kv heads of 8 and an FFN of 96: tp = 2 splits the kv
 // heads, tp = 4 and 8 replicate them.
 model::DrafterConfig eight_heads_over_two(const std::string& file);
+
+class TempDir;
+
+// A random checkpoint for `cfg` in `dir` (seed 5, a head padded 13 rows past the vocabulary);
+// returns the directory.
+std::string write_checkpoint(const TempDir& dir, const model::DrafterConfig& cfg, DType dtype = DType::BF16);
+
+// One draft over sessions settled to `contexts` positions; with `rollback`, a session of 4 or
+// more first settles 3 rows too many, rolls back 7 and settles 4 (a rejected round). Session s
+// drafts with sampling[s % size], from its own taps and anchor.
+struct Scenario {
+  std::vector<int64_t> contexts = {40};
+  std::vector<model::SamplingParams> sampling = {{}};
+  bool rollback = false;
+  bool dump = true;  // also gather the hidden states and full logits
+};
+
+struct ScenarioOutput {
+  std::vector<model::DraftResult> results;
+  model::DraftDump dump;
+  parallel::CommStats stats;  // of the draft alone
+  std::string comm;           // the communicator the drafter used
+};
+
+// Runs `sc` on one rank of `group` with a fresh runtime (options' max sessions set to the
+// scenario's).
+ScenarioOutput run_scenario(parallel::Communicator& group, model::RuntimeOptions options, const std::string& ckpt,
+                            const model::DrafterConfig& cfg, const Scenario& sc);
 
 }  // namespace tpdraft::testing
