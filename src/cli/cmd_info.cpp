@@ -138,41 +138,28 @@ void print_geometry(const Source& src) {
               cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
 }
 
-// Every drafter tensor with its shape and dtype: the checkpoint's, or the expected ones.
-std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, DType>>> drafter_tensors(const Source& src) {
-  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, DType>>> out;
-  if (src.store) {
-    for (const auto& name : src.store->names()) {
-      const model::TensorInfo* t = src.store->find(name);
-      out.push_back({name, {t->shape, t->dtype}});
-    }
-    return out;
-  }
-  for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg)) out.push_back({name, {shape, src.assumed}});
-  return out;
-}
-
-void print_parameters(const Source& src, bool list) {
+// Parameters and bytes of every drafter tensor: the checkpoint's, or the expected ones.
+void print_parameters(const Source& src) {
   double params = 0, bytes = 0;
+  size_t count = 0;
   std::map<std::string, double> by_dtype;
-  const auto tensors = drafter_tensors(src);
-  for (const auto& [name, t] : tensors) {
+  auto add = [&](const std::vector<int64_t>& shape, DType dtype) {
     double n = 1;
-    for (int64_t d : t.first) n *= static_cast<double>(d);
+    for (int64_t d : shape) n *= static_cast<double>(d);
     params += n;
-    bytes += n * static_cast<double>(dtype_size(t.second));
-    by_dtype[dtype_name(t.second)] += n * static_cast<double>(dtype_size(t.second));
+    bytes += n * static_cast<double>(dtype_size(dtype));
+    by_dtype[dtype_name(dtype)] += n * static_cast<double>(dtype_size(dtype));
+    ++count;
+  };
+  if (src.store) {
+    for (const auto& name : src.store->names()) add(src.store->find(name)->shape, src.store->find(name)->dtype);
+  } else {
+    for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg)) add(shape, src.assumed);
   }
-  std::printf("parameters  %.3f M in %zu tensors, %s", params / 1e6, tensors.size(), human_bytes(bytes).c_str());
+  std::printf("parameters  %.3f M in %zu tensors, %s", params / 1e6, count, human_bytes(bytes).c_str());
   for (const auto& [d, b] : by_dtype) std::printf("  [%s %s]", d.c_str(), human_bytes(b).c_str());
   std::printf("\n");
   if (src.head_from_target) std::printf("target      %s\n", src.target_line.c_str());
-  if (!list) return;
-  for (const auto& [name, t] : tensors) {
-    std::string shape;
-    for (size_t i = 0; i < t.first.size(); ++i) shape += fmt::format("{}{}", i ? ", " : "", t.first[i]);
-    std::printf("  %-56s %-5s [%s]\n", name.c_str(), dtype_name(t.second), shape.c_str());
-  }
 }
 
 // Every drafter tensor a rank loads into backend memory: its format and the bytes each rank holds.
@@ -285,7 +272,7 @@ void run_info(const InfoOpts& o) {
     return;
   }
   print_geometry(src);
-  print_parameters(src, false);
+  print_parameters(src);
   if (src.cfg.quant.any()) {
     std::map<std::string, int> formats;
     for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg))
@@ -299,10 +286,7 @@ void run_info(const InfoOpts& o) {
     std::printf("quantized   %s (%s)\n", list.c_str(), how.c_str());
   }
   print_ranks(src, o.tp);
-  if (o.tensors) {
-    print_parameters(src, true);
-    print_shares(src, o.tp);
-  }
+  if (o.tensors) print_shares(src, o.tp);
 }
 
 }  // namespace
@@ -326,7 +310,7 @@ void add_info(CLI::App& app) {
   cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4|q8+head|q4+head would hold them (a float "
                   "checkpoint)")
       ->check(CLI::IsMember(model::quant_presets()));
-  cmd->add_flag("--tensors", o->tensors, "List every tensor, and each drafter tensor's format and bytes per rank");
+  cmd->add_flag("--tensors", o->tensors, "List every drafter tensor: its format, shape and the bytes each rank holds");
   cmd->add_flag("--json", o->json, "Print one JSON object: geometry, and per rank the bytes held, the work per draft "
                                    "and per settled row, and the collectives per draft");
   cmd->callback([o] { run_alone([&] { run_info(*o); }); });
