@@ -54,7 +54,8 @@ class Server:
 def random_taps(handle, seed):
     """(prompt rows, new rows per step): seeded random tap rows of the handle's width."""
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((n, handle.caps.taps_width), dtype=np.float32) for n in (CONTEXT, NEW_ROWS))
+    width = handle.caps.taps_width
+    return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (CONTEXT, NEW_ROWS))
 
 
 def loop(handle, steps, seed, out):
@@ -94,7 +95,8 @@ def run_clients(address, n, steps):
     clients = [tpdraft.Client(address, timeout=600) for _ in range(n)]
     per = [[] for _ in range(n)]
     start = time.perf_counter()
-    threads = [threading.Thread(target=loop, args=(c, steps, i, per[i])) for i, c in enumerate(clients)]
+    threads = [threading.Thread(target=loop, args=(c, steps, i, per[i]))
+               for i, c in enumerate(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -104,7 +106,8 @@ def run_clients(address, n, steps):
     shm = clients[0].shared_memory
     for c in clients:
         c.close()
-    return [x for p in per for x in p], n * steps / elapsed, shm, stats["entries"], stats["forwards"]
+    samples = [x for p in per for x in p]
+    return samples, n * steps / elapsed, shm, stats["entries"], stats["forwards"]
 
 
 def beyond(samples):

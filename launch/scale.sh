@@ -61,7 +61,11 @@ declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--
   [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
   [--quant]=quants [--bin]=bin [--timeout]=timeout_s)
 while (($#)); do
-  if [ -n "$1" ] && [ -n "${value_of[$1]:-}" ]; then printf -v "${value_of[$1]}" %s "$2"; shift 2; continue; fi
+  if [ -n "$1" ] && [ -n "${value_of[$1]:-}" ]; then
+    printf -v "${value_of[$1]}" %s "$2"
+    shift 2
+    continue
+  fi
   case "$1" in
     --no-weak) weak=0 ;;
     --quick) quick=1 ;;

@@ -23,15 +23,17 @@ def measured_points(rows):
     """Plot rows of one measured series (report.py's strong or weak rows)."""
     t1 = rows[0]["t1_ms"]
     # weak: T1 / T(tp), no tp in the denominator
-    return [plot_row(r["tp"], r["draft_ms"], r.get("p10") or r["draft_ms"], r.get("p90") or r["draft_ms"], t1,
-                     1 if r.get("weak") else r["tp"], r["comm_share"], 1 if r.get("shared") else 0) for r in rows]
+    return [plot_row(r["tp"], r["draft_ms"], r.get("p10") or r["draft_ms"],
+                     r.get("p90") or r["draft_ms"], t1, 1 if r.get("weak") else r["tp"],
+                     r["comm_share"], 1 if r.get("shared") else 0) for r in rows]
 
 
 def projected_points(points):
     """Plot rows of one projected series: projection.json gpu points of one (config, ctx, sessions)."""
     rows = sorted(points, key=lambda p: p["tp"])
     t1 = rows[0]["total_ms"] * rows[0]["tp"] if rows[0]["tp"] != 1 else rows[0]["total_ms"]
-    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0) for p in rows]
+    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0)
+            for p in rows]
 
 
 def projected_series(projection):

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 OPS = ("all_reduce", "all_gather", "broadcast")
 
 # Run fields read straight from a record, by the key of `tpdraft bench --json`
-# (src/cli/cmd_bench.cpp; the same name unless given) or, on the second line, of record.py.
+# (src/cli/cmd_bench.cpp; the same name unless given) or, from "study" on, of record.py.
 COPIED = {k: k for k in (
-    "tp sessions context threads backend communicator dtype draft_ms draft_ms_p10 draft_ms_p90 layers_ms "
-    "head_ms select_ms draft_gflop draft_gbytes machine_read_gbps machine_gemm_gflops gather_logits "
-    "study vocab_size nproc cpu_model hostname gpu_name load").split()}
+    "tp sessions context threads backend communicator dtype draft_ms draft_ms_p10 draft_ms_p90 "
+    "layers_ms head_ms select_ms draft_gflop draft_gbytes machine_read_gbps machine_gemm_gflops "
+    "gather_logits study vocab_size nproc cpu_model hostname gpu_name load").split()}
 COPIED.update(weights_bytes="weights_bytes_per_rank", context_bytes="context_bytes_per_rank")
 # Bench keys the derived fields come from.
 CONFIG, TOKENS = "config", "tokens"

@@ -45,20 +45,23 @@ def strong_rows(series):
     base = series[0]
     t1 = base.draft_ms * base.tp  # the smallest tp stands in for tp = 1 when that is missing
     return [{
-        "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
-        "draft_ms": r.draft_ms, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms,
-        "comm_ms": r.comm_ms, "speedup": t1 / r.draft_ms, "efficiency": t1 / (r.tp * r.draft_ms),
+        "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed,
+        "shared": records.shared_reasons(r), "draft_ms": r.draft_ms, "p10": r.draft_ms_p10,
+        "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+        "speedup": t1 / r.draft_ms, "efficiency": t1 / (r.tp * r.draft_ms),
         "comm_share": r.comm_ms / r.draft_ms, "layers_ms": r.layers_ms, "head_ms": r.head_ms,
         "select_ms": r.select_ms, **{op: coll_cell(r, op) for op in records.OPS},
-        "weights": tb.fmt_bytes(r.weights_bytes), "context": tb.fmt_bytes(r.context_bytes), "load": r.load,
+        "weights": tb.fmt_bytes(r.weights_bytes), "context": tb.fmt_bytes(r.context_bytes),
+        "load": r.load,
     } for r in series]
 
 
 def weak_rows(series):
     t1 = series[0].draft_ms
-    return [{"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions, "oversubscribed": r.oversubscribed,
-             "shared": records.shared_reasons(r), "draft_ms": r.draft_ms, "p10": r.draft_ms_p10,
-             "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+    return [{"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions,
+             "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
+             "draft_ms": r.draft_ms, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90,
+             "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
              "efficiency": t1 / r.draft_ms, "comm_share": r.comm_ms / r.draft_ms,
              "tokens_per_s": r.sessions * (r.draft_tokens or 1) * 1e3 / r.draft_ms} for r in series]
 

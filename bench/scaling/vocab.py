@@ -117,7 +117,8 @@ def gather_table(grows):
             side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
             diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
             side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
-            side(r, "cand", "all_gather_bytes", nbytes), side(r, "full", "all_gather_bytes", nbytes),
+            side(r, "cand", "all_gather_bytes", nbytes),
+            side(r, "full", "all_gather_bytes", nbytes),
             diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])]
            for r in grows]
     return tb.md_table(["V", "tp", "backend", "draft ms: candidates", "draft ms: full logits", "Δ draft ms",

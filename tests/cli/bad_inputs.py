@@ -340,12 +340,14 @@ def checkpoint_cases(ck):
         add(f"taps: {value} in row 0",
             lambda d, value=value: poison(os.path.join(d, taps), "taps", float(value)), ["row"])
     add("taps: no tensor 'taps'",
-        header_change(lambda h, b: ({"x" if k == "taps" else k: v for k, v in h.items()}, b), taps), ["taps"])
+        header_change(lambda h, b: ({"x" if k == "taps" else k: v for k, v in h.items()}, b), taps),
+        ["taps"])
     n, width = read_st(os.path.join(ck, taps))[0]["taps"]["shape"]
     add("taps: wrong width", header_change(edit("taps", shape=[n * 2, width // 2]), taps), ["taps"])
     add("taps: 1-D", header_change(edit("taps", shape=[n * width]), taps), ["taps"])
     add("taps: truncated", lambda d: os.truncate(os.path.join(d, taps), 60), [taps])
-    add("taps: dtype I64", header_change(edit("taps", dtype="I64", shape=[n, width // 2]), taps), ["taps"])
+    add("taps: dtype I64", header_change(edit("taps", dtype="I64", shape=[n, width // 2]), taps),
+        ["taps"])
     return cases
 
 
