@@ -355,16 +355,12 @@ def mpi_cases():
     """Two ranks given different arguments: an error naming the argument, never a hang."""
     draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors"]
     cases = []
-    for name, a0, a1, names in [
-            ("different --anchor", ["--anchor", "1"], ["--anchor", "2"], ["--anchor"]),
-            ("different --temperature", ["--anchor", "1", "--temperature", "0.5"],
-             ["--anchor", "1", "--temperature", "0.7"], ["--temperature"]),
-            ("different --dump", ["--anchor", "1", "--dump", "{tmp}/a.safetensors"],
-             ["--anchor", "1", "--dump", "{tmp}/b.safetensors"], ["--dump"]),
-            ("different --tp", ["--anchor", "1", "--tp", "1"], ["--anchor", "1", "--tp", "2"], ["--tp"]),
-            ("different --seed", ["--anchor", "1", "--seed", "1"], ["--anchor", "1", "--seed", "2"], ["--seed"])]:
-        cases.append(Case("ranks that disagree", name, (draft + a0, draft + a1), names, mpi=2))
-
+    for option, v0, v1 in [("--anchor", "1", "2"), ("--temperature", "0.5", "0.7"),
+                           ("--dump", "{tmp}/a.safetensors", "{tmp}/b.safetensors"),
+                           ("--tp", "1", "2"), ("--seed", "1", "2")]:
+        base = draft if option == "--anchor" else draft + ["--anchor", "1"]
+        cases.append(Case("ranks that disagree", f"different {option}",
+                          (base + [option, v0], base + [option, v1]), [option], mpi=2))
     cases.append(Case("ranks that disagree", "different command",
                       (draft + ["--anchor", "1"], ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
                       mpi=2))
