@@ -76,8 +76,9 @@ def predictions(info, runs, params):
     out = []
     for name, tp, known in (("A", 1, fit_set), ("A", 2, fit_set), ("B", 2, tp1)):
         comp, how = compute.estimate_compute(known, info, CONFIG, tp, HELD_OUT, CTX)
-        out.append((f"{name} tp={tp} b={HELD_OUT}", comp + comm[tp], point(runs, tp, HELD_OUT).draft_ms,
-                    f"compute {comp:.3f} ms ({how}) + comm {comm[tp]:.3f} ms (fit on b={FIT_SESSIONS})"))
+        measured = point(runs, tp, HELD_OUT).draft_ms
+        how = f"compute {comp:.3f} ms ({how}) + comm {comm[tp]:.3f} ms (fit on b={FIT_SESSIONS})"
+        out.append((f"{name} tp={tp} b={HELD_OUT}", comp + comm[tp], measured, how))
     return out
 
 
