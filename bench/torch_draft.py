@@ -228,10 +228,8 @@ class Config:
             fail(f"{path}: key 'layer_types' must list {self.L} of full_attention / sliding_attention")
         self.sliding = [k == "sliding_attention" for k in kinds]
         self.W = int(j.get("sliding_window") or 0)
-        if j.get("is_causal") is not None:
-            self.causal = [bool(j["is_causal"])] * self.L
-        else:
-            self.causal = list(self.sliding)
+        causal = j.get("is_causal")
+        self.causal = list(self.sliding) if causal is None else [bool(causal)] * self.L
         self.m_in = float(nested("input_embedding_scale", 1.0))
         self.m_out = float(nested("output_multiplier", 1.0))
         self.cap = float(nested("final_logit_softcapping", 0.0))
@@ -351,18 +349,18 @@ class Drafter:
         emb_name = "model.embed_tokens.weight" if tgt.has("model.embed_tokens.weight") else "embed_tokens.weight"
         if not tgt.has(emb_name):
             fail(f"{target_dir}: missing tensor 'model.embed_tokens.weight'")
-        shape = tgt.shape(emb_name)
-        if len(shape) != 2 or shape[1] != H or shape[0] < c.V:
-            fail(f"{target_dir}: '{emb_name}' has shape {shape}, expected [>= {c.V}, {H}]")
-        # Only the first V rows are ever read (embedding of tokens < V, head width V).
-        self.embed = tgt.get(emb_name, shape, rows=c.V)
-        if target_tied(target_dir) or not tgt.has("lm_head.weight"):
-            self.head = self.embed
-        else:
-            hs = tgt.shape("lm_head.weight")
-            if len(hs) != 2 or hs[1] != H or hs[0] < c.V:
-                fail(f"{target_dir}: 'lm_head.weight' has shape {hs}, expected [>= {c.V}, {H}]")
-            self.head = tgt.get("lm_head.weight", hs, rows=c.V)
+
+        def table(name):
+            """The [>= V, H] table `name` of the target; only its first V rows are ever read
+            (embedding of tokens < V, head width V)."""
+            shape = tgt.shape(name)
+            if len(shape) != 2 or shape[1] != H or shape[0] < c.V:
+                fail(f"{target_dir}: '{name}' has shape {shape}, expected [>= {c.V}, {H}]")
+            return tgt.get(name, shape, rows=c.V)
+
+        self.embed = table(emb_name)
+        tied = target_tied(target_dir) or not tgt.has("lm_head.weight")
+        self.head = self.embed if tied else table("lm_head.weight")
         self.ctx_len = 0
         self.kv = []
 
