@@ -51,12 +51,16 @@ class Server:
         self.log.close()
 
 
+def random_taps(handle, seed):
+    """(prompt rows, new rows per step): seeded random tap rows of the handle's width."""
+    rng = np.random.default_rng(seed)
+    width = handle.caps.taps_width
+    return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (CONTEXT, NEW_ROWS))
+
+
 def loop(handle, steps, seed, out):
     """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
-    width = handle.caps.taps_width
-    rng = np.random.default_rng(seed)
-    prefix = rng.standard_normal((CONTEXT, width), dtype=np.float32)
-    rows = rng.standard_normal((NEW_ROWS, width), dtype=np.float32)
+    prefix, rows = random_taps(handle, seed)
     s = handle.open_session()
     handle.step([{"session": s, "taps": prefix, "anchor": 1}])
     for i in range(steps):
@@ -71,10 +75,7 @@ def loop(handle, steps, seed, out):
 
 def batched_rate(handle, steps, n, seed):
     """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
-    width = handle.caps.taps_width
-    rng = np.random.default_rng(seed)
-    prefix = rng.standard_normal((CONTEXT, width), dtype=np.float32)
-    rows = rng.standard_normal((NEW_ROWS, width), dtype=np.float32)
+    prefix, rows = random_taps(handle, seed)
     sessions = [handle.open_session() for _ in range(n)]
     handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
     times = []
@@ -91,12 +92,13 @@ def batched_rate(handle, steps, n, seed):
 def run_clients(address, n, steps):
     """n clients at once; returns (per-step samples, sequences drafted per second, whether the
     ring was used, entries per forward)."""
-    samples, threads, clients = [], [], [tpdraft.Client(address, timeout=600) for _ in range(n)]
+    clients = [tpdraft.Client(address, timeout=600) for _ in range(n)]
     per = [[] for _ in range(n)]
     start = time.perf_counter()
-    for i, c in enumerate(clients):
-        threads.append(threading.Thread(target=loop, args=(c, steps, i, per[i])))
-        threads[-1].start()
+    threads = [threading.Thread(target=loop, args=(c, steps, i, per[i]))
+               for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
@@ -104,8 +106,7 @@ def run_clients(address, n, steps):
     shm = clients[0].shared_memory
     for c in clients:
         c.close()
-    for p in per:
-        samples += p
+    samples = [x for p in per for x in p]
     return samples, n * steps / elapsed, shm, stats["entries"], stats["forwards"]
 
 

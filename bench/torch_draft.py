@@ -109,12 +109,16 @@ class SafetensorsFile:
         return a.astype(np.float32, copy=False).reshape(shape)
 
 
+def canonical(name):
+    """A tensor name without the "model." prefix some checkpoints put before every name."""
+    return name[len("model."):] if name.startswith("model.") else name
+
+
 class TensorStore:
     """The tensors of a model directory (index + shards, model.safetensors or one *.safetensors)."""
 
     def __init__(self, path):
         self.source = path
-        files = []
         if os.path.isdir(path):
             index = os.path.join(path, "model.safetensors.index.json")
             single = os.path.join(path, "model.safetensors")
@@ -135,15 +139,14 @@ class TensorStore:
         for fp in files:
             st = SafetensorsFile(fp)
             for name in st.tensors:
-                canon = name[len("model."):] if name.startswith("model.") else name
                 self.by_name[name] = (st, name)
-                self.by_name.setdefault(canon, (st, name))
+                self.by_name.setdefault(canonical(name), (st, name))
 
     def has(self, name):
         return name in self.by_name
 
     def canonical_names(self):
-        return {n[len("model."):] if n.startswith("model.") else n for n in self.by_name}
+        return {canonical(n) for n in self.by_name}
 
     def shape(self, name):
         st, real = self.by_name[name]
@@ -225,19 +228,15 @@ class Config:
             fail(f"{path}: key 'layer_types' must list {self.L} of full_attention / sliding_attention")
         self.sliding = [k == "sliding_attention" for k in kinds]
         self.W = int(j.get("sliding_window") or 0)
-        if j.get("is_causal") is not None:
-            self.causal = [bool(j["is_causal"])] * self.L
-        else:
-            self.causal = list(self.sliding)
+        causal = j.get("is_causal")
+        self.causal = list(self.sliding) if causal is None else [bool(causal)] * self.L
         self.m_in = float(nested("input_embedding_scale", 1.0))
         self.m_out = float(nested("output_multiplier", 1.0))
         self.cap = float(nested("final_logit_softcapping", 0.0))
         self.bias = bool(j.get("attention_bias", False))
         if self.dflash2:
-            self.K = int(need("conv_kernel_size", nested("conv_kernel_size")))
-            self.gs = int(need("conv_group_size", nested("conv_group_size")))
-            self.R = int(need("selector_rank", nested("selector_rank")))
-            self.top_k = int(need("selector_top_k", nested("selector_top_k")))
+            self.K, self.gs, self.R, self.top_k = (int(need(k, nested(k))) for k in (
+                "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"))
             if self.H % self.gs:
                 fail(f"{path}: hidden_size ({self.H}) must be a multiple of conv_group_size ({self.gs})")
             self.G = self.H // self.gs
@@ -255,11 +254,10 @@ def target_tied(target_dir):
         return False
     with open(path) as f:
         j = json.load(f)
-    tied = bool(j.get("tie_word_embeddings", False))
     tc = j.get("text_config")
     if isinstance(tc, dict) and tc.get("tie_word_embeddings") is not None:
-        tied = bool(tc["tie_word_embeddings"])
-    return tied
+        return bool(tc["tie_word_embeddings"])
+    return bool(j.get("tie_word_embeddings", False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +341,7 @@ class Drafter:
                     name += ".weight"
                 books.append(get(name, [c.V, c.R]))
             self.pred_book, self.succ_book = books
-        unknown = sorted(st.canonical_names() - {n[len("model."):] if n.startswith("model.") else n for n in used})
+        unknown = sorted(st.canonical_names() - {canonical(n) for n in used})
         if unknown:
             print(f"torch_draft: warning: {drafter_dir}: unused tensors: {', '.join(unknown)}", file=sys.stderr)
 
@@ -351,18 +349,18 @@ class Drafter:
         emb_name = "model.embed_tokens.weight" if tgt.has("model.embed_tokens.weight") else "embed_tokens.weight"
         if not tgt.has(emb_name):
             fail(f"{target_dir}: missing tensor 'model.embed_tokens.weight'")
-        shape = tgt.shape(emb_name)
-        if len(shape) != 2 or shape[1] != H or shape[0] < c.V:
-            fail(f"{target_dir}: '{emb_name}' has shape {shape}, expected [>= {c.V}, {H}]")
-        # Only the first V rows are ever read (embedding of tokens < V, head width V).
-        self.embed = tgt.get(emb_name, shape, rows=c.V)
-        if target_tied(target_dir) or not tgt.has("lm_head.weight"):
-            self.head = self.embed
-        else:
-            hs = tgt.shape("lm_head.weight")
-            if len(hs) != 2 or hs[1] != H or hs[0] < c.V:
-                fail(f"{target_dir}: 'lm_head.weight' has shape {hs}, expected [>= {c.V}, {H}]")
-            self.head = tgt.get("lm_head.weight", hs, rows=c.V)
+
+        def table(name):
+            """The [>= V, H] table `name` of the target; only its first V rows are ever read
+            (embedding of tokens < V, head width V)."""
+            shape = tgt.shape(name)
+            if len(shape) != 2 or shape[1] != H or shape[0] < c.V:
+                fail(f"{target_dir}: '{name}' has shape {shape}, expected [>= {c.V}, {H}]")
+            return tgt.get(name, shape, rows=c.V)
+
+        self.embed = table(emb_name)
+        tied = target_tied(target_dir) or not tgt.has("lm_head.weight")
+        self.head = self.embed if tied else table("lm_head.weight")
         self.ctx_len = 0
         self.kv = []
 
@@ -383,10 +381,8 @@ class Drafter:
             k = F.linear(x, w["k"], w["kb"]).view(keep, c.Nk, c.D)
             k = apply_rope(rms_norm(k, w["kn"], c.eps), cos[n - keep:], sin[n - keep:])
             v = F.linear(x, w["v"], w["vb"]).view(keep, c.Nk, c.D)
-            kbuf = torch.empty(c.Nk, keep + c.B, c.D, device=DEVICE, dtype=DTYPE)
-            vbuf = torch.empty(c.Nk, keep + c.B, c.D, device=DEVICE, dtype=DTYPE)
-            kbuf[:, :keep] = k.transpose(0, 1)
-            vbuf[:, :keep] = v.transpose(0, 1)
+            free = torch.empty(c.Nk, c.B, c.D, device=DEVICE, dtype=DTYPE)
+            kbuf, vbuf = (torch.cat((t.transpose(0, 1), free), dim=1) for t in (k, v))
             self.kv.append((kbuf, vbuf, keep))
         self.ctx_len = n
 

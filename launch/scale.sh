@@ -55,33 +55,27 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out="" configs="$here/configs/bench-dflash2-2048.json" tps="" ctxs=1024 batches=1 weak=1 threads=1
 repeat="" warmup="" quick=0 backend=auto vocab="151936,202048,248320" vocab_base="$here/configs/bench-dflash2-2048.json"
 vocab_tps="" params="" layouts="" quants="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
+# The options that take a value, and the variable each sets.
+declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--batch]=batches
+  [--threads]=threads [--repeat]=repeat [--warmup]=warmup [--backend]=backend [--vocab]=vocab
+  [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
+  [--quant]=quants [--bin]=bin [--timeout]=timeout_s)
 while (($#)); do
+  if [ -n "$1" ] && [ -n "${value_of[$1]:-}" ]; then
+    printf -v "${value_of[$1]}" %s "$2"
+    shift 2
+    continue
+  fi
   case "$1" in
-    --out) out=$2; shift 2 ;;
-    --configs) configs=$2; shift 2 ;;
-    --tp) tps=$2; shift 2 ;;
-    --ctx) ctxs=$2; shift 2 ;;
-    --batch) batches=$2; shift 2 ;;
-    --no-weak) weak=0; shift ;;
-    --threads) threads=$2; shift 2 ;;
-    --repeat) repeat=$2; shift 2 ;;
-    --warmup) warmup=$2; shift 2 ;;
-    --quick) quick=1; shift ;;
-    --backend) backend=$2; shift 2 ;;
-    --vocab) vocab=$2; shift 2 ;;
-    --vocab-base) vocab_base=$2; shift 2 ;;
-    --vocab-tp) vocab_tps=$2; shift 2 ;;
-    --params) params=$2; shift 2 ;;
-    --layouts) layouts=$2; shift 2 ;;
-    --quant) quants=$2; shift 2 ;;
-    --span-nodes) span=1; shift ;;
-    --bin) bin=$2; shift 2 ;;
-    --timeout) timeout_s=$2; shift 2 ;;
-    --fresh) fresh=1; shift ;;
-    --report-only) report_only=1; shift ;;
+    --no-weak) weak=0 ;;
+    --quick) quick=1 ;;
+    --span-nodes) span=1 ;;
+    --fresh) fresh=1 ;;
+    --report-only) report_only=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
+  shift
 done
 [ -n "$out" ] || { echo "scale.sh: --out DIR is required (see --help)" >&2; exit 2; }
 # Each run in a process group of its own, stopped with the script on an interrupt.

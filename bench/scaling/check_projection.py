@@ -70,17 +70,15 @@ def predictions(info, runs, params):
     comm = {tp: cm.comm_time(geometry.collectives(info.query(CONFIG, tp, HELD_OUT, CTX)), tp, fabric) * 1e3
             for tp in (1, 2)}
     print(f"  comm at tp=2 b={HELD_OUT}: model {comm[2]:.3f} ms, measured {point(runs, 2, HELD_OUT).comm_ms:.3f} ms")
-    out = []
     # A: the held-out session count at each tp; compute interpolated from b = 1 and 4 at that tp.
-    for tp in (1, 2):
-        comp, how = compute.estimate_compute(fit_set, info, CONFIG, tp, HELD_OUT, CTX)
-        out.append((f"A tp={tp} b={HELD_OUT}", comp + comm[tp], point(runs, tp, HELD_OUT).draft_ms,
-                    f"compute {comp:.3f} ms ({how}) + comm {comm[tp]:.3f} ms (fit on b={FIT_SESSIONS})"))
     # B: tp = 2 from tp = 1 alone (the step every projection to more ranks takes).
     tp1 = [r for r in runs if r.tp == 1 and r.sessions == HELD_OUT]
-    comp, how = compute.estimate_compute(tp1, info, CONFIG, 2, HELD_OUT, CTX)
-    out.append((f"B tp=2 b={HELD_OUT}", comp + comm[2], point(runs, 2, HELD_OUT).draft_ms,
-                f"compute {comp:.3f} ms ({how}) + comm {comm[2]:.3f} ms (fit on b={FIT_SESSIONS})"))
+    out = []
+    for name, tp, known in (("A", 1, fit_set), ("A", 2, fit_set), ("B", 2, tp1)):
+        comp, how = compute.estimate_compute(known, info, CONFIG, tp, HELD_OUT, CTX)
+        measured = point(runs, tp, HELD_OUT).draft_ms
+        how = f"compute {comp:.3f} ms ({how}) + comm {comm[tp]:.3f} ms (fit on b={FIT_SESSIONS})"
+        out.append((f"{name} tp={tp} b={HELD_OUT}", comp + comm[tp], measured, how))
     return out
 
 

@@ -71,11 +71,7 @@ def collective_time(op, nbytes, tp, intra, inter=None, nodes=1):
     if tp <= 1:
         return 0.0
     if nodes <= 1:
-        if op == "all_reduce":
-            return intra.alpha[op] + 2 * (tp - 1) / tp * nbytes / intra.bw
-        if op == "all_gather":
-            return intra.alpha[op] + (tp - 1) * nbytes / intra.bw
-        return intra.alpha[op] + nbytes / intra.bw
+        return intra.alpha[op] + link_bytes(op, nbytes, tp) / intra.bw
     if inter is None:
         raise ValueError("a collective across nodes needs the inter-node fabric")
     g = tp // nodes  # ranks per node
@@ -95,18 +91,16 @@ def comm_time(colls, tp, intra, inter=None, nodes=1):
     return sum(calls * collective_time(op, n, tp, intra, inter, nodes) for op, calls, n in colls)
 
 
+def link_bytes(op, nbytes, tp):
+    """Bytes one rank moves over a one-node ring in one call of op with an nbytes buffer."""
+    if op == "all_reduce":
+        return 2 * (tp - 1) / tp * nbytes
+    return (tp - 1) * nbytes if op == "all_gather" else nbytes
+
+
 def comm_features(colls, tp):
     """(collective calls, bytes-over-the-link) of one draft on one node: comm = calls·α + bytes/β."""
-    calls = sum(c for _, c, _ in colls)
-    moved = 0.0
-    for op, c, n in colls:
-        if op == "all_reduce":
-            moved += c * 2 * (tp - 1) / tp * n
-        elif op == "all_gather":
-            moved += c * (tp - 1) * n
-        else:
-            moved += c * n
-    return calls, moved
+    return sum(c for _, c, _ in colls), sum(c * link_bytes(op, n, tp) for op, c, n in colls)
 
 
 def _one_term(rows):
@@ -151,10 +145,8 @@ def cpu_fabric(runs, params):
     quiet = [r for r in mpi if not r.oversubscribed]
     use = quiet or mpi
     if use:
-        pts = []
-        for r in use:
-            c, m = comm_features(records.measured_collectives(r), r.tp)
-            pts.append((c, m, r.comm_ms * 1e-3))
+        pts = [(*comm_features(records.measured_collectives(r), r.tp), r.comm_ms * 1e-3)
+               for r in use]
         a, bw, resid = fit_alpha_beta(pts)
         tag = "fitted to {} CPU MPI record(s){}; rms rel. residual {:.0%}".format(
             len(use), "" if quiet else ", oversubscribed", resid)

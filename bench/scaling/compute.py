@@ -44,13 +44,9 @@ def compute_candidates(runs, name, context, backend="cpu", threads=None):
     (and threads per rank when given), never oversubscribed (time-slicing inflates them) and never
     a full-logits run (another head path and a large extra collective). Runs on a machine that was
     not idle only when no idle one fits."""
-    out = []
-    for r in records.dedupe(runs):
-        if r.gather_logits or r.config_name != name or r.context != context or r.backend != backend:
-            continue
-        if (threads is not None and r.threads != threads) or r.oversubscribed:
-            continue
-        out.append(r)
+    out = [r for r in records.dedupe(runs) if not r.gather_logits and not r.oversubscribed
+           and (r.config_name, r.context, r.backend) == (name, context, backend)
+           and threads in (None, r.threads)]
     idle = [r for r in out if not records.shared_reasons(r)]
     return idle or out
 

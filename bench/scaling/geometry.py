@@ -133,11 +133,8 @@ def candidates(answer):
 def collectives(answer, mode="greedy", r=0):
     """[(op, calls, bytes per call)] of one draft on rank r; mode: greedy, sampled or
     greedy_gather_logits. One rank's calls are identities: they cost nothing in the comm model."""
-    out = []
-    for op, c in rank(answer, r)["collectives"][mode].items():
-        if c["calls"]:
-            out.append((op, c["calls"], c["bytes"] / c["calls"]))
-    return sorted(out)
+    return sorted((op, c["calls"], c["bytes"] / c["calls"])
+                  for op, c in rank(answer, r)["collectives"][mode].items() if c["calls"])
 
 
 def work(answer, r=0):

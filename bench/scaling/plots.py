@@ -13,29 +13,27 @@ COLUMNS = "tp ms ms_low ms_high efficiency_pct eff_low_pct eff_high_pct comm_pct
 X, MS, MS_LO, MS_HI, EFF, EFF_LO, EFF_HI, COMM, IDEAL, SHARED = range(1, 11)
 
 
+def plot_row(tp, t, lo, hi, t1, scale, comm_share, shared):
+    """One row of COLUMNS: efficiency t1 / (scale·t), its range from the slow and the fast end."""
+    return (tp, t, lo, hi, 100 * t1 / (scale * t), 100 * t1 / (scale * hi), 100 * t1 / (scale * lo),
+            100 * comm_share, t1 / tp, shared)
+
+
 def measured_points(rows):
     """Plot rows of one measured series (report.py's strong or weak rows)."""
     t1 = rows[0]["t1_ms"]
-    out = []
-    for r in rows:
-        lo, hi = r.get("p10") or r["draft_ms"], r.get("p90") or r["draft_ms"]
-        scale = r["tp"] if not r.get("weak") else 1  # weak: T1 / T(tp), no tp in the denominator
-        out.append((r["tp"], r["draft_ms"], lo, hi, 100 * t1 / (scale * r["draft_ms"]), 100 * t1 / (scale * hi),
-                    100 * t1 / (scale * lo), 100 * r["comm_share"], t1 / r["tp"], 1 if r.get("shared") else 0))
-    return out
+    # weak: T1 / T(tp), no tp in the denominator
+    return [plot_row(r["tp"], r["draft_ms"], r.get("p10") or r["draft_ms"],
+                     r.get("p90") or r["draft_ms"], t1, 1 if r.get("weak") else r["tp"],
+                     r["comm_share"], 1 if r.get("shared") else 0) for r in rows]
 
 
 def projected_points(points):
     """Plot rows of one projected series: projection.json gpu points of one (config, ctx, sessions)."""
     rows = sorted(points, key=lambda p: p["tp"])
     t1 = rows[0]["total_ms"] * rows[0]["tp"] if rows[0]["tp"] != 1 else rows[0]["total_ms"]
-    out = []
-    for p in rows:
-        lo, hi = p["total_ms_range"]
-        t = p["total_ms"]
-        out.append((p["tp"], t, lo, hi, 100 * t1 / (p["tp"] * t), 100 * t1 / (p["tp"] * hi),
-                    100 * t1 / (p["tp"] * lo), 100 * p["comm_share"], t1 / p["tp"], 0))
-    return out
+    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0)
+            for p in rows]
 
 
 def projected_series(projection):

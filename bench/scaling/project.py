@@ -131,17 +131,14 @@ def project_quant(s, config, ctx, sessions, rows, quants):
     """Per projected GPU layout, the total with each --quant preset: the compute at the GPU roofline
     of the quantized weights' bytes (`tpdraft info --json --quant`), carried at the float run's CPU
     efficiency; the collectives are those of the float weights (activations are not quantized)."""
-    out = []
-    for r in rows:
-        if "skipped" in r:
-            continue
-        point = {"layout": r["layout"], "tp": r["tp"], "total_ms": {"bf16": r["total_ms"]}}
-        for q in quants:
-            comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx,
-                                                     s.dtype, q)
-            point["total_ms"][q] = comp + r["comm_ms"]
-        out.append(point)
-    return out
+    def total(r, q):
+        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"],
+                                                 sessions, ctx, s.dtype, q)
+        return comp + r["comm_ms"]
+
+    return [{"layout": r["layout"], "tp": r["tp"],
+             "total_ms": {"bf16": r["total_ms"], **{q: total(r, q) for q in quants}}}
+            for r in rows if "skipped" not in r]
 
 
 def quant_table(points, quants):

@@ -101,10 +101,7 @@ def cmd_append(a):
     except json.JSONDecodeError:
         print(f"record.py: the run printed no JSON result (last line: {line[:200]!r})", file=sys.stderr)
         return 1
-    extra = {}
-    for kv in a.set:
-        key, _, value = kv.partition("=")
-        extra[key] = parse_value(value)
+    extra = {key: parse_value(value) for key, _, value in (kv.partition("=") for kv in a.set)}
     load = None
     if a.load and os.path.isfile(a.load):
         with open(a.load) as f:

@@ -11,18 +11,12 @@ from dataclasses import dataclass, field
 OPS = ("all_reduce", "all_gather", "broadcast")
 
 # Run fields read straight from a record, by the key of `tpdraft bench --json`
-# (src/cli/cmd_bench.cpp) or, below the blank line, of record.py.
-COPIED = {
-    "tp": "tp", "sessions": "sessions", "context": "context", "threads": "threads", "backend": "backend",
-    "communicator": "communicator", "dtype": "dtype", "draft_ms": "draft_ms", "draft_ms_p10": "draft_ms_p10",
-    "draft_ms_p90": "draft_ms_p90", "layers_ms": "layers_ms", "head_ms": "head_ms", "select_ms": "select_ms",
-    "weights_bytes": "weights_bytes_per_rank", "context_bytes": "context_bytes_per_rank", "draft_gflop": "draft_gflop",
-    "draft_gbytes": "draft_gbytes", "machine_read_gbps": "machine_read_gbps",
-    "machine_gemm_gflops": "machine_gemm_gflops", "gather_logits": "gather_logits",
-
-    "study": "study", "vocab_size": "vocab_size", "nproc": "nproc", "cpu_model": "cpu_model", "hostname": "hostname",
-    "gpu_name": "gpu_name", "load": "load",
-}
+# (src/cli/cmd_bench.cpp; the same name unless given) or, from "study" on, of record.py.
+COPIED = {k: k for k in (
+    "tp sessions context threads backend communicator dtype draft_ms draft_ms_p10 draft_ms_p90 "
+    "layers_ms head_ms select_ms draft_gflop draft_gbytes machine_read_gbps machine_gemm_gflops "
+    "gather_logits study vocab_size nproc cpu_model hostname gpu_name load").split()}
+COPIED.update(weights_bytes="weights_bytes_per_rank", context_bytes="context_bytes_per_rank")
 # Bench keys the derived fields come from.
 CONFIG, TOKENS = "config", "tokens"
 COMPUTE_MS, COMM_MS_MEAN, COMM_MS_MEDIAN = "compute_ms", "comm_ms", "comm_ms_median"
@@ -112,11 +106,9 @@ def read_runs(path):
     runs = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
             try:
-                runs.append(run_from_json(json.loads(line)))
+                if line.strip():
+                    runs.append(run_from_json(json.loads(line)))
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise SystemExit(f"{path}:{n}: not a bench record ({e!r})")
     return runs
@@ -157,13 +149,6 @@ def shared_reasons(run):
     return out
 
 
-def gathers_logits(run):
-    """Whether the run also all-gathered the full logits every draft (`bench --gather-logits`):
-    its head took the full-logits path and its comm holds a large extra all-gather, so it is no
-    compute measurement and no point of the default draft's scaling."""
-    return run.gather_logits
-
-
 def scaling_runs(runs):
     """The runs of the scaling sweep: strong and weak runs of the default draft."""
     return [r for r in runs if r.study in ("strong", "weak") and not r.gather_logits]
@@ -193,6 +178,5 @@ def dedupe(runs):
 
 def measured_collectives(run):
     """[(op, calls, bytes per call)] per draft as the run counted them; one rank moves nothing."""
-    if run.tp <= 1:
-        return []
-    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items() if calls]
+    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items()
+            if calls and run.tp > 1]

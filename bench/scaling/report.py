@@ -32,12 +32,8 @@ def weak_series(runs):
     """{(config, backend, ctx, sessions per rank, threads): [runs by tp]} from tp = 1 up."""
     per_rank = [r for r in runs if r.sessions % r.tp == 0]
     groups = records.group_by(per_rank, lambda r: (r.config_name, r.backend, r.context, r.sessions // r.tp, r.threads))
-    out = {}
-    for k, v in sorted(groups.items()):
-        v = sorted(v, key=lambda r: r.tp)
-        if len(v) > 1 and v[0].tp == 1:
-            out[k] = v
-    return out
+    series = {k: sorted(v, key=lambda r: r.tp) for k, v in sorted(groups.items())}
+    return {k: v for k, v in series.items() if len(v) > 1 and v[0].tp == 1}
 
 
 def coll_cell(run, op):
@@ -48,32 +44,26 @@ def coll_cell(run, op):
 def strong_rows(series):
     base = series[0]
     t1 = base.draft_ms * base.tp  # the smallest tp stands in for tp = 1 when that is missing
-    rows = []
-    for r in series:
-        t = r.draft_ms
-        rows.append({
-            "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
-            "draft_ms": t, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms,
-            "comm_ms": r.comm_ms, "speedup": t1 / t, "efficiency": t1 / (r.tp * t), "comm_share": r.comm_ms / t,
-            "layers_ms": r.layers_ms, "head_ms": r.head_ms, "select_ms": r.select_ms,
-            "all_reduce": coll_cell(r, "all_reduce"), "all_gather": coll_cell(r, "all_gather"),
-            "broadcast": coll_cell(r, "broadcast"), "weights": tb.fmt_bytes(r.weights_bytes),
-            "context": tb.fmt_bytes(r.context_bytes), "load": r.load,
-        })
-    return rows
+    return [{
+        "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed,
+        "shared": records.shared_reasons(r), "draft_ms": r.draft_ms, "p10": r.draft_ms_p10,
+        "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+        "speedup": t1 / r.draft_ms, "efficiency": t1 / (r.tp * r.draft_ms),
+        "comm_share": r.comm_ms / r.draft_ms, "layers_ms": r.layers_ms, "head_ms": r.head_ms,
+        "select_ms": r.select_ms, **{op: coll_cell(r, op) for op in records.OPS},
+        "weights": tb.fmt_bytes(r.weights_bytes), "context": tb.fmt_bytes(r.context_bytes),
+        "load": r.load,
+    } for r in series]
 
 
 def weak_rows(series):
     t1 = series[0].draft_ms
-    rows = []
-    for r in series:
-        t = r.draft_ms
-        tokens = r.sessions * (r.draft_tokens or 1)
-        rows.append({"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions, "oversubscribed": r.oversubscribed,
-                     "shared": records.shared_reasons(r), "draft_ms": t, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90,
-                     "compute_ms": r.compute_ms, "comm_ms": r.comm_ms, "efficiency": t1 / t, "comm_share": r.comm_ms / t,
-                     "tokens_per_s": tokens * 1e3 / t})
-    return rows
+    return [{"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions,
+             "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
+             "draft_ms": r.draft_ms, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90,
+             "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+             "efficiency": t1 / r.draft_ms, "comm_share": r.comm_ms / r.draft_ms,
+             "tokens_per_s": r.sessions * (r.draft_tokens or 1) * 1e3 / r.draft_ms} for r in series]
 
 
 def tp_cell(r, notes):
@@ -105,18 +95,16 @@ def strong_table(rows):
 def weak_table(rows):
     header = ["tp", "sessions", "draft ms (median)", "compute ms", "comm ms", "weak efficiency", "comm share",
               "draft tokens/s"]
-    out, notes = [], []
-    for r in rows:
-        out.append([tp_cell(r, notes), r["sessions"], tb.fmt_ms(r["draft_ms"]), tb.fmt_ms(r["compute_ms"]),
-                    tb.fmt_ms(r["comm_ms"]), tb.fmt_pct(r["efficiency"]), tb.fmt_pct(r["comm_share"]),
-                    f"{r['tokens_per_s']:.0f}"])
+    notes = []
+    out = [[tp_cell(r, notes), r["sessions"], tb.fmt_ms(r["draft_ms"]), tb.fmt_ms(r["compute_ms"]),
+            tb.fmt_ms(r["comm_ms"]), tb.fmt_pct(r["efficiency"]), tb.fmt_pct(r["comm_share"]),
+            f"{r['tokens_per_s']:.0f}"] for r in rows]
     return with_notes(tb.md_table(header, out), notes)
 
 
 def machine_lines(runs):
-    lines = []
-    for (host, cpu, nproc), _ in records.group_by(runs, lambda r: (r.hostname, r.cpu_model, r.nproc)).items():
-        lines.append(f"- {host}: {cpu}, {nproc} core(s)")
+    machines = records.group_by(runs, lambda r: (r.hostname, r.cpu_model, r.nproc))
+    lines = [f"- {host}: {cpu}, {nproc} core(s)" for host, cpu, nproc in machines]
     gpus = sorted({r.gpu_name for r in runs if r.gpu_name})
     if gpus:
         lines.append(f"- GPU: {', '.join(gpus)}")

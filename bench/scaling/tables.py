@@ -8,9 +8,7 @@ import os
 
 def md_table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(str(x) for x in r) + " |")
-    return "\n".join(out)
+    return "\n".join(out + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows])
 
 
 def fmt_ms(x, digits=3):

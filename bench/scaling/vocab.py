@@ -113,14 +113,14 @@ def gather_table(grows):
     def diff(r, key, fmt):
         return fmt(r["diff"][key]) if "diff" in r else "–"
 
-    out = []
-    for r in grows:
-        out.append([r["vocab"], f"{r['tp']}{flags(r)}", r["backend"],
-                    side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
-                    diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
-                    side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
-                    side(r, "cand", "all_gather_bytes", nbytes), side(r, "full", "all_gather_bytes", nbytes),
-                    diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])])
+    out = [[r["vocab"], f"{r['tp']}{flags(r)}", r["backend"],
+            side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
+            diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
+            side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
+            side(r, "cand", "all_gather_bytes", nbytes),
+            side(r, "full", "all_gather_bytes", nbytes),
+            diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])]
+           for r in grows]
     return tb.md_table(["V", "tp", "backend", "draft ms: candidates", "draft ms: full logits", "Δ draft ms",
                         "comm ms: candidates", "comm ms: full logits", "Δ comm ms", "all-gather B/rank: candidates",
                         "all-gather B/rank: full logits", "Δ all-gather B/rank", "model: M'·(Vp/tp)·4"], out)

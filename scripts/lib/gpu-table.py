@@ -61,10 +61,8 @@ def rows(on, off, torch):
 
 def draft_ms(logs, names):
     """NAME or NAME=LABEL per run: 'LABEL x.xxx ms (r.rrx)', the ratio to the first run."""
-    runs = []
-    for item in names:
-        name, _, label = item.partition("=")
-        runs.append((label or name, last_json(logs, name + ".json")))
+    runs = [(label or name, last_json(logs, name + ".json"))
+            for name, _, label in (item.partition("=") for item in names)]
     base = runs[0][1]["draft_ms"] if runs[0][1] else None
     parts = []
     for i, (label, r) in enumerate(runs):

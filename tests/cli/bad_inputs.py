@@ -67,13 +67,9 @@ def poison(path, tensor, value, element=0):
     """Writes value (as the tensor's dtype) into one element of tensor."""
     header, body = read_st(path)
     t = header[tensor]
-    begin = t["data_offsets"][0] + element * {"F32": 4, "BF16": 2, "F16": 2}[t["dtype"]]
-    if t["dtype"] == "F32":
-        raw = struct.pack("<f", value)
-    elif t["dtype"] == "BF16":
-        raw = struct.pack("<f", value)[2:]
-    else:  # F16
-        raw = struct.pack("<e", value)
+    raw = struct.pack("<e" if t["dtype"] == "F16" else "<f", value)
+    raw = raw[2:] if t["dtype"] == "BF16" else raw  # bf16: the high half of the f32
+    begin = t["data_offsets"][0] + element * len(raw)
     body = body[:begin] + raw + body[begin + len(raw):]
     write_st(path, header, body)
 
@@ -128,12 +124,10 @@ def config_cases(base_config):
                           ["bench", "--config", "{tmp}/" + fname, "--ctx", "4", "--repeat", "1", "--warmup", "0"],
                           [key], prepare=prepare))
 
-    for key, values in bad.items():
-        for v in values:
-            add(key, v, "top")
-    for key, values in bad_dflash.items():
-        for v in values:
-            add(key, v, "dflash")
+    for where, keys in (("top", bad), ("dflash", bad_dflash)):
+        for key, values in keys.items():
+            for v in values:
+                add(key, v, where)
     for name, text in [("empty", ""), ("not JSON", "{hidden_size: 64"), ("an array", "[1, 2]"),
                        ("truncated", json.dumps(cfg)[:40])]:
         def prepare(tmp, text=text, name=name):
@@ -229,13 +223,8 @@ def checkpoint_cases(ck):
 
     size = os.path.getsize(os.path.join(ck, dfile))
     for cut in [0, 4, 8, 9, 100, size // 2, size - 1]:
-        def change(d, cut=cut):
-            p = os.path.join(d, dfile)
-            with open(p, "rb") as f:
-                data = f.read()
-            with open(p, "wb") as f:
-                f.write(data[:cut])
-        add(f"drafter safetensors truncated to {cut} bytes", change, ["model.safetensors"])
+        add(f"drafter safetensors truncated to {cut} bytes",
+            lambda d, cut=cut: os.truncate(os.path.join(d, dfile), cut), ["model.safetensors"])
 
     def header_change(fn, file=dfile):
         def change(d):
@@ -274,12 +263,11 @@ def checkpoint_cases(ck):
     add(f"{first}: dtype I32", header_change(edit(first, dtype="I32")), [first])
     add(f"{first}: negative shape", header_change(edit(first, shape=[-1, 64])), [first])
     add(f"{first}: shape product overflows", header_change(edit(first, shape=[2 ** 40, 2 ** 40])), [first])
-    add(f"{q}: shape transposed", header_change(
-        lambda h, b: (h[q].update(shape=list(reversed(h[q]["shape"]))) or (h, b))), [q])
-    add(f"{q}: one row short", header_change(
-        lambda h, b: (h[q].update(shape=[h[q]["shape"][0] - 1, h[q]["shape"][1]],
-                                  data_offsets=[h[q]["data_offsets"][0],
-                                                h[q]["data_offsets"][1] - 2 * h[q]["shape"][1]]) or (h, b))), [q])
+    qt = read_st(os.path.join(ck, dfile))[0][q]
+    (rows, cols), (begin, end) = qt["shape"], qt["data_offsets"]
+    add(f"{q}: shape transposed", header_change(edit(q, shape=[cols, rows])), [q])
+    add(f"{q}: one row short",
+        header_change(edit(q, shape=[rows - 1, cols], data_offsets=[begin, end - 2 * cols])), [q])
 
     def drop(tensor):
         def fn(h, b):
@@ -305,7 +293,7 @@ def checkpoint_cases(ck):
         add(f"target {tensor}: NaN in row 1",
             lambda d, tensor=tensor: poison(os.path.join(d, tfile), tensor, float("nan"), element=hidden), [tensor])
         add(f"target {tensor} missing", header_change(drop(tensor), tfile), [tensor, "lm_head", "embed"])
-    add("target safetensors truncated", lambda d: open(os.path.join(d, tfile), "r+b").truncate(50),
+    add("target safetensors truncated", lambda d: os.truncate(os.path.join(d, tfile), 50),
         ["model.safetensors"])
     add("drafter config.json missing", lambda d: os.remove(os.path.join(d, "drafter/config.json")), ["config.json"])
     add("drafter config.json a directory",
@@ -330,10 +318,10 @@ def checkpoint_cases(ck):
         ["vocab", "shape", "expected"])
     add("config target_layer_ids of 2 against fc of 3 taps",
         config_edit(lambda c: c["dflash_config"].update(target_layer_ids=[1, 4])), ["fc", "taps", "target_layer_ids"])
-    add("model.safetensors a FIFO",
-        lambda d: (os.remove(os.path.join(d, dfile)), os.mkfifo(os.path.join(d, dfile))), ["model.safetensors"])
-    add("model.safetensors a directory",
-        lambda d: (os.remove(os.path.join(d, dfile)), os.mkdir(os.path.join(d, dfile))), ["model.safetensors"])
+    for what, make in (("a FIFO", os.mkfifo), ("a directory", os.mkdir)):
+        add(f"model.safetensors {what}",
+            lambda d, make=make: (os.remove(os.path.join(d, dfile)), make(os.path.join(d, dfile))),
+            ["model.safetensors"])
 
     def sharded(shard_name):
         def change(d):
@@ -347,28 +335,18 @@ def checkpoint_cases(ck):
     add("index naming an absolute path", sharded("/etc/hostname"), ["/etc/hostname"])
 
     # The taps file.
-    def taps_change(fn):
-        def change(d):
-            p = os.path.join(d, "taps.safetensors")
-            header, body = read_st(p)
-            out = fn(header, body, p)
-            if out is not None:
-                write_st(p, *out)
-        return change
-    add("taps: NaN in row 0", lambda d: poison(os.path.join(d, "taps.safetensors"), "taps", float("nan")), ["row"])
-    add("taps: Inf in row 0", lambda d: poison(os.path.join(d, "taps.safetensors"), "taps", float("inf")), ["row"])
-    add("taps: no tensor 'taps'", taps_change(lambda h, b, p: ({"x" if k == "taps" else k: v for k, v in h.items()}, b)),
+    taps = "taps.safetensors"
+    for value in ("NaN", "Inf"):
+        add(f"taps: {value} in row 0",
+            lambda d, value=value: poison(os.path.join(d, taps), "taps", float(value)), ["row"])
+    add("taps: no tensor 'taps'",
+        header_change(lambda h, b: ({"x" if k == "taps" else k: v for k, v in h.items()}, b), taps),
         ["taps"])
-    add("taps: wrong width", taps_change(
-        lambda h, b, p: (h["taps"].update(shape=[h["taps"]["shape"][0] * 2, h["taps"]["shape"][1] // 2]) or (h, b))),
-        ["taps"])
-    add("taps: 1-D", taps_change(
-        lambda h, b, p: (h["taps"].update(shape=[h["taps"]["shape"][0] * h["taps"]["shape"][1]]) or (h, b))), ["taps"])
-    add("taps: truncated", lambda d: open(os.path.join(d, "taps.safetensors"), "r+b").truncate(60),
-        ["taps.safetensors"])
-    add("taps: dtype I64", taps_change(lambda h, b, p: (h["taps"].update(dtype="I64",
-                                                                         shape=[h["taps"]["shape"][0],
-                                                                                h["taps"]["shape"][1] // 2]) or (h, b))),
+    n, width = read_st(os.path.join(ck, taps))[0]["taps"]["shape"]
+    add("taps: wrong width", header_change(edit("taps", shape=[n * 2, width // 2]), taps), ["taps"])
+    add("taps: 1-D", header_change(edit("taps", shape=[n * width]), taps), ["taps"])
+    add("taps: truncated", lambda d: os.truncate(os.path.join(d, taps), 60), [taps])
+    add("taps: dtype I64", header_change(edit("taps", dtype="I64", shape=[n, width // 2]), taps),
         ["taps"])
     return cases
 
@@ -377,16 +355,12 @@ def mpi_cases():
     """Two ranks given different arguments: an error naming the argument, never a hang."""
     draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors"]
     cases = []
-    for name, a0, a1, names in [
-            ("different --anchor", ["--anchor", "1"], ["--anchor", "2"], ["--anchor"]),
-            ("different --temperature", ["--anchor", "1", "--temperature", "0.5"],
-             ["--anchor", "1", "--temperature", "0.7"], ["--temperature"]),
-            ("different --dump", ["--anchor", "1", "--dump", "{tmp}/a.safetensors"],
-             ["--anchor", "1", "--dump", "{tmp}/b.safetensors"], ["--dump"]),
-            ("different --tp", ["--anchor", "1", "--tp", "1"], ["--anchor", "1", "--tp", "2"], ["--tp"]),
-            ("different --seed", ["--anchor", "1", "--seed", "1"], ["--anchor", "1", "--seed", "2"], ["--seed"])]:
-        cases.append(Case("ranks that disagree", name, (draft + a0, draft + a1), names, mpi=2))
-
+    for option, v0, v1 in [("--anchor", "1", "2"), ("--temperature", "0.5", "0.7"),
+                           ("--dump", "{tmp}/a.safetensors", "{tmp}/b.safetensors"),
+                           ("--tp", "1", "2"), ("--seed", "1", "2")]:
+        base = draft if option == "--anchor" else draft + ["--anchor", "1"]
+        cases.append(Case("ranks that disagree", f"different {option}",
+                          (base + [option, v0], base + [option, v1]), [option], mpi=2))
     cases.append(Case("ranks that disagree", "different command",
                       (draft + ["--anchor", "1"], ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
                       mpi=2))
