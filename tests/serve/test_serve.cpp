@@ -118,6 +118,17 @@ tpdraft_drafter* open_library(const std::string& dir, int tp, const char* quant 
   return d;
 }
 
+// One step of session s with a random spec of up to 2 new rows (keep = 0: from an empty
+// session); the call's status, the outputs in *out.
+tpdraft_status random_step(const Client& c, tpdraft_session s, std::mt19937_64& rng, Out* out, int64_t keep = -1) {
+  const tpdraft_caps caps = client_caps(c.c);
+  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+  if (keep >= 0) spec.keep = keep;
+  tpdraft_step_entry e;
+  fill_entry(spec, s, caps.block_size, caps.vocab_size, out, &e);
+  return tpdraft_client_step(c.c, &e, 1);
+}
+
 // Several clients at once against one server, then every client's trace through the library.
 void many_clients_match_the_library(const std::string& dir, const std::string& address, int shared_memory,
                                     const char* quant = nullptr) {
@@ -534,11 +545,8 @@ TEST(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
   const tpdraft_session s = c.open();
   server.signal(SIGSTOP);
   std::mt19937_64 rng(3);
-  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   Out out;
-  tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
-  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE);
+  EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE);
   EXPECT_NE(std::string(tpdraft_last_error()).find("no reply"), std::string::npos) << tpdraft_last_error();
   EXPECT_EQ(out.tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));
   EXPECT_EQ(out.q, std::vector<float>(static_cast<size_t>(caps.block_size - 1), 0.0f));
@@ -563,14 +571,10 @@ TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
   const std::string address = server.wait_address();
   ASSERT_FALSE(address.empty()) << server.log();
   Client c(address, 20);
-  const tpdraft_caps caps = client_caps(c.c);
   const tpdraft_session s = c.open();
   std::mt19937_64 rng(3);
-  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   Out out;
-  tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
-  const tpdraft_status st = tpdraft_client_step(c.c, &e, 1);
+  const tpdraft_status st = random_step(c, s, rng, &out);
   EXPECT_TRUE(st == TPDRAFT_ERROR_UNAVAILABLE || st == TPDRAFT_ERROR_RUNTIME) << tpdraft_status_name(st);
   EXPECT_NE(std::string(tpdraft_last_error()).find("rank 1: injected fault at 'draft'"), std::string::npos)
       << tpdraft_last_error();
@@ -594,18 +598,13 @@ int sigterm_while_clients_step(ServerProcess& server, const TempDir& dir) {
     threads.emplace_back([&, i] {
       Client c(address, 20);
       if (c.c == nullptr) return;
-      const tpdraft_caps caps = client_caps(c.c);
       const tpdraft_session s = c.open();
       std::mt19937_64 rng(static_cast<uint64_t>(i));
       // Until the server goes (a minute at most: a server still answering then fails the test).
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (std::chrono::steady_clock::now() < deadline) {
-        Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
-        spec.keep = 0;
         Out out;
-        tpdraft_step_entry e;
-        fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
-        const tpdraft_status st = tpdraft_client_step(c.c, &e, 1);
+        const tpdraft_status st = random_step(c, s, rng, &out, 0);
         if (st != TPDRAFT_OK) {
           EXPECT_EQ(st, TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
           EXPECT_EQ(out.tokens[0], -1);
@@ -706,17 +705,13 @@ TEST(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
   const std::string address = server.wait_address();
   ASSERT_FALSE(address.empty()) << server.log();
   Client c(address, 30);
-  const tpdraft_caps caps = client_caps(c.c);
   const tpdraft_session s = c.open();
   const pid_t victim = rank_pid(server.pid(), 1);
   ASSERT_GT(victim, 0) << "no rank 1 among mpirun's children";
   kill(victim, SIGKILL);
   std::mt19937_64 rng(3);
-  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   Out out;
-  tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
-  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
+  EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
   EXPECT_EQ(out.tokens[0], -1);
   const int status = server.wait_exit(60);
   EXPECT_NE(status, 0) << server.log();
@@ -747,14 +742,10 @@ TEST(ServeMpi, ARankThatFailsEndsTheJobNamingIt) {
   const std::string address = server.wait_address();
   ASSERT_FALSE(address.empty()) << server.log();
   Client c(address, 30);
-  const tpdraft_caps caps = client_caps(c.c);
   const tpdraft_session s = c.open();
   std::mt19937_64 rng(3);
-  Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   Out out;
-  tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, caps.vocab_size, &out, &e);
-  EXPECT_EQ(tpdraft_client_step(c.c, &e, 1), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
+  EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
   EXPECT_EQ(server.wait_exit(60), 1) << server.log();
   EXPECT_NE(server.log().find("rank 1: injected fault at 'draft'"), std::string::npos) << server.log();
 }
