@@ -5,8 +5,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops_checks.h"
 
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
-
 namespace tpdraft::kernels::cpu {
 namespace {
 

@@ -3,21 +3,11 @@
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -63,7 +53,7 @@ TPDRAFT_TARGET_AVX512 float exp_sum512(float* x, int64_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = mask16(n - i);
     const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
@@ -97,7 +87,7 @@ TPDRAFT_TARGET_AVX2 float exp_sum256(float* x, int64_t n, float shift) {
 TPDRAFT_TARGET_AVX512 void silu_mul512(const float* gate, const float* up, float* out, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = mask16(n - i);
     const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
     const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));

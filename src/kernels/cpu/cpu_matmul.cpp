@@ -3,22 +3,12 @@
 // wide weights: 2 FLOPs per weight element per row, so the kernels are compute bound and keep an
 // MR x NR tile of accumulators in registers, widening each weight vector once for MR rows.
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 namespace detail {

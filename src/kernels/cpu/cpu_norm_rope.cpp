@@ -7,8 +7,6 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
-
 namespace tpdraft::kernels::cpu {
 namespace {
 

@@ -23,6 +23,9 @@
 #define TPDRAFT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPDRAFT_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #define TPDRAFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+// A kernel's helpers and per-ISA bodies are always inlined into the kernel that calls them.
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
 
 namespace tpdraft::kernels::cpu {
 

@@ -7,22 +7,13 @@
 // AVX2 (maddubs + madd, 8 rows at a time), AVX-512 VNNI (vpdpbusd, 16 rows). The integer sums are exact and
 // the float steps are the same operations in the same order, so every variant gives bit-identical
 // results.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/checked.h"
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE_Q inline __attribute__((always_inline))
-#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 
@@ -167,7 +158,7 @@ void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, i
   }
 }
 
-TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE_Q __m256i bcast4(const int8_t* p) {
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
@@ -230,7 +221,7 @@ TPDRAFT_TARGET_AVX2 void avx2_group(const QuantLayout& l, const std::byte* wg, c
   }
 }
 
-TPDRAFT_TARGET_VNNI TPDRAFT_INLINE_Q __m512i bcast4_512(const int8_t* p) {
+TPDRAFT_TARGET_VNNI TPDRAFT_INLINE __m512i bcast4_512(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
