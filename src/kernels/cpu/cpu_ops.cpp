@@ -60,17 +60,9 @@ bool detail::cpu_has_vnni() {
 }
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::Scalar:
-      return "scalar";
-    case Isa::Avx2:
-      return "avx2";
-    case Isa::Avx512:
-      return "avx512";
-    case Isa::Avx512Bf16:
-      return "avx512-bf16";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512", "avx512-bf16"};
+  const auto i = static_cast<size_t>(isa);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 Isa detected_isa() {

@@ -39,6 +39,20 @@ Isa active_isa();    // the level the kernels use now (detected unless forced)
 // For tests that compare the variants; not meant to be flipped while ops run.
 Isa force_isa(Isa isa);
 
+// Body(args...) compiled for `isa`: Body, a TPDRAFT_INLINE function of plain loops, is inlined
+// into a function with the level's target attribute, where the compiler vectorises it for that
+// level (AVX-512 levels alike; below AVX2 the baseline build).
+template <auto Body, class... A>
+TPDRAFT_TARGET_AVX512 void on_avx512(A&&... a) { Body(std::forward<A>(a)...); }
+template <auto Body, class... A>
+TPDRAFT_TARGET_AVX2 void on_avx2(A&&... a) { Body(std::forward<A>(a)...); }
+template <auto Body, class... A>
+void on_isa(Isa isa, A&&... a) {
+  if (isa >= Isa::Avx512) return on_avx512<Body>(std::forward<A>(a)...);
+  if (isa == Isa::Avx2) return on_avx2<Body>(std::forward<A>(a)...);
+  Body(std::forward<A>(a)...);
+}
+
 // Kernels for quantized weights (cpu_qmatmul.cpp): chosen from the active level, VNNI when the
 // processor has AVX-512 VNNI and the level is AVX-512 or above.
 enum class QuantKernel : int { Scalar = 0, Avx2 = 1, Avx512Vnni = 2 };

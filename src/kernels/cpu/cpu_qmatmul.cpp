@@ -346,15 +346,9 @@ QuantKernel quant_kernel(Isa isa) {
 }
 
 const char* quant_kernel_name(QuantKernel k) {
-  switch (k) {
-    case QuantKernel::Scalar:
-      return "scalar";
-    case QuantKernel::Avx2:
-      return "avx2";
-    case QuantKernel::Avx512Vnni:
-      return "avx512-vnni";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512-vnni"};
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 size_t CpuOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
