@@ -116,17 +116,9 @@ void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) 
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void silu_mul_any(Isa isa, const float* gate, const float* up, float* out, int64_t n) {
-  if (isa >= Isa::Avx512) return silu_mul512(gate, up, out, n);
-  if (isa == Isa::Avx2) return silu_mul256(gate, up, out, n);
-  silu_mul_scalar(gate, up, out, n);
-}
-
 }  // namespace
 
-namespace detail {
-
-float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
+float detail::exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
   if (n <= 0) return 0.0f;
   if (isa >= Isa::Avx512) return exp_sum512(x, n, shift);
   if (isa == Isa::Avx2) return exp_sum256(x, n, shift);
@@ -138,16 +130,16 @@ float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
   return sum;
 }
 
-}  // namespace detail
-
 void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
   if (recording(&CpuOps::silu_mul, gate, up, out, n)) return;
   const Isa isa = active_isa();
-  if (n < kParallelMin) return silu_mul_any(isa, gate, up, out, n);
+  const auto kernel =
+      isa >= Isa::Avx512 ? silu_mul512 : isa == Isa::Avx2 ? silu_mul256 : silu_mul_scalar;
+  if (n < kParallelMin) return kernel(gate, up, out, n);
   // Chunks in multiples of 64 elements keep every thread's slice vector aligned in length.
   pool_.parallel_for(
-      n, [&](int64_t b, int64_t e, int) { silu_mul_any(isa, gate + b, up + b, out + b, e - b); }, 64);
+      n, [&](int64_t b, int64_t e, int) { kernel(gate + b, up + b, out + b, e - b); }, 64);
 }
 
 void CpuOps::add(float* y, const float* x, int64_t n) {

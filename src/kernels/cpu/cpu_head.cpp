@@ -150,10 +150,6 @@ TPDRAFT_TARGET_AVX512 void bf16_row_norms(const uint16_t* base, int64_t stride, 
   }
 }
 
-}  // namespace
-
-namespace {
-
 // FNV-1a over 256 elements spread evenly across the matrix: cheap (a few hundred cache lines)
 // next to the 10+ ms a draft's head pass takes, and any reload of different weights changes it.
 uint64_t head_fingerprint(const Matrix& head) {

@@ -48,11 +48,8 @@ std::atomic<int>& active_level() {
 
 bool detail::cpu_has_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool vnni = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512f");
-  }();
+  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
+  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
   return vnni;
 #else
   return false;
