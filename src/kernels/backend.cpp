@@ -46,20 +46,10 @@ double cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k
 #endif
 }
 
-}  // namespace tpdraft::kernels
-
-namespace tpdraft::kernels {
-
 const char* weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::Dense:
-      return "dense";
-    case WeightFormat::Int8:
-      return "int8";
-    case WeightFormat::Int4:
-      return "int4";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"dense", "int8", "int4"};
+  const auto i = static_cast<size_t>(f);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 // Backends without quantized kernels refuse quantized weights when they load.

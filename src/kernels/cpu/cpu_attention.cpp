@@ -4,20 +4,12 @@
 // keys as weight rows), softmax runs in f32 on whole score rows, and P.V is a register-blocked
 // broadcast kernel. For a few thousand context rows this is ~4 FLOPs per key element per query.
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
@@ -31,12 +23,7 @@ TPDRAFT_TARGET_AVX512 void pv_tile512(const float* p, int64_t ps, const float* v
                                       float* o, int64_t os) {
   for (int64_t d0 = 0; d0 < d; d0 += 64) {  // 4 vectors of 16 dims per pass: 4*RT accumulators
     __mmask16 mask[4];
-    for (int c = 0; c < 4; ++c) {
-      const int64_t left = d - d0 - 16 * c;
-      mask[c] = left >= 16  ? static_cast<__mmask16>(0xffff)
-                : left <= 0 ? static_cast<__mmask16>(0)
-                            : static_cast<__mmask16>((1u << left) - 1);
-    }
+    for (int c = 0; c < 4; ++c) mask[c] = mask16(std::max<int64_t>(0, d - d0 - 16 * c));
     __m512 acc[RT][4];
     for (int r = 0; r < RT; ++r)
       for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_maskz_loadu_ps(mask[c], o + r * os + d0 + 16 * c);

@@ -5,8 +5,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops_checks.h"
 
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
-
 namespace tpdraft::kernels::cpu {
 namespace {
 
@@ -33,16 +31,6 @@ TPDRAFT_INLINE void conv_rows_body(const ConvParams& p, int64_t row_begin, int64
   }
 }
 
-TPDRAFT_TARGET_AVX512 void conv_rows512(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
-TPDRAFT_TARGET_AVX2 void conv_rows256(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
-void conv_rows_scalar(const ConvParams& p, int64_t b, int64_t e) { conv_rows_body(p, b, e); }
-
-void conv_rows(Isa isa, const ConvParams& p, int64_t b, int64_t e) {
-  if (isa >= Isa::Avx512) return conv_rows512(p, b, e);
-  if (isa == Isa::Avx2) return conv_rows256(p, b, e);
-  conv_rows_scalar(p, b, e);
-}
-
 }  // namespace
 
 void CpuOps::dyn_conv(const ConvParams& p) {
@@ -50,8 +38,9 @@ void CpuOps::dyn_conv(const ConvParams& p) {
   if (recording(&CpuOps::dyn_conv, p)) return;
   const Isa isa = active_isa();
   const int64_t rows = p.sessions * p.block;
-  if (rows * p.hidden * p.kernel < kParallelMin) return conv_rows(isa, p, 0, rows);
-  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) { conv_rows(isa, p, b, e); });
+  if (rows * p.hidden * p.kernel < kParallelMin) return on_isa<conv_rows_body>(isa, p, 0, rows);
+  pool_.parallel_for(rows,
+                     [&](int64_t b, int64_t e, int) { on_isa<conv_rows_body>(isa, p, b, e); });
 }
 
 }  // namespace tpdraft::kernels::cpu

@@ -3,21 +3,11 @@
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -63,7 +53,7 @@ TPDRAFT_TARGET_AVX512 float exp_sum512(float* x, int64_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = mask16(n - i);
     const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
     _mm512_mask_storeu_ps(x + i, m, e);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
@@ -97,7 +87,7 @@ TPDRAFT_TARGET_AVX2 float exp_sum256(float* x, int64_t n, float shift) {
 TPDRAFT_TARGET_AVX512 void silu_mul512(const float* gate, const float* up, float* out, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 m = mask16(n - i);
     const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
     const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
@@ -126,17 +116,9 @@ void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) 
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void silu_mul_any(Isa isa, const float* gate, const float* up, float* out, int64_t n) {
-  if (isa >= Isa::Avx512) return silu_mul512(gate, up, out, n);
-  if (isa == Isa::Avx2) return silu_mul256(gate, up, out, n);
-  silu_mul_scalar(gate, up, out, n);
-}
-
 }  // namespace
 
-namespace detail {
-
-float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
+float detail::exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
   if (n <= 0) return 0.0f;
   if (isa >= Isa::Avx512) return exp_sum512(x, n, shift);
   if (isa == Isa::Avx2) return exp_sum256(x, n, shift);
@@ -148,16 +130,16 @@ float exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
   return sum;
 }
 
-}  // namespace detail
-
 void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
   if (recording(&CpuOps::silu_mul, gate, up, out, n)) return;
   const Isa isa = active_isa();
-  if (n < kParallelMin) return silu_mul_any(isa, gate, up, out, n);
+  const auto kernel =
+      isa >= Isa::Avx512 ? silu_mul512 : isa == Isa::Avx2 ? silu_mul256 : silu_mul_scalar;
+  if (n < kParallelMin) return kernel(gate, up, out, n);
   // Chunks in multiples of 64 elements keep every thread's slice vector aligned in length.
   pool_.parallel_for(
-      n, [&](int64_t b, int64_t e, int) { silu_mul_any(isa, gate + b, up + b, out + b, e - b); }, 64);
+      n, [&](int64_t b, int64_t e, int) { kernel(gate + b, up + b, out + b, e - b); }, 64);
 }
 
 void CpuOps::add(float* y, const float* x, int64_t n) {

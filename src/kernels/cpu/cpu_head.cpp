@@ -3,14 +3,6 @@
 // head_topk screens a bf16 head with vdpbf16ps (2x the f32 FMA rate) under a rigorous error bound
 // and recomputes the few rows that can still win with head_logits' exact f32 dot (same bits).
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,7 +10,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -149,9 +141,7 @@ TPDRAFT_TARGET_AVX512 void bf16_row_norms(const uint16_t* base, int64_t stride, 
     const uint16_t* w = base + r * stride;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < cols; c += 16) {
-      const __mmask16 m =
-          cols - c >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (cols - c)) - 1);
-      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + c));
+      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask16(cols - c), w + c));
       const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
       acc = _mm512_fmadd_ps(x, x, acc);
     }
@@ -159,10 +149,6 @@ TPDRAFT_TARGET_AVX512 void bf16_row_norms(const uint16_t* base, int64_t stride, 
     out[r] = static_cast<float>(std::sqrt(sum) * (1.0 + 1e-4) + floor);
   }
 }
-
-}  // namespace
-
-namespace {
 
 // FNV-1a over 256 elements spread evenly across the matrix: cheap (a few hundred cache lines)
 // next to the 10+ ms a draft's head pass takes, and any reload of different weights changes it.

@@ -3,29 +3,19 @@
 // wide weights: 2 FLOPs per weight element per row, so the kernels are compute bound and keep an
 // MR x NR tile of accumulators in registers, widening each weight vector once for MR rows.
 
-// GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
-namespace detail {
 
-int64_t packed_cols(int64_t cols) { return (cols + 31) / 32 * 32; }
+int64_t detail::packed_cols(int64_t cols) { return (cols + 31) / 32 * 32; }
 
-void pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m, int64_t cols, float* packed) {
+void detail::pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m,
+                       int64_t cols, float* packed) {
   const int64_t pc = packed_cols(cols);
   // Lanes of the kernels that will read the packing (see exact_dots); 0: natural order.
   const int64_t lanes = wtype != DType::BF16 ? 0 : isa >= Isa::Avx512 ? 16 : isa == Isa::Avx2 ? 8 : 0;
@@ -47,214 +37,172 @@ void pack_rows(Isa isa, DType wtype, const float* x, int64_t x_stride, int64_t m
   }
 }
 
-}  // namespace detail
-
 namespace {
 
 using detail::WeightRows;
 
 // ---------------------------------------------------------------------------------------------
-// AVX-512. Per (x row, weight row) pair: one accumulator, fed chunk by chunk in column order,
-// then reduced by a fixed halving tree, whatever MR and NR are.
+// AVX-512 and AVX2. Per (x row, weight row) pair: one accumulator, fed chunk by chunk in column
+// order, then reduced by a fixed halving tree, whatever MR and NR are.
 
-TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE float hsum512(__m512 a) {
-  const __m256 lo = _mm512_castps512_ps256(a);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  return _mm_cvtss_f32(s4);
-}
-
-// One chunk step per weight type: the bf16 kernels read 32 elements (as 16 even + 16 odd), the
-// others 16. The last partial chunk is copied into a zero-padded buffer first, so reads never
-// pass the end of a row and padding contributes exact zeros. Tile 4 x 6: 24 accumulators + 6
-// weight vectors + 1 x vector fill the 32 zmm registers, and per 32 bf16 columns 48 FMAs need
-// 12 weight loads, 12 widening ops and 8 x loads. Measured at m = 16, K = 2048 it beats 4x4,
-// 4x5, 6x4 (about even) and 8x3 (spills): ~70% of one core's FMA peak with data in L2.
-struct Avx512Bf16 {
-  using Elem = uint16_t;
-  static constexpr int kChunk = 32, kMr = 4, kNr = 6;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                        const float* x, int64_t xs) {
-    // Even elements: the bf16 bits shifted into the high half; odd ones: the high half masked.
-    const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(w[j] + off), 16));
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xe = _mm512_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xe, acc[i][j]);
-    }
-    for (int j = 0; j < NR; ++j)
-      wv[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(w[j] + off), odd_mask));
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xo = _mm512_loadu_ps(x + i * xs + 16);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xo, acc[i][j]);
-    }
-  }
-};
-
-struct Avx512F16 {
-  using Elem = uint16_t;
-  static constexpr int kChunk = 16, kMr = 4, kNr = 6;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                        const float* x, int64_t xs) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j)
-      wv[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off)));
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
-  }
-};
-
-struct Avx512F32 {
-  using Elem = float;
-  static constexpr int kChunk = 16, kMr = 4, kNr = 6;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                        const float* x, int64_t xs) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + off);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
-  }
-};
-
-template <class K, int MR>
-TPDRAFT_TARGET_AVX512 void tile512(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs,
-                                   float* out, int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
-  constexpr int NR = K::kNr, C = K::kChunk;
-  __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  const int64_t full = cols / C * C;
-  if (prefetch != 0) {
-    // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
-    // tile's rows (prefetch elements further on); the row groups of a block take turns.
-    for (int64_t c = 0, s = 0; c < full; c += C, ++s) {
-      if (s % pf_period == pf_phase)
-        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
-      K::template step<MR, NR>(acc, w, c, x + c, xs);
-    }
-  } else {
-    for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
-  }
-  if (full < cols) {
-    alignas(64) typename K::Elem tail[NR][C];
-    const typename K::Elem* tw[NR];
-    for (int j = 0; j < NR; ++j) {
-      std::memset(tail[j], 0, sizeof(tail[j]));
-      std::memcpy(tail[j], w[j] + full, static_cast<size_t>(cols - full) * sizeof(typename K::Elem));
-      tw[j] = tail[j];
-    }
-    K::template step<MR, NR>(acc, tw, 0, x + full, xs);
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) out[i * os + j] = hsum512(acc[i][j]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// AVX2 + FMA + F16C: the same scheme on 8 lanes with a smaller tile (16 ymm registers).
-
-TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE float hsum256(__m256 a) {
+// AVX only, so that the kernels of both levels inline it.
+__attribute__((target("avx"))) TPDRAFT_INLINE float hsum256(__m256 a) {
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
   return _mm_cvtss_f32(s4);
 }
 
-// 16 ymm registers: a 2 x 4 tile (8 accumulators + 4 weight vectors + x).
-struct Avx2Bf16 {
+TPDRAFT_TARGET_AVX512 TPDRAFT_INLINE float hsum512(__m512 a) {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(a),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+
+// Prefetches element `off` of each of NR rows into L1.
+template <int NR, typename Elem>
+TPDRAFT_INLINE void prefetch_rows(const Elem* const* w, int64_t off) {
+  for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + off), _MM_HINT_T0);
+}
+
+// A weight chunk widened to f32 vectors of L lanes, part by part: a bf16 chunk of 2L elements is
+// its L even (part 0: the bits shifted into the high half) and L odd elements (part 1: the high
+// half masked), the order pack_rows gave x; an f16 or f32 chunk is one part of L elements.
+struct Bf16W {
   using Elem = uint16_t;
-  static constexpr int kChunk = 16, kMr = 2, kNr = 4;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                      const float* x, int64_t xs) {
-    const __m256i odd_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    __m256i raw[NR];
-    for (int j = 0; j < NR; ++j) raw[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + off));
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xe = _mm256_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(raw[j], 16)), xe, acc[i][j]);
-    }
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xo = _mm256_loadu_ps(x + i * xs + 8);
-      for (int j = 0; j < NR; ++j)
-        acc[i][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(raw[j], odd_mask)), xo, acc[i][j]);
-    }
+  static constexpr int kParts = 2;
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE __m512 widen512(const Elem* w, int part) {
+    const __m512i raw = _mm512_loadu_si512(w);
+    return _mm512_castsi512_ps(part == 0 ? _mm512_slli_epi32(raw, 16)
+                                         : _mm512_and_si512(raw, _mm512_set1_epi32(kOddMask)));
+  }
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE __m256 widen256(const Elem* w, int part) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    return _mm256_castsi256_ps(part == 0 ? _mm256_slli_epi32(raw, 16)
+                                         : _mm256_and_si256(raw, _mm256_set1_epi32(kOddMask)));
+  }
+  static constexpr int kOddMask = static_cast<int>(0xffff0000u);
+};
+
+struct F16W {
+  using Elem = uint16_t;
+  static constexpr int kParts = 1;
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE __m512 widen512(const Elem* w, int) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  }
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE __m256 widen256(const Elem* w, int) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   }
 };
 
-struct Avx2F16 {
-  using Elem = uint16_t;
-  static constexpr int kChunk = 8, kMr = 2, kNr = 4;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                      const float* x, int64_t xs) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + off)));
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
-  }
-};
-
-struct Avx2F32 {
+struct F32W {
   using Elem = float;
-  static constexpr int kChunk = 8, kMr = 2, kNr = 4;
-  template <int MR, int NR>
-  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
-                                                      const float* x, int64_t xs) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w[j] + off);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * xs);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
+  static constexpr int kParts = 1;
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE __m512 widen512(const Elem* w, int) {
+    return _mm512_loadu_ps(w);
+  }
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE __m256 widen256(const Elem* w, int) {
+    return _mm256_loadu_ps(w);
   }
 };
 
-template <class K, int MR>
-TPDRAFT_TARGET_AVX2 void tile256(const typename K::Elem* const* w, int64_t cols, const float* x, int64_t xs, float* out,
-                                 int64_t os, int64_t prefetch, int pf_phase, int pf_period) {
-  constexpr int NR = K::kNr, C = K::kChunk;
-  __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  const int64_t full = cols / C * C;
-  if (prefetch != 0) {
+// The kernels of one level for weights W: step() multiplies one chunk of NR weight rows into MR x
+// rows, tile<MR>() runs the steps along whole rows.
+// AVX-512, tile 4 x 6: 24 accumulators + 6 weight vectors + 1 x vector fill the 32 zmm registers,
+// and per 32 bf16 columns 48 FMAs need 12 weight loads, 12 widening ops and 8 x loads. Measured at
+// m = 16, K = 2048 it beats 4x4, 4x5, 6x4 (about even) and 8x3 (spills): ~70% of one core's FMA
+// peak with data in L2. The last partial chunk is copied into a zero-padded buffer first, so reads
+// never pass the end of a row and padding contributes exact zeros.
+template <class W>
+struct Avx512 {
+  using Elem = typename W::Elem;
+  static constexpr int kChunk = 16 * W::kParts, kMr = 4, kNr = 6;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX512 static TPDRAFT_INLINE void step(__m512 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                        const float* x, int64_t xs) {
+    for (int part = 0; part < W::kParts; ++part) {
+      __m512 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = W::widen512(w[j] + off, part);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_loadu_ps(x + i * xs + 16 * part);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+      }
+    }
+  }
+  template <int MR>
+  TPDRAFT_TARGET_AVX512 static void tile(const Elem* const* w, int64_t cols, const float* x,
+                                         int64_t xs, float* out, int64_t os, int64_t prefetch,
+                                         int pf_phase, int pf_period) {
+    constexpr int NR = kNr, C = kChunk;
+    __m512 acc[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t full = cols / C * C;
     // Rows are often exactly one 4 KiB page, where hardware prefetchers stop: fetch the next
     // tile's rows (prefetch elements further on); the row groups of a block take turns.
-    for (int64_t c = 0, s = 0; c < full; c += C, ++s) {
-      if (s % pf_period == pf_phase)
-        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(w[j] + c + prefetch), _MM_HINT_T0);
-      K::template step<MR, NR>(acc, w, c, x + c, xs);
+    if (prefetch == 0)
+      for (int64_t c = 0; c < full; c += C) step<MR, NR>(acc, w, c, x + c, xs);
+    else
+      for (int64_t c = 0, s = 0; c < full; c += C, ++s) {
+        if (s % pf_period == pf_phase) prefetch_rows<NR>(w, c + prefetch);
+        step<MR, NR>(acc, w, c, x + c, xs);
+      }
+    if (full < cols) {
+      alignas(64) Elem tail[NR][C] = {};
+      const Elem* tw[NR];
+      for (int j = 0; j < NR; ++j)
+        tw[j] = static_cast<Elem*>(std::memcpy(tail[j], w[j] + full, (cols - full) * sizeof(Elem)));
+      step<MR, NR>(acc, tw, 0, x + full, xs);
     }
-  } else {
-    for (int64_t c = 0; c < full; c += C) K::template step<MR, NR>(acc, w, c, x + c, xs);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) out[i * os + j] = hsum512(acc[i][j]);
   }
-  if (full < cols) {
-    alignas(32) typename K::Elem tail[NR][C];
-    const typename K::Elem* tw[NR];
-    for (int j = 0; j < NR; ++j) {
-      std::memset(tail[j], 0, sizeof(tail[j]));
-      std::memcpy(tail[j], w[j] + full, static_cast<size_t>(cols - full) * sizeof(typename K::Elem));
-      tw[j] = tail[j];
+};
+
+// AVX2 + FMA + F16C: the same on 8 lanes with a 2 x 4 tile (8 accumulators + 4 weight vectors + x
+// of the 16 ymm registers).
+template <class W>
+struct Avx2 {
+  using Elem = typename W::Elem;
+  static constexpr int kChunk = 8 * W::kParts, kMr = 2, kNr = 4;
+  template <int MR, int NR>
+  TPDRAFT_TARGET_AVX2 static TPDRAFT_INLINE void step(__m256 (&acc)[MR][NR], const Elem* const* w, int64_t off,
+                                                      const float* x, int64_t xs) {
+    for (int part = 0; part < W::kParts; ++part) {
+      __m256 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = W::widen256(w[j] + off, part);
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + i * xs + 8 * part);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+      }
     }
-    K::template step<MR, NR>(acc, tw, 0, x + full, xs);
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) out[i * os + j] = hsum256(acc[i][j]);
-}
+  template <int MR>
+  TPDRAFT_TARGET_AVX2 static void tile(const Elem* const* w, int64_t cols, const float* x,
+                                       int64_t xs, float* out, int64_t os, int64_t prefetch,
+                                       int pf_phase, int pf_period) {
+    constexpr int NR = kNr, C = kChunk;
+    __m256 acc[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+    const int64_t full = cols / C * C;
+    if (prefetch == 0)
+      for (int64_t c = 0; c < full; c += C) step<MR, NR>(acc, w, c, x + c, xs);
+    else
+      for (int64_t c = 0, s = 0; c < full; c += C, ++s) {  // as in Avx512::tile
+        if (s % pf_period == pf_phase) prefetch_rows<NR>(w, c + prefetch);
+        step<MR, NR>(acc, w, c, x + c, xs);
+      }
+    if (full < cols) {
+      alignas(32) Elem tail[NR][C] = {};
+      const Elem* tw[NR];
+      for (int j = 0; j < NR; ++j)
+        tw[j] = static_cast<Elem*>(std::memcpy(tail[j], w[j] + full, (cols - full) * sizeof(Elem)));
+      step<MR, NR>(acc, tw, 0, x + full, xs);
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) out[i * os + j] = hsum256(acc[i][j]);
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Portable: 8 partial sums per pair (so a baseline compiler can still use SSE), halving tree.
@@ -303,24 +251,19 @@ template <class K>
 using TileFn = void (*)(const typename K::Elem* const*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int,
                         int);
 
-template <class K, bool Avx512, size_t... I>
+template <class K, size_t... I>
 const TileFn<K>* tile_table(std::index_sequence<I...>) {
-  if constexpr (Avx512) {
-    static constexpr TileFn<K> table[] = {&tile512<K, static_cast<int>(I) + 1>...};
-    return table;
-  } else {
-    static constexpr TileFn<K> table[] = {&tile256<K, static_cast<int>(I) + 1>...};
-    return table;
-  }
+  static constexpr TileFn<K> table[] = {&K::template tile<static_cast<int>(I) + 1>...};
+  return table;
 }
 
-template <class K, bool Avx512>
+template <class K>
 void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
                int64_t os) {
   using Elem = typename K::Elem;
   constexpr int MRMAX = K::kMr, NR = K::kNr;
   static_assert(MRMAX >= 1 && MRMAX <= 8, "tile heights 1..8 are instantiated");
-  const TileFn<K>* tiles = tile_table<K, Avx512>(std::make_index_sequence<MRMAX>{});
+  const TileFn<K>* tiles = tile_table<K>(std::make_index_sequence<MRMAX>{});
   const int64_t xs = detail::packed_cols(w.cols);
   const int64_t block_bytes = 512 * 1024;  // half of a 1 MiB L2, the rest for weight tiles
   int64_t mc = std::max<int64_t>(MRMAX, block_bytes / (xs * 4) / MRMAX * MRMAX);
@@ -350,30 +293,14 @@ void simd_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* pa
   }
 }
 
-}  // namespace
-
-namespace detail {
-
-void exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m, float* out,
-                int64_t out_stride) {
-  if (nrows <= 0 || m <= 0) return;
-  if (isa >= Isa::Avx512) {
-    if (w.dtype == DType::BF16) return simd_dots<Avx512Bf16, true>(w, row0, nrows, packed, m, out, out_stride);
-    if (w.dtype == DType::F16) return simd_dots<Avx512F16, true>(w, row0, nrows, packed, m, out, out_stride);
-    return simd_dots<Avx512F32, true>(w, row0, nrows, packed, m, out, out_stride);
-  }
-  if (isa == Isa::Avx2) {
-    if (w.dtype == DType::BF16) return simd_dots<Avx2Bf16, false>(w, row0, nrows, packed, m, out, out_stride);
-    if (w.dtype == DType::F16) return simd_dots<Avx2F16, false>(w, row0, nrows, packed, m, out, out_stride);
-    return simd_dots<Avx2F32, false>(w, row0, nrows, packed, m, out, out_stride);
-  }
-  if (w.dtype == DType::F32) return scalar_dots<float>(w, row0, nrows, packed, m, out, out_stride);
-  return scalar_dots<uint16_t>(w, row0, nrows, packed, m, out, out_stride);
+// The dots of level L for the weights' dtype.
+template <template <class> class L>
+void level_dots(const WeightRows& w, int64_t row0, int64_t nrows, const float* packed, int64_t m,
+                float* out, int64_t os) {
+  if (w.dtype == DType::BF16) return simd_dots<L<Bf16W>>(w, row0, nrows, packed, m, out, os);
+  if (w.dtype == DType::F16) return simd_dots<L<F16W>>(w, row0, nrows, packed, m, out, os);
+  simd_dots<L<F32W>>(w, row0, nrows, packed, m, out, os);
 }
-
-}  // namespace detail
-
-namespace {
 
 // What the threads of one matmul share; lambdas capture it by one reference, which fits
 // std::function's inline storage, so a call allocates nothing.
@@ -400,6 +327,15 @@ void matmul_columns(const MatmulJob& job, int64_t unit_begin, int64_t unit_end) 
 }
 
 }  // namespace
+
+void detail::exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrows,
+                        const float* packed, int64_t m, float* out, int64_t out_stride) {
+  if (nrows <= 0 || m <= 0) return;
+  if (isa >= Isa::Avx512) return level_dots<Avx512>(w, row0, nrows, packed, m, out, out_stride);
+  if (isa == Isa::Avx2) return level_dots<Avx2>(w, row0, nrows, packed, m, out, out_stride);
+  if (w.dtype == DType::F32) return scalar_dots<float>(w, row0, nrows, packed, m, out, out_stride);
+  return scalar_dots<uint16_t>(w, row0, nrows, packed, m, out, out_stride);
+}
 
 void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
   if (w.quantized()) {

@@ -7,8 +7,6 @@
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 
-#define TPDRAFT_INLINE inline __attribute__((always_inline))
-
 namespace tpdraft::kernels::cpu {
 namespace {
 
@@ -35,22 +33,6 @@ TPDRAFT_INLINE void rms_rows_body(const float* x, const float* w, float* y, int6
   }
 }
 
-TPDRAFT_TARGET_AVX512 void rms_rows512(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  rms_rows_body(x, w, y, rows, n, eps);
-}
-TPDRAFT_TARGET_AVX2 void rms_rows256(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  rms_rows_body(x, w, y, rows, n, eps);
-}
-void rms_rows_scalar(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  rms_rows_body(x, w, y, rows, n, eps);
-}
-
-void rms_rows(Isa isa, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  if (isa >= Isa::Avx512) return rms_rows512(x, w, y, rows, n, eps);
-  if (isa == Isa::Avx2) return rms_rows256(x, w, y, rows, n, eps);
-  rms_rows_scalar(x, w, y, rows, n, eps);
-}
-
 // One row of [heads, D]: RMSNorm each head with w[D], then rotate pairs (i, i + D/2) by the
 // angles whose cos/sin are in cs[0 .. D/2) and cs[D/2 .. D).
 TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, int64_t d, float eps, const float* cs) {
@@ -69,26 +51,16 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
   }
 }
 
-TPDRAFT_TARGET_AVX512 void norm_rope_row512(float* x, const float* w, int64_t heads, int64_t d, float eps,
-                                            const float* cs) {
-  norm_rope_row_body(x, w, heads, d, eps, cs);
-}
-TPDRAFT_TARGET_AVX2 void norm_rope_row256(float* x, const float* w, int64_t heads, int64_t d, float eps,
-                                          const float* cs) {
-  norm_rope_row_body(x, w, heads, d, eps, cs);
-}
-void norm_rope_row_scalar(float* x, const float* w, int64_t heads, int64_t d, float eps, const float* cs) {
-  norm_rope_row_body(x, w, heads, d, eps, cs);
-}
-
 }  // namespace
 
 void CpuOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
   if (recording(&CpuOps::rms_norm, x, w, y, rows, n, eps)) return;
   const Isa isa = active_isa();
-  if (rows * n < kParallelMin) return rms_rows(isa, x, w, y, rows, n, eps);
-  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) { rms_rows(isa, x + b * n, w, y + b * n, e - b, n, eps); });
+  if (rows * n < kParallelMin) return on_isa<rms_rows_body>(isa, x, w, y, rows, n, eps);
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    on_isa<rms_rows_body>(isa, x + b * n, w, y + b * n, e - b, n, eps);
+  });
 }
 
 void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -114,13 +86,7 @@ void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t head
         cs[i] = static_cast<float>(std::cos(angle));
         cs[half + i] = static_cast<float>(std::sin(angle));
       }
-      float* xr = x + r * heads * head_dim;
-      if (isa >= Isa::Avx512)
-        norm_rope_row512(xr, w, heads, head_dim, eps, cs);
-      else if (isa == Isa::Avx2)
-        norm_rope_row256(xr, w, heads, head_dim, eps, cs);
-      else
-        norm_rope_row_scalar(xr, w, heads, head_dim, eps, cs);
+      on_isa<norm_rope_row_body>(isa, x + r * heads * head_dim, w, heads, head_dim, eps, cs);
     }
   };
   if (rows * heads * head_dim < kParallelMin) return body(0, rows, 0);

@@ -48,11 +48,8 @@ std::atomic<int>& active_level() {
 
 bool detail::cpu_has_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool vnni = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512f");
-  }();
+  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
+  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
   return vnni;
 #else
   return false;
@@ -60,17 +57,9 @@ bool detail::cpu_has_vnni() {
 }
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::Scalar:
-      return "scalar";
-    case Isa::Avx2:
-      return "avx2";
-    case Isa::Avx512:
-      return "avx512";
-    case Isa::Avx512Bf16:
-      return "avx512-bf16";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512", "avx512-bf16"};
+  const auto i = static_cast<size_t>(isa);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 Isa detected_isa() {

@@ -23,6 +23,9 @@
 #define TPDRAFT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPDRAFT_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #define TPDRAFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+// A kernel's helpers and per-ISA bodies are always inlined into the kernel that calls them.
+#define TPDRAFT_INLINE inline __attribute__((always_inline))
 
 namespace tpdraft::kernels::cpu {
 
@@ -35,6 +38,20 @@ Isa active_isa();    // the level the kernels use now (detected unless forced)
 // Makes the kernels use `isa`, clamped to detected_isa(); returns the level now in effect.
 // For tests that compare the variants; not meant to be flipped while ops run.
 Isa force_isa(Isa isa);
+
+// Body(args...) compiled for `isa`: Body, a TPDRAFT_INLINE function of plain loops, is inlined
+// into a function with the level's target attribute, where the compiler vectorises it for that
+// level (AVX-512 levels alike; below AVX2 the baseline build).
+template <auto Body, class... A>
+TPDRAFT_TARGET_AVX512 void on_avx512(A&&... a) { Body(std::forward<A>(a)...); }
+template <auto Body, class... A>
+TPDRAFT_TARGET_AVX2 void on_avx2(A&&... a) { Body(std::forward<A>(a)...); }
+template <auto Body, class... A>
+void on_isa(Isa isa, A&&... a) {
+  if (isa >= Isa::Avx512) return on_avx512<Body>(std::forward<A>(a)...);
+  if (isa == Isa::Avx2) return on_avx2<Body>(std::forward<A>(a)...);
+  Body(std::forward<A>(a)...);
+}
 
 // Kernels for quantized weights (cpu_qmatmul.cpp): chosen from the active level, VNNI when the
 // processor has AVX-512 VNNI and the level is AVX-512 or above.

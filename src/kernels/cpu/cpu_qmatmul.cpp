@@ -7,28 +7,17 @@
 // AVX2 (maddubs + madd, 8 rows at a time), AVX-512 VNNI (vpdpbusd, 16 rows). The integer sums are exact and
 // the float steps are the same operations in the same order, so every variant gives bit-identical
 // results.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/checked.h"
 #include "core/error.h"
-#include "kernels/cpu/cpu_ops.h"
-
-#define TPDRAFT_INLINE_Q inline __attribute__((always_inline))
-#define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {
 
-namespace detail {
-
-int64_t quant_block(int64_t group, int64_t cols) {
+int64_t detail::quant_block(int64_t group, int64_t cols) {
   // One scale per row: any block length works (the last block may be short); 128 keeps the
   // activation scales local.
   if (group == cols) return cols <= 256 ? cols : 128;
@@ -40,7 +29,8 @@ int64_t quant_block(int64_t group, int64_t cols) {
   return group;
 }
 
-QuantLayout quant_layout(WeightFormat format, int64_t rows, int64_t cols, int64_t group) {
+detail::QuantLayout detail::quant_layout(WeightFormat format, int64_t rows, int64_t cols,
+                                         int64_t group) {
   TPDRAFT_CHECK(format == WeightFormat::Int8 || format == WeightFormat::Int4, "quantized layout of a {} matrix",
                 weight_format_name(format));
   TPDRAFT_CHECK(rows > 0 && cols > 0 && group > 0 && cols % group == 0,
@@ -66,7 +56,8 @@ QuantLayout quant_layout(WeightFormat format, int64_t rows, int64_t cols, int64_
   return l;
 }
 
-void quantize_activations(const QuantLayout& l, const float* x, int64_t m, int8_t* xq, float* xs, int32_t* xsum) {
+void detail::quantize_activations(const QuantLayout& l, const float* x, int64_t m, int8_t* xq,
+                                  float* xs, int32_t* xsum) {
   const int64_t stride = l.nb * l.kp;
   for (int64_t i = 0; i < m; ++i) {
     const float* row = x + i * l.cols;
@@ -91,8 +82,6 @@ void quantize_activations(const QuantLayout& l, const float* x, int64_t m, int8_
     }
   }
 }
-
-}  // namespace detail
 
 namespace {
 
@@ -167,7 +156,7 @@ void scalar_group(const QuantLayout& l, const std::byte* wg, const int8_t* xq, i
   }
 }
 
-TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE_Q __m256i bcast4(const int8_t* p) {
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE __m256i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
@@ -230,7 +219,7 @@ TPDRAFT_TARGET_AVX2 void avx2_group(const QuantLayout& l, const std::byte* wg, c
   }
 }
 
-TPDRAFT_TARGET_VNNI TPDRAFT_INLINE_Q __m512i bcast4_512(const int8_t* p) {
+TPDRAFT_TARGET_VNNI TPDRAFT_INLINE __m512i bcast4_512(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
@@ -282,17 +271,15 @@ using GroupFn = void (*)(const QuantLayout&, const std::byte*, const int8_t*, in
 // Activation rows per weight load. AVX2's 16 registers just hold 8 int32 sums beside the weights
 // and constants (the f32 sums, touched once a block, may spill): 8 rows measured ~10% faster than
 // 4 for int8 (bench/matmul_ab) and the same for int4. AVX-512 (with VL) has 32.
-constexpr int kAvx2Mr = 8, kVnniMr = 8, kQuantMr = kVnniMr;
+constexpr int kAvx2Mr = 8, kVnniMr = 8, kQuantMr = std::max(kAvx2Mr, kVnniMr);
 
-template <int Bits, bool Vnni, int... MR>
-const GroupFn* group_table(std::integer_sequence<int, MR...>) {
-  if constexpr (Vnni) {
-    static constexpr GroupFn table[] = {&vnni_group<MR + 1, Bits>...};
-    return table;
-  } else {
-    static constexpr GroupFn table[] = {&avx2_group<MR + 1, Bits>...};
-    return table;
-  }
+// The kernels for 1..kQuantMr activation rows: tables[vnni][int8] (AVX2 or VNNI, int4 or int8).
+template <int... I>
+const GroupFn* group_table(bool vnni, bool int8, std::integer_sequence<int, I...>) {
+  static constexpr GroupFn tables[2][2][sizeof...(I)] = {
+      {{&avx2_group<I + 1, 4>...}, {&avx2_group<I + 1, 8>...}},
+      {{&vnni_group<I + 1, 4>...}, {&vnni_group<I + 1, 8>...}}};
+  return tables[vnni][int8];
 }
 
 struct QJob {
@@ -312,13 +299,9 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
   const QuantLayout& l = job.l;
   const int64_t n = l.rows;
   const GroupFn* table = nullptr;
-  if (job.kernel != QuantKernel::Scalar) {
-    const bool vnni = job.kernel == QuantKernel::Avx512Vnni;
-    table = l.bits == 8 ? (vnni ? group_table<8, true>(std::make_integer_sequence<int, kVnniMr>{})
-                                : group_table<8, false>(std::make_integer_sequence<int, kAvx2Mr>{}))
-                        : (vnni ? group_table<4, true>(std::make_integer_sequence<int, kVnniMr>{})
-                                : group_table<4, false>(std::make_integer_sequence<int, kAvx2Mr>{}));
-  }
+  if (job.kernel != QuantKernel::Scalar)
+    table = group_table(job.kernel == QuantKernel::Avx512Vnni, l.bits == 8,
+                        std::make_integer_sequence<int, kQuantMr>{});
   const int64_t tile = job.kernel == QuantKernel::Avx512Vnni ? kVnniMr : kAvx2Mr;
   const int64_t mc = std::max<int64_t>(tile, (256 * 1024) / std::max<int64_t>(1, job.xstride) / tile * tile);
   float tmp[kQuantMr * kQuantRows];
@@ -355,15 +338,9 @@ QuantKernel quant_kernel(Isa isa) {
 }
 
 const char* quant_kernel_name(QuantKernel k) {
-  switch (k) {
-    case QuantKernel::Scalar:
-      return "scalar";
-    case QuantKernel::Avx2:
-      return "avx2";
-    case QuantKernel::Avx512Vnni:
-      return "avx512-vnni";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512-vnni"};
+  const auto i = static_cast<size_t>(k);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 size_t CpuOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
