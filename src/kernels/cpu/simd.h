@@ -2,12 +2,17 @@
 #pragma once
 
 // GCC 12's AVX-512 headers self-initialise "undefined" vectors and trip -Wuninitialized at every
-// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only.
+// inlined use (GCC PR 105593); the warning is located in the header, so silence it there only
+// (clang has neither the problem nor the -Wmaybe-uninitialized group).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 
 #include <cstdint>
 
