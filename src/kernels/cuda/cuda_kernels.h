@@ -46,11 +46,9 @@ void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, f
 // ---- cuda_qgemm.cu: weight-only int8 / int4 matmul ---------------------------------------------
 // A quantized matrix in device memory, in the tiled layout of kernels/qtile_layout.h.
 struct QuantTiles {
-  int bits = 8;
-  int64_t n = 0, k = 0, group = 0, groups = 0;  // W [n, k], a scale per group inputs
-  int64_t n_padded = 0, tiles_n = 0, tiles_k = 0;
-  const void* tiles = nullptr;     // tiles_n * tiles_k tiles of 512 bytes
-  const float* scales = nullptr;   // [groups][n_padded]
+  qtile::Layout l;                // W [l.rows, l.cols], a scale per l.group inputs
+  const void* tiles = nullptr;     // l.tiles_n * l.tiles_k tiles of 512 bytes
+  const float* scales = nullptr;   // [l.groups][l.rows_padded]
 };
 // How the tensor-core kernel splits K over the grid (qtile::split_k); splits > 1 needs
 // splits * m * n floats of partial sums.

@@ -211,15 +211,15 @@ __global__ void sum_splits_kernel(const float* part, int splits, int64_t m, int6
 // out[r][k] = bf16(q[n0 + r][k] * scale), rows [n0, n0 + rows) of the matrix, row-major [rows, k].
 template <int BITS>
 __global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bfloat16* out) {
-  const int64_t count = rows * w.k;
+  const int64_t count = rows * w.l.cols;
   const auto* bytes = static_cast<const uint8_t*>(w.tiles);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t n = n0 + i / w.k, k = i % w.k;
+    const int64_t n = n0 + i / w.l.cols, k = i % w.l.cols;
     int shift = 0;
-    const int64_t at = qtile::weight_byte(BITS, w.tiles_k, n, k, &shift);
+    const int64_t at = qtile::weight_byte(BITS, w.l.tiles_k, n, k, &shift);
     const int q = qtile::q_of_word(BITS, static_cast<uint32_t>(bytes[at]) >> shift, 0);
-    const float s = w.scales[qtile::group_of(k, w.group, w.groups) * w.n_padded + n];
+    const float s = w.scales[qtile::group_of(k, w.l.group, w.l.groups) * w.l.rows_padded + n];
     out[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(q), s));
   }
 }
@@ -259,39 +259,39 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
   a.bias = bias;
   a.out = plan.splits > 1 ? partials : y;
   a.m = m;
-  a.n = w.n;
-  a.k = w.k;
-  a.n_padded = w.n_padded;
-  a.tiles_k = w.tiles_k;
-  a.group = w.group;
-  a.groups = w.groups;
-  a.tiles_n = w.tiles_n;
+  a.n = w.l.rows;
+  a.k = w.l.cols;
+  a.n_padded = w.l.rows_padded;
+  a.tiles_k = w.l.tiles_k;
+  a.group = w.l.group;
+  a.groups = w.l.groups;
+  a.tiles_n = w.l.tiles_n;
   a.chunks = plan.chunks;
   a.chunks_per_split = plan.chunks_per_split;
   a.splits = plan.splits;
   const int mt = static_cast<int>((m + 15) / 16);
-  const bool uniform = qtile::step_uniform(w.group, w.groups);
+  const bool uniform = qtile::step_uniform(w.l.group, w.l.groups);
   const dim3 grid(static_cast<unsigned>(plan.block_columns), static_cast<unsigned>(plan.splits));
-  if (w.bits == 8)
+  if (w.l.bits == 8)
     launch_tc<8>(a, mt, uniform, grid, stream);
   else
     launch_tc<4>(a, mt, uniform, grid, stream);
   TPDRAFT_CHECK_LAUNCH("qgemm (tensor cores)");
   if (plan.splits > 1) {
-    const int64_t count = m * w.n, blocks = (count + 255) / 256;
+    const int64_t count = m * w.l.rows, blocks = (count + 255) / 256;
     sum_splits_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        partials, plan.splits, m, w.n, bias, y);
+        partials, plan.splits, m, w.l.rows, bias, y);
     TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
   }
 }
 
 void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream) {
-  const int64_t count = rows * w.k;
+  const int64_t count = rows * w.l.cols;
   if (count <= 0) return;
   const int64_t blocks = (count + 255) / 256;
   const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
   auto* o = static_cast<__nv_bfloat16*>(out);
-  if (w.bits == 8)
+  if (w.l.bits == 8)
     dequant_kernel<8><<<grid, 256, 0, stream>>>(w, n0, rows, o);
   else
     dequant_kernel<4><<<grid, 256, 0, stream>>>(w, n0, rows, o);

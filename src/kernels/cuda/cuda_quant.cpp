@@ -39,37 +39,27 @@ Matrix CudaOps::upload_quantized(const QuantizedRows& src, void* dst) {
 
 void CudaOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
   const qtile::Layout l = qtile::layout(bits_of(w.format), w.rows, w.cols, w.group);
-  QuantTiles t;
-  t.bits = l.bits;
-  t.n = l.rows;
-  t.k = l.cols;
-  t.group = l.group;
-  t.groups = l.groups;
-  t.n_padded = l.rows_padded;
-  t.tiles_n = l.tiles_n;
-  t.tiles_k = l.tiles_k;
-  t.tiles = w.data;
-  t.scales = reinterpret_cast<const float*>(static_cast<const std::byte*>(w.data) + l.scale_offset);
-  TPDRAFT_CHECK(t.tiles_n <= 0x7fffffff, "matmul: {} output rows exceed the cuda grid", t.n);
+  const QuantTiles t{l, w.data, reinterpret_cast<const float*>(static_cast<const std::byte*>(w.data) + l.scale_offset)};
+  TPDRAFT_CHECK(l.tiles_n <= 0x7fffffff, "matmul: {} output rows exceed the cuda grid", l.rows);
   DeviceGuard guard(device_);
   if (m <= kQgemmTcMaxRows) {
-    const QTcPlan plan = qtile::split_k(t.tiles_n, t.k, sm_count_);
-    float* partials = plan.splits > 1 ? parts_.as<float>(static_cast<size_t>(plan.splits * m * t.n), stream_) : nullptr;
+    const QTcPlan plan = qtile::split_k(l.tiles_n, l.cols, sm_count_);
+    float* partials = plan.splits > 1 ? parts_.as<float>(static_cast<size_t>(plan.splits * m * l.rows), stream_) : nullptr;
     launch_qgemm_tc(t, plan, x, m, y, bias, partials, stream_);
     return;
   }
   // Activations rounded to bf16 once (the same rounding the tensor-core kernel applies), then
   // each block of weight rows dequantized and multiplied straight into its columns of y.
-  void* xa = act_.get(static_cast<size_t>(m * t.k) * 2, stream_);
-  launch_split_activations(x, m, t.k, DType::BF16, 1, xa, stream_);
-  const int64_t block_rows = std::min(t.n, std::max<int64_t>(qtile::kTileN, kDequantBytes / (2 * t.k)));
-  void* wb = dequant_.get(static_cast<size_t>(block_rows * t.k) * 2, stream_);
-  for (int64_t n0 = 0; n0 < t.n; n0 += block_rows) {
-    const int64_t rows = std::min(block_rows, t.n - n0);
+  void* xa = act_.get(static_cast<size_t>(m * l.cols) * 2, stream_);
+  launch_split_activations(x, m, l.cols, DType::BF16, 1, xa, stream_);
+  const int64_t block_rows = std::min(l.rows, std::max<int64_t>(qtile::kTileN, kDequantBytes / (2 * l.cols)));
+  void* wb = dequant_.get(static_cast<size_t>(block_rows * l.cols) * 2, stream_);
+  for (int64_t n0 = 0; n0 < l.rows; n0 += block_rows) {
+    const int64_t rows = std::min(block_rows, l.rows - n0);
     launch_qdequant(t, n0, rows, wb, stream_);
-    gemm_bf16_into(wb, rows, t.k, xa, m, y + n0, t.n);
+    gemm_bf16_into(wb, rows, l.cols, xa, m, y + n0, l.rows);
   }
-  if (bias != nullptr) launch_sum_parts(y, 1, m, t.n, bias, y, stream_);
+  if (bias != nullptr) launch_sum_parts(y, 1, m, l.rows, bias, y, stream_);
 }
 
 }  // namespace tpdraft::kernels::cuda
