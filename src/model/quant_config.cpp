@@ -258,6 +258,17 @@ QuantRequest QuantRequest::preset(const std::string& name) {
   return r;
 }
 
+QuantScheme QuantRequest::scheme(int scheme_bits, int64_t cols) const {
+  QuantScheme s;
+  s.kind = QuantScheme::Kind::Int;
+  s.bits = scheme_bits;
+  if (group > 0 && cols % group == 0) {
+    s.strategy = QuantScheme::Strategy::Group;
+    s.group = group;
+  }
+  return s;
+}
+
 QuantConfig plan_quantization(const QuantRequest& r,
                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                               QuantConfig::Source source) {
@@ -281,15 +292,7 @@ QuantConfig plan_quantization(const QuantRequest& r,
       bits = r.aux_bits;
     }
     if (bits == 0) continue;
-    QuantScheme s;
-    s.kind = QuantScheme::Kind::Int;
-    s.bits = bits;
-    if (r.group > 0 && shape[1] % r.group == 0) {
-      s.strategy = QuantScheme::Strategy::Group;
-      s.group = r.group;
-    } else {
-      s.strategy = QuantScheme::Strategy::Channel;
-    }
+    const QuantScheme s = r.scheme(bits, shape[1]);
     const std::string module = name.substr(0, name.size() - std::string(".weight").size());
     QuantConfig::Group* g = nullptr;
     for (auto& existing : c.groups)

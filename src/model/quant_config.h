@@ -78,6 +78,9 @@ struct QuantRequest {
   // matrices 4-bit, fc and the projections 8-bit), groups of 128 where they fit; "q8+head" and
   // "q4+head" hold the target's head in 8 bits as well (the largest matrix a draft reads).
   static QuantRequest preset(const std::string& name);
+  // The scheme of `bits` for a matrix of `cols` columns: groups of `group` where they divide the
+  // columns, per channel otherwise.
+  QuantScheme scheme(int bits, int64_t cols) const;
 };
 
 // The names preset() takes, and them as one phrase for messages ("q8, q4, q8+head or q4+head").

@@ -37,15 +37,8 @@ QuantConfig quantization_on_load(const DrafterConfig& config, const std::string&
                 config.quant.file);
   const QuantRequest request = QuantRequest::preset(mode);
   QuantConfig q = plan_quantization(request, expected_drafter_tensors(config), QuantConfig::Source::OnLoad);
-  if (request.head_bits > 0) {
-    // The head's rows are vocabulary entries of `hidden` columns: groups of 128 where they fit.
-    q.head.kind = QuantScheme::Kind::Int;
-    q.head.bits = request.head_bits;
-    if (config.hidden % request.group == 0) {
-      q.head.strategy = QuantScheme::Strategy::Group;
-      q.head.group = request.group;
-    }
-  }
+  // The head's rows are vocabulary entries of `hidden` columns.
+  if (request.head_bits > 0) q.head = request.scheme(request.head_bits, config.hidden);
   return q;
 }
 
