@@ -156,7 +156,7 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   head_dtype = head_info.dtype;
   if (cfg.quant.head.quantized()) {
     TPDRAFT_CHECK(ops.quantized_head(), "{}: --quant with +head: backend '{}' has no kernels for a quantized head "
-                  "(use the cpu backend, or --quant without +head)", target_->source(), ops.name());
+                  "(use --quant without +head)", target_->source(), ops.name());
     head = load_quantized(*target_, head_name, head_info.shape, head_share, cfg.quant.head);
   } else {
     head = load_matrix(*target_, head_name, head_info.shape, head_share);
