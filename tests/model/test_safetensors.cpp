@@ -197,9 +197,7 @@ TEST(Safetensors, CopyRowsAndColsMatchSlicingTheWholeTensor) {
       const size_t ds = dtype_size(dst);
       for (int64_t r0 = 0; r0 <= R; ++r0) {
         for (int64_t nr = 0; r0 + nr <= R; ++nr) {
-          std::vector<float> want;
-          for (int64_t r = r0; r < r0 + nr; ++r)
-            for (int64_t c = 0; c < C; ++c) want.push_back(full[static_cast<size_t>(r * C + c)]);
+          const std::vector<float> want(full.begin() + r0 * C, full.begin() + (r0 + nr) * C);
           std::vector<std::byte> got(static_cast<size_t>(nr * C) * ds + 1);
           copy_rows(t, r0, nr, dst, got.data());
           got.pop_back();
