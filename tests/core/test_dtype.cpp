@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "support/test_support.h"
 
 namespace tpdraft {
 namespace {
@@ -93,29 +94,21 @@ TEST(DType, NamesSizesAndParsing) {
   EXPECT_FALSE(is_float_weight(DType::I64));
 }
 
-TEST(DType, F16DecodeMatchesReferenceOnAllPatterns) {
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float got = f16_to_f32(static_cast<uint16_t>(h));
-    const double want = ref_f16(static_cast<uint16_t>(h));
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << std::hex << h;
-      EXPECT_EQ(std::signbit(got), (h & 0x8000) != 0) << std::hex << h;
-    } else {
-      // Compare bits so that -0 and +0 are told apart.
-      EXPECT_EQ(bits_of(got), bits_of(static_cast<float>(want))) << std::hex << h;
-      EXPECT_EQ(static_cast<double>(got), want) << std::hex << h;
-    }
-  }
-}
-
-TEST(DType, Bf16DecodeMatchesReferenceOnAllPatterns) {
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float got = bf16_to_f32(static_cast<uint16_t>(h));
-    const double want = ref_bf16(static_cast<uint16_t>(h));
-    if (std::isnan(want)) {
-      EXPECT_TRUE(std::isnan(got)) << std::hex << h;
-    } else {
-      EXPECT_EQ(bits_of(got), bits_of(static_cast<float>(want))) << std::hex << h;
+TEST(DType, HalfDecodeMatchesReferenceOnAllPatterns) {
+  for (DType t : {DType::F16, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    for (uint32_t h = 0; h < 65536; ++h) {
+      const auto x = static_cast<uint16_t>(h);
+      const float got = t == DType::F16 ? f16_to_f32(x) : bf16_to_f32(x);
+      const double want = t == DType::F16 ? ref_f16(x) : ref_bf16(x);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << std::hex << h;
+        EXPECT_EQ(std::signbit(got), (h & 0x8000) != 0) << std::hex << h;
+      } else {
+        // Compare bits so that -0 and +0 are told apart.
+        EXPECT_EQ(bits_of(got), bits_of(static_cast<float>(want))) << std::hex << h;
+        EXPECT_EQ(static_cast<double>(got), want) << std::hex << h;
+      }
     }
   }
 }
@@ -252,13 +245,8 @@ TEST(DType, ArrayConversionsMatchScalarOnes) {
 TEST(DType, UnsupportedConversionsThrow) {
   int64_t ints[2] = {1, 2};
   float out[2];
-  EXPECT_THROW(convert_to_f32(DType::I64, ints, out, 2), Error);
+  testing::expect_error([&] { convert_to_f32(DType::I64, ints, out, 2); }, {"I64"});
   EXPECT_THROW(convert_from_f32(DType::I32, out, ints, 2), Error);
-  try {
-    convert_to_f32(DType::I64, ints, out, 2);
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("I64"), std::string::npos) << e.what();
-  }
 }
 
 TEST(DType, FindNonFiniteAgreesWithIsfiniteOnEveryHalfPattern) {
@@ -317,12 +305,6 @@ TEST(DType, FindNonFiniteReportsTheFirstHitInLongArrays) {
     }
   }
 }
-
-}  // namespace
-}  // namespace tpdraft
-
-namespace tpdraft {
-namespace {
 
 // safetensors does not align tensor data: a 16-bit tensor after a header of odd length starts at
 // an odd address. Converting from there gives what the aligned copy gives (and, under UBSan,

@@ -96,9 +96,24 @@ TEST(Safetensors, RoundTripAllDtypesAndMetadata) {
   EXPECT_EQ(f.metadata().at("note"), "tiny");
   EXPECT_EQ(f.metadata().size(), 2u);
 
+  // Each tensor with its dtype and the bytes written.
+  const struct {
+    const char* name;
+    DType dtype;
+    const void* data;
+    size_t bytes;
+  } stored[] = {{"z.first", DType::F32, a.data(), 48},
+                {"a.second", DType::F16, h.data(), 10},
+                {"model.m.third", DType::BF16, b.data(), 12},
+                {"ids", DType::I64, ids.data(), 32}};
+  for (const auto& s : stored) {
+    const TensorInfo* t = f.find(s.name);
+    ASSERT_NE(t, nullptr) << s.name;
+    EXPECT_EQ(t->dtype, s.dtype) << s.name;
+    EXPECT_EQ(std::memcmp(t->data, s.data, s.bytes), 0) << s.name;
+  }
+
   const TensorInfo* t = f.find("z.first");
-  ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->dtype, DType::F32);
   EXPECT_EQ(t->shape, (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(t->numel(), 12);
   EXPECT_EQ(t->rows(), 3);
@@ -106,24 +121,8 @@ TEST(Safetensors, RoundTripAllDtypesAndMetadata) {
   EXPECT_EQ(t->shape_str(), "[3, 4]");
   EXPECT_EQ(t->nbytes, 48u);
   EXPECT_EQ(t->file, path);
-  EXPECT_EQ(std::memcmp(t->data, a.data(), 48), 0);
-
-  t = f.find("a.second");
-  ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->dtype, DType::F16);
-  EXPECT_EQ(t->rows(), 1);
-  EXPECT_EQ(t->cols(), 5);
-  EXPECT_EQ(std::memcmp(t->data, h.data(), 10), 0);
-
-  t = f.find("model.m.third");
-  ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->dtype, DType::BF16);
-  EXPECT_EQ(std::memcmp(t->data, b.data(), 12), 0);
-
-  t = f.find("ids");
-  ASSERT_NE(t, nullptr);
-  EXPECT_EQ(t->dtype, DType::I64);
-  EXPECT_EQ(std::memcmp(t->data, ids.data(), 32), 0);
+  EXPECT_EQ(f.find("a.second")->rows(), 1);
+  EXPECT_EQ(f.find("a.second")->cols(), 5);
 
   t = f.find("empty");
   ASSERT_NE(t, nullptr);
@@ -198,9 +197,7 @@ TEST(Safetensors, CopyRowsAndColsMatchSlicingTheWholeTensor) {
       const size_t ds = dtype_size(dst);
       for (int64_t r0 = 0; r0 <= R; ++r0) {
         for (int64_t nr = 0; r0 + nr <= R; ++nr) {
-          std::vector<float> want;
-          for (int64_t r = r0; r < r0 + nr; ++r)
-            for (int64_t c = 0; c < C; ++c) want.push_back(full[static_cast<size_t>(r * C + c)]);
+          const std::vector<float> want(full.begin() + r0 * C, full.begin() + (r0 + nr) * C);
           std::vector<std::byte> got(static_cast<size_t>(nr * C) * ds + 1);
           copy_rows(t, r0, nr, dst, got.data());
           got.pop_back();
@@ -385,21 +382,19 @@ TEST(TensorStore, IndexErrors) {
   TempDir dir;
   write_f32(dir.file("s1.safetensors"), {{"a", {1}}});
   const std::string index = dir.file("model.safetensors.index.json");
-
-  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
-  expect_error([&] { TensorStore::open(dir.path()); }, {index, "s2.safetensors", "'b'", "does not exist"});
-
-  testing::write_text(index, R"({"weight_map": {"a": "s1.safetensors", "zz": "s1.safetensors"}})");
-  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'zz'", "s1.safetensors", "no such tensor"});
-
-  testing::write_text(index, R"({"weight_map": )");
-  expect_error([&] { TensorStore::open(dir.path()); }, {index, "not valid JSON"});
-
-  testing::write_text(index, R"({"metadata": {}})");
-  expect_error([&] { TensorStore::open(dir.path()); }, {index, "weight_map"});
-
-  testing::write_text(index, R"({"weight_map": {"a": 3}})");
-  expect_error([&] { TensorStore::open(dir.path()); }, {index, "'a'"});
+  // Opening the directory with `text` as its index fails naming the index and `parts`.
+  auto expect_refused = [&](const std::string& text, std::vector<std::string> parts) {
+    testing::write_text(index, text);
+    parts.insert(parts.begin(), index);
+    expect_error([&] { TensorStore::open(dir.path()); }, parts);
+  };
+  expect_refused(R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})",
+                 {"s2.safetensors", "'b'", "does not exist"});
+  expect_refused(R"({"weight_map": {"a": "s1.safetensors", "zz": "s1.safetensors"}})",
+                 {"'zz'", "s1.safetensors", "no such tensor"});
+  expect_refused(R"({"weight_map": )", {"not valid JSON"});
+  expect_refused(R"({"metadata": {}})", {"weight_map"});
+  expect_refused(R"({"weight_map": {"a": 3}})", {"'a'"});
 }
 
 TEST(TensorStore, IndexShardsMustStayInsideTheModelDirectory) {
@@ -476,23 +471,20 @@ TEST(TensorStore, RequireMessages) {
 }
 
 TEST(TensorStore, FromMemoryChecksBytesAgainstShape) {
-  std::vector<OwnedTensor> ok(1);
-  ok[0] = {"model.w", DType::F32, {3, 2}, std::vector<std::byte>(24)};
-  auto store = TensorStore::from_memory("random weights", std::move(ok));
-  EXPECT_EQ(store->require("w", {3, 2}).nbytes, 24u);
+  using Bytes = std::vector<std::byte>;
+  const OwnedTensor ok{"model.w", DType::F32, {3, 2}, Bytes(24)};
+  EXPECT_EQ(TensorStore::from_memory("random weights", {ok})->require("w", {3, 2}).nbytes, 24u);
 
-  std::vector<OwnedTensor> short_one(1);
-  short_one[0] = {"w", DType::F32, {3, 2}, std::vector<std::byte>(20)};
-  expect_error([&] { TensorStore::from_memory("random weights", std::move(short_one)); },
+  const OwnedTensor short_one{"w", DType::F32, {3, 2}, Bytes(20)};
+  expect_error([&] { TensorStore::from_memory("random weights", {short_one}); },
                {"random weights", "'w'", "20 bytes", "24", "[3, 2]"});
   // 2^58 + 1 rows of 64 bf16 values wrap to 128 bytes in unchecked int64 arithmetic.
-  std::vector<OwnedTensor> wrapped(1);
-  wrapped[0] = {"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64}, std::vector<std::byte>(128)};
-  expect_error([&] { TensorStore::from_memory("bench (target)", std::move(wrapped)); },
+  const OwnedTensor wrapped{"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64},
+                            Bytes(128)};
+  expect_error([&] { TensorStore::from_memory("bench (target)", {wrapped}); },
                {"bench (target)", "'lm_head.weight'", "[288230376151711745, 64]", "64-bit"});
-  std::vector<OwnedTensor> negative(1);
-  negative[0] = {"n", DType::F32, {-2, 3}, {}};
-  expect_error([&] { TensorStore::from_memory("mem", std::move(negative)); }, {"'n'", "negative"});
+  const OwnedTensor negative{"n", DType::F32, {-2, 3}, {}};
+  expect_error([&] { TensorStore::from_memory("mem", {negative}); }, {"'n'", "negative"});
 }
 
 // ---- corrupted files -------------------------------------------------------------------------

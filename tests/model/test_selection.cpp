@@ -201,8 +201,7 @@ std::vector<int64_t> draw_counts(const std::vector<float>& logits, const Samplin
 
 // Pearson's chi-square of the counts against q (cells with q = 0 must be empty, else infinity).
 double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& q) {
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   double stat = 0;
   for (size_t v = 0; v < q.size(); ++v) {
     if (q[v] == 0) {

@@ -14,11 +14,11 @@
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
 #include "model/selection.h"
 #include "model/sharded_head.h"
 #include "parallel/communicator.h"
 #include "parallel/thread_comm.h"
+#include "support/test_support.h"
 
 namespace tpdraft::model {
 namespace {
@@ -379,17 +379,9 @@ TEST(ShardedHead, SamplingRefusesParametersLikeTheWholeRow) {
   auto comm = parallel::make_single_rank();
   for (const SamplingParams& bad : {SamplingParams{0.0, 0, 1.0, 1}, SamplingParams{1.0, 0, 0.0, 1},
                                     SamplingParams{1.0, 0, 1.5, 1}, SamplingParams{1.0, -1, 1.0, 1}}) {
-    std::string sharded, whole;
-    try {
-      sample_sharded(row.data(), 1, 1, slice, bad, *comm);
-    } catch (const Error& e) {
-      sharded = e.what();
-    }
-    try {
-      sample_from_logits(row.data(), 3, 1, bad);
-    } catch (const Error& e) {
-      whole = e.what();
-    }
+    const std::string sharded =
+        testing::error_of([&] { sample_sharded(row.data(), 1, 1, slice, bad, *comm); });
+    const std::string whole = testing::error_of([&] { sample_from_logits(row.data(), 3, 1, bad); });
     EXPECT_FALSE(whole.empty());
     EXPECT_EQ(sharded, whole);
   }

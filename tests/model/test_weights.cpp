@@ -21,6 +21,7 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft::model {
@@ -232,11 +233,8 @@ TEST(Weights, DraftFromANonFiniteEmbeddingRowFailsInsteadOfReturningGarbage) {
   Checkpoint ck("tiny-dflash.json", DType::BF16);
   testing::set_element(ck.target_file(), "model.embed_tokens.weight", 7 * 64, kNaN);
   auto comm = parallel::make_single_rank();
-  RuntimeOptions ro;
-  ro.backend = "cpu";
-  ro.threads = 1;
   const ModelSource source{ck.cfg, TensorStore::open(ck.dir.file("drafter")), TensorStore::open(ck.dir.file("target"))};
-  RankRuntime rt(source, *comm, ro);
+  RankRuntime rt(source, *comm, testing::backend("cpu", 1));
   auto session = rt.drafter().new_session();
   const std::vector<float> taps = random_taps(ck.cfg, 4, 1);
   rt.drafter().settle(*session, 0, taps.data(), 4);
