@@ -58,6 +58,7 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "kernels/op_checks.h"
 
 namespace tpdraft::kernels {
 namespace {
@@ -70,13 +71,6 @@ constexpr double kF32Nmse = 1e-10;
 double half_nmse() {
   const char* mode = std::getenv("TPDRAFT_CUDA_MATMUL");
   return mode != nullptr && std::string(mode) == "single" ? 1e-4 : 1e-8;
-}
-
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
 }
 
 // A backend buffer holding `v` (or n NaNs: outputs are poisoned before every op).
@@ -400,26 +394,6 @@ struct HeadCase {
   int k = 4;
 };
 
-// The GPU's head_logits sorted on the host: value descending, id ascending; NaN logits never
-// win (the CPU twin drops them), and missing places are -inf / -1.
-void sorted_top(const std::vector<float>& logits, int64_t m, int64_t n, int k, int64_t id_base,
-                std::vector<float>* vals, std::vector<int64_t>* ids) {
-  vals->assign(static_cast<size_t>(m * k), -std::numeric_limits<float>::infinity());
-  ids->assign(static_cast<size_t>(m * k), -1);
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < m; ++i) {
-    const float* row = logits.data() + i * n;
-    order.clear();
-    for (int64_t v = 0; v < n; ++v)
-      if (!std::isnan(row[v])) order.push_back(v);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
-    for (int64_t j = 0; j < std::min<int64_t>(k, static_cast<int64_t>(order.size())); ++j) {
-      (*vals)[static_cast<size_t>(i * k + j)] = row[order[static_cast<size_t>(j)]];
-      (*ids)[static_cast<size_t>(i * k + j)] = order[static_cast<size_t>(j)] + id_base;
-    }
-  }
-}
-
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
 void check_head(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const HeadCase& c, std::vector<float> g = {},
@@ -453,14 +427,13 @@ void check_head(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const HeadCase& c, std
   gpu.head_topk(pg, c.k, id_base, vg.f32(), static_cast<int64_t*>(ig.get()));
   const auto vals = get<float>(gpu, vg, nk);
   const auto ids = get<int64_t>(gpu, ig, nk);
-  std::vector<float> want_v;
-  std::vector<int64_t> want_i;
-  sorted_top(logits, c.m, c.valid, c.k, id_base, &want_v, &want_i);
+  // The GPU's head_logits sorted on the host.
+  const TopK want = sorted_top(logits, c.m, c.valid, c.k, id_base);
   size_t bad = 0;
   for (size_t i = 0; i < nk; ++i)
-    if ((ids[i] != want_i[i] || !same_bits(vals[i], want_v[i])) && bad++ < 5)
-      ADD_FAILURE() << "entry " << i << ": got (" << vals[i] << ", " << ids[i] << ") want (" << want_v[i] << ", "
-                    << want_i[i] << ")";
+    if ((ids[i] != want.ids[i] || !same_bits(vals[i], want.values[i])) && bad++ < 5)
+      ADD_FAILURE() << "entry " << i << ": got (" << vals[i] << ", " << ids[i] << ") want (" << want.values[i]
+                    << ", " << want.ids[i] << ")";
   EXPECT_EQ(bad, 0u) << "head_topk must equal the sorted head_logits bit for bit";
 
   // Rank by rank, the values agree with the CPU twin's top k (an id may differ only where two

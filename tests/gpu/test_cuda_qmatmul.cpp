@@ -27,6 +27,7 @@
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
+#include "kernels/op_checks.h"
 
 namespace tpdraft::kernels {
 namespace {
@@ -207,15 +208,10 @@ TEST(CudaQuantMatmul, QuantizedHead) {
     std::vector<int64_t> ids(values.size());
     gpu->to_host(values.data(), vb.get(), values.size() * 4);
     gpu->to_host(ids.data(), ib.get(), ids.size() * 8);
-    for (int64_t i = 0; i < m; ++i) {
-      std::vector<int64_t> order(static_cast<size_t>(valid));
-      for (int64_t v = 0; v < valid; ++v) order[static_cast<size_t>(v)] = v;
-      const float* l = lg.data() + i * valid;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
-      for (int j = 0; j < topk; ++j) {
-        EXPECT_EQ(ids[static_cast<size_t>(i * topk + j)], order[static_cast<size_t>(j)] + base) << "m " << m << " row " << i;
-        EXPECT_EQ(values[static_cast<size_t>(i * topk + j)], l[order[static_cast<size_t>(j)]]) << "m " << m << " row " << i;
-      }
+    const TopK want = sorted_top(lg, m, valid, topk, base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      EXPECT_EQ(ids[e], want.ids[e]) << "m " << m << " row " << e / topk;
+      EXPECT_EQ(values[e], want.values[e]) << "m " << m << " row " << e / topk;
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_checks.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {
@@ -33,13 +34,6 @@ class IsaSweep {
  private:
   std::vector<Isa> isas_;
 };
-
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f, float mean = 0.0f) {
-  std::normal_distribution<float> dist(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 // Weights stored in `dtype`; `wide` receives the exact f32 values the kernels must use.
 std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide) {
@@ -481,18 +475,11 @@ void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const std::ve
     std::vector<float> values(c.m * c.k, kNaN);
     std::vector<int64_t> ids(c.m * c.k, -2);
     ops.head_topk(p, c.k, id_base, values.data(), ids.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      std::vector<int64_t> order(c.valid);
-      for (int64_t v = 0; v < c.valid; ++v) order[v] = v;
-      const float* row = logits.data() + i * c.valid;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
-      for (int j = 0; j < c.k; ++j) {
-        const bool real = j < c.valid;
-        const float want_value = real ? row[order[j]] : -std::numeric_limits<float>::infinity();
-        const int64_t want_id = real ? order[j] + id_base : -1;
-        ASSERT_EQ(ids[i * c.k + j], want_id) << what << " row " << i << " rank " << j;
-        ASSERT_EQ(0, std::memcmp(&values[i * c.k + j], &want_value, sizeof(float))) << what << " row " << i;
-      }
+    const TopK want = sorted_top(logits, c.m, c.valid, c.k, id_base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      ASSERT_EQ(ids[e], want.ids[e]) << what << " row " << e / c.k << " rank " << e % c.k;
+      ASSERT_EQ(0, std::memcmp(&values[e], &want.values[e], sizeof(float)))
+          << what << " row " << e / c.k;
     }
   }
 }
@@ -579,12 +566,10 @@ TEST(CpuOps, HeadTopkSurvivesAdversarialRounding) {
     std::vector<int64_t> ids(k, -2);
     ops->head_logits(p, logits.data());
     ops->head_topk(p, k, 0, values.data(), ids.data());
-    std::vector<int64_t> order(vocab);
-    for (int64_t v = 0; v < vocab; ++v) order[v] = v;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+    const TopK want = sorted_top(logits, 1, vocab, k, 0);
     for (int j = 0; j < k; ++j) {
-      ASSERT_EQ(ids[j], order[j]) << cpu::isa_name(isa) << " rank " << j;
-      ASSERT_EQ(values[j], logits[order[j]]);
+      ASSERT_EQ(ids[j], want.ids[j]) << cpu::isa_name(isa) << " rank " << j;
+      ASSERT_EQ(values[j], want.values[j]);
     }
   }
 }

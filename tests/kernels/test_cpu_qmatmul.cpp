@@ -17,6 +17,7 @@
 
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_checks.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {
@@ -259,15 +260,10 @@ TEST(CpuQuantMatmul, QuantizedHeadLogitsAndTopk) {
     std::vector<float> values(static_cast<size_t>(c.m * k));
     std::vector<int64_t> ids(static_cast<size_t>(c.m * k));
     ops->head_topk(p, k, base, values.data(), ids.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      std::vector<int64_t> order(static_cast<size_t>(p.valid_rows));
-      for (int64_t v = 0; v < p.valid_rows; ++v) order[static_cast<size_t>(v)] = v;
-      const float* l = logits.data() + i * p.valid_rows;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
-      for (int j = 0; j < k; ++j) {
-        EXPECT_EQ(ids[static_cast<size_t>(i * k + j)], order[static_cast<size_t>(j)] + base) << "cap " << cap << " row " << i;
-        EXPECT_EQ(values[static_cast<size_t>(i * k + j)], l[order[static_cast<size_t>(j)]]) << "cap " << cap << " row " << i;
-      }
+    const TopK want = sorted_top(logits, c.m, p.valid_rows, k, base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      EXPECT_EQ(ids[e], want.ids[e]) << "cap " << cap << " row " << e / k;
+      EXPECT_EQ(values[e], want.values[e]) << "cap " << cap << " row " << e / k;
     }
   }
 }
