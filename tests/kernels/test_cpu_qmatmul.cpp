@@ -68,10 +68,7 @@ Refs reference(const QCase& c, const QWeights& w, const std::vector<float>& x, c
   const int64_t kb = cpu::detail::quant_block(c.group, c.k);
   Refs r;
   const size_t out = static_cast<size_t>(c.m * c.n);
-  r.same.assign(out, 0.0);
-  r.scale.assign(out, 0.0);
-  r.exact.assign(out, 0.0);
-  r.bound.assign(out, 0.0);
+  for (std::vector<double>* v : {&r.same, &r.scale, &r.exact, &r.bound}) v->assign(out, 0.0);
   for (int64_t i = 0; i < c.m; ++i) {
     const float* xr = x.data() + i * c.k;
     // Per block of kb columns: scale amax / 127, values round(x * 127 / amax) (f32, as specified).
