@@ -8,7 +8,22 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
+
 namespace tpdraft::kernels {
+
+// Every CPU kernel family up to the detected one; restores the detected family when done.
+class IsaSweep {
+ public:
+  IsaSweep() {
+    for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) isas_.push_back(static_cast<cpu::Isa>(i));
+  }
+  ~IsaSweep() { cpu::force_isa(cpu::detected_isa()); }
+  const std::vector<cpu::Isa>& isas() const { return isas_; }
+
+ private:
+  std::vector<cpu::Isa> isas_;
+};
 
 // n values drawn from N(mean, sd^2).
 inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f, float mean = 0.0f) {
@@ -16,6 +31,23 @@ inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f,
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// Random int8 / int4 weights [n, k]: q uniform over the signed `bits` range, then one scale per
+// row and group, uniform in [lo, hi).
+struct QuantWeights {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+};
+inline QuantWeights random_quant(int bits, int64_t n, int64_t k, int64_t group, float lo, float hi,
+                                 std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> qd(-(1 << (bits - 1)), (1 << (bits - 1)) - 1);
+  std::uniform_real_distribution<float> sd(lo, hi);
+  QuantWeights w{std::vector<int8_t>(static_cast<size_t>(n * k)),
+                 std::vector<float>(static_cast<size_t>(n * (k / group)))};
+  for (auto& v : w.q) v = static_cast<int8_t>(qd(rng));
+  for (auto& s : w.scales) s = sd(rng);
+  return w;
 }
 
 // What head_topk must return, computed on the host from head_logits' own output: per row, the

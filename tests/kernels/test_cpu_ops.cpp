@@ -22,19 +22,6 @@ namespace {
 using cpu::Isa;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Every kernel family up to the detected one; restores the detected family when done.
-class IsaSweep {
- public:
-  IsaSweep() {
-    for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) isas_.push_back(static_cast<Isa>(i));
-  }
-  ~IsaSweep() { cpu::force_isa(cpu::detected_isa()); }
-  const std::vector<Isa>& isas() const { return isas_; }
-
- private:
-  std::vector<Isa> isas_;
-};
-
 // Weights stored in `dtype`; `wide` receives the exact f32 values the kernels must use.
 std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide) {
   std::vector<uint8_t> raw(values.size() * dtype_size(dtype));

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 #include "kernels/qtile_layout.h"
 
@@ -42,12 +43,9 @@ struct Packed {
 
 Packed make(const Shape& s, std::mt19937_64& rng) {
   Packed p;
-  std::uniform_int_distribution<int> qd(-(1 << (s.bits - 1)), (1 << (s.bits - 1)) - 1);
-  std::uniform_real_distribution<float> sd(0.001f, 0.05f);
-  p.q.resize(static_cast<size_t>(s.n * s.k));
-  for (auto& v : p.q) v = static_cast<int8_t>(qd(rng));
-  p.scales.resize(static_cast<size_t>(s.n * (s.k / s.group)));
-  for (auto& v : p.scales) v = sd(rng);
+  QuantWeights w = random_quant(s.bits, s.n, s.k, s.group, 0.001f, 0.05f, rng);
+  p.q = std::move(w.q);
+  p.scales = std::move(w.scales);
   p.l = layout(s.bits, s.n, s.k, s.group);
   p.bytes.assign(static_cast<size_t>(p.l.total), std::byte{0x5a});  // garbage the packer must overwrite
   pack({s.bits, s.n, s.k, s.group, p.q.data(), p.scales.data()}, p.bytes.data());
