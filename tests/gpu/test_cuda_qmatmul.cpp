@@ -120,11 +120,10 @@ TEST(CudaQuantMatmul, RepeatsBitForBit) {
   for (int bits : {8, 4})
     for (int64_t m : {16, 100}) {
       std::uniform_int_distribution<int> qd(-(1 << (bits - 1)), (1 << (bits - 1)) - 1);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<int8_t> q(static_cast<size_t>(n * k));
       for (auto& v : q) v = static_cast<int8_t>(qd(rng));
-      std::vector<float> scales(static_cast<size_t>(n * (k / group)), 0.01f), x(static_cast<size_t>(m * k));
-      for (auto& v : x) v = nd(rng);
+      const std::vector<float> scales(static_cast<size_t>(n * (k / group)), 0.01f);
+      const std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
       const WeightFormat format = bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
       Buffer wg(*gpu, gpu->quantized_bytes(format, n, k, group));
       const Matrix w = gpu->upload_quantized({bits, n, k, group, q.data(), scales.data()}, wg.get());
@@ -152,12 +151,11 @@ TEST(CudaQuantMatmul, QuantizedHead) {
   for (const int64_t m : {15, 90}) {  // the tensor-core kernel, and dequant + cuBLAS
     std::uniform_int_distribution<int> qd(-127, 127);
     std::uniform_real_distribution<float> sd(0.001f, 0.02f);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<int8_t> q(static_cast<size_t>(n * k));
     for (auto& v : q) v = static_cast<int8_t>(qd(rng));
-    std::vector<float> scales(static_cast<size_t>(n * (k / group))), x(static_cast<size_t>(m * k));
+    std::vector<float> scales(static_cast<size_t>(n * (k / group)));
     for (auto& v : scales) v = sd(rng);
-    for (auto& v : x) v = nd(rng);
+    const std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
     const QuantizedRows src{8, n, k, group, q.data(), scales.data()};
     Buffer wg(*gpu, gpu->quantized_bytes(WeightFormat::Int8, n, k, group));
     Buffer wc(*cpu, cpu->quantized_bytes(WeightFormat::Int8, n, k, group));

@@ -35,9 +35,7 @@ QuantWeights random_weights(const QCase& c, std::mt19937_64& rng) {
 }
 
 std::vector<float> random_rows(int64_t m, int64_t k, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (auto& v : x) v = nd(rng);
+  std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
   // A few outlier channels, as real activations have.
   for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * k + (7 * i) % k)] *= 12.0f;
   return x;
@@ -97,9 +95,7 @@ void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
                            " n=" + std::to_string(c.n) + " group=" + std::to_string(c.group);
   const QuantWeights w = random_weights(c, rng);
   const std::vector<float> x = random_rows(c.m, c.k, rng);
-  std::vector<float> bias(static_cast<size_t>(c.n));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& b : bias) b = nd(rng);
+  const std::vector<float> bias = randn(static_cast<size_t>(c.n), rng);
   const Refs ref = reference(c, w, x, bias);
 
   const WeightFormat format = c.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
