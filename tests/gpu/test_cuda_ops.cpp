@@ -48,7 +48,6 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <random>
 #include <tuple>
@@ -63,29 +62,12 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 namespace tpdraft::kernels {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // f32 work differs only in summation order; 16-bit weights see activations split into two
 // 16-bit parts (~2^-16 relative), or one (~2^-9) under TPDRAFT_CUDA_MATMUL=single.
 constexpr double kF32Nmse = 1e-10;
 double half_nmse() {
   const char* mode = std::getenv("TPDRAFT_CUDA_MATMUL");
   return mode != nullptr && std::string(mode) == "single" ? 1e-4 : 1e-8;
-}
-
-// A backend buffer holding `v` (or n NaNs: outputs are poisoned before every op).
-template <typename T>
-Buffer put(Ops& ops, const std::vector<T>& v) {
-  Buffer b(ops, std::max<size_t>(1, v.size() * sizeof(T)));
-  if (!v.empty()) ops.to_device(b.get(), v.data(), v.size() * sizeof(T));
-  return b;
-}
-Buffer poisoned(Ops& ops, size_t n) { return put(ops, std::vector<float>(n, kNaN)); }
-template <typename T>
-std::vector<T> get(Ops& ops, const Buffer& b, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) ops.to_host(v.data(), b.get(), n * sizeof(T));
-  return v;
 }
 
 // sum (got - want)^2 / sum want^2; every element of got must be finite.

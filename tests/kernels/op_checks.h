@@ -8,9 +8,27 @@
 #include <random>
 #include <vector>
 
+#include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tpdraft::kernels {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A backend buffer holding `v` (or n NaNs: outputs are poisoned before every op).
+template <typename T>
+Buffer put(Ops& ops, const std::vector<T>& v) {
+  Buffer b(ops, std::max<size_t>(1, v.size() * sizeof(T)));
+  if (!v.empty()) ops.to_device(b.get(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+inline Buffer poisoned(Ops& ops, size_t n) { return put(ops, std::vector<float>(n, kNaN)); }
+template <typename T>
+std::vector<T> get(Ops& ops, const Buffer& b, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) ops.to_host(v.data(), b.get(), n * sizeof(T));
+  return v;
+}
 
 // Every CPU kernel family up to the detected one; restores the detected family when done.
 class IsaSweep {

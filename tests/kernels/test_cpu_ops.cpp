@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <random>
 #include <vector>
 
@@ -20,7 +19,6 @@ namespace tpdraft::kernels {
 namespace {
 
 using cpu::Isa;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Weights stored in `dtype`; `wide` receives the exact f32 values the kernels must use.
 std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide) {
