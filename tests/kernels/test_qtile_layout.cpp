@@ -34,19 +34,15 @@ std::string name_of(const Shape& s) {
          std::to_string(s.group);
 }
 
-struct Packed {
+// Random weights (q, scales) and their tiled layout.
+struct Packed : QuantWeights {
   Layout l;
-  std::vector<int8_t> q;
-  std::vector<float> scales;
   std::vector<std::byte> bytes;
 };
 
 Packed make(const Shape& s, std::mt19937_64& rng) {
-  Packed p;
-  QuantWeights w = random_quant(s.bits, s.n, s.k, s.group, 0.001f, 0.05f, rng);
-  p.q = std::move(w.q);
-  p.scales = std::move(w.scales);
-  p.l = layout(s.bits, s.n, s.k, s.group);
+  Packed p{random_quant(s.bits, s.n, s.k, s.group, 0.001f, 0.05f, rng),
+           layout(s.bits, s.n, s.k, s.group)};
   p.bytes.assign(static_cast<size_t>(p.l.total), std::byte{0x5a});  // garbage the packer must overwrite
   pack({s.bits, s.n, s.k, s.group, p.q.data(), p.scales.data()}, p.bytes.data());
   return p;
