@@ -56,8 +56,8 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include "core/dtype.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/ops.h"
 #include "kernels/op_checks.h"
+#include "kernels/ops.h"
 
 namespace tpdraft::kernels {
 namespace {
@@ -106,9 +106,7 @@ struct TwinMatrix {
 TwinMatrix twin_matrix(Ops& cpu, Ops& gpu, DType dtype, int64_t rows, int64_t cols, const std::vector<float>& values) {
   std::vector<uint8_t> raw(values.size() * dtype_size(dtype));
   convert_from_f32(dtype, values.data(), raw.data(), values.size());
-  TwinMatrix t;
-  t.c = put(cpu, raw);
-  t.g = put(gpu, raw);
+  TwinMatrix t{put(cpu, raw), put(gpu, raw)};
   t.on_cpu = {dtype, rows, cols, t.c.get()};
   t.on_gpu = {dtype, rows, cols, t.g.get()};
   return t;
