@@ -25,8 +25,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
-#include "kernels/ops.h"
 #include "kernels/op_checks.h"
+#include "kernels/ops.h"
 
 namespace tpdraft::kernels {
 namespace {
@@ -46,11 +46,11 @@ TEST(CudaQuantMatmul, MatchesFloat64AndTheCpuBackendWithinTheBf16Bound) {
   const int64_t rows[] = {1, 7, 16, 64, 65, 300};
   for (int bits : {8, 4})
     for (const Shape& s : shapes) {
-      const QuantWeights qw = random_quant(bits, s.n, s.k, s.group, 0.001f, 0.05f, rng);
+      const auto [q, scales] = random_quant(bits, s.n, s.k, s.group, 0.001f, 0.05f, rng);
       std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<float> bias(static_cast<size_t>(s.n));
       for (auto& v : bias) v = nd(rng);
-      const QuantizedRows src{bits, s.n, s.k, s.group, qw.q.data(), qw.scales.data()};
+      const QuantizedRows src{bits, s.n, s.k, s.group, q.data(), scales.data()};
       const WeightFormat format = bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
       Buffer wg(*gpu, gpu->quantized_bytes(format, s.n, s.k, s.group));
       Buffer wc(*cpu, cpu->quantized_bytes(format, s.n, s.k, s.group));
@@ -82,8 +82,8 @@ TEST(CudaQuantMatmul, MatchesFloat64AndTheCpuBackendWithinTheBf16Bound) {
           for (int64_t n = 0; n < s.n; ++n) {
             double ref = s.bias ? bias[static_cast<size_t>(n)] : 0.0, mag = std::fabs(ref), wsum = 0;
             for (int64_t k = 0; k < s.k; ++k) {
-              const double w = static_cast<double>(static_cast<float>(qw.q[static_cast<size_t>(n * s.k + k)]) *
-                                                   qw.scales[static_cast<size_t>(n * (s.k / s.group) + k / s.group)]);
+              const double w = static_cast<double>(static_cast<float>(q[static_cast<size_t>(n * s.k + k)]) *
+                                                   scales[static_cast<size_t>(n * (s.k / s.group) + k / s.group)]);
               const double t = w * x[static_cast<size_t>(i * s.k + k)];
               ref += t;
               mag += std::fabs(t);

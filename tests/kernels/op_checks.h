@@ -34,7 +34,8 @@ std::vector<T> get(Ops& ops, const Buffer& b, size_t n) {
 class IsaSweep {
  public:
   IsaSweep() {
-    for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) isas_.push_back(static_cast<cpu::Isa>(i));
+    for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i)
+      isas_.push_back(static_cast<cpu::Isa>(i));
   }
   ~IsaSweep() { cpu::force_isa(cpu::detected_isa()); }
   const std::vector<cpu::Isa>& isas() const { return isas_; }
@@ -44,7 +45,8 @@ class IsaSweep {
 };
 
 // n values drawn from N(mean, sd^2).
-inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f, float mean = 0.0f) {
+inline std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f,
+                                float mean = 0.0f) {
   std::normal_distribution<float> dist(mean, sd);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
@@ -77,7 +79,8 @@ struct TopK {
 };
 
 // The top k of every row of logits [m, n].
-inline TopK sorted_top(const std::vector<float>& logits, int64_t m, int64_t n, int k, int64_t id_base) {
+inline TopK sorted_top(const std::vector<float>& logits, int64_t m, int64_t n, int k,
+                       int64_t id_base) {
   TopK t{std::vector<float>(static_cast<size_t>(m * k), -std::numeric_limits<float>::infinity()),
          std::vector<int64_t>(static_cast<size_t>(m * k), -1)};
   std::vector<int64_t> order;
@@ -86,7 +89,8 @@ inline TopK sorted_top(const std::vector<float>& logits, int64_t m, int64_t n, i
     order.clear();
     for (int64_t v = 0; v < n; ++v)
       if (!std::isnan(row[v])) order.push_back(v);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return row[a] > row[b]; });
     for (int64_t j = 0; j < std::min<int64_t>(k, static_cast<int64_t>(order.size())); ++j) {
       t.values[static_cast<size_t>(i * k + j)] = row[order[static_cast<size_t>(j)]];
       t.ids[static_cast<size_t>(i * k + j)] = order[static_cast<size_t>(j)] + id_base;

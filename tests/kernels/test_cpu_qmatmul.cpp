@@ -48,7 +48,8 @@ struct Refs {
   std::vector<double> bound;  // the most the activation rounding can move an output
 };
 
-Refs reference(const QCase& c, const QuantWeights& w, const std::vector<float>& x, const std::vector<float>& bias) {
+Refs reference(const QCase& c, const QuantWeights& w, const std::vector<float>& x,
+               const std::vector<float>& bias) {
   const int64_t kb = cpu::detail::quant_block(c.group, c.k);
   Refs r;
   const size_t out = static_cast<size_t>(c.m * c.n);

@@ -219,7 +219,8 @@ TEST(ThreadComm, RankThatLeavesEarlyDoesNotHangThePeers) {
   const std::string error = run_ranks_error(3, [](Communicator& comm) {
     if (comm.rank() != 0) comm.barrier();
   });
-  EXPECT_NE(error.find("collective cannot complete: rank 0 has left the group"), std::string::npos) << error;
+  EXPECT_NE(error.find("collective cannot complete: rank 0 has left the group"), std::string::npos)
+      << error;
 }
 
 TEST(ThreadComm, GroupSizeMustBePositive) {

@@ -449,7 +449,7 @@ void RefModel::choose(RefDraft& d, int64_t anchor, const RefSampling& s) const {
     for (int64_t r = 1; r < B; ++r) {
       const double* logits = d.logits.data() + (r - 1) * V;
       if (greedy) {
-        d.tokens[r - 1] = std::max_element(logits, logits + V) - logits;  // the lowest id of the best
+        d.tokens[r - 1] = std::max_element(logits, logits + V) - logits;  // ties: the lowest id
       } else {
         sample_dflash(logits, V, r, s, &d.tokens[r - 1], &d.probs[r - 1]);
       }
