@@ -30,8 +30,7 @@ struct Shape {
 };
 
 std::string name_of(const Shape& s) {
-  return "int" + std::to_string(s.bits) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " group " +
-         std::to_string(s.group);
+  return fmt::format("int{} n {} k {} group {}", s.bits, s.n, s.k, s.group);
 }
 
 // Random weights (q, scales) and their tiled layout.
