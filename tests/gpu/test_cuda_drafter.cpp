@@ -24,6 +24,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/op_checks.h"
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
 #include "model/runtime.h"
@@ -138,29 +139,36 @@ TEST(CudaDrafter, WiderGeometryLongerContext) {
   check_single_gpu(cfg, sc, "hidden 256, head_dim 128, window 64, contexts 700 and 90");
 }
 
+// Settles and drafts contexts of 40 and 5 positions on tp in-process ranks with `ro`: every
+// rank must match the CPU backend at one rank. Returns the ranks' outputs.
+std::vector<RankOutput> check_ranks(const std::string& file, int tp,
+                                    const model::RuntimeOptions& ro, const std::string& what) {
+  const DrafterConfig cfg = testing::eight_heads_over_two(file);
+  testing::TempDir dir;
+  const std::string ckpt = write_checkpoint(dir, cfg);
+  Scenario sc;
+  sc.contexts = {40, 5};
+  const RankOutput want = run_cpu(ckpt, cfg, sc);
+  std::vector<RankOutput> got(static_cast<size_t>(tp));
+  parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
+    got[static_cast<size_t>(comm.rank())] = run_on(comm, ro, ckpt, cfg, sc);
+  });
+  for (int r = 0; r < tp; ++r)
+    expect_same(want, got[static_cast<size_t>(r)], what + " rank " + std::to_string(r));
+  return got;
+}
+
 // Two and four in-process ranks on one GPU: the host communicator carries device buffers by
 // staging.
 TEST(CudaDrafter, RanksShareOneGpuThroughHostStaging) {
   REQUIRE_GPUS(1);
+  model::RuntimeOptions ro = testing::backend("cuda");
+  ro.local_rank = 0;  // every rank on the one GPU
   for (int tp : {2, 4})
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
     SCOPED_TRACE(std::string(file) + " tp " + std::to_string(tp));
-    const DrafterConfig cfg = testing::eight_heads_over_two(file);
-    testing::TempDir dir;
-    const std::string ckpt = write_checkpoint(dir, cfg);
-    Scenario sc;
-    sc.contexts = {40, 5};
-    const RankOutput want = run_cpu(ckpt, cfg, sc);
-    std::vector<RankOutput> got(static_cast<size_t>(tp));
-    parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
-      model::RuntimeOptions ro = testing::backend("cuda");
-      ro.local_rank = 0;  // every rank on the one GPU
-      got[static_cast<size_t>(comm.rank())] = run_on(comm, ro, ckpt, cfg, sc);
-    });
-    for (int r = 0; r < tp; ++r) {
-      EXPECT_EQ(got[static_cast<size_t>(r)].comm, "threads+staging");
-      expect_same(want, got[static_cast<size_t>(r)], std::string(file) + " rank " + std::to_string(r));
-    }
+    for (const RankOutput& out : check_ranks(file, tp, ro, file))
+      EXPECT_EQ(out.comm, "threads+staging");
   }
 }
 
@@ -243,12 +251,9 @@ void check_collectives(parallel::Communicator& nccl, kernels::Ops& ops) {
   std::vector<float> sum(count);
   for (size_t i = 0; i < count; ++i) sum[i] = static_cast<float>(n * static_cast<int>(i % 7) + n * (n - 1) / 2);
   // Device buffer.
-  kernels::Buffer d(ops, count * sizeof(float));
-  ops.to_device(d.get(), mine.data(), count * sizeof(float));
+  kernels::Buffer d = kernels::put(ops, mine);
   nccl.all_reduce_sum(d.f32(), count);
-  std::vector<float> back(count);
-  ops.to_host(back.data(), d.get(), count * sizeof(float));
-  EXPECT_EQ(back, sum) << "all_reduce_sum on device memory";
+  EXPECT_EQ(kernels::get<float>(ops, d, count), sum) << "all_reduce_sum on device memory";
   // Host buffer (staged through the device).
   std::vector<float> host = mine;
   nccl.all_reduce_sum(host.data(), count);
@@ -263,8 +268,8 @@ void check_collectives(parallel::Communicator& nccl, kernels::Ops& ops) {
   std::vector<float> root(count, static_cast<float>(r + 1));
   ops.to_device(d.get(), root.data(), count * sizeof(float));
   nccl.broadcast(d.get(), count * sizeof(float), n - 1);
-  ops.to_host(back.data(), d.get(), count * sizeof(float));
-  EXPECT_EQ(back, std::vector<float>(count, static_cast<float>(n))) << "broadcast from the last rank";
+  EXPECT_EQ(kernels::get<float>(ops, d, count), std::vector<float>(count, static_cast<float>(n)))
+      << "broadcast from the last rank";
   nccl.barrier();
   const parallel::CommStats& st = nccl.stats();
   EXPECT_EQ(st.all_reduce_calls, 2u);
@@ -324,21 +329,9 @@ TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
 
 TEST(NcclCommunicator, DraftAtTwoRanksOnTwoGpus) {
   REQUIRE_GPUS(2);
-  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash2.json");
-  testing::TempDir dir;
-  const std::string ckpt = write_checkpoint(dir, cfg);
-  Scenario sc;
-  sc.contexts = {40, 5};
-  const RankOutput want = run_cpu(ckpt, cfg, sc);
-  std::vector<RankOutput> got(2);
-  parallel::run_ranks(2, [&](parallel::Communicator& comm) {
-    model::RuntimeOptions ro = testing::backend("cuda");
-    ro.nccl = true;  // one rank per GPU (the group rank picks it)
-    got[static_cast<size_t>(comm.rank())] = run_on(comm, ro, ckpt, cfg, sc);
-  });
-  EXPECT_EQ(got[0].comm, "nccl");
-  expect_same(want, got[0], "nccl rank 0");
-  expect_same(want, got[1], "nccl rank 1");
+  model::RuntimeOptions ro = testing::backend("cuda");
+  ro.nccl = true;  // one rank per GPU (the group rank picks it)
+  EXPECT_EQ(check_ranks("tiny-dflash2.json", 2, ro, "nccl")[0].comm, "nccl");
 }
 
 // NCCL inside a captured forward: the all-reduces join the graph (one segment), which a replay

@@ -48,7 +48,6 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <random>
 #include <tuple>
@@ -57,12 +56,11 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include "core/dtype.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {
 namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // f32 work differs only in summation order; 16-bit weights see activations split into two
 // 16-bit parts (~2^-16 relative), or one (~2^-9) under TPDRAFT_CUDA_MATMUL=single.
@@ -70,28 +68,6 @@ constexpr double kF32Nmse = 1e-10;
 double half_nmse() {
   const char* mode = std::getenv("TPDRAFT_CUDA_MATMUL");
   return mode != nullptr && std::string(mode) == "single" ? 1e-4 : 1e-8;
-}
-
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-// A backend buffer holding `v` (or n NaNs: outputs are poisoned before every op).
-template <typename T>
-Buffer put(Ops& ops, const std::vector<T>& v) {
-  Buffer b(ops, std::max<size_t>(1, v.size() * sizeof(T)));
-  if (!v.empty()) ops.to_device(b.get(), v.data(), v.size() * sizeof(T));
-  return b;
-}
-Buffer poisoned(Ops& ops, size_t n) { return put(ops, std::vector<float>(n, kNaN)); }
-template <typename T>
-std::vector<T> get(Ops& ops, const Buffer& b, size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) ops.to_host(v.data(), b.get(), n * sizeof(T));
-  return v;
 }
 
 // sum (got - want)^2 / sum want^2; every element of got must be finite.
@@ -130,9 +106,7 @@ struct TwinMatrix {
 TwinMatrix twin_matrix(Ops& cpu, Ops& gpu, DType dtype, int64_t rows, int64_t cols, const std::vector<float>& values) {
   std::vector<uint8_t> raw(values.size() * dtype_size(dtype));
   convert_from_f32(dtype, values.data(), raw.data(), values.size());
-  TwinMatrix t;
-  t.c = put(cpu, raw);
-  t.g = put(gpu, raw);
+  TwinMatrix t{put(cpu, raw), put(gpu, raw)};
   t.on_cpu = {dtype, rows, cols, t.c.get()};
   t.on_gpu = {dtype, rows, cols, t.g.get()};
   return t;
@@ -400,26 +374,6 @@ struct HeadCase {
   int k = 4;
 };
 
-// The GPU's head_logits sorted on the host: value descending, id ascending; NaN logits never
-// win (the CPU twin drops them), and missing places are -inf / -1.
-void sorted_top(const std::vector<float>& logits, int64_t m, int64_t n, int k, int64_t id_base,
-                std::vector<float>* vals, std::vector<int64_t>* ids) {
-  vals->assign(static_cast<size_t>(m * k), -std::numeric_limits<float>::infinity());
-  ids->assign(static_cast<size_t>(m * k), -1);
-  std::vector<int64_t> order;
-  for (int64_t i = 0; i < m; ++i) {
-    const float* row = logits.data() + i * n;
-    order.clear();
-    for (int64_t v = 0; v < n; ++v)
-      if (!std::isnan(row[v])) order.push_back(v);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
-    for (int64_t j = 0; j < std::min<int64_t>(k, static_cast<int64_t>(order.size())); ++j) {
-      (*vals)[static_cast<size_t>(i * k + j)] = row[order[static_cast<size_t>(j)]];
-      (*ids)[static_cast<size_t>(i * k + j)] = order[static_cast<size_t>(j)] + id_base;
-    }
-  }
-}
-
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
 void check_head(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const HeadCase& c, std::vector<float> g = {},
@@ -453,14 +407,13 @@ void check_head(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const HeadCase& c, std
   gpu.head_topk(pg, c.k, id_base, vg.f32(), static_cast<int64_t*>(ig.get()));
   const auto vals = get<float>(gpu, vg, nk);
   const auto ids = get<int64_t>(gpu, ig, nk);
-  std::vector<float> want_v;
-  std::vector<int64_t> want_i;
-  sorted_top(logits, c.m, c.valid, c.k, id_base, &want_v, &want_i);
+  // The GPU's head_logits sorted on the host.
+  const TopK want = sorted_top(logits, c.m, c.valid, c.k, id_base);
   size_t bad = 0;
   for (size_t i = 0; i < nk; ++i)
-    if ((ids[i] != want_i[i] || !same_bits(vals[i], want_v[i])) && bad++ < 5)
-      ADD_FAILURE() << "entry " << i << ": got (" << vals[i] << ", " << ids[i] << ") want (" << want_v[i] << ", "
-                    << want_i[i] << ")";
+    if ((ids[i] != want.ids[i] || !same_bits(vals[i], want.values[i])) && bad++ < 5)
+      ADD_FAILURE() << "entry " << i << ": got (" << vals[i] << ", " << ids[i] << ") want (" << want.values[i]
+                    << ", " << want.ids[i] << ")";
   EXPECT_EQ(bad, 0u) << "head_topk must equal the sorted head_logits bit for bit";
 
   // Rank by rank, the values agree with the CPU twin's top k (an id may differ only where two

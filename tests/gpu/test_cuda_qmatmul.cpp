@@ -19,13 +19,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {
@@ -46,13 +46,9 @@ TEST(CudaQuantMatmul, MatchesFloat64AndTheCpuBackendWithinTheBf16Bound) {
   const int64_t rows[] = {1, 7, 16, 64, 65, 300};
   for (int bits : {8, 4})
     for (const Shape& s : shapes) {
-      std::uniform_int_distribution<int> qd(-(1 << (bits - 1)), (1 << (bits - 1)) - 1);
-      std::uniform_real_distribution<float> sd(0.001f, 0.05f);
+      const auto [q, scales] = random_quant(bits, s.n, s.k, s.group, 0.001f, 0.05f, rng);
       std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<int8_t> q(static_cast<size_t>(s.n * s.k));
-      for (auto& v : q) v = static_cast<int8_t>(qd(rng));
-      std::vector<float> scales(static_cast<size_t>(s.n * (s.k / s.group))), bias(static_cast<size_t>(s.n));
-      for (auto& v : scales) v = sd(rng);
+      std::vector<float> bias(static_cast<size_t>(s.n));
       for (auto& v : bias) v = nd(rng);
       const QuantizedRows src{bits, s.n, s.k, s.group, q.data(), scales.data()};
       const WeightFormat format = bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
@@ -60,8 +56,7 @@ TEST(CudaQuantMatmul, MatchesFloat64AndTheCpuBackendWithinTheBf16Bound) {
       Buffer wc(*cpu, cpu->quantized_bytes(format, s.n, s.k, s.group));
       const Matrix w_gpu = gpu->upload_quantized(src, wg.get());
       const Matrix w_cpu = cpu->upload_quantized(src, wc.get());
-      Buffer bg(*gpu, bias.size() * 4);
-      gpu->to_device(bg.get(), bias.data(), bias.size() * 4);
+      const Buffer bg = put(*gpu, bias);
 
       for (int64_t m : rows) {
         const std::string what = "int" + std::to_string(bits) + " m " + std::to_string(m) + " n " +
@@ -70,14 +65,11 @@ TEST(CudaQuantMatmul, MatchesFloat64AndTheCpuBackendWithinTheBf16Bound) {
         for (auto& v : x) v = nd(rng);
         const size_t out = static_cast<size_t>(m * s.n), guard = 64;
         // y with a guard band of NaNs past its end: the kernels write exactly y[i * n + col].
-        std::vector<float> y(out + guard, std::numeric_limits<float>::quiet_NaN()), yc(out);
-        Buffer xg(*gpu, x.size() * 4), yg(*gpu, y.size() * 4);
-        gpu->to_device(xg.get(), x.data(), x.size() * 4);
-        gpu->to_device(yg.get(), y.data(), y.size() * 4);
+        std::vector<float> y(out + guard, kNaN), yc(out);
+        const Buffer xg = put(*gpu, x), yg = put(*gpu, y);
         gpu->matmul(w_gpu, xg.f32(), m, yg.f32(), s.bias ? bg.f32() : nullptr);
         gpu->to_host(y.data(), yg.get(), y.size() * 4);
-        Buffer xc(*cpu, x.size() * 4), ycb(*cpu, out * 4);
-        cpu->to_device(xc.get(), x.data(), x.size() * 4);
+        const Buffer xc = put(*cpu, x), ycb(*cpu, out * 4);
         cpu->matmul(w_cpu, xc.f32(), m, ycb.f32(), s.bias ? bias.data() : nullptr);
         cpu->to_host(yc.data(), ycb.get(), out * 4);
 
@@ -123,22 +115,19 @@ TEST(CudaQuantMatmul, RepeatsBitForBit) {
   for (int bits : {8, 4})
     for (int64_t m : {16, 100}) {
       std::uniform_int_distribution<int> qd(-(1 << (bits - 1)), (1 << (bits - 1)) - 1);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<int8_t> q(static_cast<size_t>(n * k));
       for (auto& v : q) v = static_cast<int8_t>(qd(rng));
-      std::vector<float> scales(static_cast<size_t>(n * (k / group)), 0.01f), x(static_cast<size_t>(m * k));
-      for (auto& v : x) v = nd(rng);
+      const std::vector<float> scales(static_cast<size_t>(n * (k / group)), 0.01f);
+      const std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
       const WeightFormat format = bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
       Buffer wg(*gpu, gpu->quantized_bytes(format, n, k, group));
       const Matrix w = gpu->upload_quantized({bits, n, k, group, q.data(), scales.data()}, wg.get());
-      Buffer xg(*gpu, x.size() * 4), yg(*gpu, static_cast<size_t>(m * n) * 4);
-      gpu->to_device(xg.get(), x.data(), x.size() * 4);
-      std::vector<float> a(static_cast<size_t>(m * n)), b(a.size());
+      const size_t out = static_cast<size_t>(m * n);
+      const Buffer xg = put(*gpu, x), yg(*gpu, out * 4);
       gpu->matmul(w, xg.f32(), m, yg.f32());
-      gpu->to_host(a.data(), yg.get(), a.size() * 4);
+      const auto a = get<float>(*gpu, yg, out);
       gpu->matmul(w, xg.f32(), m, yg.f32());
-      gpu->to_host(b.data(), yg.get(), b.size() * 4);
-      EXPECT_EQ(a, b) << "int" << bits << " m " << m;
+      EXPECT_EQ(a, get<float>(*gpu, yg, out)) << "int" << bits << " m " << m;
     }
 }
 
@@ -155,17 +144,15 @@ TEST(CudaQuantMatmul, QuantizedHead) {
   for (const int64_t m : {15, 90}) {  // the tensor-core kernel, and dequant + cuBLAS
     std::uniform_int_distribution<int> qd(-127, 127);
     std::uniform_real_distribution<float> sd(0.001f, 0.02f);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<int8_t> q(static_cast<size_t>(n * k));
     for (auto& v : q) v = static_cast<int8_t>(qd(rng));
-    std::vector<float> scales(static_cast<size_t>(n * (k / group))), x(static_cast<size_t>(m * k));
+    std::vector<float> scales(static_cast<size_t>(n * (k / group)));
     for (auto& v : scales) v = sd(rng);
-    for (auto& v : x) v = nd(rng);
+    const std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
     const QuantizedRows src{8, n, k, group, q.data(), scales.data()};
     Buffer wg(*gpu, gpu->quantized_bytes(WeightFormat::Int8, n, k, group));
     Buffer wc(*cpu, cpu->quantized_bytes(WeightFormat::Int8, n, k, group));
-    Buffer xg(*gpu, x.size() * 4);
-    gpu->to_device(xg.get(), x.data(), x.size() * 4);
+    const Buffer xg = put(*gpu, x);
     HeadParams p;
     p.head = gpu->upload_quantized(src, wg.get());
     p.g = xg.f32();
@@ -201,21 +188,15 @@ TEST(CudaQuantMatmul, QuantizedHead) {
     EXPECT_EQ(bad, 0u) << "m " << m;
     const int topk = 8;
     const int64_t base = 5000;
-    Buffer vb(*gpu, static_cast<size_t>(m * topk) * 4), ib(*gpu, static_cast<size_t>(m * topk) * 8);
+    const size_t nk = static_cast<size_t>(m * topk);
+    const Buffer vb(*gpu, nk * 4), ib(*gpu, nk * 8);
     gpu->head_topk(p, topk, base, vb.f32(), static_cast<int64_t*>(ib.get()));
-    std::vector<float> values(static_cast<size_t>(m * topk));
-    std::vector<int64_t> ids(values.size());
-    gpu->to_host(values.data(), vb.get(), values.size() * 4);
-    gpu->to_host(ids.data(), ib.get(), ids.size() * 8);
-    for (int64_t i = 0; i < m; ++i) {
-      std::vector<int64_t> order(static_cast<size_t>(valid));
-      for (int64_t v = 0; v < valid; ++v) order[static_cast<size_t>(v)] = v;
-      const float* l = lg.data() + i * valid;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
-      for (int j = 0; j < topk; ++j) {
-        EXPECT_EQ(ids[static_cast<size_t>(i * topk + j)], order[static_cast<size_t>(j)] + base) << "m " << m << " row " << i;
-        EXPECT_EQ(values[static_cast<size_t>(i * topk + j)], l[order[static_cast<size_t>(j)]]) << "m " << m << " row " << i;
-      }
+    const auto values = get<float>(*gpu, vb, nk);
+    const auto ids = get<int64_t>(*gpu, ib, nk);
+    const TopK want = sorted_top(lg, m, valid, topk, base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      EXPECT_EQ(ids[e], want.ids[e]) << "m " << m << " row " << e / topk;
+      EXPECT_EQ(values[e], want.values[e]) << "m " << m << " row " << e / topk;
     }
   }
 }

@@ -6,40 +6,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <random>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_checks.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {
 namespace {
 
 using cpu::Isa;
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Every kernel family up to the detected one; restores the detected family when done.
-class IsaSweep {
- public:
-  IsaSweep() {
-    for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) isas_.push_back(static_cast<Isa>(i));
-  }
-  ~IsaSweep() { cpu::force_isa(cpu::detected_isa()); }
-  const std::vector<Isa>& isas() const { return isas_; }
-
- private:
-  std::vector<Isa> isas_;
-};
-
-std::vector<float> randn(size_t n, std::mt19937_64& rng, float sd = 1.0f, float mean = 0.0f) {
-  std::normal_distribution<float> dist(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 // Weights stored in `dtype`; `wide` receives the exact f32 values the kernels must use.
 std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide) {
@@ -63,6 +42,13 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
   EXPECT_EQ(bad, 0u) << what;
 }
 
+// The ops on two threads, and every kernel family to sweep.
+class CpuOps : public ::testing::Test {
+ protected:
+  IsaSweep sweep;
+  std::unique_ptr<Ops> ops = make_cpu_ops(2);
+};
+
 // ------------------------------------------------------------------------------------------------
 // matmul
 
@@ -72,7 +58,7 @@ struct MatmulCase {
   bool bias;
 };
 
-void check_matmul(Ops& ops, const MatmulCase& c, std::mt19937_64& rng, const std::vector<Isa>& isas) {
+void check_matmul(Ops& ops, const MatmulCase& c, std::mt19937_64& rng, const IsaSweep& sweep) {
   std::vector<float> wide;
   const auto raw = make_weights(c.dtype, randn(static_cast<size_t>(c.n * c.k), rng, 0.05f), &wide);
   const auto x = randn(static_cast<size_t>(c.m * c.k), rng);
@@ -89,7 +75,7 @@ void check_matmul(Ops& ops, const MatmulCase& c, std::mt19937_64& rng, const std
       scale[i * c.n + j] = a;
     }
   const Matrix w{c.dtype, c.n, c.k, raw.data()};
-  for (Isa isa : isas) {
+  for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
     std::vector<float> y(ref.size(), kNaN);
     ops.matmul(w, x.data(), c.m, y.data(), c.bias ? bias.data() : nullptr);
@@ -99,30 +85,25 @@ void check_matmul(Ops& ops, const MatmulCase& c, std::mt19937_64& rng, const std
   }
 }
 
-TEST(CpuOps, MatmulMatchesFloat64AcrossShapesDtypesAndIsas) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, MatmulMatchesFloat64AcrossShapesDtypesAndIsas) {
   std::mt19937_64 rng(11);
   int index = 0;
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (int64_t m : {1, 3, 16, 17, 33})
       for (int64_t k : {16, 20, 77, 2053})
-        for (int64_t n : {1, 7, 33}) check_matmul(*ops, {dt, m, k, n, (index++ % 2) == 0}, rng, sweep.isas());
+        for (int64_t n : {1, 7, 33}) check_matmul(*ops, {dt, m, k, n, (index++ % 2) == 0}, rng, sweep);
 }
 
-TEST(CpuOps, MatmulLargeRowBlocksAndThreadSplits) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(3);  // more workers than cores: uneven column splits
+TEST_F(CpuOps, MatmulLargeRowBlocksAndThreadSplits) {
+  auto ops3 = make_cpu_ops(3);  // more workers than cores: uneven column splits
   std::mt19937_64 rng(12);
   // m = 300 with 2080 packed columns spans several L2 row blocks; n = 250 several thread chunks.
-  for (DType dt : {DType::BF16, DType::F32}) check_matmul(*ops, {dt, 300, 2053, 250, true}, rng, sweep.isas());
-  check_matmul(*ops, {DType::F16, 40, 6144, 100, false}, rng, sweep.isas());
+  for (DType dt : {DType::BF16, DType::F32}) check_matmul(*ops3, {dt, 300, 2053, 250, true}, rng, sweep);
+  check_matmul(*ops3, {DType::F16, 40, 6144, 100, false}, rng, sweep);
 }
 
 // The head relies on this: one (x row, weight row) pair gives the same bits in any call shape.
-TEST(CpuOps, MatmulDotDoesNotDependOnCallShape) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, MatmulDotDoesNotDependOnCallShape) {
   std::mt19937_64 rng(13);
   const int64_t m = 16, k = 2050, n = 45;
   std::vector<float> wide;
@@ -138,9 +119,7 @@ TEST(CpuOps, MatmulDotDoesNotDependOnCallShape) {
 }
 
 // The variants agree with one another to within f32 rounding (not only with float64).
-TEST(CpuOps, IsaVariantsAgree) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, IsaVariantsAgree) {
   std::mt19937_64 rng(14);
   const int64_t m = 16, k = 1000, n = 40;
   std::vector<float> wide;
@@ -161,9 +140,7 @@ TEST(CpuOps, IsaVariantsAgree) {
 // ------------------------------------------------------------------------------------------------
 // norms and RoPE
 
-TEST(CpuOps, RmsNormMatchesFloat64) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, RmsNormMatchesFloat64) {
   std::mt19937_64 rng(21);
   for (int64_t rows : {1, 5, 16, 40})
     for (int64_t n : {1, 7, 33, 2048}) {
@@ -191,9 +168,7 @@ TEST(CpuOps, RmsNormMatchesFloat64) {
     }
 }
 
-TEST(CpuOps, HeadNormRopeMatchesFloat64) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, HeadNormRopeMatchesFloat64) {
   std::mt19937_64 rng(22);
   for (int64_t d : {8, 64, 128})
     for (int64_t rows : {3, 17, 600}) {  // 600 x 4 heads x 128 crosses the threading threshold
@@ -240,7 +215,7 @@ struct AttnCase {
   std::vector<int64_t> ctx_len, begin, capacity, anchor_gap;  // per session; anchor = end + gap
 };
 
-void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const std::vector<Isa>& isas) {
+void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const IsaSweep& sweep) {
   const int64_t S = c.sessions, B = c.block, D = c.d, row_q = c.n_q * D, row_kv = c.n_kv * D;
   const auto q = randn(S * B * row_q, rng), k = randn(S * B * row_kv, rng), v = randn(S * B * row_kv, rng);
   std::vector<std::vector<float>> ck(S), cv(S);
@@ -304,7 +279,7 @@ void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const st
   p.sessions = S, p.block = B, p.n_q = c.n_q, p.n_kv = c.n_kv, p.head_dim = D;
   p.anchor = anchors.data(), p.context = views.data(), p.causal = c.causal, p.window = c.window, p.scale = scale;
   p.max_context = *std::max_element(c.ctx_len.begin(), c.ctx_len.end());
-  for (Isa isa : isas) {
+  for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
     std::vector<float> out(ref.size(), kNaN);
     p.out = out.data();
@@ -315,9 +290,7 @@ void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const st
   }
 }
 
-TEST(CpuOps, AttentionMatchesFloat64) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, AttentionMatchesFloat64) {
   std::mt19937_64 rng(31);
   // Contexts of 0, 1, 17 and 300 rows; session 3's ring wrapped (begin 250, capacity 320);
   // session 2's anchor sits inside its context (positions >= anchor must stay invisible).
@@ -325,24 +298,21 @@ TEST(CpuOps, AttentionMatchesFloat64) {
   for (bool causal : {false, true})
     for (int64_t window : {0, 3, 40})
       for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {8, 2}})
-        check_attention(*ops, {4, 6, nq, nkv, 64, causal, window, len, begin, cap, gap}, rng, sweep.isas());
+        check_attention(*ops, {4, 6, nq, nkv, 64, causal, window, len, begin, cap, gap}, rng, sweep);
 }
 
-TEST(CpuOps, AttentionOddHeadDimAndLongBlock) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(3);
+TEST_F(CpuOps, AttentionOddHeadDimAndLongBlock) {
+  auto ops3 = make_cpu_ops(3);
   std::mt19937_64 rng(32);
-  check_attention(*ops, {2, 16, 6, 3, 40, true, 0, {33, 70}, {0, 10}, {64, 80}, {0, 0}}, rng, sweep.isas());
-  check_attention(*ops, {1, 16, 16, 4, 128, false, 20, {300}, {100}, {320}, {0}}, rng, sweep.isas());
-  check_attention(*ops, {1, 4, 2, 1, 16, false, 0, {0}, {0}, {1}, {0}}, rng, sweep.isas());
+  check_attention(*ops3, {2, 16, 6, 3, 40, true, 0, {33, 70}, {0, 10}, {64, 80}, {0, 0}}, rng, sweep);
+  check_attention(*ops3, {1, 16, 16, 4, 128, false, 20, {300}, {100}, {320}, {0}}, rng, sweep);
+  check_attention(*ops3, {1, 4, 2, 1, 16, false, 0, {0}, {0}, {1}, {0}}, rng, sweep);
 }
 
 // ------------------------------------------------------------------------------------------------
 // dyn_conv and the elementwise ops
 
-TEST(CpuOps, DynConvMatchesFloat64) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, DynConvMatchesFloat64) {
   std::mt19937_64 rng(41);
   const int64_t S = 2, B = 5, H = 48;
   for (int64_t kernel : {1, 2, 3})
@@ -375,9 +345,7 @@ TEST(CpuOps, DynConvMatchesFloat64) {
       }
 }
 
-TEST(CpuOps, SiluMulAddStoreRows) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, SiluMulAddStoreRows) {
   std::mt19937_64 rng(51);
   for (int64_t n : {1, 15, 16, 17, 1000, 300000}) {
     auto gate = randn(n, rng, 4.0f);
@@ -412,17 +380,17 @@ TEST(CpuOps, SiluMulAddStoreRows) {
 }
 
 // A gather by a table: every destination row is the indexed source row, repeats included.
-TEST(CpuOps, GatherRows) {
-  auto ops = make_cpu_ops(1);
+TEST_F(CpuOps, GatherRows) {
+  auto ops1 = make_cpu_ops(1);
   std::mt19937_64 rng(52);
   const int64_t len = 37;
   const auto src = randn(4 * len, rng);
   const std::vector<int64_t> index = {2, 3, 3, 3, 0, 3, 1, 2};
   std::vector<float> dst(index.size() * len, kNaN);
-  ops->gather_rows(src.data(), index.data(), static_cast<int64_t>(index.size()), len, dst.data());
+  ops1->gather_rows(src.data(), index.data(), static_cast<int64_t>(index.size()), len, dst.data());
   for (size_t r = 0; r < index.size(); ++r)
     for (int64_t c = 0; c < len; ++c) ASSERT_EQ(dst[r * len + c], src[index[r] * len + c]) << "row " << r;
-  ops->gather_rows(nullptr, nullptr, 0, len, nullptr);  // nothing to do is fine
+  ops1->gather_rows(nullptr, nullptr, 0, len, nullptr);  // nothing to do is fine
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -450,7 +418,7 @@ std::vector<float> tied_head(const HeadCase& c, const std::vector<float>& g, std
   return w;
 }
 
-void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const std::vector<Isa>& isas) {
+void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const IsaSweep& sweep) {
   const auto g = randn(c.m * c.h, rng, 1.0f);
   std::vector<float> wide;
   const auto raw = make_weights(c.dtype, tied_head(c, g, rng), &wide);
@@ -471,7 +439,7 @@ void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const std::ve
       mag[i * c.valid + v] = c.scale * a + std::fabs(ref[i * c.valid + v]);
     }
   const int64_t id_base = 1000;
-  for (Isa isa : isas) {
+  for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
     const std::string what = fmt::format("head {} V={} valid={} H={} m={} cap={} k={} {}", dtype_name(c.dtype), c.vocab,
                                          c.valid, c.h, c.m, c.cap, c.k, cpu::isa_name(isa));
@@ -481,44 +449,33 @@ void check_head(Ops& ops, const HeadCase& c, std::mt19937_64& rng, const std::ve
     std::vector<float> values(c.m * c.k, kNaN);
     std::vector<int64_t> ids(c.m * c.k, -2);
     ops.head_topk(p, c.k, id_base, values.data(), ids.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      std::vector<int64_t> order(c.valid);
-      for (int64_t v = 0; v < c.valid; ++v) order[v] = v;
-      const float* row = logits.data() + i * c.valid;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
-      for (int j = 0; j < c.k; ++j) {
-        const bool real = j < c.valid;
-        const float want_value = real ? row[order[j]] : -std::numeric_limits<float>::infinity();
-        const int64_t want_id = real ? order[j] + id_base : -1;
-        ASSERT_EQ(ids[i * c.k + j], want_id) << what << " row " << i << " rank " << j;
-        ASSERT_EQ(0, std::memcmp(&values[i * c.k + j], &want_value, sizeof(float))) << what << " row " << i;
-      }
+    const TopK want = sorted_top(logits, c.m, c.valid, c.k, id_base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      ASSERT_EQ(ids[e], want.ids[e]) << what << " row " << e / c.k << " rank " << e % c.k;
+      ASSERT_EQ(0, std::memcmp(&values[e], &want.values[e], sizeof(float)))
+          << what << " row " << e / c.k;
     }
   }
 }
 
-TEST(CpuOps, HeadLogitsAndTopkExact) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, HeadLogitsAndTopkExact) {
   std::mt19937_64 rng(61);
   for (DType dt : {DType::BF16, DType::F32, DType::F16})
     for (int k : {1, 16}) {
-      check_head(*ops, {dt, 3000, 3000, 256, 15, 0.25f, 0.0f, k}, rng, sweep.isas());
-      check_head(*ops, {dt, 2100, 1990, 100, 3, 1.0f, 30.0f, k}, rng, sweep.isas());  // padded slice, cap
+      check_head(*ops, {dt, 3000, 3000, 256, 15, 0.25f, 0.0f, k}, rng, sweep);
+      check_head(*ops, {dt, 2100, 1990, 100, 3, 1.0f, 30.0f, k}, rng, sweep);  // padded slice, cap
     }
   // A small cap saturates tanh: distinct dots share one logit and the lower id must win.
-  check_head(*ops, {DType::BF16, 1500, 1500, 64, 4, 40.0f, 0.5f, 16}, rng, sweep.isas());
+  check_head(*ops, {DType::BF16, 1500, 1500, 64, 4, 40.0f, 0.5f, 16}, rng, sweep);
   // Fewer valid rows than k: the rest is -inf with id -1.
-  check_head(*ops, {DType::BF16, 40, 5, 32, 2, 1.0f, 0.0f, 16}, rng, sweep.isas());
-  check_head(*ops, {DType::F32, 40, 0, 32, 2, 1.0f, 0.0f, 4}, rng, sweep.isas());
+  check_head(*ops, {DType::BF16, 40, 5, 32, 2, 1.0f, 0.0f, 16}, rng, sweep);
+  check_head(*ops, {DType::F32, 40, 0, 32, 2, 1.0f, 0.0f, 4}, rng, sweep);
 }
 
-TEST(CpuOps, HeadTopkDraftGeometry) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, HeadTopkDraftGeometry) {
   std::mt19937_64 rng(62);
-  check_head(*ops, {DType::BF16, 4099, 4099, 2048, 15, 0.196f, 0.0f, 16}, rng, sweep.isas());
-  check_head(*ops, {DType::BF16, 1000, 999, 2050, 2, 0.196f, 20.0f, 1}, rng, sweep.isas());
+  check_head(*ops, {DType::BF16, 4099, 4099, 2048, 15, 0.196f, 0.0f, 16}, rng, sweep);
+  check_head(*ops, {DType::BF16, 1000, 999, 2050, 2, 0.196f, 20.0f, 1}, rng, sweep);
 }
 
 // Rows built from the input's bf16 rounding residual e = g - bf16(g). "Hidden" rows
@@ -526,9 +483,7 @@ TEST(CpuOps, HeadTopkDraftGeometry) {
 // g about K |e_perp| smaller than they are, nearly the whole screening bound; "plain" rows along
 // g_hi, with tight bounds, sit just below the hidden ones. A bound 20% tighter than the rigorous
 // one would let the plain rows' lower bounds push the true top rows out of the candidates.
-TEST(CpuOps, HeadTopkSurvivesAdversarialRounding) {
-  IsaSweep sweep;
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, HeadTopkSurvivesAdversarialRounding) {
   std::mt19937_64 rng(64);
   const int64_t h = 512, plain = 30, hidden = 20, fillers = 300, vocab = plain + hidden + fillers;
   const int k = 16;
@@ -579,19 +534,16 @@ TEST(CpuOps, HeadTopkSurvivesAdversarialRounding) {
     std::vector<int64_t> ids(k, -2);
     ops->head_logits(p, logits.data());
     ops->head_topk(p, k, 0, values.data(), ids.data());
-    std::vector<int64_t> order(vocab);
-    for (int64_t v = 0; v < vocab; ++v) order[v] = v;
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+    const TopK want = sorted_top(logits, 1, vocab, k, 0);
     for (int j = 0; j < k; ++j) {
-      ASSERT_EQ(ids[j], order[j]) << cpu::isa_name(isa) << " rank " << j;
-      ASSERT_EQ(values[j], logits[order[j]]);
+      ASSERT_EQ(ids[j], want.ids[j]) << cpu::isa_name(isa) << " rank " << j;
+      ASSERT_EQ(values[j], want.values[j]);
     }
   }
 }
 
 // A second head at the same address with the same shape must not reuse cached row norms.
-TEST(CpuOps, HeadTopkAfterHeadContentsChange) {
-  auto ops = make_cpu_ops(2);
+TEST_F(CpuOps, HeadTopkAfterHeadContentsChange) {
   std::mt19937_64 rng(63);
   const HeadCase c{DType::BF16, 800, 800, 64, 2, 1.0f, 0.0f, 8};
   auto g = randn(c.m * c.h, rng);
@@ -628,8 +580,7 @@ void expect_error(F&& f, const std::string& fragment) {
   }
 }
 
-TEST(CpuOps, BadArgumentsAreNamed) {
-  auto ops = make_cpu_ops(1);
+TEST_F(CpuOps, BadArgumentsAreNamed) {
   expect_error([] { make_cpu_ops(-1); }, "thread count");
   std::vector<float> buf(64, 0.0f);
   std::vector<int64_t> ids(4);
@@ -672,8 +623,8 @@ TEST(CpuOps, BadArgumentsAreNamed) {
 
 // Capture records calls and runs nothing; replay runs them with the arguments of the capture but
 // reads memory as it is at replay time (as a CUDA graph does).
-TEST(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
-  auto ops = make_cpu_ops(1);
+TEST_F(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
+  auto ops1 = make_cpu_ops(1);
   std::mt19937_64 rng(77);
   const int64_t rows = 3, heads = 2, d = 8;
   std::vector<float> x = randn(rows * heads * d, rng), w = randn(d, rng);
@@ -681,88 +632,88 @@ TEST(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
   std::vector<int64_t> pos{5, 6, 7};
   const std::vector<float> x0 = x;
 
-  ops->begin_capture();
-  ops->add(y.data(), x.data(), static_cast<int64_t>(x.size()));
-  ops->head_norm_rope(y.data(), w.data(), rows, heads, d, 1e-6f, pos.data(), 1e4);
+  ops1->begin_capture();
+  ops1->add(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  ops1->head_norm_rope(y.data(), w.data(), rows, heads, d, 1e-6f, pos.data(), 1e4);
   // Argument checks run when an op is issued, capture or not.
-  expect_error([&] { ops->add(y.data(), x.data(), -1); }, "element count must be >= 0");
-  expect_error([&] { ops->sync(); }, "sync during a capture");
-  expect_error([&] { ops->to_device(y.data(), x.data(), 4); }, "to_device during a capture");
-  expect_error([&] { ops->to_host(y.data(), x.data(), 4); }, "to_host during a capture");
-  expect_error([&] { ops->alloc(64); }, "alloc during a capture");
-  expect_error([&] { ops->begin_capture(); }, "already running");
-  const auto graph = ops->end_capture();
+  expect_error([&] { ops1->add(y.data(), x.data(), -1); }, "element count must be >= 0");
+  expect_error([&] { ops1->sync(); }, "sync during a capture");
+  expect_error([&] { ops1->to_device(y.data(), x.data(), 4); }, "to_device during a capture");
+  expect_error([&] { ops1->to_host(y.data(), x.data(), 4); }, "to_host during a capture");
+  expect_error([&] { ops1->alloc(64); }, "alloc during a capture");
+  expect_error([&] { ops1->begin_capture(); }, "already running");
+  const auto graph = ops1->end_capture();
   EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return v == 1.0f; })) << "capture ran an op";
-  expect_error([&] { ops->end_capture(); }, "without begin_capture");
+  expect_error([&] { ops1->end_capture(); }, "without begin_capture");
 
   // The same two ops issued directly, on copies, are what each replay must give.
   auto expected = [&](const std::vector<float>& xs, const std::vector<float>& y_in, const std::vector<int64_t>& ps) {
     std::vector<float> out = y_in;
-    ops->add(out.data(), xs.data(), static_cast<int64_t>(xs.size()));
-    ops->head_norm_rope(out.data(), w.data(), rows, heads, d, 1e-6f, ps.data(), 1e4);
+    ops1->add(out.data(), xs.data(), static_cast<int64_t>(xs.size()));
+    ops1->head_norm_rope(out.data(), w.data(), rows, heads, d, 1e-6f, ps.data(), 1e4);
     return out;
   };
   const auto want1 = expected(x, y, pos);
-  ops->replay(*graph);
+  ops1->replay(*graph);
   EXPECT_EQ(y, want1);
   // New contents behind the same pointers: the replay uses them.
   for (auto& v : x) v *= -2.0f;
   pos = {100, 0, 31};
   const auto want2 = expected(x, y, pos);
-  ops->replay(*graph);
+  ops1->replay(*graph);
   EXPECT_EQ(y, want2);
   EXPECT_NE(want2, want1);
 
   // An aborted capture keeps nothing and leaves the ops running directly again.
-  ops->begin_capture();
-  ops->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
-  ops->abort_capture();
-  ops->abort_capture();  // harmless when no capture runs
+  ops1->begin_capture();
+  ops1->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  ops1->abort_capture();
+  ops1->abort_capture();  // harmless when no capture runs
   const auto before = y;
-  ops->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  ops1->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
   EXPECT_NE(y, before);
 }
 
 // Buffers may die while a capture unwinds from an error: release is put off until the capture
 // ends, and what the capture recorded is unaffected.
-TEST(CpuOps, ReleaseDuringCaptureWaitsForItsEnd) {
-  auto ops = make_cpu_ops(1);
+TEST_F(CpuOps, ReleaseDuringCaptureWaitsForItsEnd) {
+  auto ops1 = make_cpu_ops(1);
   for (bool abort : {false, true}) {
-    auto* buf = static_cast<float*>(ops->alloc(4 * sizeof(float)));
+    auto* buf = static_cast<float*>(ops1->alloc(4 * sizeof(float)));
     std::vector<float> y{1, 2, 3, 4};
     const std::vector<float> x{1, 1, 1, 1};
-    ops->begin_capture();
-    ops->add(y.data(), x.data(), 4);
-    ops->release(buf);
+    ops1->begin_capture();
+    ops1->add(y.data(), x.data(), 4);
+    ops1->release(buf);
     buf[0] = 7.0f;  // still ours until the capture ends
     if (abort) {
-      ops->abort_capture();
+      ops1->abort_capture();
       EXPECT_EQ(y, (std::vector<float>{1, 2, 3, 4}));
     } else {
-      const auto g = ops->end_capture();
-      ops->replay(*g);
+      const auto g = ops1->end_capture();
+      ops1->replay(*g);
       EXPECT_EQ(y, (std::vector<float>{2, 3, 4, 5}));
     }
   }
 }
 
-TEST(CpuOps, MemoryIsAlignedAndCopies) {
-  auto ops = make_cpu_ops(1);
-  EXPECT_STREQ(ops->name(), "cpu");
-  void* p = ops->alloc(100);
+TEST_F(CpuOps, MemoryIsAlignedAndCopies) {
+  auto ops1 = make_cpu_ops(1);
+  EXPECT_STREQ(ops1->name(), "cpu");
+  void* p = ops1->alloc(100);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
   const std::vector<float> src{1, 2, 3, 4};
   std::vector<float> back(4, 0);
-  ops->to_device(p, src.data(), 16);
-  ops->sync();
-  ops->to_host(back.data(), p, 16);
+  ops1->to_device(p, src.data(), 16);
+  ops1->sync();
+  ops1->to_host(back.data(), p, 16);
   EXPECT_EQ(back, src);
-  ops->release(p);
-  auto* big = static_cast<unsigned char*>(ops->alloc(5 << 20));  // weights-sized: huge-page path
+  ops1->release(p);
+  auto* big = static_cast<unsigned char*>(ops1->alloc(5 << 20));  // weights-sized: huge-page path
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big) % 64, 0u);
   big[0] = 1, big[(5 << 20) - 1] = 2;
   EXPECT_EQ(big[0] + big[(5 << 20) - 1], 3);
-  ops->release(big);
+  ops1->release(big);
   EXPECT_EQ(cpu::force_isa(Isa::Scalar), Isa::Scalar);
   EXPECT_EQ(cpu::active_isa(), Isa::Scalar);
   EXPECT_EQ(cpu::force_isa(Isa::Avx512Bf16), cpu::detected_isa());

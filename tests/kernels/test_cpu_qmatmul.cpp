@@ -11,12 +11,12 @@
 #include <cmath>
 #include <limits>
 #include <random>
-#include <set>
 #include <cstring>
 #include <vector>
 
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_checks.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {
@@ -30,27 +30,12 @@ struct QCase {
   bool bias;
 };
 
-struct QWeights {
-  std::vector<int8_t> q;
-  std::vector<float> scales;
-};
-
-QWeights random_weights(const QCase& c, std::mt19937_64& rng) {
-  const int lo = -(1 << (c.bits - 1)), hi = (1 << (c.bits - 1)) - 1;
-  std::uniform_int_distribution<int> qd(lo, hi);
-  std::uniform_real_distribution<float> sd(0.002f, 0.03f);
-  QWeights w;
-  w.q.resize(static_cast<size_t>(c.n * c.k));
-  for (auto& v : w.q) v = static_cast<int8_t>(qd(rng));
-  w.scales.resize(static_cast<size_t>(c.n * (c.k / c.group)));
-  for (auto& s : w.scales) s = sd(rng);
-  return w;
+QuantWeights random_weights(const QCase& c, std::mt19937_64& rng) {
+  return random_quant(c.bits, c.n, c.k, c.group, 0.002f, 0.03f, rng);
 }
 
 std::vector<float> random_rows(int64_t m, int64_t k, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (auto& v : x) v = nd(rng);
+  std::vector<float> x = randn(static_cast<size_t>(m * k), rng);
   // A few outlier channels, as real activations have.
   for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * k + (7 * i) % k)] *= 12.0f;
   return x;
@@ -63,14 +48,12 @@ struct Refs {
   std::vector<double> bound;  // the most the activation rounding can move an output
 };
 
-Refs reference(const QCase& c, const QWeights& w, const std::vector<float>& x, const std::vector<float>& bias) {
+Refs reference(const QCase& c, const QuantWeights& w, const std::vector<float>& x,
+               const std::vector<float>& bias) {
   const int64_t kb = cpu::detail::quant_block(c.group, c.k);
   Refs r;
   const size_t out = static_cast<size_t>(c.m * c.n);
-  r.same.assign(out, 0.0);
-  r.scale.assign(out, 0.0);
-  r.exact.assign(out, 0.0);
-  r.bound.assign(out, 0.0);
+  for (std::vector<double>* v : {&r.same, &r.scale, &r.exact, &r.bound}) v->assign(out, 0.0);
   for (int64_t i = 0; i < c.m; ++i) {
     const float* xr = x.data() + i * c.k;
     // Per block of kb columns: scale amax / 127, values round(x * 127 / amax) (f32, as specified).
@@ -107,21 +90,13 @@ Refs reference(const QCase& c, const QWeights& w, const std::vector<float>& x, c
   return r;
 }
 
-std::vector<Isa> every_isa() {
-  std::vector<Isa> out;
-  for (int i = 0; i <= static_cast<int>(cpu::detected_isa()); ++i) out.push_back(static_cast<Isa>(i));
-  return out;
-}
-
 // Runs the case on every kernel the machine has; checks both references and that all agree bit for bit.
 void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
   const std::string what = "int" + std::to_string(c.bits) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) +
                            " n=" + std::to_string(c.n) + " group=" + std::to_string(c.group);
-  const QWeights w = random_weights(c, rng);
+  const QuantWeights w = random_weights(c, rng);
   const std::vector<float> x = random_rows(c.m, c.k, rng);
-  std::vector<float> bias(static_cast<size_t>(c.n));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& b : bias) b = nd(rng);
+  const std::vector<float> bias = randn(static_cast<size_t>(c.n), rng);
   const Refs ref = reference(c, w, x, bias);
 
   const WeightFormat format = c.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
@@ -130,10 +105,9 @@ void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
   ASSERT_EQ(mat.format, format);
 
   std::vector<float> first;
-  std::set<cpu::QuantKernel> seen;
-  for (Isa isa : every_isa()) {
+  const IsaSweep sweep;
+  for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
-    seen.insert(cpu::quant_kernel(isa));
     const std::string label = what + " on " + cpu::quant_kernel_name(cpu::quant_kernel(isa));
     std::vector<float> y(static_cast<size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
     ops.matmul(mat, x.data(), c.m, y.data(), c.bias ? bias.data() : nullptr);
@@ -159,7 +133,6 @@ void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
           << label << ": differs from the portable kernel";
     }
   }
-  cpu::force_isa(cpu::detected_isa());
 }
 
 const QCase kCases[] = {
@@ -210,7 +183,7 @@ TEST(CpuQuantMatmul, CaptureAndReplay) {
   auto ops = make_cpu_ops(2);
   std::mt19937_64 rng(13);
   const QCase c{4, 3, 64, 9, 32, false};
-  const QWeights w = random_weights(c, rng);
+  const QuantWeights w = random_weights(c, rng);
   Buffer buf(*ops, ops->quantized_bytes(WeightFormat::Int4, c.n, c.k, c.group));
   const Matrix mat = ops->upload_quantized({4, c.n, c.k, c.group, w.q.data(), w.scales.data()}, buf.get());
   std::vector<float> x(static_cast<size_t>(c.m * c.k), 0.0f), y(static_cast<size_t>(c.m * c.n), -1.0f);
@@ -233,7 +206,7 @@ TEST(CpuQuantMatmul, QuantizedHeadLogitsAndTopk) {
   std::mt19937_64 rng(14);
   for (const float cap : {0.0f, 0.05f}) {
     const QCase c{8, 5, 96, 301, 32, false};
-    const QWeights w = random_weights(c, rng);
+    const QuantWeights w = random_weights(c, rng);
     Buffer buf(*ops, ops->quantized_bytes(WeightFormat::Int8, c.n, c.k, c.group));
     const Matrix mat = ops->upload_quantized({8, c.n, c.k, c.group, w.q.data(), w.scales.data()}, buf.get());
     const std::vector<float> x = random_rows(c.m, c.k, rng);
@@ -259,15 +232,10 @@ TEST(CpuQuantMatmul, QuantizedHeadLogitsAndTopk) {
     std::vector<float> values(static_cast<size_t>(c.m * k));
     std::vector<int64_t> ids(static_cast<size_t>(c.m * k));
     ops->head_topk(p, k, base, values.data(), ids.data());
-    for (int64_t i = 0; i < c.m; ++i) {
-      std::vector<int64_t> order(static_cast<size_t>(p.valid_rows));
-      for (int64_t v = 0; v < p.valid_rows; ++v) order[static_cast<size_t>(v)] = v;
-      const float* l = logits.data() + i * p.valid_rows;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
-      for (int j = 0; j < k; ++j) {
-        EXPECT_EQ(ids[static_cast<size_t>(i * k + j)], order[static_cast<size_t>(j)] + base) << "cap " << cap << " row " << i;
-        EXPECT_EQ(values[static_cast<size_t>(i * k + j)], l[order[static_cast<size_t>(j)]]) << "cap " << cap << " row " << i;
-      }
+    const TopK want = sorted_top(logits, c.m, p.valid_rows, k, base);
+    for (size_t e = 0; e < ids.size(); ++e) {
+      EXPECT_EQ(ids[e], want.ids[e]) << "cap " << cap << " row " << e / k;
+      EXPECT_EQ(values[e], want.values[e]) << "cap " << cap << " row " << e / k;
     }
   }
 }

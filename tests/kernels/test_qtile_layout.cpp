@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_checks.h"
 #include "kernels/ops.h"
 #include "kernels/qtile_layout.h"
 
@@ -29,26 +30,18 @@ struct Shape {
 };
 
 std::string name_of(const Shape& s) {
-  return "int" + std::to_string(s.bits) + " n " + std::to_string(s.n) + " k " + std::to_string(s.k) + " group " +
-         std::to_string(s.group);
+  return fmt::format("int{} n {} k {} group {}", s.bits, s.n, s.k, s.group);
 }
 
-struct Packed {
+// Random weights (q, scales) and their tiled layout.
+struct Packed : QuantWeights {
   Layout l;
-  std::vector<int8_t> q;
-  std::vector<float> scales;
   std::vector<std::byte> bytes;
 };
 
 Packed make(const Shape& s, std::mt19937_64& rng) {
-  Packed p;
-  std::uniform_int_distribution<int> qd(-(1 << (s.bits - 1)), (1 << (s.bits - 1)) - 1);
-  std::uniform_real_distribution<float> sd(0.001f, 0.05f);
-  p.q.resize(static_cast<size_t>(s.n * s.k));
-  for (auto& v : p.q) v = static_cast<int8_t>(qd(rng));
-  p.scales.resize(static_cast<size_t>(s.n * (s.k / s.group)));
-  for (auto& v : p.scales) v = sd(rng);
-  p.l = layout(s.bits, s.n, s.k, s.group);
+  Packed p{random_quant(s.bits, s.n, s.k, s.group, 0.001f, 0.05f, rng),
+           layout(s.bits, s.n, s.k, s.group)};
   p.bytes.assign(static_cast<size_t>(p.l.total), std::byte{0x5a});  // garbage the packer must overwrite
   pack({s.bits, s.n, s.k, s.group, p.q.data(), p.scales.data()}, p.bytes.data());
   return p;

@@ -74,6 +74,17 @@ std::vector<std::string> run_each(std::vector<std::unique_ptr<Communicator>>& co
   return errors;
 }
 
+// Runs fn on n in-process ranks, which must fail: returns the error run_ranks raised.
+std::string run_ranks_error(int n, const std::function<void(Communicator&)>& fn) {
+  try {
+    run_ranks(n, fn);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "run_ranks returned";
+  return "";
+}
+
 class Collectives : public ::testing::TestWithParam<int> {
  protected:
   int n() const { return GetParam(); }
@@ -189,39 +200,27 @@ TEST(ThreadComm, MismatchedCallsThrowOnEveryRank) {
 
 TEST(ThreadComm, RunRanksRethrowsTheFirstFailureWithItsRank) {
   Watchdog watchdog(10);
-  try {
-    run_ranks(4, [](Communicator& comm) {
-      std::vector<float> x(16, 1.0f);
-      comm.all_reduce_sum(x.data(), x.size());
-      if (comm.rank() == 2) throw std::runtime_error("shard file missing");
-      comm.all_reduce_sum(x.data(), x.size());  // the others wait here until the abort
-    });
-    FAIL() << "run_ranks returned";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "rank 2: shard file missing");
-  }
+  const std::string error = run_ranks_error(4, [](Communicator& comm) {
+    std::vector<float> x(16, 1.0f);
+    comm.all_reduce_sum(x.data(), x.size());
+    if (comm.rank() == 2) throw std::runtime_error("shard file missing");
+    comm.all_reduce_sum(x.data(), x.size());  // the others wait here until the abort
+  });
+  EXPECT_EQ(error, "rank 2: shard file missing");
   // An error that already names its rank is not prefixed twice.
-  try {
-    run_ranks(2, [](Communicator& comm) {
-      TPDRAFT_CHECK(comm.rank() != 1, "rank {}: bad input", comm.rank());
-    });
-    FAIL() << "run_ranks returned";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "rank 1: bad input");
-  }
+  const std::string named = run_ranks_error(2, [](Communicator& comm) {
+    TPDRAFT_CHECK(comm.rank() != 1, "rank {}: bad input", comm.rank());
+  });
+  EXPECT_EQ(named, "rank 1: bad input");
 }
 
 TEST(ThreadComm, RankThatLeavesEarlyDoesNotHangThePeers) {
   Watchdog watchdog(10);
-  try {
-    run_ranks(3, [](Communicator& comm) {
-      if (comm.rank() != 0) comm.barrier();
-    });
-    FAIL() << "run_ranks returned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("collective cannot complete: rank 0 has left the group"), std::string::npos)
-        << e.what();
-  }
+  const std::string error = run_ranks_error(3, [](Communicator& comm) {
+    if (comm.rank() != 0) comm.barrier();
+  });
+  EXPECT_NE(error.find("collective cannot complete: rank 0 has left the group"), std::string::npos)
+      << error;
 }
 
 TEST(ThreadComm, GroupSizeMustBePositive) {

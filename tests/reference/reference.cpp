@@ -449,10 +449,7 @@ void RefModel::choose(RefDraft& d, int64_t anchor, const RefSampling& s) const {
     for (int64_t r = 1; r < B; ++r) {
       const double* logits = d.logits.data() + (r - 1) * V;
       if (greedy) {
-        int64_t best = 0;
-        for (int64_t t = 1; t < V; ++t)
-          if (logits[t] > logits[best]) best = t;
-        d.tokens[r - 1] = best;
+        d.tokens[r - 1] = std::max_element(logits, logits + V) - logits;  // ties: the lowest id
       } else {
         sample_dflash(logits, V, r, s, &d.tokens[r - 1], &d.probs[r - 1]);
       }
@@ -479,8 +476,7 @@ void RefModel::choose(RefDraft& d, int64_t anchor, const RefSampling& s) const {
     }
     size_t pick = 0;
     if (greedy) {
-      for (size_t i = 1; i < cand.size(); ++i)
-        if (score[i] > score[pick]) pick = i;
+      pick = static_cast<size_t>(std::max_element(score.begin(), score.end()) - score.begin());
     } else {
       double best = -std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < cand.size(); ++i) {
