@@ -170,13 +170,14 @@ def exact_pair_distribution(target, tap_layers, sampling):
     return np.einsum("a,ab,abc->bc", first, second, third)
 
 
-def sampled_pair_counts(decoder, seed):
-    """Counts of (x1, x2) over RUNS speculative decodes of three tokens from SHORT_PROMPT."""
+def sampled_pair_counts(decoder, seed, runs=RUNS, batch=BATCH):
+    """Counts of (x1, x2) over `runs` speculative decodes of three tokens from SHORT_PROMPT,
+    `batch` at a time, and the drafts accepted in the first round of each."""
     v = decoder.caps.vocab_size
     rng = np.random.default_rng(seed)
     counts, accepted = np.zeros((v, v)), []
-    for _ in range(RUNS // BATCH):
-        tokens, rounds = decoder.decode([SHORT_PROMPT] * BATCH, 3, rng)
+    for _ in range(runs // batch):
+        tokens, rounds = decoder.decode([SHORT_PROMPT] * batch, 3, rng)
         for (_, x1, x2), first_round in zip(tokens, rounds):
             counts[x1, x2] += 1
             accepted.append(first_round[0][1])
