@@ -19,7 +19,7 @@ pytest.importorskip("torch", reason="the example's target model needs PyTorch")
 import tpdraft  # noqa: E402
 
 from test_spec_decode import (GREEDY, PROMPT, SMALL, SMALL_DFLASH2, DRAFT, Sampling,  # noqa: E402
-                              SpeculativeDecoder, caps_of, chi_square, exact_pair_distribution,
+                              SpeculativeDecoder, chi_square, exact_pair_distribution,
                               init, make_target, open_drafter, sampled_pair_counts, target_decode)
 
 MPIRUN = os.environ.get("TPDRAFT_SERVE_MPIRUN", "")
@@ -103,8 +103,7 @@ PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
 def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
     n = 96
     with open_drafter(drafter_dir, target_dir, tp=2) as d:
         local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
@@ -131,8 +130,7 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
 def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "small")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
     sampling = Sampling(temperature=1.0, top_k=12)
     clients, batches, batch = 2, 2, 512
 
@@ -160,7 +158,7 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
 
 
 def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path):
-    drafter_dir, target_dir = init(tmp_path, "tiny-dflash2.json", "ck")
+    drafter_dir, target_dir, _ = init(tmp_path, "tiny-dflash2.json", "ck")
     with Server(tmp_path, drafter_dir, target_dir) as server:
         client = server.client()
         session = client.open_session()
