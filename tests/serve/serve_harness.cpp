@@ -34,8 +34,9 @@ ServerProcess::ServerProcess(const std::string& dir, const std::vector<std::stri
   log_ = dir + "/server-" + std::to_string(n) + ".log";
   address_file_ = dir + "/server-" + std::to_string(n) + ".address";
   std::vector<std::string> argv = launcher;
-  argv.insert(argv.end(), {TPDRAFT_BIN, "serve", "--drafter", dir + "/drafter", "--target", dir + "/target",
-                           "--address-file", address_file_, "--threads", "1", "--backend", "cpu"});
+  argv.insert(argv.end(), {TPDRAFT_BIN, "serve", "--drafter", dir + "/drafter", "--target",
+                           dir + "/target", "--address-file", address_file_, "--threads", "1",
+                           "--backend", "cpu"});
   argv.insert(argv.end(), args.begin(), args.end());
   pid_ = fork();
   if (pid_ == 0) {

@@ -99,7 +99,8 @@ void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
     }
     std::vector<Out> outs(n);
     std::vector<tpdraft_step_entry> entries(n);
-    for (size_t i = 0; i < n; ++i) fill_entry(t.steps[k][i], ids[i], caps.block_size, &outs[i], &entries[i]);
+    for (size_t i = 0; i < n; ++i)
+      fill_entry(t.steps[k][i], ids[i], caps.block_size, &outs[i], &entries[i]);
     ASSERT_EQ(tpdraft_step(d, entries.data(), n), TPDRAFT_OK) << tpdraft_last_error();
     for (size_t i = 0; i < n; ++i)
       expect_same(t.outs[k][i], outs[i], who + " step " + std::to_string(k) + " session " + std::to_string(i));
@@ -238,7 +239,8 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
     std::vector<Out> outs(kClients);
     std::mt19937_64 rng(static_cast<uint64_t>(round));
     std::vector<Spec> specs;
-    for (size_t i = 0; i < kClients; ++i) specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+    for (size_t i = 0; i < kClients; ++i)
+      specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
     for (size_t i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
         tpdraft_step_entry e;
