@@ -26,6 +26,15 @@ void expect_message(const std::vector<std::string>& needles) {
   for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
 }
 
+// Expects a call's status `got` to be `want` and the thread's last error to hold every needle.
+void expect_refusal(tpdraft_status got, const std::vector<std::string>& needles,
+                    tpdraft_status want = TPDRAFT_ERROR_ARGUMENT) {
+  EXPECT_EQ(got, want) << "the refusal naming '" << needles.front() << "'";
+  expect_message(needles);
+}
+
+using Entry = tpdraft_step_entry;
+
 // A DFlash 2 drafter (max context 32, two entries a step) with two sessions: a of 10 positions,
 // b of 4. A bad entry follows a good one on a, which must not move either.
 class CapiStepErrors : public ::testing::Test {
@@ -44,35 +53,24 @@ class CapiStepErrors : public ::testing::Test {
   }
   // A good entry on b: 2 new rows, a greedy draft.
   tpdraft_step_entry good_on_b() {
-    tpdraft_step_entry e{};
-    e.session = b_.session();
-    e.keep = -1;
-    e.p0 = -1;
-    e.n_new = 2;
-    e.taps = taps_.data();
-    e.taps_dtype = TPDRAFT_F32;
-    e.anchor = 6;
-    e.sampling = greedy();
-    e.tokens = tokens_.data();
-    return e;
+    return entry(b_.session(), 2, taps_.data(), 6, greedy(), tokens_.data());
   }
   // Steps [good entry on a, `bad`]: refused with ARGUMENT, a message naming entry 1 and the
   // needles, and no session moved.
   void expect_refused(const tpdraft_step_entry& bad, const std::vector<std::string>& needles) {
-    tpdraft_step_entry on_a{};
-    on_a.session = a_.session();
-    on_a.n_new = 1;
-    on_a.keep = on_a.p0 = -1;
-    on_a.taps = taps_.data();
-    on_a.anchor = 1;
-    on_a.sampling = greedy();
-    on_a.tokens = tokens_.data();
+    tpdraft_step_entry on_a = entry(a_.session(), 1, taps_.data(), 1, greedy(), tokens_.data());
     std::vector<tpdraft_step_entry> entries = {on_a, bad};
-    EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), entries.size()), TPDRAFT_ERROR_ARGUMENT);
     std::vector<std::string> all = {"entry 1"};
     all.insert(all.end(), needles.begin(), needles.end());
-    expect_message(all);
+    expect_refusal(tpdraft_step(h_.get(), entries.data(), entries.size()), all);
     expect_unmoved();
+  }
+  // expect_refused of the good entry on b with `spoil` applied.
+  void expect_spoiled_refused(const std::function<void(Entry&)>& spoil,
+                              const std::vector<std::string>& needles) {
+    tpdraft_step_entry e = good_on_b();
+    spoil(e);
+    expect_refused(e, needles);
   }
   void expect_unmoved() {
     EXPECT_EQ(h_.length(a_.session()), 10);
@@ -93,25 +91,22 @@ TEST_F(CapiStepErrors, AGoodEntryAloneSucceeds) {
 }
 
 TEST_F(CapiStepErrors, SessionsUnknownOrTwice) {
-  tpdraft_step_entry e = good_on_b();
-  e.session = 999;
-  expect_refused(e, {"session 999", "not open"});
-  e.session = a_.session();
-  expect_refused(e, {"session " + std::to_string(a_.session()), "twice"});
+  expect_spoiled_refused([](Entry& e) { e.session = 999; }, {"session 999", "not open"});
+  const tpdraft_session a = a_.session();
+  expect_spoiled_refused([&](Entry& e) { e.session = a; },
+                         {"session " + std::to_string(a), "twice"});
 }
 
 TEST_F(CapiStepErrors, KeepOrP0BeyondTheSession) {
-  tpdraft_step_entry e = good_on_b();
-  e.keep = 5;
-  expect_refused(e, {"keep 5", "holds 4"});
-  e.keep = -2;
-  expect_refused(e, {"keep -2"});
-  e.keep = 3;
-  e.p0 = 4;
-  expect_refused(e, {"p0 4", "after keep"});
-  e.keep = -1;
-  e.p0 = 5;
-  expect_refused(e, {"p0 5"});
+  expect_spoiled_refused([](Entry& e) { e.keep = 5; }, {"keep 5", "holds 4"});
+  expect_spoiled_refused([](Entry& e) { e.keep = -2; }, {"keep -2"});
+  expect_spoiled_refused(
+      [](Entry& e) {
+        e.keep = 3;
+        e.p0 = 4;
+      },
+      {"p0 4", "after keep"});
+  expect_spoiled_refused([](Entry& e) { e.p0 = 5; }, {"p0 5"});
 }
 
 TEST_F(CapiStepErrors, ARollBackTheSlidingRingCannotMake) {
@@ -123,8 +118,8 @@ TEST_F(CapiStepErrors, ARollBackTheSlidingRingCannotMake) {
   tpdraft_step_entry on_a = good_on_b();
   on_a.session = a_.session();
   std::vector<tpdraft_step_entry> entries = {on_a, e};
-  EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), entries.size()), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"entry 1", "cannot roll back to length 2"});
+  expect_refusal(tpdraft_step(h_.get(), entries.data(), entries.size()),
+                 {"entry 1", "cannot roll back to length 2"});
   EXPECT_EQ(h_.length(a_.session()), 10);
   EXPECT_EQ(h_.length(b_.session()), 30);
 }
@@ -146,41 +141,25 @@ TEST_F(CapiStepErrors, NonFiniteTaps) {
 }
 
 TEST_F(CapiStepErrors, TapsMissingOrUnreadable) {
-  tpdraft_step_entry e = good_on_b();
-  e.taps = nullptr;
-  expect_refused(e, {"no taps"});
-  e = good_on_b();
-  e.taps_dtype = 7;
-  expect_refused(e, {"taps_dtype 7"});
-  e = good_on_b();
-  e.taps_on_device = 1;
-  expect_refused(e, {"device memory", "cpu"});
-  e = good_on_b();
-  e.n_new = -1;
-  expect_refused(e, {"-1 new rows"});
-  e = good_on_b();
-  e.n_new = 29;  // 4 + 29 > the max context 32
-  expect_refused(e, {"29 new rows", "max context 32"});
+  expect_spoiled_refused([](Entry& e) { e.taps = nullptr; }, {"no taps"});
+  expect_spoiled_refused([](Entry& e) { e.taps_dtype = 7; }, {"taps_dtype 7"});
+  expect_spoiled_refused([](Entry& e) { e.taps_on_device = 1; }, {"device memory", "cpu"});
+  expect_spoiled_refused([](Entry& e) { e.n_new = -1; }, {"-1 new rows"});
+  // 4 + 29 > the max context 32
+  expect_spoiled_refused([](Entry& e) { e.n_new = 29; }, {"29 new rows", "max context 32"});
 }
 
 TEST_F(CapiStepErrors, AnchorOutsideTheVocabulary) {
-  tpdraft_step_entry e = good_on_b();
-  e.anchor = ck_.cfg.vocab;
-  expect_refused(e, {"anchor", std::to_string(ck_.cfg.vocab)});
-  e.anchor = -1;
-  expect_refused(e, {"anchor", "-1"});
+  const int64_t vocab = ck_.cfg.vocab;
+  expect_spoiled_refused([&](Entry& e) { e.anchor = vocab; }, {"anchor", std::to_string(vocab)});
+  expect_spoiled_refused([](Entry& e) { e.anchor = -1; }, {"anchor", "-1"});
 }
 
 TEST_F(CapiStepErrors, BadSampling) {
-  tpdraft_step_entry e = good_on_b();
-  e.sampling = {0.8, 5, 1.0, 1};
-  expect_refused(e, {"top_k", "DFlash 2"});
-  e.sampling = {-0.5, 0, 1.0, 1};
-  expect_refused(e, {"temperature", "-0.5"});
-  e.sampling = {0.5, 0, 0.0, 1};
-  expect_refused(e, {"top_p"});
-  e.sampling = {NAN, 0, 1.0, 1};
-  expect_refused(e, {"temperature"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {0.8, 5, 1.0, 1}; }, {"top_k", "DFlash 2"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {-0.5, 0, 1.0, 1}; }, {"temperature", "-0.5"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {0.5, 0, 0.0, 1}; }, {"top_p"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {NAN, 0, 1.0, 1}; }, {"temperature"});
 }
 
 TEST_F(CapiStepErrors, MissingOutputBuffers) {
@@ -207,31 +186,23 @@ TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
   std::vector<tpdraft_step_entry> three = {good_on_b(), good_on_b(), good_on_b()};
   three[1].session = a_.session();
   three[2].session = 12345;
-  EXPECT_EQ(tpdraft_step(h_.get(), three.data(), 3), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"1 to 2 entries", "got 3"});
-  EXPECT_EQ(tpdraft_step(h_.get(), three.data(), 0), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"got 0"});
-  EXPECT_EQ(tpdraft_step(h_.get(), nullptr, 1), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_step", "entries is NULL"});
-  EXPECT_EQ(tpdraft_step(nullptr, three.data(), 1), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_step", "drafter is NULL"});
+  expect_refusal(tpdraft_step(h_.get(), three.data(), 3), {"1 to 2 entries", "got 3"});
+  expect_refusal(tpdraft_step(h_.get(), three.data(), 0), {"got 0"});
+  expect_refusal(tpdraft_step(h_.get(), nullptr, 1), {"tpdraft_step", "entries is NULL"});
+  expect_refusal(tpdraft_step(nullptr, three.data(), 1), {"tpdraft_step", "drafter is NULL"});
   int64_t n = 0;
-  EXPECT_EQ(tpdraft_session_length(nullptr, a_.session(), &n), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_session_length", "NULL"});
-  EXPECT_EQ(tpdraft_session_length(h_.get(), a_.session(), nullptr), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_session_length", "NULL"});
+  expect_refusal(tpdraft_session_length(nullptr, a_.session(), &n),
+                 {"tpdraft_session_length", "NULL"});
+  expect_refusal(tpdraft_session_length(h_.get(), a_.session(), nullptr),
+                 {"tpdraft_session_length", "NULL"});
   tpdraft_session s = 0;
-  EXPECT_EQ(tpdraft_session_open(nullptr, &s), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_session_open", "NULL"});
-  EXPECT_EQ(tpdraft_session_close(nullptr, a_.session()), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_session_close", "NULL"});
+  expect_refusal(tpdraft_session_open(nullptr, &s), {"tpdraft_session_open", "NULL"});
+  expect_refusal(tpdraft_session_close(nullptr, a_.session()), {"tpdraft_session_close", "NULL"});
   tpdraft_caps caps{};
   caps.struct_size = sizeof caps;
-  EXPECT_EQ(tpdraft_caps_get(nullptr, &caps), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_caps_get", "NULL"});
+  expect_refusal(tpdraft_caps_get(nullptr, &caps), {"tpdraft_caps_get", "NULL"});
   caps.struct_size = 8;
-  EXPECT_EQ(tpdraft_caps_get(h_.get(), &caps), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_caps_get", "struct_size"});
+  expect_refusal(tpdraft_caps_get(h_.get(), &caps), {"tpdraft_caps_get", "struct_size"});
   tpdraft_close(nullptr);  // allowed
   expect_unmoved();
 }
@@ -239,16 +210,13 @@ TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
 TEST_F(CapiStepErrors, AClosedSessionIsUnknown) {
   const tpdraft_session b = b_.session();
   ASSERT_EQ(tpdraft_session_close(h_.get(), b), TPDRAFT_OK) << tpdraft_last_error();
-  EXPECT_EQ(tpdraft_session_close(h_.get(), b), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"session " + std::to_string(b), "not open"});
+  expect_refusal(tpdraft_session_close(h_.get(), b), {"session " + std::to_string(b), "not open"});
   int64_t n = -5;
-  EXPECT_EQ(tpdraft_session_length(h_.get(), b, &n), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"session " + std::to_string(b)});
-  EXPECT_EQ(tpdraft_session_close(h_.get(), 77), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"session 77", "not open"});
+  expect_refusal(tpdraft_session_length(h_.get(), b, &n), {"session " + std::to_string(b)});
+  expect_refusal(tpdraft_session_close(h_.get(), 77), {"session 77", "not open"});
   std::vector<tpdraft_step_entry> entries = {good_on_b()};
-  EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), 1), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"entry 0", "session " + std::to_string(b)});
+  expect_refusal(tpdraft_step(h_.get(), entries.data(), 1),
+                 {"entry 0", "session " + std::to_string(b)});
   EXPECT_EQ(h_.length(a_.session()), 10);
 }
 
@@ -258,9 +226,9 @@ TEST_F(CapiStepErrors, AClosedSessionIsUnknown) {
 void expect_open_refused(const Checkpoint& ck, const tpdraft_options& o, tpdraft_status status,
                          const std::vector<std::string>& needles) {
   tpdraft_drafter* d = reinterpret_cast<tpdraft_drafter*>(&d);  // must be reset to NULL
-  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, &d), status);
+  expect_refusal(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, &d), needles,
+                 status);
   EXPECT_EQ(d, nullptr);
-  expect_message(needles);
 }
 
 TEST(CapiOpenErrors, BadOptionsNameTheField) {
@@ -303,12 +271,11 @@ TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
   EXPECT_EQ(d, nullptr);
   expect_message({missing});
   const std::string no_target = ck.dir.file("no-such-target");
-  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), no_target.c_str(), &o, &d), TPDRAFT_ERROR_INPUT);
-  expect_message({no_target});
-  EXPECT_EQ(tpdraft_open(nullptr, ck.target_dir().c_str(), &o, &d), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_open", "NULL"});
-  EXPECT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, nullptr), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_open", "out is NULL"});
+  expect_refusal(tpdraft_open(ck.drafter_dir().c_str(), no_target.c_str(), &o, &d),
+                 {no_target}, TPDRAFT_ERROR_INPUT);
+  expect_refusal(tpdraft_open(nullptr, ck.target_dir().c_str(), &o, &d), {"tpdraft_open", "NULL"});
+  expect_refusal(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), &o, nullptr),
+                 {"tpdraft_open", "out is NULL"});
 }
 
 // ---- sessions and threads ----------------------------------------------------------------------
@@ -321,8 +288,7 @@ TEST(CapiSessions, TheOpenSessionLimitHolds) {
   const tpdraft_session a = h.open_session(), b = h.open_session();
   EXPECT_NE(a, b);
   tpdraft_session c = -1;
-  EXPECT_EQ(tpdraft_session_open(h.get(), &c), TPDRAFT_ERROR_ARGUMENT);
-  expect_message({"tpdraft_session_open", "max_open_sessions"});
+  expect_refusal(tpdraft_session_open(h.get(), &c), {"tpdraft_session_open", "max_open_sessions"});
   EXPECT_EQ(c, -1);
   ASSERT_EQ(tpdraft_session_close(h.get(), a), TPDRAFT_OK) << tpdraft_last_error();
   ASSERT_EQ(tpdraft_session_open(h.get(), &c), TPDRAFT_OK) << tpdraft_last_error();
@@ -371,15 +337,8 @@ TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
     int mismatches = 0;
     std::vector<int64_t> tokens(static_cast<size_t>(ck.cfg.block - 1));
     for (int i = 0; i < steps; ++i) {
-      tpdraft_step_entry e{};
-      e.session = s;
+      tpdraft_step_entry e = entry(s, rows, taps.data(), anchors[i % 4], greedy(), tokens.data());
       e.keep = i == 0 ? -1 : 0;
-      e.p0 = -1;
-      e.n_new = rows;
-      e.taps = taps.data();
-      e.anchor = anchors[i % 4];
-      e.sampling = greedy();
-      e.tokens = tokens.data();
       if (tpdraft_step(h.get(), &e, 1) != TPDRAFT_OK || tokens != want[static_cast<size_t>(i % 4)]) ++mismatches;
     }
     return mismatches;

@@ -51,6 +51,21 @@ int64_t Handle::length(tpdraft_session s) const {
 tpdraft_sampling greedy() { return {0.0, 0, 1.0, 0}; }
 tpdraft_sampling sampled(double temperature, uint64_t seed) { return {temperature, 0, 1.0, seed}; }
 
+tpdraft_step_entry entry(tpdraft_session s, int64_t n_new, const void* taps, int64_t anchor,
+                         const tpdraft_sampling& sampling, int64_t* tokens) {
+  tpdraft_step_entry e{};
+  e.session = s;
+  e.keep = -1;
+  e.p0 = -1;
+  e.n_new = n_new;
+  e.taps = taps;
+  e.taps_dtype = TPDRAFT_F32;
+  e.anchor = anchor;
+  e.sampling = sampling;
+  e.tokens = tokens;
+  return e;
+}
+
 std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 Lane::Lane(const Handle& handle, const Checkpoint& ck)
@@ -70,16 +85,9 @@ tpdraft_step_entry Lane::plan(const StepSpec& spec) {
   want_ = ref.draft(ctx_, spec.anchor, {s.temperature, s.top_k, s.top_p, s.seed});
   sampled_ = s.temperature > 0;
 
-  tpdraft_step_entry e{};
-  e.session = session_;
+  tpdraft_step_entry e = entry(session_, spec.n_new, taps_.data(), spec.anchor, s, tokens_.data());
   e.keep = spec.keep;
   e.p0 = spec.p0;
-  e.n_new = spec.n_new;
-  e.taps = taps_.data();
-  e.taps_dtype = TPDRAFT_F32;
-  e.anchor = spec.anchor;
-  e.sampling = s;
-  e.tokens = tokens_.data();
   e.q = q_.data();
   return e;
 }

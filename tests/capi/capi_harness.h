@@ -50,6 +50,11 @@ class Handle {
 tpdraft_sampling greedy();
 tpdraft_sampling sampled(double temperature, uint64_t seed);
 
+// An entry settling `n_new` f32 tap rows into session `s` as they come (keep and p0 -1) and
+// drafting from `anchor` into `tokens`; no q, no distribution.
+tpdraft_step_entry entry(tpdraft_session s, int64_t n_new, const void* taps, int64_t anchor,
+                         const tpdraft_sampling& sampling, int64_t* tokens);
+
 // One step of one session, as a decoding loop asks for it.
 struct StepSpec {
   int64_t keep = -1;

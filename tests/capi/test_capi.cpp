@@ -106,77 +106,12 @@ std::vector<float> rounded(const std::vector<float>& taps, DType dtype) {
   return back;
 }
 
-// One entry's outputs, with a distribution of width 4.
-struct Draft {
-  std::vector<int64_t> tokens, ids;
-  std::vector<float> q, probs, rest;
-  explicit Draft(int64_t rows)
-      : tokens(static_cast<size_t>(rows)), ids(static_cast<size_t>(rows) * 4), q(tokens.size()),
-        probs(ids.size()), rest(tokens.size()) {}
-  void attach(tpdraft_step_entry& e) {
-    e.tokens = tokens.data();
-    e.q = q.data();
-    e.dist_width = 4;
-    e.dist_ids = ids.data();
-    e.dist_probs = probs.data();
-    e.dist_rest = rest.data();
-  }
-};
-
-// Settles `rows` tap rows given as `dtype` bytes into a fresh session and drafts (sampled).
-Draft draft_from(const Handle& h, const Checkpoint& ck, const void* taps, tpdraft_dtype dtype, int64_t rows) {
-  Draft d(ck.cfg.block - 1);
-  tpdraft_step_entry e{};
-  e.session = h.open_session();
-  e.keep = -1;
-  e.p0 = -1;
-  e.n_new = rows;
-  e.taps = taps;
-  e.taps_dtype = dtype;
-  e.anchor = 77;
-  e.sampling = sampled(0.9, 8);
-  d.attach(e);
-  std::vector<tpdraft_step_entry> entries = {e};
-  step_ok(h, entries);
-  return d;
-}
-
-TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
-  Handle h(ck, cpu_options());
-  const int64_t rows = 12;
-  const std::vector<float> taps = model::random_taps(ck.cfg, rows, 31);
-  const std::pair<DType, tpdraft_dtype> kinds[] = {{DType::BF16, TPDRAFT_BF16}, {DType::F16, TPDRAFT_F16}};
-  for (const auto& [dtype, abi] : kinds) {
-    SCOPED_TRACE(dtype_name(dtype));
-    std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
-    convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
-    const std::vector<float> same = rounded(taps, dtype);
-    const Draft got = draft_from(h, ck, bytes.data(), abi, rows);
-    const Draft want = draft_from(h, ck, same.data(), TPDRAFT_F32, rows);
-    EXPECT_EQ(got.tokens, want.tokens);
-    EXPECT_EQ(got.q, want.q);
-    EXPECT_EQ(got.ids, want.ids);
-    EXPECT_EQ(got.probs, want.probs);
-    EXPECT_EQ(got.rest, want.rest);
-    // The rounding is the one the reference sees too (and differs from the f32 taps).
-    EXPECT_NE(same, taps);
-    reference::RefContext ctx;
-    ck.ref->settle(ctx, 0, widen(same), rows);
-    const reference::RefDraft ref = ck.ref->draft(ctx, 77, {0.9, 0, 1.0, 8});
-    EXPECT_EQ(got.tokens, ref.tokens);
-    for (size_t i = 0; i < got.q.size(); ++i) EXPECT_NEAR(got.q[i], ref.probs[i], 1e-4) << "row " << i + 1;
-  }
-}
-
-
-// ---- distributions -----------------------------------------------------------------------------
-
 constexpr int64_t kGuardId = -99;
 constexpr float kGuardProb = -9.0f;
 constexpr size_t kGuard = 16;  // entries past the end of each buffer that must stay untouched
 
-// Distribution buffers of `rows` x `width`, followed by guard entries.
+// One entry's outputs: its tokens and q, and distribution buffers of `rows` x `width` followed
+// by guard entries.
 struct DistBuffers {
   std::vector<int64_t> tokens, ids;
   std::vector<float> q, probs, rest;
@@ -198,6 +133,49 @@ struct DistBuffers {
   }
 };
 
+// Settles `rows` tap rows given as `dtype` bytes into a fresh session and drafts (sampled), with
+// a distribution of width 4.
+DistBuffers draft_from(const Handle& h, const Checkpoint& ck, const void* taps, tpdraft_dtype dtype,
+                       int64_t rows) {
+  DistBuffers d(static_cast<size_t>(ck.cfg.block - 1), 4);
+  tpdraft_step_entry e = entry(h.open_session(), rows, taps, 77, sampled(0.9, 8), nullptr);
+  e.taps_dtype = dtype;
+  d.attach(e, 4);
+  std::vector<tpdraft_step_entry> entries = {e};
+  step_ok(h, entries);
+  return d;
+}
+
+TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
+  const Checkpoint ck(config_file("tiny-dflash.json"));
+  Handle h(ck, cpu_options());
+  const int64_t rows = 12;
+  const std::vector<float> taps = model::random_taps(ck.cfg, rows, 31);
+  const std::pair<DType, tpdraft_dtype> kinds[] = {{DType::BF16, TPDRAFT_BF16}, {DType::F16, TPDRAFT_F16}};
+  for (const auto& [dtype, abi] : kinds) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
+    convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
+    const std::vector<float> same = rounded(taps, dtype);
+    const DistBuffers got = draft_from(h, ck, bytes.data(), abi, rows);
+    const DistBuffers want = draft_from(h, ck, same.data(), TPDRAFT_F32, rows);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.q, want.q);
+    EXPECT_EQ(got.ids, want.ids);
+    EXPECT_EQ(got.probs, want.probs);
+    EXPECT_EQ(got.rest, want.rest);
+    // The rounding is the one the reference sees too (and differs from the f32 taps).
+    EXPECT_NE(same, taps);
+    reference::RefContext ctx;
+    ck.ref->settle(ctx, 0, widen(same), rows);
+    const reference::RefDraft ref = ck.ref->draft(ctx, 77, {0.9, 0, 1.0, 8});
+    EXPECT_EQ(got.tokens, ref.tokens);
+    for (size_t i = 0; i < got.q.size(); ++i) EXPECT_NEAR(got.q[i], ref.probs[i], 1e-4) << "row " << i + 1;
+  }
+}
+
+// ---- distributions -----------------------------------------------------------------------------
+
 // softmax(logits / T) of one reference row, every token.
 std::vector<double> softmax_row(const std::vector<double>& logits, size_t row, size_t vocab, double temperature) {
   std::vector<double> p(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab),
@@ -216,14 +194,7 @@ struct DistRun {
   DistRun(const Checkpoint& ck, const Handle& h, const tpdraft_sampling& s, int64_t dist_width, size_t width)
       : out(static_cast<size_t>(ck.cfg.block - 1), width) {
     const std::vector<float> taps = model::random_taps(ck.cfg, 15, 41);
-    tpdraft_step_entry e{};
-    e.session = h.open_session();
-    e.keep = -1;
-    e.p0 = -1;
-    e.n_new = 15;
-    e.taps = taps.data();
-    e.anchor = 21;
-    e.sampling = s;
+    tpdraft_step_entry e = entry(h.open_session(), 15, taps.data(), 21, s, nullptr);
     out.attach(e, dist_width);
     std::vector<tpdraft_step_entry> entries = {e};
     step_ok(h, entries);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -32,15 +33,10 @@ Result run(const std::string& args) { return run_prefixed("", args); }
 
 // The JSON result line among the log lines (logs go to stderr, captured here too).
 std::string json_line(const std::string& s) {
-  size_t pos = 0;
+  std::istringstream lines(s);
   std::string found;
-  while (pos < s.size()) {
-    const size_t end = s.find('\n', pos);
-    const std::string line = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+  for (std::string line; std::getline(lines, line);)
     if (!line.empty() && line.front() == '{') found = line;
-    if (end == std::string::npos) break;
-    pos = end + 1;
-  }
   return found;
 }
 

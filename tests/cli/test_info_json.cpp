@@ -3,10 +3,9 @@
 // what `tpdraft bench` measures on the same drafter; plus the errors a caller meets.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
@@ -25,20 +24,11 @@ struct Result {
 
 Result run(const std::string& args, const testing::TempDir& dir) {
   const std::string err = dir.file("stderr.txt");
-  const std::string cmd = std::string(TPDRAFT_BIN) + " " + args + " 2>" + err;
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "", "popen failed"};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (FILE* f = std::fopen(err.c_str(), "r")) {
-    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.errors.append(buf.data(), n);
-    std::fclose(f);
-  }
-  return r;
+  // The program's stderr goes to its file inside the braces: run_command reads stdout alone.
+  const auto r =
+      testing::run_command("{ " + std::string(TPDRAFT_BIN) + " " + args + " 2>" + err + "; }");
+  std::ifstream errors(err);
+  return {r.status, r.out, std::string(std::istreambuf_iterator<char>(errors), {})};
 }
 
 // The last line of stdout that is a JSON object.

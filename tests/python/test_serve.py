@@ -18,9 +18,9 @@ import pytest
 pytest.importorskip("torch", reason="the example's target model needs PyTorch")
 import tpdraft  # noqa: E402
 
-from test_spec_decode import (GREEDY, PROMPT, SHORT_PROMPT, SMALL, SMALL_DFLASH2, DRAFT, Sampling,  # noqa: E402
-                              SpeculativeDecoder, caps_of, chi_square, exact_pair_distribution, init, make_target,
-                              open_drafter, target_decode)
+from test_spec_decode import (GREEDY, PROMPT, SMALL, SMALL_DFLASH2, DRAFT, Sampling,  # noqa: E402
+                              SpeculativeDecoder, chi_square, exact_pair_distribution,
+                              init, make_target, open_drafter, sampled_pair_counts, target_decode)
 
 MPIRUN = os.environ.get("TPDRAFT_SERVE_MPIRUN", "")
 TIMEOUT = 60.0  # seconds a client call may wait: a server that died fails the test, never hangs it
@@ -103,8 +103,7 @@ PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
 def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
     n = 96
     with open_drafter(drafter_dir, target_dir, tp=2) as d:
         local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
@@ -129,37 +128,26 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
         assert (tokens, rounds) == (local_tokens, local_rounds)
 
 
-def pair_counts(decoder, seed, batches, batch):
-    v = decoder.caps.vocab_size
-    rng = np.random.default_rng(seed)
-    counts = np.zeros((v, v))
-    for _ in range(batches):
-        tokens, _ = decoder.decode([SHORT_PROMPT] * batch, 3, rng)
-        for _, x1, x2 in tokens:
-            counts[x1, x2] += 1
-    return counts
-
-
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
 def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "small")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
     sampling = Sampling(temperature=1.0, top_k=12)
     clients, batches, batch = 2, 2, 512
 
-    def decoder(handle):
-        return SpeculativeDecoder(make_target(caps, target_dir), handle, drafter_dir, sampling,
-                                  DRAFT[caps.architecture])
+    def pair_counts(handle, seed):
+        decoder = SpeculativeDecoder(make_target(caps, target_dir), handle, drafter_dir, sampling,
+                                     DRAFT[caps.architecture])
+        return sampled_pair_counts(decoder, seed, batches * batch, batch)[0]
 
     limits = dict(max_sessions=batch, max_open_sessions=clients * batch, max_context=32)
     with open_drafter(drafter_dir, target_dir, tp=2, **limits) as d:
-        local = [pair_counts(decoder(d), seed, batches, batch) for seed in range(clients)]
+        local = [pair_counts(d, seed) for seed in range(clients)]
     with Server(tmp_path, drafter_dir, target_dir, "--max-sessions", str(batch), "--max-open-sessions",
                 str(clients * batch), "--max-context", "32") as server:
 
         def one_client(seed):
             with server.client() as client:
-                return pair_counts(decoder(client), seed, batches, batch)
+                return pair_counts(client, seed)
 
         served = in_threads([lambda s=s: one_client(s) for s in range(clients)])
     for mine, theirs in zip(served, local):
@@ -170,7 +158,7 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
 
 
 def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path):
-    drafter_dir, target_dir = init(tmp_path, "tiny-dflash2.json", "ck")
+    drafter_dir, target_dir, _ = init(tmp_path, "tiny-dflash2.json", "ck")
     with Server(tmp_path, drafter_dir, target_dir) as server:
         client = server.client()
         session = client.open_session()

@@ -23,7 +23,8 @@ PROMPT = [11, 3, 7, 2, 9, 4]
 
 
 def init(tmp_path, config, name):
-    """`tpdraft init` of a config (a file of configs/ or a dict) -> (drafter_dir, target_dir)."""
+    """`tpdraft init` of a config (a file of configs/ or a dict) -> (drafter_dir, target_dir, the
+    drafter's caps)."""
     if isinstance(config, dict):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config))
@@ -32,16 +33,13 @@ def init(tmp_path, config, name):
     out = tmp_path / name
     subprocess.run([os.environ["TPDRAFT_BIN"], "init", "--config", str(path), "--out", str(out), "--seed", "5"],
                    check=True, capture_output=True)
-    return str(out / "drafter"), str(out / "target")
+    drafter_dir, target_dir = str(out / "drafter"), str(out / "target")
+    with open_drafter(drafter_dir, target_dir) as d:
+        return drafter_dir, target_dir, d.caps
 
 
 def open_drafter(drafter_dir, target_dir, **options):
     return tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1, **options)
-
-
-def caps_of(drafter_dir, target_dir):
-    with open_drafter(drafter_dir, target_dir) as d:
-        return d.caps
 
 
 def make_target(caps, target_dir, seed=1):
@@ -52,8 +50,7 @@ def make_target(caps, target_dir, seed=1):
 def test_the_cached_target_equals_a_fresh_forward(tmp_path):
     # Prefill, a block whose last rows are then refused, and a block over them: every logit and
     # tap as a forward over the committed sequence from scratch gives them.
-    drafter_dir, target_dir = init(tmp_path, "tiny-dflash2.json", "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, "tiny-dflash2.json", "ck")
     target = make_target(caps, target_dir)
     layers = caps.target_layer_ids
     cache = target.new_cache(1, 32)
@@ -68,8 +65,7 @@ def test_the_cached_target_equals_a_fresh_forward(tmp_path):
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
 def test_greedy_output_is_the_targets_and_tp_2_decodes_as_tp_1(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
     target = make_target(caps, target_dir)
     want = target_decode(target, caps.target_layer_ids, [PROMPT], 200, GREEDY, None)[0]
     sampled = Sampling(temperature=1.0, top_k=20)
@@ -90,8 +86,7 @@ def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(tmp_path, con
     # The second decode gives the session only keep = len(PROMPT): the first continuation is
     # rolled back, and the drafter sees the context it saw the first time, so every round drafts
     # alike (a session keeping that continuation would draft from other positions).
-    drafter_dir, target_dir = init(tmp_path, config, "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
     target = make_target(caps, target_dir)
     with open_drafter(drafter_dir, target_dir) as d:
         decoder = SpeculativeDecoder(target, d, drafter_dir, GREEDY)
@@ -112,8 +107,7 @@ def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(tmp_path, con
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
 def test_an_agreeing_drafter_is_accepted_in_runs_and_refused_at_the_period(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "ck")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
     agreeing_dir = str(tmp_path / "agreeing")
     qwen3_target.write_agreeing_target(target_dir, agreeing_dir, caps.mask_token_id, token=5)
     target = make_target(caps, agreeing_dir)
@@ -170,13 +164,14 @@ def exact_pair_distribution(target, tap_layers, sampling):
     return np.einsum("a,ab,abc->bc", first, second, third)
 
 
-def sampled_pair_counts(decoder, seed):
-    """Counts of (x1, x2) over RUNS speculative decodes of three tokens from SHORT_PROMPT."""
+def sampled_pair_counts(decoder, seed, runs=RUNS, batch=BATCH):
+    """Counts of (x1, x2) over `runs` speculative decodes of three tokens from SHORT_PROMPT,
+    `batch` at a time, and the drafts accepted in the first round of each."""
     v = decoder.caps.vocab_size
     rng = np.random.default_rng(seed)
     counts, accepted = np.zeros((v, v)), []
-    for _ in range(RUNS // BATCH):
-        tokens, rounds = decoder.decode([SHORT_PROMPT] * BATCH, 3, rng)
+    for _ in range(runs // batch):
+        tokens, rounds = decoder.decode([SHORT_PROMPT] * batch, 3, rng)
         for (_, x1, x2), first_round in zip(tokens, rounds):
             counts[x1, x2] += 1
             accepted.append(first_round[0][1])
@@ -203,8 +198,7 @@ def normalized(rows):
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
 def test_sampled_output_is_distributed_as_the_targets(tmp_path, config):
-    drafter_dir, target_dir = init(tmp_path, config, "small")
-    caps = caps_of(drafter_dir, target_dir)
+    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
     target = make_target(caps, target_dir)
     sampling = Sampling(temperature=1.0, top_k=12)
     want = exact_pair_distribution(target, caps.target_layer_ids, sampling)

@@ -6,7 +6,6 @@ answers, the tables and the plot data. Runs in a second; with TPDRAFT_BIN set, o
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import unittest
@@ -185,8 +184,7 @@ class Geometry(unittest.TestCase):
         self.assertEqual([geometry.info_dtype(x) for x in ("BF16", "F32", 2, "f16")], ["bf16", "f32", "bf16", "f16"])
 
     def test_vocab_configs_keep_the_mask_inside(self):
-        work = tempfile.mkdtemp()
-        try:
+        with tempfile.TemporaryDirectory() as work:
             base = os.path.join(work, "base.json")
             with open(base, "w") as f:
                 json.dump({"vocab_size": 1000, "dflash_config": {"mask_token_id": 900}}, f)
@@ -198,8 +196,6 @@ class Geometry(unittest.TestCase):
             self.assertEqual((small["vocab_size"], small["dflash_config"]["mask_token_id"]), (500, 499))
             self.assertEqual(large["dflash_config"]["mask_token_id"], 900)
             self.assertTrue(written[500].endswith("base-v500.json"))
-        finally:
-            shutil.rmtree(work)
 
     @unittest.skipUnless(os.environ.get("TPDRAFT_BIN"), "TPDRAFT_BIN not set")
     def test_info_asks_the_program(self):

@@ -34,12 +34,10 @@ ServerProcess::ServerProcess(const std::string& dir, const std::vector<std::stri
   log_ = dir + "/server-" + std::to_string(n) + ".log";
   address_file_ = dir + "/server-" + std::to_string(n) + ".address";
   std::vector<std::string> argv = launcher;
-  for (const std::string& a : {std::string(TPDRAFT_BIN), std::string("serve"), std::string("--drafter"),
-                               dir + "/drafter", std::string("--target"), dir + "/target", std::string("--address-file"),
-                               address_file_, std::string("--threads"), std::string("1"), std::string("--backend"),
-                               std::string("cpu")})
-    argv.push_back(a);
-  for (const auto& a : args) argv.push_back(a);
+  argv.insert(argv.end(), {TPDRAFT_BIN, "serve", "--drafter", dir + "/drafter", "--target",
+                           dir + "/target", "--address-file", address_file_, "--threads", "1",
+                           "--backend", "cpu"});
+  argv.insert(argv.end(), args.begin(), args.end());
   pid_ = fork();
   if (pid_ == 0) {
     // The child: its own process group, so that a test can end the whole launch at once.
@@ -150,8 +148,7 @@ Spec random_spec(std::mt19937_64& rng, int64_t length, int64_t taps_width, int64
   return s;
 }
 
-void fill_entry(const Spec& s, int64_t session, int64_t block, int64_t vocab, Out* out, tpdraft_step_entry* e) {
-  (void)vocab;
+void fill_entry(const Spec& s, int64_t session, int64_t block, Out* out, tpdraft_step_entry* e) {
   tpdraft_step_entry_init(e);
   const size_t rows = static_cast<size_t>(block - 1);
   out->tokens.assign(rows, -7);

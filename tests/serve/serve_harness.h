@@ -75,7 +75,7 @@ struct Spec {
 Spec random_spec(std::mt19937_64& rng, int64_t length, int64_t taps_width, int64_t vocab, int64_t max_new);
 
 // Fills the entry for the spec, with buffers in `out` sized for the caps.
-void fill_entry(const Spec& s, int64_t session, int64_t block, int64_t vocab, Out* out, tpdraft_step_entry* e);
+void fill_entry(const Spec& s, int64_t session, int64_t block, Out* out, tpdraft_step_entry* e);
 
 // Asserts that two outputs are equal bit for bit; `where` names the step.
 void expect_same(const Out& a, const Out& b, const std::string& where);

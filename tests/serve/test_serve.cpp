@@ -11,11 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -47,37 +49,37 @@ struct Trace {
 };
 
 // A client that opens `sessions` sessions and makes `steps` steps of all of them at once.
-Trace drive(const std::string& address, int sessions, int steps, uint64_t seed, int shared_memory) {
+Trace drive(const std::string& address, size_t sessions, int steps, uint64_t seed,
+            int shared_memory) {
   Trace t;
   Client c(address, 30, shared_memory);
   if (c.c == nullptr) return t;
   const tpdraft_caps caps = client_caps(c.c);
   std::vector<tpdraft_session> ids;
-  std::vector<int64_t> lengths(static_cast<size_t>(sessions), 0);
-  for (int i = 0; i < sessions; ++i) ids.push_back(c.open());
+  std::vector<int64_t> lengths(sessions, 0);
+  for (size_t i = 0; i < sessions; ++i) ids.push_back(c.open());
   std::mt19937_64 rng(seed);
   for (int k = 0; k < steps; ++k) {
     std::vector<Spec> specs;
-    std::vector<Out> outs(static_cast<size_t>(sessions));
-    std::vector<tpdraft_step_entry> entries(static_cast<size_t>(sessions));
-    for (int i = 0; i < sessions; ++i) {
-      specs.push_back(random_spec(rng, lengths[static_cast<size_t>(i)], caps.taps_width, caps.vocab_size, 3));
+    std::vector<Out> outs(sessions);
+    std::vector<tpdraft_step_entry> entries(sessions);
+    for (size_t i = 0; i < sessions; ++i) {
+      specs.push_back(random_spec(rng, lengths[i], caps.taps_width, caps.vocab_size, 3));
       const Spec& s = specs.back();
-      lengths[static_cast<size_t>(i)] = (s.keep >= 0 ? s.keep : lengths[static_cast<size_t>(i)]) + s.n_new;
+      lengths[i] = (s.keep >= 0 ? s.keep : lengths[i]) + s.n_new;
     }
-    for (int i = 0; i < sessions; ++i)
-      fill_entry(specs[static_cast<size_t>(i)], ids[static_cast<size_t>(i)], caps.block_size, caps.vocab_size,
-                 &outs[static_cast<size_t>(i)], &entries[static_cast<size_t>(i)]);
+    for (size_t i = 0; i < sessions; ++i)
+      fill_entry(specs[i], ids[i], caps.block_size, &outs[i], &entries[i]);
     const tpdraft_status st = tpdraft_client_step(c.c, entries.data(), entries.size());
     EXPECT_EQ(st, TPDRAFT_OK) << "step " << k << ": " << tpdraft_last_error();
     if (st != TPDRAFT_OK) return t;
     t.steps.push_back(std::move(specs));
     t.outs.push_back(std::move(outs));
   }
-  for (int i = 0; i < sessions; ++i) {
+  for (size_t i = 0; i < sessions; ++i) {
     int64_t n = -1;
-    EXPECT_EQ(tpdraft_client_session_length(c.c, ids[static_cast<size_t>(i)], &n), TPDRAFT_OK);
-    EXPECT_EQ(n, lengths[static_cast<size_t>(i)]);
+    EXPECT_EQ(tpdraft_client_session_length(c.c, ids[i], &n), TPDRAFT_OK);
+    EXPECT_EQ(n, lengths[i]);
   }
   return t;
 }
@@ -97,7 +99,8 @@ void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
     }
     std::vector<Out> outs(n);
     std::vector<tpdraft_step_entry> entries(n);
-    for (size_t i = 0; i < n; ++i) fill_entry(t.steps[k][i], ids[i], caps.block_size, caps.vocab_size, &outs[i], &entries[i]);
+    for (size_t i = 0; i < n; ++i)
+      fill_entry(t.steps[k][i], ids[i], caps.block_size, &outs[i], &entries[i]);
     ASSERT_EQ(tpdraft_step(d, entries.data(), n), TPDRAFT_OK) << tpdraft_last_error();
     for (size_t i = 0; i < n; ++i)
       expect_same(t.outs[k][i], outs[i], who + " step " + std::to_string(k) + " session " + std::to_string(i));
@@ -125,7 +128,7 @@ tpdraft_status random_step(const Client& c, tpdraft_session s, std::mt19937_64& 
   Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   if (keep >= 0) spec.keep = keep;
   tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, caps.vocab_size, out, &e);
+  fill_entry(spec, s, caps.block_size, out, &e);
   return tpdraft_client_step(c.c, &e, 1);
 }
 
@@ -147,19 +150,37 @@ void many_clients_match_the_library(const std::string& dir, const std::string& a
   tpdraft_close(d);
 }
 
-TEST(Serve, HelpAnswersWithoutWork) {
+// Each test's own temp dir, a random checkpoint in it, and the server started on that.
+class Serve : public ::testing::Test {
+ protected:
+  // Writes a random checkpoint of configs/`config` and starts `[launcher] tpdraft serve args` on
+  // it, listening on ipc://DIR/s.sock unless `args` name a --listen of their own; asserts that it
+  // wrote its address (call it through ASSERT_NO_FATAL_FAILURE).
+  void start(std::vector<std::string> args, const std::vector<std::string>& launcher = {},
+             const std::vector<std::string>& env = {},
+             const std::string& config = "tiny-dflash2.json") {
+    make_checkpoint(config, dir.path());
+    if (std::find(args.begin(), args.end(), "--listen") == args.end())
+      args.insert(args.end(), {"--listen", "ipc://" + dir.file("s.sock")});
+    server.emplace(dir.path(), args, launcher, env);
+    address = server->wait_address();
+    ASSERT_FALSE(address.empty()) << server->log();
+  }
+
+  TempDir dir;
+  std::optional<ServerProcess> server;
+  std::string address;
+};
+
+TEST_F(Serve, HelpAnswersWithoutWork) {
   const auto r = testing::run_command(std::string(TPDRAFT_BIN) + " serve --help");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("--listen"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--idle-timeout"), std::string::npos) << r.out;
 }
 
-TEST(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "4", "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2", "--max-sessions", "4"}));
   {
     Client probe(address);
     ASSERT_NE(probe.c, nullptr);
@@ -171,30 +192,25 @@ TEST(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
   }
   many_clients_match_the_library(dir.path(), address, -1);
   // SIGTERM: a clean stop that removes the address file and the socket.
-  server.signal(SIGTERM);
-  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
-  EXPECT_FALSE(exists(server.address_file()));
+  server->signal(SIGTERM);
+  EXPECT_EQ(server->wait_exit(30), 0) << server->log();
+  EXPECT_FALSE(exists(server->address_file()));
   EXPECT_FALSE(exists(dir.file("s.sock")));
 }
 
 // --quant quantizes the served drafter while it loads, as the library's options.quant does.
-TEST(Serve, AQuantizedServerDraftsWhatTheQuantizedLibraryDrafts) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--quant", "q4+head", "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, AQuantizedServerDraftsWhatTheQuantizedLibraryDrafts) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2", "--quant", "q4+head"}));
   many_clients_match_the_library(dir.path(), address, -1, "q4+head");
-  server.signal(SIGTERM);
-  EXPECT_EQ(server.wait_exit(30), 0) << server.log();
+  server->signal(SIGTERM);
+  EXPECT_EQ(server->wait_exit(30), 0) << server->log();
 }
 
-TEST(Serve, ManyClientsOverTcpDraftWhatTheLibraryDrafts) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "6", "--listen", "tcp://127.0.0.1:*"});
-  const std::string address = server.wait_address();
-  ASSERT_EQ(address.rfind("tcp://127.0.0.1:", 0), 0u) << address << server.log();
+TEST_F(Serve, ManyClientsOverTcpDraftWhatTheLibraryDrafts) {
+  const std::string tcp = "tcp://127.0.0.1:";
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2", "--max-sessions", "6", "--listen", tcp + "*"}, {}, {},
+                                "tiny-dflash.json"));
+  ASSERT_EQ(address.rfind(tcp, 0), 0u) << address << server->log();
   {
     Client probe(address);
     ASSERT_NE(probe.c, nullptr);
@@ -203,16 +219,12 @@ TEST(Serve, ManyClientsOverTcpDraftWhatTheLibraryDrafts) {
   many_clients_match_the_library(dir.path(), address, 0);
 }
 
-TEST(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--max-sessions", "3", "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
-  constexpr int kClients = 5;
+TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
+  ASSERT_NO_FATAL_FAILURE(start({"--max-sessions", "3"}));
+  constexpr size_t kClients = 5;
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<tpdraft_session> sessions;
-  for (int i = 0; i < kClients; ++i) {
+  for (size_t i = 0; i < kClients; ++i) {
     clients.push_back(std::make_unique<Client>(address));
     sessions.push_back(clients.back()->open());
   }
@@ -222,22 +234,23 @@ TEST(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
   // it goes on: it takes them 3 (--max-sessions) then 2. Over a few rounds at least one forward
   // must have held more than one client's step, and none more than 3 entries.
   for (int round = 0; round < 4; ++round) {
-    server.signal(SIGSTOP);
+    server->signal(SIGSTOP);
     std::vector<std::thread> threads;
     std::vector<Out> outs(kClients);
     std::mt19937_64 rng(static_cast<uint64_t>(round));
     std::vector<Spec> specs;
-    for (int i = 0; i < kClients; ++i) specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
-    for (int i = 0; i < kClients; ++i)
+    for (size_t i = 0; i < kClients; ++i)
+      specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+    for (size_t i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
         tpdraft_step_entry e;
-        Spec s = specs[static_cast<size_t>(i)];
+        Spec s = specs[i];
         s.keep = 0;
-        fill_entry(s, sessions[static_cast<size_t>(i)], caps.block_size, caps.vocab_size, &outs[static_cast<size_t>(i)], &e);
-        EXPECT_EQ(tpdraft_client_step(clients[static_cast<size_t>(i)]->c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
+        fill_entry(s, sessions[i], caps.block_size, &outs[i], &e);
+        EXPECT_EQ(tpdraft_client_step(clients[i]->c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the requests reach the socket
-    server.signal(SIGCONT);
+    server->signal(SIGCONT);
     for (auto& t : threads) t.join();
     ASSERT_EQ(tpdraft_client_stats(clients[0]->c, &stats), TPDRAFT_OK) << tpdraft_last_error();
     if (stats.max_batch > 1) break;
@@ -300,12 +313,8 @@ std::string entry_bytes(const serve::WireEntry& e) {
   return out;
 }
 
-TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--max-sessions", "2", "--spin-us", "0", "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing) {
+  ASSERT_NO_FATAL_FAILURE(start({"--max-sessions", "2", "--spin-us", "0"}));
   // A well-behaved client steps before and after; its drafts must equal the library's.
   // (--spin-us 0: the server sleeps after every request, so each of its ring requests rings the
   // doorbell.)
@@ -319,7 +328,7 @@ TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing)
     s.keep = -1;
     Out out;
     tpdraft_step_entry e;
-    fill_entry(s, gs, caps.block_size, caps.vocab_size, &out, &e);
+    fill_entry(s, gs, caps.block_size, &out, &e);
     ASSERT_EQ(tpdraft_client_step(good.c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
     trace.steps.push_back({s});
     trace.outs.push_back({out});
@@ -335,9 +344,6 @@ TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing)
   ASSERT_EQ(raw.ask({frame(serve::kHello, 0, hello)}).first, 0u);
   ASSERT_EQ(raw.ask({frame(serve::kOpen, 0, "")}).first, 0u);
   const int64_t own = gs + 1;  // sessions are numbered in opening order
-  auto step_with = [&](serve::WireEntry e, const std::string& area) {
-    return raw.ask({frame(serve::kStep, 1, entry_bytes(e) + area)});
-  };
   serve::WireEntry fine;
   fine.session = own;
   fine.n_new = 1;
@@ -427,7 +433,7 @@ TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing)
   munmap(mapped, 65536);
 
   // The same socket's well-formed step still works, and its session did not move.
-  EXPECT_EQ(step_with(fine, taps).first, 0u);
+  EXPECT_EQ(raw.ask({frame(serve::kStep, 1, entry_bytes(fine) + taps)}).first, 0u);
   good_step();
   good_step();
   tpdraft_server_stats stats{};
@@ -438,16 +444,12 @@ TEST(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing)
   ASSERT_NE(d, nullptr);
   replay(d, trace, "the good client");
   tpdraft_close(d);
-  EXPECT_TRUE(server.running()) << server.log();
+  EXPECT_TRUE(server->running()) << server->log();
 }
 
-TEST(Serve, LimitsAnswerWithErrors) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--max-sessions", "2", "--max-open-sessions", "3", "--max-context", "16",
-                                    "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, LimitsAnswerWithErrors) {
+  ASSERT_NO_FATAL_FAILURE(
+      start({"--max-sessions", "2", "--max-open-sessions", "3", "--max-context", "16"}));
   Client a(address), b(address);
   const tpdraft_caps caps = client_caps(a.c);
   EXPECT_EQ(caps.max_context, 16);
@@ -464,34 +466,32 @@ TEST(Serve, LimitsAnswerWithErrors) {
   std::vector<Spec> specs;
   for (int i = 0; i < 3; ++i) specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
   const tpdraft_session ids[3] = {s1, s2, s3};
-  for (int i = 0; i < 3; ++i) fill_entry(specs[static_cast<size_t>(i)], ids[i], caps.block_size, caps.vocab_size, &outs[static_cast<size_t>(i)], &e[static_cast<size_t>(i)]);
+  for (size_t i = 0; i < 3; ++i) fill_entry(specs[i], ids[i], caps.block_size, &outs[i], &e[i]);
   EXPECT_EQ(tpdraft_client_step(a.c, e.data(), 3), TPDRAFT_ERROR_ARGUMENT);
   EXPECT_NE(std::string(tpdraft_last_error()).find("1 to 2 entries"), std::string::npos) << tpdraft_last_error();
   EXPECT_EQ(outs[0].tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));  // no drafts
+  // A step of `rows` new rows (all 0.5) on s1, the rest as the first spec asks.
+  auto step_rows = [&](int64_t rows) {
+    Spec big = specs[0];
+    big.n_new = rows;
+    big.keep = -1;
+    big.taps.assign(static_cast<size_t>(rows * caps.taps_width), 0.5f);
+    Out out;
+    tpdraft_step_entry one;
+    fill_entry(big, s1, caps.block_size, &out, &one);
+    return tpdraft_client_step(a.c, &one, 1);
+  };
   // More positions than the max context.
-  Spec big = specs[0];
-  big.n_new = 17;
-  big.taps.assign(static_cast<size_t>(17 * caps.taps_width), 0.5f);
-  Out out;
-  tpdraft_step_entry one;
-  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
-  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_EQ(step_rows(17), TPDRAFT_ERROR_ARGUMENT);
   EXPECT_NE(std::string(tpdraft_last_error()).find("max context 16"), std::string::npos) << tpdraft_last_error();
-  big.n_new = 16;
-  big.taps.resize(static_cast<size_t>(16 * caps.taps_width));
-  big.keep = -1;
-  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
-  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_OK) << tpdraft_last_error();
-  big.n_new = 1;  // the session is full
-  big.taps.resize(static_cast<size_t>(caps.taps_width));
-  fill_entry(big, s1, caps.block_size, caps.vocab_size, &out, &one);
-  EXPECT_EQ(tpdraft_client_step(a.c, &one, 1), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_EQ(step_rows(16), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_EQ(step_rows(1), TPDRAFT_ERROR_ARGUMENT);  // the session is full
   EXPECT_NE(std::string(tpdraft_last_error()).find("do not fit the max context 16"), std::string::npos)
       << tpdraft_last_error();
   // After a close there is room for one more.
   EXPECT_EQ(tpdraft_client_session_close(a.c, s2), TPDRAFT_OK) << tpdraft_last_error();
   EXPECT_EQ(tpdraft_client_session_open(b.c, &s4), TPDRAFT_OK) << tpdraft_last_error();
-  EXPECT_TRUE(server.running());
+  EXPECT_TRUE(server->running());
 
   // Memory: sessions that could not all fit are refused at start, with the numbers.
   ServerProcess tight(dir.path(), {"--max-open-sessions", "1000", "--max-memory", "1000000", "--listen",
@@ -500,12 +500,8 @@ TEST(Serve, LimitsAnswerWithErrors) {
   EXPECT_NE(tight.log().find("more than the 1 MiB --max-memory allows"), std::string::npos) << tight.log();
 }
 
-TEST(Serve, AKilledOrSilentClientHasItsSessionsClosed) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--idle-timeout", "1", "--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, AKilledOrSilentClientHasItsSessionsClosed) {
+  ASSERT_NO_FATAL_FAILURE(start({"--idle-timeout", "1"}));
   // A client process that opens two sessions and is killed without a word.
   const pid_t child = fork();
   if (child == 0) {
@@ -527,23 +523,19 @@ TEST(Serve, AKilledOrSilentClientHasItsSessionsClosed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     ASSERT_EQ(tpdraft_client_stats(live.c, &stats), TPDRAFT_OK) << tpdraft_last_error();
   } while (stats.open_sessions != 1 && std::chrono::steady_clock::now() < deadline);
-  EXPECT_EQ(stats.open_sessions, 1u) << server.log();
+  EXPECT_EQ(stats.open_sessions, 1u) << server->log();
   EXPECT_GE(stats.clients_reaped, 1u);
   int64_t n = -1;
   EXPECT_EQ(tpdraft_client_session_length(live.c, mine, &n), TPDRAFT_OK) << tpdraft_last_error();
-  EXPECT_NE(server.log().find("was silent for more than 1 s"), std::string::npos) << server.log();
+  EXPECT_NE(server->log().find("was silent for more than 1 s"), std::string::npos) << server->log();
 }
 
-TEST(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--listen", "ipc://" + dir.file("s.sock")});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
+  ASSERT_NO_FATAL_FAILURE(start({}));
   Client c(address, 1.0);
   const tpdraft_caps caps = client_caps(c.c);
   const tpdraft_session s = c.open();
-  server.signal(SIGSTOP);
+  server->signal(SIGSTOP);
   std::mt19937_64 rng(3);
   Out out;
   EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE);
@@ -553,7 +545,7 @@ TEST(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
   // Closed for good: the next call fails at once, the same way.
   int64_t n = 0;
   EXPECT_EQ(tpdraft_client_session_length(c.c, s, &n), TPDRAFT_ERROR_UNAVAILABLE);
-  server.signal(SIGCONT);
+  server->signal(SIGCONT);
   // No server at all: the open fails within its timeout too.
   tpdraft_client_options o;
   tpdraft_client_options_init(&o);
@@ -563,13 +555,8 @@ TEST(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
   EXPECT_EQ(none, nullptr);
 }
 
-TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, {},
-                       {"TPDRAFT_FAULT=1:draft"});
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, {}, {"TPDRAFT_FAULT=1:draft"}));
   Client c(address, 20);
   const tpdraft_session s = c.open();
   std::mt19937_64 rng(3);
@@ -579,8 +566,8 @@ TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
   EXPECT_NE(std::string(tpdraft_last_error()).find("rank 1: injected fault at 'draft'"), std::string::npos)
       << tpdraft_last_error();
   EXPECT_EQ(out.tokens[0], -1);
-  EXPECT_EQ(server.wait_exit(30), 1) << server.log();
-  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_EQ(server->wait_exit(30), 1) << server->log();
+  EXPECT_FALSE(exists(server->address_file()));
   EXPECT_FALSE(exists(dir.file("s.sock")));
 }
 
@@ -588,10 +575,8 @@ TEST(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
 // server's process (tpdraft, or its launcher). Every step must either draft or fail closed,
 // every client must see its server go, and the server must say it stopped for the signal and
 // leave no file behind. Returns the server's exit status.
-int sigterm_while_clients_step(ServerProcess& server, const TempDir& dir) {
-  const std::string address = server.wait_address();
-  EXPECT_FALSE(address.empty()) << server.log();
-  if (address.empty()) return -1;
+int sigterm_while_clients_step(ServerProcess& server, const std::string& address,
+                               const TempDir& dir) {
   std::atomic<int> done{0}, failed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i)
@@ -626,17 +611,19 @@ int sigterm_while_clients_step(ServerProcess& server, const TempDir& dir) {
   return status;
 }
 
-TEST(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")});
-  EXPECT_EQ(sigterm_while_clients_step(server, dir), 0) << server.log();
+TEST_F(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}));
+  EXPECT_EQ(sigterm_while_clients_step(*server, address, dir), 0) << server->log();
 }
 
 // ---- under mpirun (CTest test_serve_mpi, labelled mpi) ------------------------------------------
 
-#define SKIP_WITHOUT_MPI() \
-  if (std::string(TPDRAFT_MPIRUN).empty()) GTEST_SKIP() << "this build has no MPI"
+class ServeMpi : public Serve {
+ protected:
+  void SetUp() override {
+    if (std::string(TPDRAFT_MPIRUN).empty()) GTEST_SKIP() << "this build has no MPI";
+  }
+};
 
 std::vector<std::string> mpirun(int np) {
   std::vector<std::string> argv;
@@ -666,88 +653,66 @@ pid_t rank_pid(pid_t launcher, int rank) {
     pid_t ppid = 0;
     rest >> state >> ppid;
     if (ppid != launcher) continue;
+    // NUL-separated NAME=VALUE entries: `want` must be one of them whole.
     std::ifstream env("/proc/" + std::string(d->d_name) + "/environ");
-    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    for (size_t at = 0; at < all.size();) {
-      const size_t end = all.find('\0', at);
-      if (all.compare(at, end - at, want) == 0) found = pid;
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
+    const std::string all = '\0' + std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
+    if (all.find('\0' + want + '\0') != std::string::npos) found = pid;
   }
   if (proc != nullptr) closedir(proc);
   return found;
 }
 
-TEST(ServeMpi, ATp2GroupUnderMpirunDraftsWhatTheLibraryDrafts) {
-  SKIP_WITHOUT_MPI();
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--max-sessions", "4", "--listen", "ipc://" + dir.file("s.sock")},
-                       mpirun(2));
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(ServeMpi, ATp2GroupUnderMpirunDraftsWhatTheLibraryDrafts) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2", "--max-sessions", "4"}, mpirun(2)));
   many_clients_match_the_library(dir.path(), address, -1);
   {
     Client c(address);
     ASSERT_EQ(tpdraft_client_shutdown(c.c), TPDRAFT_OK) << tpdraft_last_error();
   }
-  EXPECT_EQ(server.wait_exit(60), 0) << server.log();
-  EXPECT_FALSE(exists(server.address_file()));
+  EXPECT_EQ(server->wait_exit(60), 0) << server->log();
+  EXPECT_FALSE(exists(server->address_file()));
   EXPECT_FALSE(exists(dir.file("s.sock")));
 }
 
-TEST(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
-  SKIP_WITHOUT_MPI();
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, mpirun(2));
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+TEST_F(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, mpirun(2)));
   Client c(address, 30);
   const tpdraft_session s = c.open();
-  const pid_t victim = rank_pid(server.pid(), 1);
+  const pid_t victim = rank_pid(server->pid(), 1);
   ASSERT_GT(victim, 0) << "no rank 1 among mpirun's children";
   kill(victim, SIGKILL);
   std::mt19937_64 rng(3);
   Out out;
   EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
   EXPECT_EQ(out.tokens[0], -1);
-  const int status = server.wait_exit(60);
-  EXPECT_NE(status, 0) << server.log();
-  EXPECT_NE(status, -1) << "the job did not end after its rank 1 was killed:\n" << server.log();
+  const int status = server->wait_exit(60);
+  EXPECT_NE(status, 0) << server->log();
+  EXPECT_NE(status, -1) << "the job did not end after its rank 1 was killed:\n" << server->log();
 }
 
 // SIGTERM to mpirun: it passes the signal to every rank (and ends the job with status 1, as
 // OpenMPI does for a job it was told to stop); rank 0 finishes the forward in flight, answers and
 // stops the group cleanly, as in process.
-TEST(ServeMpi, SigtermToMpirunStopsTheGroupCleanly) {
-  SKIP_WITHOUT_MPI();
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, mpirun(2));
-  const int status = sigterm_while_clients_step(server, dir);
-  EXPECT_NE(status, -1) << "the job did not end after SIGTERM:\n" << server.log();
-  EXPECT_EQ(server.log().find("[error]"), std::string::npos) << "no rank may fail on the way out:\n" << server.log();
+TEST_F(ServeMpi, SigtermToMpirunStopsTheGroupCleanly) {
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, mpirun(2)));
+  const int status = sigterm_while_clients_step(*server, address, dir);
+  EXPECT_NE(status, -1) << "the job did not end after SIGTERM:\n" << server->log();
+  EXPECT_EQ(server->log().find("[error]"), std::string::npos)
+      << "no rank may fail on the way out:\n" << server->log();
 }
 
-TEST(ServeMpi, ARankThatFailsEndsTheJobNamingIt) {
-  SKIP_WITHOUT_MPI();
-  TempDir dir;
-  make_checkpoint("tiny-dflash2.json", dir.path());
+TEST_F(ServeMpi, ARankThatFailsEndsTheJobNamingIt) {
   auto launcher = mpirun(2);
-  launcher.push_back("-x");
-  launcher.push_back("TPDRAFT_FAULT=1:draft");
-  ServerProcess server(dir.path(), {"--tp", "2", "--listen", "ipc://" + dir.file("s.sock")}, launcher);
-  const std::string address = server.wait_address();
-  ASSERT_FALSE(address.empty()) << server.log();
+  launcher.insert(launcher.end(), {"-x", "TPDRAFT_FAULT=1:draft"});
+  ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, launcher));
   Client c(address, 30);
   const tpdraft_session s = c.open();
   std::mt19937_64 rng(3);
   Out out;
   EXPECT_EQ(random_step(c, s, rng, &out), TPDRAFT_ERROR_UNAVAILABLE) << tpdraft_last_error();
-  EXPECT_EQ(server.wait_exit(60), 1) << server.log();
-  EXPECT_NE(server.log().find("rank 1: injected fault at 'draft'"), std::string::npos) << server.log();
+  EXPECT_EQ(server->wait_exit(60), 1) << server->log();
+  EXPECT_NE(server->log().find("rank 1: injected fault at 'draft'"), std::string::npos)
+      << server->log();
 }
 
 }  // namespace
