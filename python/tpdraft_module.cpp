@@ -68,27 +68,25 @@ T get(const py::dict& d, const char* key, T fallback) {
 struct InProcess {
   using Handle = tpdraft_drafter;
   static constexpr const char* closed = "the drafter is closed";
-  static void close(Handle* h) { tpdraft_close(h); }
-  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_caps_get(h, c); }
-  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_session_open(h, s); }
-  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_session_close(h, s); }
-  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) { return tpdraft_session_length(h, s, n); }
-  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_step(h, e, n); }
-  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_last_step_times(h, t); }
+  static constexpr auto close = tpdraft_close;
+  static constexpr auto caps = tpdraft_caps_get;
+  static constexpr auto open_session = tpdraft_session_open;
+  static constexpr auto close_session = tpdraft_session_close;
+  static constexpr auto length = tpdraft_session_length;
+  static constexpr auto step = tpdraft_step;
+  static constexpr auto times = tpdraft_last_step_times;
 };
 
 struct Served {
   using Handle = tpdraft_client;
   static constexpr const char* closed = "the client is closed";
-  static void close(Handle* h) { tpdraft_client_close(h); }
-  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_client_caps_get(h, c); }
-  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_client_session_open(h, s); }
-  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_client_session_close(h, s); }
-  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) {
-    return tpdraft_client_session_length(h, s, n);
-  }
-  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_client_step(h, e, n); }
-  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_client_last_step_times(h, t); }
+  static constexpr auto close = tpdraft_client_close;
+  static constexpr auto caps = tpdraft_client_caps_get;
+  static constexpr auto open_session = tpdraft_client_session_open;
+  static constexpr auto close_session = tpdraft_client_session_close;
+  static constexpr auto length = tpdraft_client_session_length;
+  static constexpr auto step = tpdraft_client_step;
+  static constexpr auto times = tpdraft_client_last_step_times;
 };
 
 template <typename Api>
