@@ -93,12 +93,7 @@ int run(const Args& a) {
     convert_from_f32(DType::BF16, w.data(), wb.data(), w.size());
     void* d = buffer(wb.size() * 2);
     ops->to_device(d, wb.data(), wb.size() * 2);
-    Matrix m;
-    m.dtype = DType::BF16;
-    m.rows = s.n;
-    m.cols = s.k;
-    m.data = d;
-    bf16.mats.push_back(m);
+    bf16.mats.push_back({DType::BF16, s.n, s.k, d});
     for (const int bits : {8, 4}) {
       const int top = (1 << (bits - 1)) - 1;
       const int64_t gpr = s.k / a.group;

@@ -81,6 +81,7 @@ struct Workload {
   std::vector<float> prefix;                   // [context, width]
   std::vector<std::vector<float>> new_rows;    // [4][r + 1 rows]
   int64_t rows(int64_t i) const { return 1 + i % 4; }
+  const float* taps(int64_t i) const { return new_rows[static_cast<size_t>(rows(i) - 1)].data(); }
   int64_t anchor(int64_t i, int64_t vocab) const { return (17 + 31 * i) % vocab; }
 };
 
@@ -125,8 +126,7 @@ class AbiPath {
   }
   ~AbiPath() { tpdraft_close(d_); }
   void step(const Workload& w, int64_t i, int64_t vocab) {
-    tpdraft_step_entry e = entry(w.context, w.rows(i), w.new_rows[static_cast<size_t>(w.rows(i) - 1)].data(),
-                                 w.anchor(i, vocab));
+    tpdraft_step_entry e = entry(w.context, w.rows(i), w.taps(i), w.anchor(i, vocab));
     check(tpdraft_step(d_, &e, 1));
   }
   const std::vector<int64_t>& tokens() const { return tokens_; }
@@ -171,20 +171,18 @@ class EnginePaths {
     engine_->runtime().drafter().settle(*raw_, 0, w.prefix.data(), w.context);
   }
   void engine_step(const Workload& w, int64_t i, int64_t vocab) {
-    entries_.assign(1, entry(w.context, w.rows(i), w.new_rows[static_cast<size_t>(w.rows(i) - 1)].data(),
-                             w.anchor(i, vocab)));
+    entries_.assign(1, entry(w.context, w.rows(i), w.taps(i), w.anchor(i, vocab)));
     results_ = engine_->step(entries_);
   }
   void drafter_step(const Workload& w, int64_t i, int64_t vocab) {
     model::Drafter& d = engine_->runtime().drafter();
     d.rollback(*raw_, w.context);
-    d.settle(*raw_, w.context, w.new_rows[static_cast<size_t>(w.rows(i) - 1)].data(), w.rows(i));
+    d.settle(*raw_, w.context, w.taps(i), w.rows(i));
     raw_results_ = d.draft({{raw_.get(), w.anchor(i, vocab), {}}});
   }
   // The checks alone (Engine::check, the NaN scan of the taps included) of step i's entry.
   void check_step(const Workload& w, int64_t i, int64_t vocab) {
-    entries_.assign(1, entry(w.context, w.rows(i), w.new_rows[static_cast<size_t>(w.rows(i) - 1)].data(),
-                             w.anchor(i, vocab)));
+    entries_.assign(1, entry(w.context, w.rows(i), w.taps(i), w.anchor(i, vocab)));
     engine_->check(entries_);
   }
   const std::vector<int64_t>& engine_tokens() const { return results_[0].tokens; }
@@ -227,6 +225,9 @@ struct Measured {
   SampleSummary abi_minus_engine{100000}, engine_minus_drafter{100000};
   SampleSummary checks{100000};  // Engine::check of one step's entry, timed on its own
   int64_t mismatches = 0;  // steps whose tokens differed between the paths
+  double per_step(const Series& s) const {
+    return static_cast<double>(s.allocations) / static_cast<double>(steps);
+  }
 };
 
 enum Path { kAbi, kEngine, kDrafter };
@@ -309,7 +310,6 @@ nlohmann::json stats_json(const SampleSummary& s) {
 }
 
 nlohmann::json to_json(const Measured& m) {
-  const double n = static_cast<double>(m.steps);
   return {{"config", m.config},
           {"steps", m.steps},
           {"round", m.round},
@@ -324,9 +324,8 @@ nlohmann::json to_json(const Measured& m) {
           {"engine_minus_drafter_us", stats_json(m.engine_minus_drafter)},
           {"engine_check_us", stats_json(m.checks)},
           {"allocations_per_step",
-           {{"drafter", static_cast<double>(m.drafter.allocations) / n},
-            {"engine", static_cast<double>(m.engine.allocations) / n},
-            {"abi", static_cast<double>(m.abi.allocations) / n}}},
+           {{"drafter", m.per_step(m.drafter)}, {"engine", m.per_step(m.engine)},
+            {"abi", m.per_step(m.abi)}}},
           {"token_mismatches", m.mismatches},
           {"goal_us", 5.0}};
 }
@@ -335,7 +334,6 @@ void print_table(const std::vector<Measured>& all) {
   std::printf("%-34s %6s %5s %11s %11s %11s %22s %22s %9s %15s\n", "config", "steps", "ctx", "drafter us",
               "engine us", "C ABI us", "C ABI-engine us", "engine-drafter us", "check us", "allocs d/e/abi");
   for (const Measured& m : all) {
-    const double n = static_cast<double>(m.steps);
     auto spread = [](const SampleSummary& s) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.2f [%.1f, %.1f]", us(s.median()), us(s.quantile(0.1)), us(s.quantile(0.9)));
@@ -345,8 +343,7 @@ void print_table(const std::vector<Measured>& all) {
                 static_cast<long long>(m.steps), static_cast<long long>(m.context), us(m.drafter.seconds.median()),
                 us(m.engine.seconds.median()), us(m.abi.seconds.median()), spread(m.abi_minus_engine).c_str(),
                 spread(m.engine_minus_drafter).c_str(), us(m.checks.median()),
-                static_cast<double>(m.drafter.allocations) / n,
-                static_cast<double>(m.engine.allocations) / n, static_cast<double>(m.abi.allocations) / n);
+                m.per_step(m.drafter), m.per_step(m.engine), m.per_step(m.abi));
   }
   std::printf("(medians per step; differences: median [p10, p90] over rounds of the difference of the rounds' "
               "median steps; goal: C ABI - engine <= 5 us)\n");

@@ -32,6 +32,17 @@ void raise_for(tpdraft_status status) {
   throw py::error_already_set();
 }
 
+// Runs a library call without the GIL (other Python threads run meanwhile); raises its failure.
+template <typename F>
+void call_unlocked(F&& call) {
+  tpdraft_status st;
+  {
+    py::gil_scoped_release unlocked;
+    st = call();
+  }
+  raise_for(st);
+}
+
 struct Caps {
   std::string architecture, backend;
   int block_size = 0, tp = 0, max_sessions = 0, max_open_sessions = 0;
@@ -57,27 +68,25 @@ T get(const py::dict& d, const char* key, T fallback) {
 struct InProcess {
   using Handle = tpdraft_drafter;
   static constexpr const char* closed = "the drafter is closed";
-  static void close(Handle* h) { tpdraft_close(h); }
-  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_caps_get(h, c); }
-  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_session_open(h, s); }
-  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_session_close(h, s); }
-  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) { return tpdraft_session_length(h, s, n); }
-  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_step(h, e, n); }
-  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_last_step_times(h, t); }
+  static constexpr auto close = tpdraft_close;
+  static constexpr auto caps = tpdraft_caps_get;
+  static constexpr auto open_session = tpdraft_session_open;
+  static constexpr auto close_session = tpdraft_session_close;
+  static constexpr auto length = tpdraft_session_length;
+  static constexpr auto step = tpdraft_step;
+  static constexpr auto times = tpdraft_last_step_times;
 };
 
 struct Served {
   using Handle = tpdraft_client;
   static constexpr const char* closed = "the client is closed";
-  static void close(Handle* h) { tpdraft_client_close(h); }
-  static tpdraft_status caps(const Handle* h, tpdraft_caps* c) { return tpdraft_client_caps_get(h, c); }
-  static tpdraft_status open_session(Handle* h, tpdraft_session* s) { return tpdraft_client_session_open(h, s); }
-  static tpdraft_status close_session(Handle* h, tpdraft_session s) { return tpdraft_client_session_close(h, s); }
-  static tpdraft_status length(Handle* h, tpdraft_session s, int64_t* n) {
-    return tpdraft_client_session_length(h, s, n);
-  }
-  static tpdraft_status step(Handle* h, tpdraft_step_entry* e, size_t n) { return tpdraft_client_step(h, e, n); }
-  static tpdraft_status times(Handle* h, tpdraft_step_times* t) { return tpdraft_client_last_step_times(h, t); }
+  static constexpr auto close = tpdraft_client_close;
+  static constexpr auto caps = tpdraft_client_caps_get;
+  static constexpr auto open_session = tpdraft_client_session_open;
+  static constexpr auto close_session = tpdraft_client_session_close;
+  static constexpr auto length = tpdraft_client_session_length;
+  static constexpr auto step = tpdraft_client_step;
+  static constexpr auto times = tpdraft_client_last_step_times;
 };
 
 template <typename Api>
@@ -101,22 +110,12 @@ class Endpoint {
   int64_t open_session() {
     tpdraft_session s = -1;
     Handle* h = live();
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = Api::open_session(h, &s);
-    }
-    raise_for(st);
+    call_unlocked([&] { return Api::open_session(h, &s); });
     return s;
   }
   void close_session(int64_t s) {
     Handle* h = live();
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = Api::close_session(h, s);
-    }
-    raise_for(st);
+    call_unlocked([&] { return Api::close_session(h, s); });
   }
   py::dict last_times() {
     tpdraft_step_times t{};
@@ -130,12 +129,7 @@ class Endpoint {
   int64_t session_length(int64_t s) {
     int64_t n = 0;
     Handle* h = live();
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = Api::length(h, s, &n);
-    }
-    raise_for(st);
+    call_unlocked([&] { return Api::length(h, s, &n); });
     return n;
   }
 
@@ -146,14 +140,12 @@ class Endpoint {
     raw.reserve(staged.size());
     for (const Staged& s : staged) raw.push_back(s.entry);
     Handle* h = live();
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
+    call_unlocked([&] {
       const auto t0 = std::chrono::steady_clock::now();
-      st = Api::step(h, raw.data(), raw.size());
+      const tpdraft_status st = Api::step(h, raw.data(), raw.size());
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    raise_for(st);
+      return st;
+    });
     py::list out;
     for (Staged& s : staged) {
       py::dict r;
@@ -269,12 +261,7 @@ class Drafter : public Endpoint<InProcess> {
     const std::string quant_name = quant.is_none() ? std::string() : quant.cast<std::string>();
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
     tpdraft_drafter* h = nullptr;
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &h);
-    }
-    raise_for(st);
+    call_unlocked([&] { return tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &h); });
     set_handle(h);
   }
 };
@@ -288,24 +275,15 @@ class Client : public Endpoint<Served> {
     o.shared_memory = shared_memory.is_none() ? -1 : shared_memory.cast<bool>() ? 1 : 0;
     if (ring_bytes > 0) o.ring_bytes = ring_bytes;
     tpdraft_client* h = nullptr;
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = tpdraft_client_open(address.c_str(), &o, &h);
-    }
-    raise_for(st);
+    call_unlocked([&] { return tpdraft_client_open(address.c_str(), &o, &h); });
     set_handle(h);
     shared_memory_ = tpdraft_client_shared_memory(h) != 0;
   }
   bool shared_memory() const { return shared_memory_; }
   py::dict stats() {
     tpdraft_server_stats s{};
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = tpdraft_client_stats(live(), &s);
-    }
-    raise_for(st);
+    tpdraft_client* h = live();
+    call_unlocked([&] { return tpdraft_client_stats(h, &s); });
     py::dict out;
     out["clients"] = s.clients;
     out["open_sessions"] = s.open_sessions;
@@ -319,12 +297,8 @@ class Client : public Endpoint<Served> {
     return out;
   }
   void shutdown() {
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = tpdraft_client_shutdown(live());
-    }
-    raise_for(st);
+    tpdraft_client* h = live();
+    call_unlocked([&] { return tpdraft_client_shutdown(h); });
   }
 
  private:

@@ -201,7 +201,6 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
 }
 
 void tpdraft_close(tpdraft_drafter* drafter) {
-  if (drafter == nullptr) return;
   // Destructors do not throw; whatever a device reports on the way out is not the caller's to act on.
   delete drafter;
 }

@@ -8,11 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,26 +78,29 @@ tpdraft_status status_of(uint32_t wire) {
   }
 }
 
+// A received message part, closed when it goes.
+struct Message {
+  zmq_msg_t msg;
+  Message() { zmq_msg_init(&msg); }
+  ~Message() { zmq_msg_close(&msg); }
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+  const char* data() { return static_cast<const char*>(zmq_msg_data(&msg)); }
+  size_t size() { return zmq_msg_size(&msg); }
+};
+
 // Reads the monitor's pending events; returns true when the connection to the server was lost
 // after it had been made.
 bool lost_connection(tpdraft_client* c) {
   bool lost = false;
   for (;;) {
-    zmq_msg_t ev;
-    zmq_msg_init(&ev);
-    if (zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&ev);
-      return lost;
-    }
+    Message ev;
+    if (zmq_msg_recv(&ev.msg, c->monitor, ZMQ_DONTWAIT) < 0) return lost;
     uint16_t event = 0;
-    if (zmq_msg_size(&ev) >= 2) std::memcpy(&event, zmq_msg_data(&ev), 2);
-    const bool more = zmq_msg_more(&ev) != 0;
-    zmq_msg_close(&ev);
-    if (more) {  // the endpoint frame
-      zmq_msg_t addr;
-      zmq_msg_init(&addr);
-      zmq_msg_recv(&addr, c->monitor, 0);
-      zmq_msg_close(&addr);
+    if (ev.size() >= 2) std::memcpy(&event, ev.data(), 2);
+    if (zmq_msg_more(&ev.msg) != 0) {  // the endpoint frame
+      Message addr;
+      zmq_msg_recv(&addr.msg, c->monitor, 0);
     }
     if (event == ZMQ_EVENT_CONNECTED) c->connected_once = true;
     if (event == ZMQ_EVENT_DISCONNECTED && c->connected_once) lost = true;
@@ -151,12 +156,12 @@ tpdraft_status too_late(tpdraft_client* c, const char* what) {
                                      what, c->address, c->timeout));
 }
 
-// The request through the ring: the frame placed at c->ring_free, the reply area after it. The
+// The request through the ring: the frame placed at `at`, the reply area after it. The
 // wait spins briefly (a small step is answered within tens of microseconds), then sleeps on the
 // futex in slices, looking at the socket's events between them.
-tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id) {
+tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id, size_t at) {
   serve::RingControl* ctl = reinterpret_cast<serve::RingControl*>(c->ring);
-  const size_t at = c->ring_free, reply_at = (at + c->frame.size() + 63) / 64 * 64;
+  const size_t reply_at = (at + c->frame.size() + 63) / 64 * 64;
   std::memcpy(c->ring + at, c->frame.data(), c->frame.size());
   ctl->request_offset = at;
   ctl->request_bytes = c->frame.size();
@@ -210,15 +215,11 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
   const uint64_t id = ++c->next_id;
   std::memcpy(&c->frame[16], &id, sizeof(id));
   const size_t at = std::max<size_t>(c->ring_free, serve::kRingControlBytes);
-  c->ring_free = at;
-  if (c->ring_on && at < c->ring_bytes && c->frame.size() + c->reply_room + 64 <= c->ring_bytes - at) {
-    const tpdraft_status st = exchange_ring(c, what, id);
-    c->ring_free = 0;
-    c->reply_room = 8192;
-    return st;
-  }
+  const bool by_ring = c->ring_on && at < c->ring_bytes &&
+                       c->frame.size() + c->reply_room + 64 <= c->ring_bytes - at;
   c->ring_free = 0;
   c->reply_room = 8192;
+  if (by_ring) return exchange_ring(c, what, id, at);
   if (zmq_send(c->sock, c->frame.data(), c->frame.size(), ZMQ_DONTWAIT) < 0)
     return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
   const auto deadline = Clock::now() + std::chrono::duration<double>(c->timeout);
@@ -233,17 +234,13 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
       return break_client(c, fmt::format("{}: waiting for {}: {}", what, c->address, zmq_strerror(zmq_errno())));
     }
     // A reply that came before the server went is still the answer: read the socket first.
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&m);
+    Message m;
+    if (zmq_msg_recv(&m.msg, c->sock, ZMQ_DONTWAIT) < 0) {
       if (lost) return ::lost(c, what);
       if ((items[1].revents & ZMQ_POLLIN) && lost_connection(c)) lost = true;
       continue;
     }
-    const char* p = static_cast<const char*>(zmq_msg_data(&m));
-    c->reply.assign(p, p + zmq_msg_size(&m));
-    zmq_msg_close(&m);
+    c->reply.assign(m.data(), m.data() + m.size());
     bool other = false;
     const tpdraft_status st = take_reply(c, id, what, &other);
     if (!other) return st;
@@ -280,6 +277,23 @@ tpdraft_status guarded(tpdraft_client* c, const char* what, F&& fn) noexcept {
   }
 }
 
+// A request of `kind` under the client's lock, its body the session when one is given; `read`
+// takes what an ok reply holds.
+template <typename Read>
+tpdraft_status request(tpdraft_client* c, const char* what, uint16_t kind,
+                       std::optional<tpdraft_session> session, Read&& read) {
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return guarded(c, what, [&]() -> tpdraft_status {
+    serve::Writer w = begin(c, kind);
+    if (session) w.put<int64_t>(*session);
+    const tpdraft_status st = exchange(c, what);
+    if (st != TPDRAFT_OK) return st;
+    serve::Reader r = body(c);
+    read(r);
+    return ok();
+  });
+}
+
 bool make_ring(tpdraft_client* c, int64_t bytes, std::string* name) {
   static std::atomic<uint64_t> counter{0};
   *name = fmt::format("/tpdraft-ring-{}-{}-{}", getpid(), counter++,
@@ -310,19 +324,25 @@ void free_client(tpdraft_client* c) {
   delete c;
 }
 
-// The entry's checks that need no server; the message names the entry.
-std::string check_entry(const tpdraft_step_entry& e, size_t i, int64_t vocab) {
+// The entry's checks against the server's caps; the message names the entry.
+std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
   if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
   if (e.dist_width != 0 && e.dist_probs == nullptr)
     return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
   if (e.dist_width > 0 && e.dist_ids == nullptr)
     return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
-  if (e.dist_width < -1 || e.dist_width > vocab)
-    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), got {}", i, vocab,
-                       e.dist_width);
+  if (e.dist_width < -1 || e.dist_width > caps.vocab)
+    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
+                       "got {}", i, caps.vocab, e.dist_width);
   if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
   if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
   if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
+  if (e.taps_dtype < 0 || e.taps_dtype > 2)
+    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i,
+                       e.taps_dtype);
+  if (e.n_new > caps.max_context)
+    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new,
+                       caps.max_context);
   return "";
 }
 
@@ -330,10 +350,8 @@ std::string check_entry(const tpdraft_step_entry& e, size_t i, int64_t vocab) {
 void no_drafts(tpdraft_step_entry* entries, size_t count, int64_t rows) {
   if (entries == nullptr) return;
   for (size_t i = 0; i < count; ++i) {
-    for (int64_t r = 0; r < rows; ++r) {
-      if (entries[i].tokens != nullptr) entries[i].tokens[r] = -1;
-      if (entries[i].q != nullptr) entries[i].q[r] = 0.0f;
-    }
+    if (entries[i].tokens != nullptr) std::fill_n(entries[i].tokens, rows, -1);
+    if (entries[i].q != nullptr) std::fill_n(entries[i].q, rows, 0.0f);
   }
 }
 
@@ -462,39 +480,20 @@ int32_t tpdraft_client_shared_memory(const tpdraft_client* c) { return c != null
 
 tpdraft_status tpdraft_client_session_open(tpdraft_client* c, tpdraft_session* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_open: client or out is NULL");
-  std::lock_guard<std::mutex> lock(c->mutex);
-  return guarded(c, "tpdraft_client_session_open", [&]() -> tpdraft_status {
-    begin(c, serve::kOpen);
-    const tpdraft_status st = exchange(c, "tpdraft_client_session_open");
-    if (st != TPDRAFT_OK) return st;
-    serve::Reader r = body(c);
-    *out = r.get<int64_t>("open.session");
-    return ok();
-  });
+  return request(c, "tpdraft_client_session_open", serve::kOpen, {},
+                 [&](serve::Reader& r) { *out = r.get<int64_t>("open.session"); });
 }
 
 tpdraft_status tpdraft_client_session_close(tpdraft_client* c, tpdraft_session session) {
   if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_close: client is NULL");
-  std::lock_guard<std::mutex> lock(c->mutex);
-  return guarded(c, "tpdraft_client_session_close", [&]() -> tpdraft_status {
-    begin(c, serve::kClose).put<int64_t>(session);
-    const tpdraft_status st = exchange(c, "tpdraft_client_session_close");
-    return st == TPDRAFT_OK ? ok() : st;
-  });
+  return request(c, "tpdraft_client_session_close", serve::kClose, session, [](serve::Reader&) {});
 }
 
 tpdraft_status tpdraft_client_session_length(tpdraft_client* c, tpdraft_session session, int64_t* out) {
   if (c == nullptr || out == nullptr)
     return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_length: client or out is NULL");
-  std::lock_guard<std::mutex> lock(c->mutex);
-  return guarded(c, "tpdraft_client_session_length", [&]() -> tpdraft_status {
-    begin(c, serve::kLength).put<int64_t>(session);
-    const tpdraft_status st = exchange(c, "tpdraft_client_session_length");
-    if (st != TPDRAFT_OK) return st;
-    serve::Reader r = body(c);
-    *out = r.get<int64_t>("length");
-    return ok();
-  });
+  return request(c, "tpdraft_client_session_length", serve::kLength, session,
+                 [&](serve::Reader& r) { *out = r.get<int64_t>("length"); });
 }
 
 tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entries, size_t count) {
@@ -509,25 +508,20 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
       return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_step: a step takes 1 to {} entries (the "
                                                       "server's max sessions), got {}", c->caps.max_sessions, count));
     const int64_t width = c->caps.taps_width;
+    const size_t n = static_cast<size_t>(rows);
     std::vector<serve::WireEntry> wire(count);
     std::vector<std::pair<const void*, size_t>> inline_taps;
     size_t ring_at = serve::kRingControlBytes, inline_at = 0;
     size_t reply = 64;
     for (size_t i = 0; i < count; ++i) {
       const tpdraft_step_entry& e = entries[i];
-      std::string bad = check_entry(e, i, c->caps.vocab);
-      const int32_t dtype = e.taps_dtype;
-      if (bad.empty() && (dtype < 0 || dtype > 2))
-        bad = fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, dtype);
-      if (bad.empty() && e.n_new > c->caps.max_context)
-        bad = fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, c->caps.max_context);
+      const std::string bad = check_entry(e, i, c->caps);
       if (!bad.empty()) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
       serve::WireEntry& x = wire[i];
       serve::fields_to_wire(e, &x);
-      x.taps_dtype = static_cast<uint32_t>(dtype);
+      x.taps_dtype = static_cast<uint32_t>(e.taps_dtype);
       const size_t w = e.dist_width < 0 ? static_cast<size_t>(c->caps.vocab) : static_cast<size_t>(e.dist_width);
-      const size_t rows_here = static_cast<size_t>(c->caps.block - 1);
-      reply += rows_here * 12 + (e.dist_width == 0 ? 0 : rows_here * w * (e.dist_width > 0 ? 12 : 4) + rows_here * 4);
+      reply += n * 12 + (e.dist_width == 0 ? 0 : n * w * (e.dist_width > 0 ? 12 : 4) + n * 4);
       const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * serve::dtype_bytes(x.taps_dtype);
       x.taps_bytes = bytes;
       if (bytes == 0) {
@@ -563,7 +557,6 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
     r.get<uint32_t>("step.batch_requests");
     for (size_t i = 0; i < count; ++i) {
       tpdraft_step_entry& e = entries[i];
-      const size_t n = static_cast<size_t>(rows);
       std::memcpy(e.tokens, r.bytes(n * sizeof(int64_t), "step.tokens"), n * sizeof(int64_t));
       const char* q = r.bytes(n * sizeof(float), "step.q");
       if (e.q != nullptr) std::memcpy(e.q, q, n * sizeof(float));
@@ -596,27 +589,16 @@ tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_ti
 
 tpdraft_status tpdraft_client_stats(tpdraft_client* c, tpdraft_server_stats* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_stats: client or out is NULL");
-  std::lock_guard<std::mutex> lock(c->mutex);
-  return guarded(c, "tpdraft_client_stats", [&]() -> tpdraft_status {
-    begin(c, serve::kStats);
-    const tpdraft_status st = exchange(c, "tpdraft_client_stats");
-    if (st != TPDRAFT_OK) return st;
-    serve::Reader r = body(c);
+  return request(c, "tpdraft_client_stats", serve::kStats, {}, [&](serve::Reader& r) {
     const serve::WireStats s = serve::get_stats(r);
     *out = {s.clients, s.open_sessions, s.forwards, s.steps, s.entries, s.errors, s.max_batch, s.clients_reaped,
             s.uptime_seconds};
-    return ok();
   });
 }
 
 tpdraft_status tpdraft_client_shutdown(tpdraft_client* c) {
   if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_shutdown: client is NULL");
-  std::lock_guard<std::mutex> lock(c->mutex);
-  return guarded(c, "tpdraft_client_shutdown", [&]() -> tpdraft_status {
-    begin(c, serve::kShutdown);
-    const tpdraft_status st = exchange(c, "tpdraft_client_shutdown");
-    return st == TPDRAFT_OK ? ok() : st;
-  });
+  return request(c, "tpdraft_client_shutdown", serve::kShutdown, {}, [](serve::Reader&) {});
 }
 
 }  // extern "C"

@@ -112,7 +112,6 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
   return best;
 }
 
-// The checkpoint the bench drafts from: a directory pair, or random weights made in memory.
 // The checkpoint the bench drafts from: a directory pair, or random weights made in memory once
 // the geometry is known to shard at this tp (generating a large one takes a while).
 model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DType dtype) {

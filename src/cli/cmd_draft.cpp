@@ -88,8 +88,8 @@ void gather_context(const model::Drafter& drafter, const model::Session& session
     for (int64_t p = 0; p < n; ++p) {
       const size_t src = static_cast<size_t>(q) * lk.size() + static_cast<size_t>(p * w);
       const size_t dst = static_cast<size_t>((p * cfg.n_kv + heads.begin) * D);
-      std::copy(ak.begin() + static_cast<std::ptrdiff_t>(src), ak.begin() + static_cast<std::ptrdiff_t>(src + w), k->begin() + static_cast<std::ptrdiff_t>(dst));
-      std::copy(av.begin() + static_cast<std::ptrdiff_t>(src), av.begin() + static_cast<std::ptrdiff_t>(src + w), v->begin() + static_cast<std::ptrdiff_t>(dst));
+      std::copy_n(ak.data() + src, w, k->data() + dst);
+      std::copy_n(av.data() + src, w, v->data() + dst);
     }
   }
 }

@@ -121,11 +121,9 @@ void print_geometry(const Source& src) {
   const model::DrafterConfig& cfg = src.cfg;
   std::printf("drafter     %s (%s)%s\n", src.path.c_str(), cfg.arch_name.c_str(),
               src.store ? "" : fmt::format(", no checkpoint: {} assumed", dtype_name(src.assumed)).c_str());
-  std::string taps;
-  for (size_t i = 0; i < cfg.taps.size(); ++i) taps += fmt::format("{}{}", i ? ", " : "", cfg.taps[i]);
   std::printf("%s\n", fmt::format("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]", cfg.hidden,
                                   cfg.layers, cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block,
-                                  cfg.n_taps(), taps).c_str());
+                                  cfg.n_taps(), fmt::join(cfg.taps, ", ")).c_str());
   std::string attention;
   for (int64_t l = 0; l < cfg.layers; ++l)
     attention += fmt::format(" {}{}", cfg.sliding[static_cast<size_t>(l)] ? fmt::format("sliding({})", cfg.window) : "full",
@@ -179,8 +177,7 @@ void print_shares(const Source& src, int tp) {
       bytes += (bytes.empty() ? "" : " / ") + (share.placement == model::Placement::HostMapped ? std::string("mapped")
                                                                                               : human_bytes(static_cast<double>(b)));
     }
-    std::string dims;
-    for (size_t i = 0; i < shape.size(); ++i) dims += fmt::format("{}{}", i ? ", " : "", shape[i]);
+    const std::string dims = fmt::format("{}", fmt::join(shape, ", "));
     std::printf("  %-52s %-17s [%s]  %s\n", name.c_str(), src.format_of(name).c_str(), dims.c_str(), bytes.c_str());
   }
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <sstream>
 #include <vector>
 
 #include "core/error.h"
@@ -15,14 +16,11 @@ namespace tpdraft::cli {
 namespace {
 bool g_mpi = false;
 
+// The parts of `joined`, each of which ends with a NUL (as check_same_arguments joins them).
 std::vector<std::string> split_nul(const std::string& joined) {
   std::vector<std::string> parts;
-  size_t begin = 0;
-  for (size_t i = 0; i < joined.size(); ++i)
-    if (joined[i] == '\0') {
-      parts.push_back(joined.substr(begin, i - begin));
-      begin = i + 1;
-    }
+  std::istringstream in(joined);
+  for (std::string part; std::getline(in, part, '\0');) parts.push_back(part);
   return parts;
 }
 }  // namespace

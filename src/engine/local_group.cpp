@@ -34,25 +34,24 @@ LocalGroup::LocalGroup(const model::ModelSource& source, const model::RuntimeOpt
           std::make_unique<Engine>(source, *comms_[static_cast<size_t>(r)], options, max_open_sessions);
     });
   } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
+    stop_workers();
     throw;
   }
 }
 
 LocalGroup::~LocalGroup() {
+  stop_workers();
+  // Engines go before the communicators they use, each on any thread: no collective runs now.
+  engines_.clear();
+}
+
+void LocalGroup::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
   for (auto& t : threads_) t.join();
-  // Engines go before the communicators they use, each on any thread: no collective runs now.
-  engines_.clear();
 }
 
 void LocalGroup::worker(int rank) {
@@ -99,7 +98,7 @@ void LocalGroup::run(const std::function<void(int)>& job) {
     job(0);
   } catch (...) {
     errors_[0] = std::current_exception();
-    if (!threads_.empty()) comms_[0]->abort(what_of(errors_[0]));
+    comms_[0]->abort(what_of(errors_[0]));
   }
   {
     std::unique_lock<std::mutex> lock(mutex_);

@@ -41,6 +41,7 @@ class LocalGroup {
  private:
   void run(const std::function<void(int)>& job);
   void worker(int rank);
+  void stop_workers();  // ends and joins the rank threads
 
   std::vector<std::unique_ptr<parallel::Communicator>> comms_;
   std::vector<std::unique_ptr<Engine>> engines_;

@@ -109,14 +109,19 @@ size_t dtype_bytes(uint32_t code) {
   return 0;
 }
 
-std::string error_reply(const Header& request, uint32_t status, const std::string& message) {
-  std::string out;
-  Writer w(&out);
+Header reply_header(const Header& request, uint32_t status, uint32_t count) {
   Header h;
   h.kind = static_cast<uint16_t>(request.kind | kReply);
   h.status = status;
+  h.count = count;
   h.id = request.id;
-  w.header(h);
+  return h;
+}
+
+std::string error_reply(const Header& request, uint32_t status, const std::string& message) {
+  std::string out;
+  Writer w(&out);
+  w.header(reply_header(request, status));
   w.str(message.size() > 4000 ? message.substr(0, 4000) : message);
   return out;
 }

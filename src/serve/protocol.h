@@ -160,6 +160,8 @@ inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code ==
 // Bytes of one element of a wire taps dtype (0 when the code is unknown).
 size_t dtype_bytes(uint32_t code);
 
+// The header of the reply to `request`: its kind | kReply, its id, and `status` and `count`.
+Header reply_header(const Header& request, uint32_t status = kOk, uint32_t count = 0);
 // Replies: an error reply is a header with a status and the message as the body.
 std::string error_reply(const Header& request, uint32_t status, const std::string& message);
 

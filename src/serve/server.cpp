@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -38,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A received frame, kept alive while entries read their taps from it.
+// A received message part; a request's frame is kept alive while entries read their taps from it.
 struct Frame {
   zmq_msg_t msg;
   Frame() { zmq_msg_init(&msg); }
@@ -173,14 +174,6 @@ struct Server::Impl {
     const std::string who = it != clients.end() ? it->second.name : "a client";
     TPDRAFT_LOG_WARN("{}: {} refused: {}", who, kind_name(h.kind), message);
     send(rid, error_reply(h, status, message));
-  }
-
-  Header reply_header(const Header& request, uint32_t count = 0) {
-    Header h;
-    h.kind = static_cast<uint16_t>(request.kind | kReply);
-    h.count = count;
-    h.id = request.id;
-    return h;
   }
 
   // An ok reply to `request`: the header, then what `body` writes.
@@ -342,7 +335,6 @@ struct Server::Impl {
     c.last = Clock::now();
     Reader r(data, size);
     Header h;
-    h.kind = 0;
     try {
       h = r.header();
       if (h.version != kProtocolVersion)
@@ -416,14 +408,9 @@ struct Server::Impl {
   // Receives every frame waiting now.
   void drain() {
     for (;;) {
-      zmq_msg_t id;
-      zmq_msg_init(&id);
-      if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&id);
-        return;
-      }
-      const std::string rid(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
-      zmq_msg_close(&id);
+      Frame id;
+      if (zmq_msg_recv(&id.msg, sock, ZMQ_DONTWAIT) < 0) return;
+      const std::string rid(id.data(), id.size());
       auto frame = std::make_unique<Frame>();
       bool more = true;
       int parts = 0;
@@ -436,9 +423,7 @@ struct Server::Impl {
       }
       route = Route{};
       if (parts != 1) {
-        Header h;
-        h.kind = 0;
-        refuse(rid, h, kMalformed, fmt::format("a request is one frame, got {}", parts));
+        refuse(rid, Header{}, kMalformed, fmt::format("a request is one frame, got {}", parts));
         continue;
       }
       on_request(rid, std::move(frame));
@@ -467,41 +452,34 @@ struct Server::Impl {
 
   void run_batch() {
     const size_t S = static_cast<size_t>(caps().max_sessions);
-    std::vector<size_t> chosen;
     std::vector<engine::StepEntry> all;
     std::set<int64_t> used;
-    std::vector<bool> drop(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      if (all.size() + p.entries.size() > S) break;  // it goes first in the next forward
-      bool clash = false;
-      for (const auto& e : p.entries) clash = clash || used.count(e.session) > 0;
-      if (clash) continue;  // a second step of the same sessions: after this one
+    std::vector<Pending> batch;
+    std::deque<Pending> rest;
+    auto in_use = [&used](const engine::StepEntry& e) { return used.count(e.session) > 0; };
+    bool full = false;
+    for (Pending& p : pending) {
+      full = full || all.size() + p.entries.size() > S;  // it goes first in the next forward
+      // A second step of the same sessions waits for the next forward too.
+      const bool clash = std::any_of(p.entries.begin(), p.entries.end(), in_use);
+      if (full || clash) {
+        rest.push_back(std::move(p));
+        continue;
+      }
+      auto it = clients.find(p.rid);
+      if (it != clients.end()) --it->second.pending;
       try {
         engine.check(p.entries);
       } catch (const Error& e) {
         route = p.route;
         refuse(p.rid, p.header, kArgument, e.what());
-        drop[i] = true;
         continue;
       }
       for (const auto& e : p.entries) {
         used.insert(e.session);
         all.push_back(e);
       }
-      chosen.push_back(i);
-      drop[i] = true;
-    }
-    std::vector<Pending> batch;
-    std::deque<Pending> rest;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (!drop[i]) {
-        rest.push_back(std::move(pending[i]));
-        continue;
-      }
-      auto it = clients.find(pending[i].rid);
-      if (it != clients.end()) --it->second.pending;
-      if (std::find(chosen.begin(), chosen.end(), i) != chosen.end()) batch.push_back(std::move(pending[i]));
+      batch.push_back(std::move(p));
     }
     pending = std::move(rest);
     if (batch.empty()) return;
@@ -528,7 +506,7 @@ struct Server::Impl {
       std::string& out = reply_buf;
       out.clear();
       Writer w(&out);
-      w.header(reply_header(p.header, static_cast<uint32_t>(p.entries.size())));
+      w.header(reply_header(p.header, kOk, static_cast<uint32_t>(p.entries.size())));
       w.put<double>(t.settle);
       w.put<double>(t.draft);
       w.put<double>(seconds_since(p.arrived));
@@ -590,9 +568,9 @@ struct Server::Impl {
         continue;
       }
       if (!request_ok) {
-        Header h;
-        h.kind = 0;
-        refuse(rid, h, kMalformed, fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
+        const std::string why =
+            fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes);
+        refuse(rid, Header{}, kMalformed, why);
         continue;
       }
       on_request(rid, nullptr, ring.base + at, bytes);
