@@ -34,12 +34,6 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kModelPrefix = "model.";
 
-std::string shape_to_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string canonical_name(const std::string& name) {
   return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
 }
@@ -127,7 +121,7 @@ int64_t TensorInfo::cols() const {
   return n;
 }
 
-std::string TensorInfo::shape_str() const { return shape_to_string(shape); }
+std::string TensorInfo::shape_str() const { return shape_string(shape); }
 
 // ---- SafetensorsFile -------------------------------------------------------------------------
 
@@ -173,7 +167,7 @@ Range parse_entry(const std::string& path, const std::string& name, const ojson&
   const uint64_t expected = checked_bytes(info->shape, dtype_size(info->dtype), "{}: tensor '{}'", path, name);
   TPDRAFT_CHECK(expected == end - begin,
                 "{}: tensor '{}' with shape {} and dtype {} needs {} bytes, but its data_offsets span {} bytes", path,
-                name, shape_to_string(info->shape), dtype_name(info->dtype), expected, end - begin);
+                name, shape_string(info->shape), dtype_name(info->dtype), expected, end - begin);
   info->name = name;
   info->nbytes = static_cast<size_t>(expected);
   info->file = path;
@@ -435,9 +429,9 @@ const TensorInfo* TensorStore::find(const std::string& name) const {
 const TensorInfo& TensorStore::require(const std::string& name, const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
   TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", source_, name,
-                shape_to_string(shape));
+                shape_string(shape));
   TPDRAFT_CHECK(t->shape == shape, "{}: tensor '{}' has shape {}, expected {}", t->file, name, t->shape_str(),
-                shape_to_string(shape));
+                shape_string(shape));
   TPDRAFT_CHECK(is_float_weight(t->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", t->file, name,
                 dtype_name(t->dtype));
   return *t;
@@ -503,12 +497,12 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   for (const auto& e : entries_) TPDRAFT_CHECK(e.name != name, "safetensors writer: tensor '{}' added twice", name);
   for (int64_t d : shape) {
     TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
-                  shape_to_string(shape));
+                  shape_string(shape));
   }
   const size_t expected = checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name);
   TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
-                shape_to_string(shape), dtype_name(dtype), expected, nbytes);
+                shape_string(shape), dtype_name(dtype), expected, nbytes);
   Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
   if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
   entries_.push_back(std::move(e));
