@@ -79,7 +79,8 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
 
 // Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
 // equal keys, so a header listing a tensor twice would load silently; its parser callback sees
-// every key as it is read. `what` names the document in messages ("header", "index").
+// every key as it is read. `what` names the document in messages ("header", "index"), which
+// also refuse invalid JSON.
 template <typename It>
 ojson parse_unique_keys(It begin, It end, const std::string& path, const char* what) {
   std::vector<std::pair<std::string, std::set<std::string>>> open;  // per open object: where, keys
@@ -96,7 +97,11 @@ ojson parse_unique_keys(It begin, It end, const std::string& path, const char* w
     }
     return true;
   };
-  return ojson::parse(begin, end, check);
+  try {
+    return ojson::parse(begin, end, check);
+  } catch (const nlohmann::json::exception& e) {
+    TPDRAFT_FAIL("{}: {} is not valid JSON ({})", path, what, e.what());
+  }
 }
 
 const ojson& require_key(const ojson& entry, const char* key, const std::string& path, const std::string& name) {
@@ -224,12 +229,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                   header_len, file_size);
     const uint64_t data_size = file_size - 8 - header_len;
 
-    ojson header;
-    try {
-      header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
-    } catch (const nlohmann::json::exception& e) {
-      TPDRAFT_FAIL("{}: header is not valid JSON ({})", path, e.what());
-    }
+    const ojson header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
     TPDRAFT_CHECK(header.is_object(), "{}: header is not a JSON object", path);
 
     std::vector<Range> ranges;
@@ -285,12 +285,7 @@ struct IndexEntry {
 // Reads weight_map of an index file, in file order.
 std::vector<IndexEntry> read_index(const std::string& index_path) {
   const std::string text = read_regular_file(index_path, "index file");
-  ojson j;
-  try {
-    j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
-  } catch (const nlohmann::json::exception& e) {
-    TPDRAFT_FAIL("{}: index is not valid JSON ({})", index_path, e.what());
-  }
+  ojson j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
   TPDRAFT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                 "{}: index has no 'weight_map' object", index_path);
   std::vector<IndexEntry> out;
@@ -477,17 +472,17 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
   }
 }
 
-std::vector<float> to_f32(const TensorInfo& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, DType::F32, reinterpret_cast<std::byte*>(out.data()), out.size());
+namespace {
+template <typename T>
+std::vector<T> to_vector(const TensorInfo& t, DType type) {
+  std::vector<T> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
   return out;
 }
+}  // namespace
 
-std::vector<double> to_f64(const TensorInfo& t) {
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, DType::F64, reinterpret_cast<std::byte*>(out.data()), out.size());
-  return out;
-}
+std::vector<float> to_f32(const TensorInfo& t) { return to_vector<float>(t, DType::F32); }
+std::vector<double> to_f64(const TensorInfo& t) { return to_vector<double>(t, DType::F64); }
 
 // ---- SafetensorsWriter -----------------------------------------------------------------------
 
