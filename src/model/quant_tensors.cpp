@@ -244,13 +244,10 @@ QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows,
   const bool whole_row = s.strategy == QuantScheme::Strategy::Channel;
   const float qmax = static_cast<float>((1 << (s.bits - 1)) - 1);
   std::vector<float> row(static_cast<size_t>(whole_row ? k : cols.size()));
-  TensorInfo one = t;
   const int64_t gpr = q.cols / q.group;
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t src_row = rows.begin + r;
-    one.data = t.data + static_cast<size_t>(src_row * k) * dtype_size(t.dtype);
-    one.shape = {1, k};
-    one.nbytes = static_cast<size_t>(k) * dtype_size(t.dtype);
+    const TensorInfo one = row_view(t, src_row, 1);
     if (whole_row) {
       copy_rows(one, 0, 1, DType::F32, row.data());
     } else {

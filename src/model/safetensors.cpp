@@ -454,6 +454,15 @@ void copy_rows(const TensorInfo& t, int64_t row0, int64_t nrows, DType dst_type,
   convert_span(t, t.data + first * ss, dst_type, static_cast<std::byte*>(dst), static_cast<size_t>(nrows * width));
 }
 
+TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
+  TensorInfo v = t;
+  const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
+  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
+  v.shape = {n, t.cols()};
+  v.nbytes = static_cast<size_t>(n) * row_bytes;
+  return v;
+}
+
 void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type, void* dst) {
   TPDRAFT_CHECK(t.shape.size() == 1 || t.shape.size() == 2,
                 "{}: tensor '{}' has shape {}; column slices need a 1-D or 2-D tensor", t.file, t.name, t.shape_str());
