@@ -4,17 +4,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
-namespace tpdraft::detail {
+namespace tpdraft {
 
-namespace {
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
-}  // namespace
+
+namespace detail {
 
 void fail_mul(const std::string& what, int64_t a, int64_t b) {
   TPDRAFT_FAIL("{}: {} x {} overflows a 64-bit integer", what, a, b);
@@ -24,8 +26,9 @@ void fail_add(const std::string& what, int64_t a, int64_t b) {
   TPDRAFT_FAIL("{}: {} + {} overflows a 64-bit integer", what, a, b);
 }
 
-void fail_shape(const std::string& what, const std::vector<int64_t>& shape, size_t elem_size, bool negative) {
-  if (negative) TPDRAFT_FAIL("{}: shape {} has a negative dimension", what, shape_string(shape));
+void fail_shape(const std::string& what, const std::vector<int64_t>& shape, size_t elem_size) {
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }))
+    TPDRAFT_FAIL("{}: shape {} has a negative dimension", what, shape_string(shape));
   if (elem_size == 0)
     TPDRAFT_FAIL("{}: shape {} overflows: its element count does not fit in a 64-bit integer", what,
                  shape_string(shape));
@@ -53,9 +56,7 @@ bool numel_fits(const std::vector<int64_t>& shape, int64_t* out) {
   return true;
 }
 
-}  // namespace tpdraft::detail
-
-namespace tpdraft {
+}  // namespace detail
 
 uint64_t machine_memory() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);

@@ -18,8 +18,9 @@ namespace detail {
 // Out of line so that the checks stay small where they are used.
 [[noreturn]] void fail_mul(const std::string& what, int64_t a, int64_t b);
 [[noreturn]] void fail_add(const std::string& what, int64_t a, int64_t b);
-[[noreturn]] void fail_shape(const std::string& what, const std::vector<int64_t>& shape, size_t elem_size,
-                             bool negative);
+// A negative dimension, else an element count (elem_size 0) or byte count that overflows.
+[[noreturn]] void fail_shape(const std::string& what, const std::vector<int64_t>& shape,
+                             size_t elem_size);
 [[noreturn]] void fail_to_int64(const std::string& what, double v);
 bool numel_fits(const std::vector<int64_t>& shape, int64_t* out);  // false: negative or overflow
 }  // namespace detail
@@ -44,11 +45,8 @@ int64_t checked_add(int64_t a, int64_t b, fmt::format_string<Args...> what, Args
 template <typename... Args>
 int64_t checked_numel(const std::vector<int64_t>& shape, fmt::format_string<Args...> what, Args&&... args) {
   int64_t n = 0;
-  if (!detail::numel_fits(shape, &n)) {
-    bool negative = false;
-    for (int64_t d : shape) negative = negative || d < 0;
-    detail::fail_shape(fmt::format(what, std::forward<Args>(args)...), shape, 0, negative);
-  }
+  if (!detail::numel_fits(shape, &n))
+    detail::fail_shape(fmt::format(what, std::forward<Args>(args)...), shape, 0);
   return n;
 }
 
@@ -57,11 +55,8 @@ template <typename... Args>
 size_t checked_bytes(const std::vector<int64_t>& shape, size_t elem_size, fmt::format_string<Args...> what,
                      Args&&... args) {
   int64_t n = 0, bytes = 0;
-  if (!detail::numel_fits(shape, &n) || __builtin_mul_overflow(n, static_cast<int64_t>(elem_size), &bytes)) {
-    bool negative = false;
-    for (int64_t d : shape) negative = negative || d < 0;
-    detail::fail_shape(fmt::format(what, std::forward<Args>(args)...), shape, elem_size, negative);
-  }
+  if (!detail::numel_fits(shape, &n) || __builtin_mul_overflow(n, static_cast<int64_t>(elem_size), &bytes))
+    detail::fail_shape(fmt::format(what, std::forward<Args>(args)...), shape, elem_size);
   return static_cast<size_t>(bytes);
 }
 
@@ -75,6 +70,9 @@ int64_t checked_to_int64(double v, fmt::format_string<Args...> what, Args&&... a
     detail::fail_to_int64(fmt::format(what, std::forward<Args>(args)...), v);
   return static_cast<int64_t>(v);
 }
+
+// "[4096, 2048]", for messages.
+std::string shape_string(const std::vector<int64_t>& shape);
 
 // This machine's physical memory in bytes; 0 when unknown (checks against it are then skipped).
 uint64_t machine_memory();

@@ -166,9 +166,7 @@ namespace {
 // A float is NaN or infinite exactly when its exponent bits are all ones.
 template <typename Bits>
 bool all_ones_exponent(const std::byte* p, size_t i, Bits exponent) {
-  Bits b;
-  std::memcpy(&b, p + i * sizeof(Bits), sizeof(Bits));
-  return (b & exponent) == exponent;
+  return (load<Bits>(p, i) & exponent) == exponent;
 }
 
 // Blocks are scanned without a branch per element, which the compiler vectorises (taps are

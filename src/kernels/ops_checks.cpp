@@ -41,4 +41,19 @@ void check_conv_params(const ConvParams& p) {
   TPDRAFT_CHECK(p.in != p.out, "dyn_conv: out must not alias in");
 }
 
+void check_matmul_params(const Matrix& w, int64_t m) {
+  TPDRAFT_CHECK(w.quantized() || is_float_weight(w.dtype),
+                "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
+  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
+  TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+}
+
+void check_head_params(const HeadParams& p, const char* op) {
+  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype),
+                "{}: head dtype {} is not F32, F16 or BF16", op, dtype_name(p.head.dtype));
+  TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
+                "{}: valid rows {} must be in [0, {}] (m {}, cols {})", op, p.valid_rows, p.head.rows, p.m,
+                p.head.cols);
+}
+
 }  // namespace tpdraft::kernels

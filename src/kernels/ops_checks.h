@@ -12,5 +12,9 @@ void check_attention_params(const AttentionParams& p);
 // host when the op runs.
 void check_attention_views(const AttentionParams& p);
 void check_conv_params(const ConvParams& p);
+// A weight matrix in a float dtype or quantized, not empty, and m >= 0 activation rows.
+void check_matmul_params(const Matrix& w, int64_t m);
+// The head's dtype and its valid rows, for head_logits and head_topk (`op`, in messages).
+void check_head_params(const HeadParams& p, const char* op);
 
 }  // namespace tpdraft::kernels

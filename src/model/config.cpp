@@ -2,8 +2,10 @@
 // errors that name the file and the key.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -18,22 +20,34 @@ namespace {
 
 using nlohmann::json;
 
-// Looks a key up in `dflash_config` first, then at the top level.
-const json* find_nested(const json& j, const char* key) {
-  auto dc = j.find("dflash_config");
-  if (dc != j.end() && dc->is_object()) {
-    auto it = dc->find(key);
-    if (it != dc->end() && !it->is_null()) return &*it;
-  }
-  auto it = j.find(key);
-  if (it != j.end() && !it->is_null()) return &*it;
-  return nullptr;
-}
-
 const json* find_top(const json& j, const char* key) {
   auto it = j.find(key);
-  if (it != j.end() && !it->is_null()) return &*it;
-  return nullptr;
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Looks a key up in `dflash_config` first, then at the top level.
+const json* find_nested(const json& j, const char* key) {
+  const json* dc = find_top(j, "dflash_config");
+  const json* v = dc != nullptr && dc->is_object() ? find_top(*dc, key) : nullptr;
+  return v != nullptr ? v : find_top(j, key);
+}
+
+// A true / false key, when present.
+void read_bool(const json& j, const char* key, const std::string& source, bool* out) {
+  if (const json* v = find_top(j, key)) {
+    TPDRAFT_CHECK(v->is_boolean(), "{}: key '{}' must be true or false", source, key);
+    *out = v->get<bool>();
+  }
+}
+
+// A JSON file, or a failure naming it.
+json read_json(const std::string& path, const char* what) {
+  const std::string text = read_regular_file(path, what);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
+  }
 }
 
 int64_t as_int(const json* v, const std::string& source, const char* key) {
@@ -197,10 +211,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   if (const json* v = find_nested(j, "input_embedding_scale")) c.in_scale = as_double(v, source, "input_embedding_scale");
   if (const json* v = find_nested(j, "output_multiplier")) c.out_scale = as_double(v, source, "output_multiplier");
   if (const json* v = find_nested(j, "final_logit_softcapping")) c.softcap = as_double(v, source, "final_logit_softcapping");
-  if (const json* v = find_top(j, "attention_bias")) {
-    TPDRAFT_CHECK(v->is_boolean(), "{}: key 'attention_bias' must be true or false", source);
-    c.bias = v->get<bool>();
-  }
+  read_bool(j, "attention_bias", source, &c.bias);
 
   if (c.arch == Arch::DFlash2) {
     c.conv_kernel = require_size(j, "conv_kernel_size", source, true);
@@ -251,11 +262,9 @@ void DrafterConfig::validate(const std::string& source) const {
   TPDRAFT_CHECK(out_scale > 0, "{}: key 'output_multiplier' must be positive, got {}", source, out_scale);
   TPDRAFT_CHECK(static_cast<int64_t>(sliding.size()) == layers && static_cast<int64_t>(causal.size()) == layers,
                 "{}: per-layer attention kinds must cover all {} layers", source, layers);
-  bool any_sliding = false;
-  for (bool s : sliding) any_sliding = any_sliding || s;
-  if (any_sliding) {
-    TPDRAFT_CHECK(window > 0, "{}: key 'sliding_window' must be positive when a layer is 'sliding_attention'", source);
-  }
+  const bool any_sliding = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+  TPDRAFT_CHECK(!any_sliding || window > 0,
+                "{}: key 'sliding_window' must be positive when a layer is 'sliding_attention'", source);
   if (arch == Arch::DFlash2) {
     positive(conv_kernel, "conv_kernel_size");
     positive(conv_group, "conv_group_size");
@@ -269,14 +278,7 @@ void DrafterConfig::validate(const std::string& source) const {
 }
 
 DrafterConfig DrafterConfig::from_file(const std::string& path) {
-  const std::string text = read_regular_file(path, "drafter config.json");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
-  }
-  return from_json(j, path);
+  return from_json(read_json(path, "drafter config.json"), path);
 }
 
 json DrafterConfig::to_json() const {
@@ -298,11 +300,9 @@ json DrafterConfig::to_json() const {
   j["layer_types"] = lt;
   if (window > 0) j["sliding_window"] = window;
   // Written explicitly only when it differs from the per-layer default (causal == sliding).
-  if (causal != sliding) {
-    bool all_same = true;
-    for (bool cz : causal) all_same = all_same && (cz == causal.front());
-    if (all_same) j["is_causal"] = causal.front();
-  }
+  const bool all_same =
+      std::adjacent_find(causal.begin(), causal.end(), std::not_equal_to<>()) == causal.end();
+  if (causal != sliding && all_same) j["is_causal"] = causal.front();
   json dc;
   dc["block_size"] = block;
   dc["target_layer_ids"] = taps;
@@ -327,21 +327,12 @@ TargetConfig TargetConfig::from_dir(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return t;
-  const std::string text = read_regular_file(path, "target config.json");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    TPDRAFT_FAIL("{}: not valid JSON ({})", path, e.what());
-  }
+  const json j = read_json(path, "target config.json");
   // Multimodal targets nest the language model's config.
   const json& tc = (j.contains("text_config") && j["text_config"].is_object()) ? j["text_config"] : j;
-  for (const json* src : {static_cast<const json*>(&j), &tc}) {
-    if (const json* v = find_top(*src, "tie_word_embeddings")) {
-      TPDRAFT_CHECK(v->is_boolean(), "{}: key 'tie_word_embeddings' must be true or false", path);
-      t.tie_word_embeddings = v->get<bool>();
-      t.tie_stated = true;
-    }
+  for (const json* src : {&j, &tc}) {
+    t.tie_stated = t.tie_stated || find_top(*src, "tie_word_embeddings");
+    read_bool(*src, "tie_word_embeddings", path, &t.tie_word_embeddings);
   }
   if (const json* v = find_top(tc, "vocab_size")) t.vocab = as_int(v, path, "vocab_size");
   if (const json* v = find_top(tc, "hidden_size")) t.hidden = as_int(v, path, "hidden_size");

@@ -43,12 +43,16 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
 
 namespace {
 
+// A share's backend bytes: quantized by `q`, else in `dtype`.
+double share_bytes(const TensorShare& share, const QuantScheme& q, DType dtype) {
+  return static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
+                                           : share.backend_bytes(dtype));
+}
+
 // The head's vocabulary slice on this rank: quantized by a +head preset, else in its dtype.
 double head_bytes(const DrafterConfig& c, const ShardPlan& p, DType head_dtype) {
   const TensorShare share = tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden});
-  const QuantScheme& q = c.quant.head;
-  return static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
-                                           : share.backend_bytes(head_dtype));
+  return share_bytes(share, c.quant.head, head_dtype);
 }
 
 }  // namespace
@@ -60,10 +64,7 @@ double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtyp
     // in settle only; norms and biases are noise).
     const bool layer_matrix = name.rfind("layers.", 0) == 0 && quantizable_tensor(name);
     if (!layer_matrix && name != "candidate_selector.hidden_projection.weight") continue;
-    const TensorShare share = tensor_share(c, p, name, shape);
-    const QuantScheme q = c.quant.scheme_for(name);
-    bytes += static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
-                                               : share.backend_bytes(dtype));
+    bytes += share_bytes(tensor_share(c, p, name, shape), c.quant.scheme_for(name), dtype);
   }
   return bytes + head_bytes(c, p, head_dtype);
 }
@@ -85,6 +86,7 @@ RankMemory rank_memory(const DrafterConfig& c, const ShardPlan& p,
   for (const auto& [name, shape] : expected_drafter_tensors(c)) {
     const TensorShare share = tensor_share(c, p, name, shape);
     const QuantScheme q = c.quant.scheme_for(name);
+    // dtype_of only for a float tensor: a quantized one is stored as its parts, under other names.
     const double bytes = static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
                                                            : share.backend_bytes(dtype_of(name)));
     (share.sharded() ? m.sharded : m.replicated) += bytes;

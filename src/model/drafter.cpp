@@ -277,16 +277,31 @@ void Drafter::run_layers(int64_t S) {
   float* xc = conv_out_.f32();
   float* o = partial_.f32();
   float* delta = conv_delta_.f32();
+  // A sublayer's input: the residual stream normed, then (DFlash 2) through the input side of
+  // its dynamic convolution.
+  auto sublayer_in = [&](const float* norm, const kernels::Matrix& conv_proj,
+                         const float* conv_base) {
+    ops_.rms_norm(h, norm, x, M, H, eps);
+    if (!v2) return static_cast<const float*>(x);
+    ops_.matmul(conv_proj, x, M, delta);
+    conv(x, xc, conv_base, delta, 0, S);
+    return static_cast<const float*>(xc);
+  };
+  // A sublayer's partial output o: summed over the ranks, then (DFlash 2) through the output side
+  // of the convolution, into the residual stream.
+  auto sublayer_out = [&](const float* conv_base) {
+    recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
+    if (v2) {
+      conv(o, xc, conv_base, delta, 1, S);
+      ops_.add(h, xc, M * H);
+    } else {
+      ops_.add(h, o, M * H);
+    }
+  };
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
     // Attention sublayer.
-    ops_.rms_norm(h, w.input_norm, x, M, H, eps);
-    const float* xin = x;
-    if (v2) {
-      ops_.matmul(w.attn_conv_proj, x, M, delta);
-      conv(x, xc, w.attn_conv_base, delta, 0, S);
-      xin = xc;
-    }
+    const float* xin = sublayer_in(w.input_norm, w.attn_conv_proj, w.attn_conv_base);
     ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
     ops_.matmul(w.k, xin, M, k_.f32(), w.k_bias);
     ops_.matmul(w.v, xin, M, v_.f32(), w.v_bias);
@@ -311,32 +326,14 @@ void Drafter::run_layers(int64_t S) {
     ops_.attention(ap);
     // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
-    recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
-    if (v2) {
-      conv(o, xc, w.attn_conv_base, delta, 1, S);
-      ops_.add(h, xc, M * H);
-    } else {
-      ops_.add(h, o, M * H);
-    }
+    sublayer_out(w.attn_conv_base);
     // MLP sublayer.
-    ops_.rms_norm(h, w.post_norm, x, M, H, eps);
-    xin = x;
-    if (v2) {
-      ops_.matmul(w.mlp_conv_proj, x, M, delta);
-      conv(x, xc, w.mlp_conv_base, delta, 0, S);
-      xin = xc;
-    }
+    xin = sublayer_in(w.post_norm, w.mlp_conv_proj, w.mlp_conv_base);
     ops_.matmul(w.gate, xin, M, gate_.f32());
     ops_.matmul(w.up, xin, M, up_.f32());
     ops_.silu_mul(gate_.f32(), up_.f32(), gate_.f32(), M * ffn_local_);
     ops_.matmul(w.down, gate_.f32(), M, o);
-    recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
-    if (v2) {
-      conv(o, xc, w.mlp_conv_base, delta, 1, S);
-      ops_.add(h, xc, M * H);
-    } else {
-      ops_.add(h, o, M * H);
-    }
+    sublayer_out(w.mlp_conv_base);
   }
   ops_.rms_norm(h, weights_->final_norm, final_normed_.f32(), M, H, eps);
   // The draft rows (1..B-1 of each session) side by side for the head.

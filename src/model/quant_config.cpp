@@ -199,20 +199,10 @@ json QuantConfig::to_json() const {
               {"dynamic", false},
               {"actorder", nullptr},
               {"observer", "minmax"}};
-    switch (s.strategy) {
-      case QuantScheme::Strategy::Group:
-        w["strategy"] = "group";
-        w["group_size"] = s.group;
-        break;
-      case QuantScheme::Strategy::Channel:
-        w["strategy"] = "channel";
-        w["group_size"] = nullptr;
-        break;
-      case QuantScheme::Strategy::Tensor:
-        w["strategy"] = "tensor";
-        w["group_size"] = nullptr;
-        break;
-    }
+    const bool grouped = s.strategy == QuantScheme::Strategy::Group;
+    const bool channel = s.strategy == QuantScheme::Strategy::Channel;
+    w["strategy"] = grouped ? "group" : channel ? "channel" : "tensor";
+    w["group_size"] = grouped ? json(s.group) : json(nullptr);
     groups_json[g.name] = {{"targets", g.targets},
                            {"weights", w},
                            {"input_activations", nullptr},

@@ -12,12 +12,6 @@ namespace tpdraft::model {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 int64_t words_per_row(int64_t cols, int bits, const std::string& what) {
   const int64_t total_bits = checked_mul(cols, bits, "{}: packed row bits", what);
   return (total_bits + 31) / 32;
@@ -83,7 +77,7 @@ void check_share(const std::string& weight_name, const std::vector<int64_t>& sha
                  Range cols) {
   TPDRAFT_CHECK(shape.size() == 2 && rows.begin >= 0 && rows.end <= shape[0] && rows.begin <= rows.end &&
                     cols.begin >= 0 && cols.end <= shape[1] && cols.begin < cols.end,
-                "tensor '{}' {}: share rows [{}, {}) columns [{}, {}) out of range", weight_name, shape_str(shape),
+                "tensor '{}' {}: share rows [{}, {}) columns [{}, {}) out of range", weight_name, shape_string(shape),
                 rows.begin, rows.end, cols.begin, cols.end);
   if (s.strategy == QuantScheme::Strategy::Group)
     TPDRAFT_CHECK(cols.begin % s.group == 0 && cols.end % s.group == 0,
@@ -138,19 +132,19 @@ void check_quantized_tensor(const TensorStore& store, const std::string& weight_
   std::string wanted;
   for (const auto& sh : scale_shapes(s, n, k)) {
     scale_ok = scale_ok || scale.shape == sh;
-    wanted += (wanted.empty() ? "" : " or ") + shape_str(sh);
+    wanted += (wanted.empty() ? "" : " or ") + shape_string(sh);
   }
   TPDRAFT_CHECK(scale_ok, "{}: tensor '{}' has shape {}, expected {} for {} weights of shape {}", scale.file,
-                scale.name, scale.shape_str(), wanted, s.describe(), shape_str(shape));
+                scale.name, scale.shape_str(), wanted, s.describe(), shape_string(shape));
 
   if (s.kind == QuantScheme::Kind::Fp8) {
     const TensorInfo* w = store.find(weight_name);
     TPDRAFT_CHECK(w != nullptr, "{}: tensor '{}' is missing (expected FP8 e4m3 {})", store.source(), weight_name,
-                  shape_str(shape));
+                  shape_string(shape));
     TPDRAFT_CHECK(w->dtype == DType::F8E4M3, "{}: tensor '{}' has dtype {}, but quantization_config stores it as "
                   "FP8 (F8_E4M3)", w->file, weight_name, dtype_name(w->dtype));
     TPDRAFT_CHECK(w->shape == shape, "{}: tensor '{}' has shape {}, expected {}", w->file, weight_name,
-                  w->shape_str(), shape_str(shape));
+                  w->shape_str(), shape_string(shape));
     return;
   }
 
@@ -159,7 +153,8 @@ void check_quantized_tensor(const TensorStore& store, const std::string& weight_
   TPDRAFT_CHECK(packed.dtype == DType::I32, "{}: tensor '{}' has dtype {}, expected I32 (pack-quantized)", packed.file,
                 packed.name, dtype_name(packed.dtype));
   TPDRAFT_CHECK(packed.shape == packed_shape, "{}: tensor '{}' has shape {}, expected {} ({} values of {} bits per "
-                "row, 32 per word)", packed.file, packed.name, packed.shape_str(), shape_str(packed_shape), k, s.bits);
+                "row, 32 per word)", packed.file, packed.name, packed.shape_str(), shape_string(packed_shape), k,
+                s.bits);
   const TensorInfo& ws = part(store, weight_name, "shape", s);
   TPDRAFT_CHECK((ws.dtype == DType::I64 || ws.dtype == DType::I32) && ws.shape == std::vector<int64_t>{2},
                 "{}: tensor '{}' must be an I64 or I32 vector of 2 elements, found {} {}", ws.file, ws.name,
@@ -175,7 +170,7 @@ void check_quantized_tensor(const TensorStore& store, const std::string& weight_
     }
   }
   TPDRAFT_CHECK(dims[0] == n && dims[1] == k, "{}: tensor '{}' says [{}, {}], but '{}' must be {}", ws.file, ws.name,
-                dims[0], dims[1], weight_name, shape_str(shape));
+                dims[0], dims[1], weight_name, shape_string(shape));
 }
 
 QuantShare read_packed_share(const TensorStore& store, const std::string& weight_name,
@@ -249,13 +244,10 @@ QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows,
   const bool whole_row = s.strategy == QuantScheme::Strategy::Channel;
   const float qmax = static_cast<float>((1 << (s.bits - 1)) - 1);
   std::vector<float> row(static_cast<size_t>(whole_row ? k : cols.size()));
-  TensorInfo one = t;
   const int64_t gpr = q.cols / q.group;
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t src_row = rows.begin + r;
-    one.data = t.data + static_cast<size_t>(src_row * k) * dtype_size(t.dtype);
-    one.shape = {1, k};
-    one.nbytes = static_cast<size_t>(k) * dtype_size(t.dtype);
+    const TensorInfo one = row_view(t, src_row, 1);
     if (whole_row) {
       copy_rows(one, 0, 1, DType::F32, row.data());
     } else {

@@ -42,6 +42,13 @@ uint64_t name_hash(const std::string& s) {
   return h;
 }
 
+// Element i of the stream `key` as a uniform double in [0, 1), from its top 53 bits.
+double uniform(uint64_t key, uint64_t i) {
+  return static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
 // How a tensor's values are drawn: center + uniform(-a, a), a = sqrt(3) * sigma.
 struct Law {
   double center = 0, sigma = 0;
@@ -78,8 +85,7 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
           const int64_t cnt = std::min<int64_t>(4096, end - i0);
           for (int64_t j = 0; j < cnt; ++j) {
             const int64_t i = i0 + j;
-            const double u = static_cast<double>(mix(key + static_cast<uint64_t>(i)) >> 11) * (1.0 / 9007199254740992.0);
-            double v = law.center + a * (2.0 * u - 1.0);
+            double v = law.center + a * (2.0 * uniform(key, static_cast<uint64_t>(i)) - 1.0);
             if (base_kernel && (i % kh) < h) v += 1.0;  // tap 0 of each side starts near identity
             buf[static_cast<size_t>(j)] = static_cast<float>(v);
           }
@@ -91,8 +97,8 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
   return t;
 }
 
-std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs,
-                                      const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
+std::vector<OwnedTensor> generate_all(const Specs& specs, const DrafterConfig& cfg,
+                                      const RandomCheckpointOptions& opt,
                                       const std::function<void(size_t, size_t)>& progress) {
   ThreadPool pool(opt.threads);
   std::vector<OwnedTensor> out;
@@ -103,8 +109,6 @@ std::vector<OwnedTensor> generate_all(const std::vector<std::pair<std::string, s
   }
   return out;
 }
-
-using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
 int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
   return opt.target_vocab > 0 ? opt.target_vocab : cfg.vocab;
@@ -213,8 +217,7 @@ std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t see
   std::vector<float> taps(taps_bytes(cfg, n) / sizeof(float));
   const uint64_t key = mix(seed ^ name_hash("taps"));
   for (size_t i = 0; i < taps.size(); ++i) {
-    const double u = static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);
-    taps[i] = static_cast<float>(std::sqrt(3.0) * (2.0 * u - 1.0));
+    taps[i] = static_cast<float>(std::sqrt(3.0) * (2.0 * uniform(key, i) - 1.0));
   }
   return taps;
 }

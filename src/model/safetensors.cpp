@@ -34,12 +34,6 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kModelPrefix = "model.";
 
-std::string shape_to_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string canonical_name(const std::string& name) {
   return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
 }
@@ -85,7 +79,8 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
 
 // Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
 // equal keys, so a header listing a tensor twice would load silently; its parser callback sees
-// every key as it is read. `what` names the document in messages ("header", "index").
+// every key as it is read. `what` names the document in messages ("header", "index"), which
+// also refuse invalid JSON.
 template <typename It>
 ojson parse_unique_keys(It begin, It end, const std::string& path, const char* what) {
   std::vector<std::pair<std::string, std::set<std::string>>> open;  // per open object: where, keys
@@ -102,7 +97,11 @@ ojson parse_unique_keys(It begin, It end, const std::string& path, const char* w
     }
     return true;
   };
-  return ojson::parse(begin, end, check);
+  try {
+    return ojson::parse(begin, end, check);
+  } catch (const nlohmann::json::exception& e) {
+    TPDRAFT_FAIL("{}: {} is not valid JSON ({})", path, what, e.what());
+  }
 }
 
 const ojson& require_key(const ojson& entry, const char* key, const std::string& path, const std::string& name) {
@@ -127,7 +126,7 @@ int64_t TensorInfo::cols() const {
   return n;
 }
 
-std::string TensorInfo::shape_str() const { return shape_to_string(shape); }
+std::string TensorInfo::shape_str() const { return shape_string(shape); }
 
 // ---- SafetensorsFile -------------------------------------------------------------------------
 
@@ -173,7 +172,7 @@ Range parse_entry(const std::string& path, const std::string& name, const ojson&
   const uint64_t expected = checked_bytes(info->shape, dtype_size(info->dtype), "{}: tensor '{}'", path, name);
   TPDRAFT_CHECK(expected == end - begin,
                 "{}: tensor '{}' with shape {} and dtype {} needs {} bytes, but its data_offsets span {} bytes", path,
-                name, shape_to_string(info->shape), dtype_name(info->dtype), expected, end - begin);
+                name, shape_string(info->shape), dtype_name(info->dtype), expected, end - begin);
   info->name = name;
   info->nbytes = static_cast<size_t>(expected);
   info->file = path;
@@ -230,12 +229,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                   header_len, file_size);
     const uint64_t data_size = file_size - 8 - header_len;
 
-    ojson header;
-    try {
-      header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
-    } catch (const nlohmann::json::exception& e) {
-      TPDRAFT_FAIL("{}: header is not valid JSON ({})", path, e.what());
-    }
+    const ojson header = parse_unique_keys(bytes + 8, bytes + 8 + header_len, path, "header");
     TPDRAFT_CHECK(header.is_object(), "{}: header is not a JSON object", path);
 
     std::vector<Range> ranges;
@@ -291,12 +285,7 @@ struct IndexEntry {
 // Reads weight_map of an index file, in file order.
 std::vector<IndexEntry> read_index(const std::string& index_path) {
   const std::string text = read_regular_file(index_path, "index file");
-  ojson j;
-  try {
-    j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
-  } catch (const nlohmann::json::exception& e) {
-    TPDRAFT_FAIL("{}: index is not valid JSON ({})", index_path, e.what());
-  }
+  ojson j = parse_unique_keys(text.begin(), text.end(), index_path, "index");
   TPDRAFT_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                 "{}: index has no 'weight_map' object", index_path);
   std::vector<IndexEntry> out;
@@ -435,9 +424,9 @@ const TensorInfo* TensorStore::find(const std::string& name) const {
 const TensorInfo& TensorStore::require(const std::string& name, const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
   TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", source_, name,
-                shape_to_string(shape));
+                shape_string(shape));
   TPDRAFT_CHECK(t->shape == shape, "{}: tensor '{}' has shape {}, expected {}", t->file, name, t->shape_str(),
-                shape_to_string(shape));
+                shape_string(shape));
   TPDRAFT_CHECK(is_float_weight(t->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", t->file, name,
                 dtype_name(t->dtype));
   return *t;
@@ -465,6 +454,15 @@ void copy_rows(const TensorInfo& t, int64_t row0, int64_t nrows, DType dst_type,
   convert_span(t, t.data + first * ss, dst_type, static_cast<std::byte*>(dst), static_cast<size_t>(nrows * width));
 }
 
+TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
+  TensorInfo v = t;
+  const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
+  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
+  v.shape = {n, t.cols()};
+  v.nbytes = static_cast<size_t>(n) * row_bytes;
+  return v;
+}
+
 void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type, void* dst) {
   TPDRAFT_CHECK(t.shape.size() == 1 || t.shape.size() == 2,
                 "{}: tensor '{}' has shape {}; column slices need a 1-D or 2-D tensor", t.file, t.name, t.shape_str());
@@ -483,17 +481,17 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
   }
 }
 
-std::vector<float> to_f32(const TensorInfo& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, DType::F32, reinterpret_cast<std::byte*>(out.data()), out.size());
+namespace {
+template <typename T>
+std::vector<T> to_vector(const TensorInfo& t, DType type) {
+  std::vector<T> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
   return out;
 }
+}  // namespace
 
-std::vector<double> to_f64(const TensorInfo& t) {
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, DType::F64, reinterpret_cast<std::byte*>(out.data()), out.size());
-  return out;
-}
+std::vector<float> to_f32(const TensorInfo& t) { return to_vector<float>(t, DType::F32); }
+std::vector<double> to_f64(const TensorInfo& t) { return to_vector<double>(t, DType::F64); }
 
 // ---- SafetensorsWriter -----------------------------------------------------------------------
 
@@ -503,12 +501,12 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   for (const auto& e : entries_) TPDRAFT_CHECK(e.name != name, "safetensors writer: tensor '{}' added twice", name);
   for (int64_t d : shape) {
     TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
-                  shape_to_string(shape));
+                  shape_string(shape));
   }
   const size_t expected = checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name);
   TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
-                shape_to_string(shape), dtype_name(dtype), expected, nbytes);
+                shape_string(shape), dtype_name(dtype), expected, nbytes);
   Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
   if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
   entries_.push_back(std::move(e));

@@ -94,6 +94,8 @@ class TensorStore {
 // Copies rows [row0, row0 + nrows) of a 2-D tensor (a 1-D tensor: elements) into dst, converted
 // to dst_type (same dtype: plain copy). Only the bytes of those rows are read.
 void copy_rows(const TensorInfo& t, int64_t row0, int64_t nrows, DType dst_type, void* dst);
+// A view of rows [row0, row0 + n) of a 2-D tensor (no bounds check), for chunked copies.
+TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n);
 // Copies columns [col0, col0 + ncols) of a 2-D tensor, row by row, into a dense
 // [rows, ncols] dst of dst_type. Only the bytes of those columns are read.
 void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type, void* dst);

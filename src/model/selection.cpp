@@ -26,13 +26,11 @@ double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id) {
 
 double gumbel_noise(uint64_t seed, uint64_t row, uint64_t id) { return -std::log(-std::log(sampling_uniform(seed, row, id))); }
 
-namespace {
 void check_sampling(const SamplingParams& s) {
   TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
   TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
   TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
 }
-}  // namespace
 
 std::vector<int64_t> kept_set(const float* logits, int64_t vocab, const SamplingParams& s) {
   std::vector<int64_t> kept(static_cast<size_t>(vocab));

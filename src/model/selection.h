@@ -16,6 +16,8 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool greedy() const { return temperature <= 0.0; }
 };
+// Throws unless the parameters can sample: temperature > 0, top_p in (0, 1], top_k >= 0.
+void check_sampling(const SamplingParams& s);
 
 struct Candidate {
   float value;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace tpdraft::model {
 
@@ -70,11 +71,6 @@ size_t TensorShare::backend_bytes(DType dtype) const {
 }
 
 namespace {
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const std::string x(suffix);
-  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-}
 
 // The [rows, cols] view of a shape: dim 0 against the product of the rest.
 TensorShare whole(const std::vector<int64_t>& shape, bool as_f32) {

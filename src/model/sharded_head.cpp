@@ -200,9 +200,7 @@ Pick draw_from(const std::vector<Candidate>& cand, size_t keep, double inv_t, ui
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
                                  const SamplingParams& s, parallel::Communicator& comm, int64_t dist_width,
                                  std::vector<RowDistribution>* dists) {
-  TPDRAFT_CHECK(s.temperature > 0, "sampling needs a temperature > 0, got {}", s.temperature);
-  TPDRAFT_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p must lie in (0, 1], got {}", s.top_p);
-  TPDRAFT_CHECK(s.top_k >= 0, "top_k must be >= 0, got {}", s.top_k);
+  check_sampling(s);
   const double inv_t = 1.0 / s.temperature;
   const int64_t V = slice.vocab;
   const bool filtered = s.top_k > 0 || s.top_p < 1.0, want = dists != nullptr && dist_width != 0;

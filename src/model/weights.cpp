@@ -22,7 +22,50 @@ constexpr size_t kStageBytes = 16u << 20;
 
 std::string layer_name(int64_t l, const std::string& rest) { return "layers." + std::to_string(l) + "." + rest; }
 
-// A view of rows [row0, row0 + n) of a 2-D tensor, for chunked copies.
+// One tensor of every layer: its name after "layers.<l>.", its full shape, and the field of
+// LayerWeights it loads into (a matrix, or an f32 vector).
+struct LayerTensor {
+  const char* name;
+  std::vector<int64_t> shape;
+  kernels::Matrix LayerWeights::*matrix = nullptr;
+  const float* LayerWeights::*vector = nullptr;
+};
+
+// Every per-layer tensor of a drafter with config c, in checkpoint (and load) order.
+std::vector<LayerTensor> layer_tensors(const DrafterConfig& c) {
+  using W = LayerWeights;
+  const int64_t H = c.hidden, D = c.head_dim;
+  // Products of config values: checked, since a programmatic config need not have been validated.
+  const int64_t QD = checked_mul(c.n_q, D, "q rows (num_attention_heads x head_dim)");
+  const int64_t KD = checked_mul(c.n_kv, D, "k/v rows (num_key_value_heads x head_dim)");
+  std::vector<LayerTensor> out = {
+      {"input_layernorm.weight", {H}, nullptr, &W::input_norm},
+      {"post_attention_layernorm.weight", {H}, nullptr, &W::post_norm},
+      {"self_attn.q_proj.weight", {QD, H}, &W::q},
+      {"self_attn.k_proj.weight", {KD, H}, &W::k},
+      {"self_attn.v_proj.weight", {KD, H}, &W::v},
+      {"self_attn.o_proj.weight", {H, QD}, &W::o},
+      {"self_attn.q_norm.weight", {D}, nullptr, &W::q_norm},
+      {"self_attn.k_norm.weight", {D}, nullptr, &W::k_norm}};
+  if (c.bias) {
+    out.push_back({"self_attn.q_proj.bias", {QD}, nullptr, &W::q_bias});
+    out.push_back({"self_attn.k_proj.bias", {KD}, nullptr, &W::k_bias});
+    out.push_back({"self_attn.v_proj.bias", {KD}, nullptr, &W::v_bias});
+    out.push_back({"self_attn.o_proj.bias", {H}, nullptr, &W::o_bias});
+  }
+  out.push_back({"mlp.gate_proj.weight", {c.ffn, H}, &W::gate});
+  out.push_back({"mlp.up_proj.weight", {c.ffn, H}, &W::up});
+  out.push_back({"mlp.down_proj.weight", {H, c.ffn}, &W::down});
+  if (c.is_dflash2()) {
+    const int64_t KG2 = checked_mul(2 * c.conv_kernel, c.conv_groups(), "kernel projection rows (2 x K x G)");
+    out.push_back({"attention_conv.base_kernel", {2, c.conv_kernel, H}, nullptr, &W::attn_conv_base});
+    out.push_back({"mlp_conv.base_kernel", {2, c.conv_kernel, H}, nullptr, &W::mlp_conv_base});
+    out.push_back({"attention_conv.kernel_projection.weight", {KG2, H}, &W::attn_conv_proj});
+    out.push_back({"mlp_conv.kernel_projection.weight", {KG2, H}, &W::mlp_conv_proj});
+  }
+  return out;
+}
+
 // Refuses a NaN or Inf among the n x width elements just staged from rows row0.. and columns
 // col0.. of t: one such weight turns every logit into NaN and the draft into token -1.
 void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t width, int64_t row0, int64_t col0) {
@@ -32,52 +75,16 @@ void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t wi
                t.file, t.name, row0 + i / width, col0 + i % width);
 }
 
-TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n) {
-  TensorInfo v = t;
-  const size_t row_bytes = static_cast<size_t>(t.cols()) * dtype_size(t.dtype);
-  v.data = t.data + static_cast<size_t>(row0) * row_bytes;
-  v.shape = {n, t.cols()};
-  v.nbytes = static_cast<size_t>(n) * row_bytes;
-  return v;
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
-  const int64_t H = c.hidden, D = c.head_dim;
-  // Products of config values: checked, since a programmatic config need not have been validated.
+  const int64_t H = c.hidden;
   const int64_t TH = checked_mul(c.n_taps(), H, "fc columns (taps x hidden_size)");
-  const int64_t QD = checked_mul(c.n_q, D, "q rows (num_attention_heads x head_dim)");
-  const int64_t KD = checked_mul(c.n_kv, D, "k/v rows (num_key_value_heads x head_dim)");
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
       {"fc.weight", {H, TH}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
-  for (int64_t l = 0; l < c.layers; ++l) {
-    auto add = [&](const std::string& n, std::vector<int64_t> s) { out.emplace_back(layer_name(l, n), std::move(s)); };
-    add("input_layernorm.weight", {H});
-    add("post_attention_layernorm.weight", {H});
-    add("self_attn.q_proj.weight", {QD, H});
-    add("self_attn.k_proj.weight", {KD, H});
-    add("self_attn.v_proj.weight", {KD, H});
-    add("self_attn.o_proj.weight", {H, QD});
-    add("self_attn.q_norm.weight", {D});
-    add("self_attn.k_norm.weight", {D});
-    if (c.bias) {
-      add("self_attn.q_proj.bias", {QD});
-      add("self_attn.k_proj.bias", {KD});
-      add("self_attn.v_proj.bias", {KD});
-      add("self_attn.o_proj.bias", {H});
-    }
-    add("mlp.gate_proj.weight", {c.ffn, H});
-    add("mlp.up_proj.weight", {c.ffn, H});
-    add("mlp.down_proj.weight", {H, c.ffn});
-    if (c.is_dflash2()) {
-      const int64_t KG2 = checked_mul(2 * c.conv_kernel, c.conv_groups(), "kernel projection rows (2 x K x G)");
-      add("attention_conv.base_kernel", {2, c.conv_kernel, H});
-      add("mlp_conv.base_kernel", {2, c.conv_kernel, H});
-      add("attention_conv.kernel_projection.weight", {KG2, H});
-      add("mlp_conv.kernel_projection.weight", {KG2, H});
-    }
-  }
+  const std::vector<LayerTensor> per_layer = layer_tensors(c);
+  for (int64_t l = 0; l < c.layers; ++l)
+    for (const LayerTensor& t : per_layer) out.emplace_back(layer_name(l, t.name), t.shape);
   if (c.is_dflash2()) {
     out.push_back({"candidate_selector.hidden_projection.weight", {c.selector_rank, H}});
     out.push_back({"candidate_selector.predecessor_codebook", {c.vocab, c.selector_rank}});
@@ -90,7 +97,7 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
                                std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops)
     : cfg_(cfg), plan_(plan), ops_(ops), drafter_(std::move(drafter)), target_(std::move(target)) {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t H = cfg.hidden, D = cfg.head_dim, T = cfg.n_taps();
+  const int64_t H = cfg.hidden, T = cfg.n_taps();
   const TensorStore& d = *drafter_;
 
   // Unknown tensors are reported, never silently used or ignored.
@@ -121,32 +128,15 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   final_norm = load_vector(d, "norm.weight", {H});
 
   layers.resize(static_cast<size_t>(cfg.layers));
+  const std::vector<LayerTensor> per_layer = layer_tensors(cfg);
   for (int64_t l = 0; l < cfg.layers; ++l) {
     LayerWeights& w = layers[static_cast<size_t>(l)];
-    auto n = [&](const std::string& rest) { return layer_name(l, rest); };
-    w.input_norm = load_vector(d, n("input_layernorm.weight"), {H});
-    w.post_norm = load_vector(d, n("post_attention_layernorm.weight"), {H});
-    w.q = load_matrix(d, n("self_attn.q_proj.weight"), {cfg.n_q * D, H});
-    w.k = load_matrix(d, n("self_attn.k_proj.weight"), {cfg.n_kv * D, H});
-    w.v = load_matrix(d, n("self_attn.v_proj.weight"), {cfg.n_kv * D, H});
-    w.o = load_matrix(d, n("self_attn.o_proj.weight"), {H, cfg.n_q * D});
-    w.q_norm = load_vector(d, n("self_attn.q_norm.weight"), {D});
-    w.k_norm = load_vector(d, n("self_attn.k_norm.weight"), {D});
-    if (cfg.bias) {
-      w.q_bias = load_vector(d, n("self_attn.q_proj.bias"), {cfg.n_q * D});
-      w.k_bias = load_vector(d, n("self_attn.k_proj.bias"), {cfg.n_kv * D});
-      w.v_bias = load_vector(d, n("self_attn.v_proj.bias"), {cfg.n_kv * D});
-      w.o_bias = load_vector(d, n("self_attn.o_proj.bias"), {H});
-    }
-    w.gate = load_matrix(d, n("mlp.gate_proj.weight"), {cfg.ffn, H});
-    w.up = load_matrix(d, n("mlp.up_proj.weight"), {cfg.ffn, H});
-    w.down = load_matrix(d, n("mlp.down_proj.weight"), {H, cfg.ffn});
-    if (cfg.is_dflash2()) {
-      const int64_t K = cfg.conv_kernel, KG2 = 2 * K * cfg.conv_groups();
-      w.attn_conv_base = load_vector(d, n("attention_conv.base_kernel"), {2, K, H});
-      w.mlp_conv_base = load_vector(d, n("mlp_conv.base_kernel"), {2, K, H});
-      w.attn_conv_proj = load_matrix(d, n("attention_conv.kernel_projection.weight"), {KG2, H});
-      w.mlp_conv_proj = load_matrix(d, n("mlp_conv.kernel_projection.weight"), {KG2, H});
+    for (const LayerTensor& t : per_layer) {
+      if (t.matrix != nullptr) {
+        w.*t.matrix = load_matrix(d, layer_name(l, t.name), t.shape);
+      } else {
+        w.*t.vector = load_vector(d, layer_name(l, t.name), t.shape);
+      }
     }
   }
 
@@ -193,15 +183,19 @@ const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
 const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
   const TensorStore& t = *target_;
   const int64_t H = cfg_.hidden;
+  // A table of >= vocab rows of `hidden` floats; `shown` and `name` name it in the messages.
+  auto check_table = [&](const TensorInfo& table, const char* shown, const std::string& name) {
+    TPDRAFT_CHECK(table.shape.size() == 2 && table.shape[1] == H && table.shape[0] >= cfg_.vocab,
+                  "{}: target tensor '{}' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
+                  table.file, shown, table.shape_str(), cfg_.vocab, H);
+    TPDRAFT_CHECK(is_float_weight(table.dtype),
+                  "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16", table.file, name,
+                  dtype_name(table.dtype));
+  };
   embed_ = t.find("embed_tokens.weight");
   TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
                 t.source(), cfg_.vocab, H);
-  TPDRAFT_CHECK(embed_->shape.size() == 2 && embed_->shape[1] == H && embed_->shape[0] >= cfg_.vocab,
-                "{}: target tensor 'model.embed_tokens.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                embed_->file, embed_->shape_str(), cfg_.vocab, H);
-  TPDRAFT_CHECK(is_float_weight(embed_->dtype),
-                "{}: target tensor 'model.embed_tokens.weight' has dtype {}, expected F32, F16 or BF16", embed_->file,
-                dtype_name(embed_->dtype));
+  check_table(*embed_, "model.embed_tokens.weight", "model.embed_tokens.weight");
   target_vocab_ = embed_->shape[0];
   const TargetConfig tcfg = TargetConfig::from_dir(t.source());
   const TensorInfo* head_info = t.find("lm_head.weight");
@@ -216,11 +210,7 @@ const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
     head_info = embed_;
     *head_name = "embed_tokens.weight";
   }
-  TPDRAFT_CHECK(head_info->shape.size() == 2 && head_info->shape[1] == H && head_info->shape[0] >= cfg_.vocab,
-                "{}: target tensor 'lm_head.weight' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                head_info->file, head_info->shape_str(), cfg_.vocab, H);
-  TPDRAFT_CHECK(is_float_weight(head_info->dtype), "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16",
-                head_info->file, *head_name, dtype_name(head_info->dtype));
+  check_table(*head_info, "lm_head.weight", *head_name);
   return *head_info;
 }
 
@@ -278,9 +268,7 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
     ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * out_row_bytes, stage.data(),
                    static_cast<size_t>(n) * out_row_bytes);
   }
-  m.data = buf.get();
-  backend_bytes_ += buf.bytes();
-  buffers_.push_back(std::move(buf));
+  m.data = keep(std::move(buf));
   return m;
 }
 
@@ -293,10 +281,7 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
     const std::vector<float> w = read_fp8_share(store, name, shape, scheme, share.rows, share.cols);
     kernels::Buffer buf(ops_, w.size() * sizeof(float));
     ops_.to_device(buf.get(), w.data(), buf.bytes());
-    kernels::Matrix m{DType::F32, share.rows.size(), share.cols.size(), buf.get()};
-    backend_bytes_ += buf.bytes();
-    buffers_.push_back(std::move(buf));
-    return m;
+    return {DType::F32, share.rows.size(), share.cols.size(), keep(std::move(buf))};
   }
   const QuantShare q = stored ? read_packed_share(store, name, shape, scheme, share.rows, share.cols)
                               : quantize_share(store.require(name, shape), scheme, share.rows, share.cols);
@@ -306,8 +291,7 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
                 "or a float checkpoint)", name, scheme.describe(), ops_.name());
   kernels::Buffer buf(ops_, bytes);
   const kernels::Matrix m = ops_.upload_quantized(q.view(), buf.get());
-  backend_bytes_ += buf.bytes();
-  buffers_.push_back(std::move(buf));
+  keep(std::move(buf));
   return m;
 }
 
@@ -323,10 +307,13 @@ const float* DrafterWeights::load_vector(const TensorStore& store, const std::st
                 info.file, info.name, part.begin + bad);
   kernels::Buffer buf(ops_, static_cast<size_t>(part.size()) * sizeof(float));
   ops_.to_device(buf.get(), all.data() + part.begin, buf.bytes());
-  const float* p = buf.f32();
+  return static_cast<const float*>(keep(std::move(buf)));
+}
+
+void* DrafterWeights::keep(kernels::Buffer buf) {
   backend_bytes_ += buf.bytes();
   buffers_.push_back(std::move(buf));
-  return p;
+  return buffers_.back().get();
 }
 
 namespace {

@@ -65,6 +65,8 @@ class DrafterWeights {
   kernels::Matrix load_quantized(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
                                  const TensorShare& share, const QuantScheme& scheme);
   const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
+  // Holds a loaded buffer for the weights' lifetime (counted in backend_bytes); returns its data.
+  void* keep(kernels::Buffer buf);
   const TensorInfo& codebook(const std::string& base) const;
   // Checks every drafter tensor and finds the codebooks and the target tables, before anything
   // is allocated; returns the target's head and its name in the store.

@@ -362,7 +362,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   // NCCL's asynchronous error state, once, without waiting.
-  void check_async(const char* what) {
+  void check_async(const std::string& what) {
     ncclResult_t state = ncclSuccess;
     if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress)
@@ -377,9 +377,7 @@ class NcclCommunicator final : public Communicator {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) give_up(what, fmt::format("failed on the device: {}", cudaGetErrorString(q)));
-      ncclResult_t state = ncclSuccess;
-      if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
-        give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
+      check_async(what);
       if (Clock::now() > deadline)
         give_up(what, fmt::format("timed out after {} s (TPDRAFT_NCCL_TIMEOUT_S): a peer rank did not join", timeout_));
       std::this_thread::yield();

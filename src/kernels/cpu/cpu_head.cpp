@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -186,11 +187,7 @@ const float* CpuOps::quantized_head_dots(const HeadParams& p) {
 }
 
 void CpuOps::head_logits(const HeadParams& p, float* logits) {
-  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype),
-                "head_logits: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
-  TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
-                "head_logits: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,
-                p.head.cols);
+  check_head_params(p, "head_logits");
   if (recording(&CpuOps::head_logits, p, logits)) return;
   if (p.m == 0 || p.valid_rows == 0) return;
   if (p.head.quantized()) {
@@ -226,12 +223,8 @@ void CpuOps::head_logits(const HeadParams& p, float* logits) {
 // inflated by 1e-3, and 2^-20 ||w|| ||g_hi|| covers rounding when forming A +- bound in f32.
 // The ||g - g_hi|| term dominates (~2^-9 ||g||); the rest adds a few percent.
 void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
-  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype),
-                "head_topk: head dtype {} is not F32, F16 or BF16", dtype_name(p.head.dtype));
+  check_head_params(p, "head_topk");
   TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
-  TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
-                "head_topk: valid rows {} must be in [0, {}] (m {}, cols {})", p.valid_rows, p.head.rows, p.m,
-                p.head.cols);
   TPDRAFT_CHECK(std::isfinite(p.scale) && p.scale > 0.0f, "head_topk: logit scale must be finite and > 0, got {}",
                 p.scale);
   TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);

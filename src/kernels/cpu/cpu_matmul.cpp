@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 
@@ -338,19 +339,10 @@ void detail::exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrow
 }
 
 void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
-  if (w.quantized()) {
-    TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
-                  w.cols);
-    TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
-    if (recording(&CpuOps::matmul, w, x, m, y, bias)) return;
-    if (m > 0) qmatmul(w, x, m, y, bias);
-    return;
-  }
-  TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
-  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
-  TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+  check_matmul_params(w, m);
   if (recording(&CpuOps::matmul, w, x, m, y, bias)) return;
   if (m == 0) return;
+  if (w.quantized()) return qmatmul(w, x, m, y, bias);
   const int64_t pc = detail::packed_cols(w.cols);
   const MatmulJob job{
       active_isa(), {w.dtype, w.data, w.cols, w.cols}, w.rows, x, packed_.get(static_cast<size_t>(m * pc)), m, pc, y,

@@ -41,8 +41,7 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
   const float* sinv = cs + half;
   for (int64_t h = 0; h < heads; ++h) {
     float* xh = x + h * d;
-    const float s = inv_rms(xh, d, eps);
-    for (int64_t i = 0; i < d; ++i) xh[i] = w[i] * (xh[i] * s);
+    rms_rows_body(xh, w, xh, 1, d, eps);
     for (int64_t i = 0; i < half; ++i) {
       const float a = xh[i], b = xh[i + half];
       xh[i] = a * cosv[i] - b * sinv[i];

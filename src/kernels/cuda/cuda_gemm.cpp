@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/ops_checks.h"
 
 // The exported cublasGemmEx (the header adds a C++ overload taking a cudaDataType compute type).
 using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
@@ -75,17 +76,9 @@ void CudaOps::gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x,
 }
 
 void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
-  if (w.quantized()) {
-    TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows,
-                  w.cols);
-    TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
-    if (m > 0) qmatmul(w, x, m, y, bias);
-    return;
-  }
-  TPDRAFT_CHECK(is_float_weight(w.dtype), "matmul: weight dtype {} is not F32, F16 or BF16", dtype_name(w.dtype));
-  TPDRAFT_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "matmul: empty weight matrix [{}, {}]", w.rows, w.cols);
-  TPDRAFT_CHECK(m >= 0, "matmul: row count must be >= 0, got {}", m);
+  check_matmul_params(w, m);
   if (m == 0) return;
+  if (w.quantized()) return qmatmul(w, x, m, y, bias);
   check_int(w.rows, "weight rows", "matmul");
   check_int(w.cols, "weight cols", "matmul");
   check_int(m, "rows", "matmul");
@@ -107,11 +100,7 @@ void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const
 namespace {
 
 void check_head(const HeadParams& p, const char* op) {
-  TPDRAFT_CHECK(p.head.quantized() || is_float_weight(p.head.dtype), "{}: head dtype {} is not F32, F16 or BF16", op,
-                dtype_name(p.head.dtype));
-  TPDRAFT_CHECK(p.valid_rows >= 0 && p.valid_rows <= p.head.rows && p.m >= 0 && p.head.cols > 0,
-                "{}: valid rows {} must be in [0, {}] (m {}, cols {})", op, p.valid_rows, p.head.rows, p.m,
-                p.head.cols);
+  check_head_params(p, op);
   check_int(p.valid_rows, "valid rows", op);
   check_int(p.head.cols, "hidden", op);
   check_int(p.m, "rows", op);
