@@ -183,12 +183,10 @@ run_sweep() {
     echo "scale.sh: [$tag] $study$note" >&2
     # record.py measure notes the machine's load around the run (other processes, stolen time).
     # The limit covers it and the run; both sit in the step's process group (steps.bash).
-    if step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
+    if ! { step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
        && "$py" "$tools/record.py" append --out "$records" --config "$config" --load "$load" --set "study=$study" \
             --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
-            ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; then
-      :
-    else
+            ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; }; then
       echo "scale.sh: run $tag failed; see $log" >&2
       failed=$((failed + 1))
     fi

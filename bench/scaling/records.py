@@ -161,19 +161,12 @@ def group_by(items, keyfn):
     return out
 
 
-def median_run(runs):
-    """Of repeated runs of one point, the run with the median draft time (a real record)."""
-    s = sorted(runs, key=lambda r: r.draft_ms)
-    return s[(len(s) - 1) // 2]
-
-
-def point_key(run):
-    return (run.config_name, run.backend, run.context, run.sessions, run.threads, run.tp, run.gather_logits)
-
-
 def dedupe(runs):
-    """One run per (config, backend, context, sessions, threads, tp, full-logits gather or not)."""
-    return [median_run(v) for v in group_by(runs, point_key).values()]
+    """One run per (config, backend, context, sessions, threads, tp, full-logits gather or not): of
+    repeated runs of one point, the run with the median draft time (a real record)."""
+    points = group_by(runs, lambda r: (r.config_name, r.backend, r.context, r.sessions, r.threads, r.tp,
+                                       r.gather_logits))
+    return [sorted(v, key=lambda r: r.draft_ms)[(len(v) - 1) // 2] for v in points.values()]
 
 
 def measured_collectives(run):
