@@ -145,9 +145,6 @@ class TensorStore:
     def has(self, name):
         return name in self.by_name
 
-    def canonical_names(self):
-        return {canonical(n) for n in self.by_name}
-
     def shape(self, name):
         st, real = self.by_name[name]
         return list(st.tensors[real]["shape"])
@@ -339,7 +336,7 @@ class Drafter:
                     name += ".weight"
                 books.append(get(name, [c.V, c.R]))
             self.pred_book, self.succ_book = books
-        unknown = sorted(st.canonical_names() - {canonical(n) for n in used})
+        unknown = sorted({canonical(n) for n in st.by_name} - {canonical(n) for n in used})
         if unknown:
             print(f"torch_draft: warning: {drafter_dir}: unused tensors: {', '.join(unknown)}", file=sys.stderr)
 
