@@ -228,12 +228,10 @@ run_sweep() {
 [ -s "$records" ] || { echo "scale.sh: $records is empty: nothing to report" >&2; exit 1; }
 ensure_gnuplot
 [ -x "$bin" ] || { echo "scale.sh: $bin is not built: the reports ask it for the cost model (tpdraft info --json)" >&2; exit 2; }
-popts=(--bin "$bin")
-[ -z "$params" ] || popts+=(--params "$params")
+popts=(--bin "$bin" ${params:+--params "$params"})
 # The projection first: the report plots it beside the measurements.
-proj=(--records "$records" --out "$out" "${popts[@]}")
-[ -z "$layouts" ] || proj+=(--layouts "$layouts")
-[ -z "$quants" ] || proj+=(--quant "$quants")
+proj=(--records "$records" --out "$out" "${popts[@]}" ${layouts:+--layouts "$layouts"}
+      ${quants:+--quant "$quants"})
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
 "$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null

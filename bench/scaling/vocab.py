@@ -218,11 +218,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-",
                                      ignore_cleanup_errors=True) as work_dir:
         paths = dict(geometry.write_vocab_configs(a.base, [int(x) for x in a.vocab.split(",") if x.strip()], work_dir))
-        answers = {}
-        for v, path in paths.items():
-            for tp in (int(x) for x in a.tp.split(",") if x.strip()):
-                if info.problem(path, tp) is None:
-                    answers[(v, tp)] = info.query(path, tp, b, 1024, geometry.info_dtype(d.get("weight_bytes", 2)))
+        dtype = geometry.info_dtype(d.get("weight_bytes", 2))
+        answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
+                   for tp in (int(x) for x in a.tp.split(",") if x.strip())
+                   if info.problem(path, tp) is None}
         machine = compute.gpu_machine(params, d["gpu"])
         intra = cm.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
         inter = cm.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])
