@@ -145,9 +145,6 @@ class TensorStore:
     def has(self, name):
         return name in self.by_name
 
-    def canonical_names(self):
-        return {canonical(n) for n in self.by_name}
-
     def shape(self, name):
         st, real = self.by_name[name]
         return list(st.tensors[real]["shape"])
@@ -201,13 +198,11 @@ class Config:
         if arch not in ("DFlashDraftModel", "DFlash2DraftModel"):
             fail(f"{path}: key 'architectures' names {arch!r}, expected DFlashDraftModel or DFlash2DraftModel")
         self.dflash2 = arch == "DFlash2DraftModel"
-        self.H = int(need("hidden_size", j.get("hidden_size")))
-        self.L = int(need("num_hidden_layers", j.get("num_hidden_layers")))
-        self.Nq = int(need("num_attention_heads", j.get("num_attention_heads")))
+        self.H, self.L, self.Nq, self.F, self.V = (int(need(k, j.get(k))) for k in (
+            "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "vocab_size"))
         self.Nk = int(j.get("num_key_value_heads") or self.Nq)
         self.D = int(j.get("head_dim") or self.H // self.Nq)
-        self.F = int(need("intermediate_size", j.get("intermediate_size")))
-        self.V = int(need("vocab_size", j.get("vocab_size")))
         self.eps = float(j.get("rms_norm_eps", 1e-6))
         rp = j.get("rope_parameters") or {}
         self.theta = float(j.get("rope_theta") or rp.get("rope_theta") or 10000.0)
@@ -341,7 +336,7 @@ class Drafter:
                     name += ".weight"
                 books.append(get(name, [c.V, c.R]))
             self.pred_book, self.succ_book = books
-        unknown = sorted(st.canonical_names() - {canonical(n) for n in used})
+        unknown = sorted({canonical(n) for n in st.by_name} - {canonical(n) for n in used})
         if unknown:
             print(f"torch_draft: warning: {drafter_dir}: unused tensors: {', '.join(unknown)}", file=sys.stderr)
 
@@ -438,22 +433,22 @@ class Drafter:
             kpos = torch.cat((torch.arange(a - keep, a, device=DEVICE), qpos))
             mask = self._mask(l, qpos, kpos)
             x = rms_norm(h, w["ln1"], c.eps)
-            if c.dflash2:
-                delta = F.linear(x, w["attention_conv.proj"]).view(c.B, 2, c.K, c.G)
-                x = dyn_conv(x, w["attention_conv.base"][0], delta[:, 0], c.gs)
-            o = self._attention(l, w, x, cos, sin, mask)
-            if c.dflash2:
-                o = dyn_conv(o, w["attention_conv.base"][1], delta[:, 1], c.gs)
-            h = h + o
+            h = h + self._conv_around(w, "attention_conv", x,
+                                      lambda y: self._attention(l, w, y, cos, sin, mask))
             z = rms_norm(h, w["ln2"], c.eps)
-            if c.dflash2:
-                delta = F.linear(z, w["mlp_conv.proj"]).view(c.B, 2, c.K, c.G)
-                z = dyn_conv(z, w["mlp_conv.base"][0], delta[:, 0], c.gs)
-            m = F.linear(F.silu(F.linear(z, w["gate"])) * F.linear(z, w["up"]), w["down"])
-            if c.dflash2:
-                m = dyn_conv(m, w["mlp_conv.base"][1], delta[:, 1], c.gs)
-            h = h + m
+            h = h + self._conv_around(w, "mlp_conv", z, lambda y: F.linear(
+                F.silu(F.linear(y, w["gate"])) * F.linear(y, w["up"]), w["down"]))
         return rms_norm(h, self.norm, c.eps)
+
+    def _conv_around(self, w, side, x, inner):
+        """inner(x); in DFlash 2 between the two dynamic convolutions of `side` (w's side + ".base",
+        ".proj"), whose kernels both come from x."""
+        c = self.cfg
+        if not c.dflash2:
+            return inner(x)
+        delta = F.linear(x, w[side + ".proj"]).view(c.B, 2, c.K, c.G)
+        y = inner(dyn_conv(x, w[side + ".base"][0], delta[:, 0], c.gs))
+        return dyn_conv(y, w[side + ".base"][1], delta[:, 1], c.gs)
 
     def logits(self, hidden):
         """Logits [B-1, V] of the draft rows, after m_out and the soft cap."""
@@ -512,10 +507,15 @@ def load_taps(args, cfg):
     return torch.from_numpy(rng.standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32)).to(DEVICE, DTYPE)
 
 
-def sync():
-    """Waits for the device, so that host timers measure the work and not its launch."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
+def timed(work):
+    """(work(), its seconds), waiting for the device at both ends so that host timers measure the
+    work and not its launch."""
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else lambda device: None
+    sync(DEVICE)
+    t0 = time.perf_counter()
+    out = work()
+    sync(DEVICE)
+    return out, time.perf_counter() - t0
 
 
 def main(args):
@@ -526,22 +526,15 @@ def main(args):
         if not 0 <= args.anchor < cfg.V:
             fail(f"--anchor {args.anchor} must lie in [0, vocab_size = {cfg.V})")
         taps = load_taps(args, cfg)
-        sync()
-        t0 = time.perf_counter()
-        model.settle(taps)
-        sync()
-        settle_s = time.perf_counter() - t0
+        _, settle_s = timed(lambda: model.settle(taps))
         rows = taps.shape[0]
 
         for _ in range(args.warmup):
             model.draft(args.anchor)
         times = []
         for _ in range(args.repeat):
-            sync()
-            t0 = time.perf_counter()
-            tokens, hidden, logits = model.draft(args.anchor)
-            sync()
-            times.append((time.perf_counter() - t0) * 1e3)
+            (tokens, hidden, logits), seconds = timed(lambda: model.draft(args.anchor))
+            times.append(seconds * 1e3)
 
         if args.dump:
             arrays = {"hidden": hidden.float().cpu().numpy(), "logits": logits.float().cpu().numpy(),

@@ -196,10 +196,12 @@ class Qwen3Target:
             logits[..., token] += bias * ((at.positions + 1) % period != 0)
         return logits.numpy(), taps.numpy()
 
-    def forward_all(self, sequences, tap_layers):
-        """A fresh forward over whole token lists (padded on the right, which causality hides)."""
+    def forward_all(self, sequences, tap_layers, cache=None):
+        """A forward over whole token lists from position 0 (padded on the right, which causality
+        hides), into `cache` (default: a fresh one that just holds them)."""
         width = max(len(s) for s in sequences)
-        cache = self.new_cache(len(sequences), width)
+        if cache is None:
+            cache = self.new_cache(len(sequences), width)
         padded = [list(s) + [0] * (width - len(s)) for s in sequences]
         return self.forward(padded, [0] * len(sequences), cache, tap_layers)
 

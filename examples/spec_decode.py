@@ -190,9 +190,7 @@ class SpeculativeDecoder:
                 [s.rounds for s in sequences])
 
     def _prefill(self, prompts, rng, sessions, prompt_held):
-        width = max(map(len, prompts))
-        padded = [list(p) + [0] * (width - len(p)) for p in prompts]
-        logits, taps = self.target.forward(padded, [0] * len(prompts), self.cache, self.caps.target_layer_ids)
+        logits, taps = self.target.forward_all(prompts, self.caps.target_layer_ids, self.cache)
         sequences = []
         for i, prompt in enumerate(prompts):
             n = len(prompt)
@@ -245,10 +243,8 @@ class SpeculativeDecoder:
 
 def target_decode(target, tap_layers, prompts, n_tokens, sampling, rng):
     """The target alone, one token per forward: the reference a speculative decode must match."""
-    width = max(map(len, prompts))
-    cache = target.new_cache(len(prompts), width + n_tokens)
-    padded = [list(p) + [0] * (width - len(p)) for p in prompts]
-    logits, _ = target.forward(padded, [0] * len(prompts), cache, tap_layers)
+    cache = target.new_cache(len(prompts), max(map(len, prompts)) + n_tokens)
+    logits, _ = target.forward_all(prompts, tap_layers, cache)
     out = [[choose(logits[i, len(p) - 1], sampling, rng)] for i, p in enumerate(prompts)]
     for _ in range(n_tokens - 1):
         starts = [len(p) + len(o) - 1 for p, o in zip(prompts, out)]

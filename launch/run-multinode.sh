@@ -39,6 +39,4 @@ nodes=$(grep -cvE '^\s*(#|$)' "$hostfile")
 flags=(--hostfile "$hostfile" -np $((nodes * per_node)) --map-by "ppr:${per_node}:node" --bind-to core
        -x "TPDRAFT_LOG_LEVEL=${TPDRAFT_LOG_LEVEL:-info}")
 [ "$(id -u)" -ne 0 ] || flags+=(--allow-run-as-root)
-cmd=("$1"); shift
-cmd+=(--tp "${tp:-$per_node}")
-exec mpirun "${flags[@]}" "$bin" "${cmd[@]}" "$@"
+exec mpirun "${flags[@]}" "$bin" "$1" --tp "${tp:-$per_node}" "${@:2}"

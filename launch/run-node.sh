@@ -47,6 +47,4 @@ else
 fi
 flags=(-np "$ranks" "${placement[@]}" -x "TPDRAFT_LOG_LEVEL=${TPDRAFT_LOG_LEVEL:-info}")
 [ "$(id -u)" -ne 0 ] || flags+=(--allow-run-as-root)
-cmd=("$1"); shift
-[ -z "$tp" ] || cmd+=(--tp "$tp")
-exec mpirun "${flags[@]}" "$bin" "${cmd[@]}" "$@"
+exec mpirun "${flags[@]}" "$bin" "$1" ${tp:+--tp "$tp"} "${@:2}"

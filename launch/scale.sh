@@ -183,12 +183,10 @@ run_sweep() {
     echo "scale.sh: [$tag] $study$note" >&2
     # record.py measure notes the machine's load around the run (other processes, stolen time).
     # The limit covers it and the run; both sit in the step's process group (steps.bash).
-    if step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
+    if ! { step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
        && "$py" "$tools/record.py" append --out "$records" --config "$config" --load "$load" --set "study=$study" \
             --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
-            ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; then
-      :
-    else
+            ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; }; then
       echo "scale.sh: run $tag failed; see $log" >&2
       failed=$((failed + 1))
     fi
@@ -230,12 +228,10 @@ run_sweep() {
 [ -s "$records" ] || { echo "scale.sh: $records is empty: nothing to report" >&2; exit 1; }
 ensure_gnuplot
 [ -x "$bin" ] || { echo "scale.sh: $bin is not built: the reports ask it for the cost model (tpdraft info --json)" >&2; exit 2; }
-popts=(--bin "$bin")
-[ -z "$params" ] || popts+=(--params "$params")
+popts=(--bin "$bin" ${params:+--params "$params"})
 # The projection first: the report plots it beside the measurements.
-proj=(--records "$records" --out "$out" "${popts[@]}")
-[ -z "$layouts" ] || proj+=(--layouts "$layouts")
-[ -z "$quants" ] || proj+=(--quant "$quants")
+proj=(--records "$records" --out "$out" "${popts[@]}" ${layouts:+--layouts "$layouts"}
+      ${quants:+--quant "$quants"})
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
 "$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null

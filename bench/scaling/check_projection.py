@@ -36,9 +36,7 @@ def run_point(binary, tp, sessions, workdir):
             "--repeat", str(REPEAT), "--warmup", str(WARMUP), "--json"]
     if tp > 1:
         mpi = ["mpirun", "-np", str(tp), "--bind-to", "core", "--map-by", "core", "-x", "TPDRAFT_LOG_LEVEL=warn"]
-        if os.geteuid() == 0:
-            mpi.append("--allow-run-as-root")
-        args = mpi + args + ["--tp", str(tp)]
+        args = mpi + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + args + ["--tp", str(tp)]
     res = subprocess.run(args, capture_output=True, text=True, cwd=workdir, timeout=300)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(args)} exited {res.returncode}:\n{res.stderr[-3000:]}")

@@ -4,19 +4,14 @@ roofline ratio of the two shards) or carried to another machine (a GPU) through 
 efficiency against the roofline. Work counts come from `tpdraft info --json` (geometry.py)."""
 
 import math
+from collections import namedtuple
 
 import geometry
 import records
 
-
-class Machine:
-    """Ceilings of the machine a projection targets (a GPU's HBM and tensor-core rate)."""
-
-    def __init__(self, label, flops_per_s, bytes_per_s, source=""):
-        self.label = label
-        self.flops = flops_per_s
-        self.bw = bytes_per_s
-        self.source = source
+# Ceilings of the machine a projection targets (a GPU's HBM and tensor-core rate): flops per
+# second, bw in bytes per second.
+Machine = namedtuple("Machine", "label flops bw source", defaults=("",))
 
 
 def gpu_machine(params, name):

@@ -7,6 +7,7 @@ and the same model beside this machine's CPU MPI runs."""
 import argparse
 import os
 import sys
+from collections import namedtuple
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,12 +49,8 @@ def parse_layout(text):
     return int(nodes), int(per_node)
 
 
-class Setting:
-    """What every projected point of one run of this script shares."""
-
-    def __init__(self, params, runs, info, machine, intra, inter, alt_intra, span, dtype):
-        self.params, self.runs, self.info, self.machine = params, runs, info, machine
-        self.intra, self.inter, self.alt_intra, self.span, self.dtype = intra, inter, alt_intra, span, dtype
+# What every projected point of one run of this script shares.
+Setting = namedtuple("Setting", "params runs info machine intra inter alt_intra span dtype")
 
 
 def gpu_compute(s, config, tp, sessions, ctx):

@@ -29,11 +29,6 @@ OTHER_CORES_LIMIT = 0.25   # cores other processes kept busy on average
 STEAL_LIMIT = 0.02         # share of the machine's CPU time stolen by the hypervisor
 
 
-def collective_key(op, what):
-    """The bench key of one collective's per-draft counter: what = calls or bytes."""
-    return f"{op}_{what}"
-
-
 @dataclass
 class Run:
     """One `tpdraft bench` run as launch/scale.sh recorded it."""
@@ -91,8 +86,8 @@ def run_from_json(d):
     kw["config_name"] = d.get(CONFIG_NAME) or config_name_of(kw["config_file"])
     kw["comm_ms"] = d.get(COMM_MS_MEDIAN, d.get(COMM_MS_MEAN, 0.0))
     kw["compute_ms"] = d.get(COMPUTE_MS, d[COPIED["draft_ms"]] - d.get(COMM_MS_MEAN, 0.0))
-    kw["collectives"] = {op: (d.get(collective_key(op, "calls")) or 0, d.get(collective_key(op, "bytes")) or 0)
-                         for op in OPS}
+    # Each collective's per-draft counters: bench keys OP_calls and OP_bytes.
+    kw["collectives"] = {op: (d.get(f"{op}_calls") or 0, d.get(f"{op}_bytes") or 0) for op in OPS}
     kw["draft_tokens"] = len(d.get(TOKENS) or [])
     over = d.get(OVERSUBSCRIBED)
     if over is None:  # records older than the flag
@@ -161,19 +156,12 @@ def group_by(items, keyfn):
     return out
 
 
-def median_run(runs):
-    """Of repeated runs of one point, the run with the median draft time (a real record)."""
-    s = sorted(runs, key=lambda r: r.draft_ms)
-    return s[(len(s) - 1) // 2]
-
-
-def point_key(run):
-    return (run.config_name, run.backend, run.context, run.sessions, run.threads, run.tp, run.gather_logits)
-
-
 def dedupe(runs):
-    """One run per (config, backend, context, sessions, threads, tp, full-logits gather or not)."""
-    return [median_run(v) for v in group_by(runs, point_key).values()]
+    """One run per (config, backend, context, sessions, threads, tp, full-logits gather or not): of
+    repeated runs of one point, the run with the median draft time (a real record)."""
+    points = group_by(runs, lambda r: (r.config_name, r.backend, r.context, r.sessions, r.threads, r.tp,
+                                       r.gather_logits))
+    return [sorted(v, key=lambda r: r.draft_ms)[(len(v) - 1) // 2] for v in points.values()]
 
 
 def measured_collectives(run):

@@ -6,7 +6,6 @@ on configs that differ only in vocab_size, both exchanges measured (runs with an
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
@@ -216,14 +215,13 @@ def main(argv=None):
     runs = [r for r in all_runs if r.study == "vocab"]
     b = a.sessions or (min(r.sessions for r in runs) if runs else 1)
     info = geometry.Info(a.bin)
-    work_dir = tempfile.mkdtemp(prefix="tpdraft-vocab-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-",
+                                     ignore_cleanup_errors=True) as work_dir:
         paths = dict(geometry.write_vocab_configs(a.base, [int(x) for x in a.vocab.split(",") if x.strip()], work_dir))
-        answers = {}
-        for v, path in paths.items():
-            for tp in (int(x) for x in a.tp.split(",") if x.strip()):
-                if info.problem(path, tp) is None:
-                    answers[(v, tp)] = info.query(path, tp, b, 1024, geometry.info_dtype(d.get("weight_bytes", 2)))
+        dtype = geometry.info_dtype(d.get("weight_bytes", 2))
+        answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
+                   for tp in (int(x) for x in a.tp.split(",") if x.strip())
+                   if info.problem(path, tp) is None}
         machine = compute.gpu_machine(params, d["gpu"])
         intra = cm.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
         inter = cm.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])
@@ -233,8 +231,6 @@ def main(argv=None):
         mrows, grows = measured_rows(runs, paths, info, b), gather_rows(runs, paths, info, b)
         prows = projected_rows(brows, fabrics, machine, a.gpus_per_node)
         text = report(a, brows, mrows, grows, prows, fabrics, machine, inter)
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
     tb.emit_report(text, {"sessions": b, "bytes": brows, "measured": mrows, "measured_gather": grows,
                           "projected": prows}, a.out, "vocab")
     return 0
