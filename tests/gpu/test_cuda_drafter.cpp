@@ -24,7 +24,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "model/drafter.h"
 #include "model/random_checkpoint.h"
 #include "model/runtime.h"

@@ -56,7 +56,7 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 #include "core/dtype.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {

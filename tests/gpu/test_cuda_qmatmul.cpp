@@ -25,7 +25,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels {

@@ -12,7 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {

@@ -16,7 +16,7 @@
 
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "support/test_support.h"
 
 namespace tpdraft::kernels {

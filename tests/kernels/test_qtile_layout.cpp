@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/op_checks.h"
+#include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 #include "kernels/qtile_layout.h"
 
