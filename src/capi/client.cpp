@@ -22,6 +22,7 @@
 
 #include "capi/caps.h"
 #include "capi/last_error.h"
+#include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 #include "tpdraft/tpdraft.h"
@@ -56,6 +57,7 @@ struct tpdraft_client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using serve::Message;
 using tpdraft::capi::set_last_error;
 
 tpdraft_status fail(tpdraft_status st, const std::string& why) {
@@ -77,17 +79,6 @@ tpdraft_status status_of(uint32_t wire) {
     default: return TPDRAFT_ERROR_RUNTIME;
   }
 }
-
-// A received message part, closed when it goes.
-struct Message {
-  zmq_msg_t msg;
-  Message() { zmq_msg_init(&msg); }
-  ~Message() { zmq_msg_close(&msg); }
-  Message(const Message&) = delete;
-  Message& operator=(const Message&) = delete;
-  const char* data() { return static_cast<const char*>(zmq_msg_data(&msg)); }
-  size_t size() { return zmq_msg_size(&msg); }
-};
 
 // Reads the monitor's pending events; returns true when the connection to the server was lost
 // after it had been made.

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 
@@ -40,15 +41,7 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // A received message part; a request's frame is kept alive while entries read their taps from it.
-struct Frame {
-  zmq_msg_t msg;
-  Frame() { zmq_msg_init(&msg); }
-  ~Frame() { zmq_msg_close(&msg); }
-  Frame(const Frame&) = delete;
-  Frame& operator=(const Frame&) = delete;
-  const char* data() const { return static_cast<const char*>(zmq_msg_data(const_cast<zmq_msg_t*>(&msg))); }
-  size_t size() const { return zmq_msg_size(const_cast<zmq_msg_t*>(&msg)); }
-};
+using Frame = Message;
 
 // A client's shared-memory ring: its control block, then what the client placed there.
 struct Ring {
