@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/cost.h"
@@ -177,8 +178,8 @@ void print_shares(const Source& src, int tp) {
       bytes += (bytes.empty() ? "" : " / ") + (share.placement == model::Placement::HostMapped ? std::string("mapped")
                                                                                               : human_bytes(static_cast<double>(b)));
     }
-    const std::string dims = fmt::format("{}", fmt::join(shape, ", "));
-    std::printf("  %-52s %-17s [%s]  %s\n", name.c_str(), src.format_of(name).c_str(), dims.c_str(), bytes.c_str());
+    std::printf("  %-52s %-17s %s  %s\n", name.c_str(), src.format_of(name).c_str(), shape_string(shape).c_str(),
+                bytes.c_str());
   }
 }
 
