@@ -53,13 +53,11 @@ tpdraft_sampling sampled(double temperature, uint64_t seed) { return {temperatur
 
 tpdraft_step_entry entry(tpdraft_session s, int64_t n_new, const void* taps, int64_t anchor,
                          const tpdraft_sampling& sampling, int64_t* tokens) {
-  tpdraft_step_entry e{};
+  tpdraft_step_entry e;
+  tpdraft_step_entry_init(&e);  // keep and p0 -1, f32 taps
   e.session = s;
-  e.keep = -1;
-  e.p0 = -1;
   e.n_new = n_new;
   e.taps = taps;
-  e.taps_dtype = TPDRAFT_F32;
   e.anchor = anchor;
   e.sampling = sampling;
   e.tokens = tokens;
