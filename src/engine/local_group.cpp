@@ -109,7 +109,7 @@ void LocalGroup::run(const std::function<void(int)>& job) {
     if (e && !first) first = e;
   if (!first) return;
   // A failed rank aborted the group's communicator, so no rank can rely on it any more.
-  if (size() > 1) broken_ = what_of(first);
+  broken_ = what_of(first);
   std::rethrow_exception(first);
 }
 
