@@ -8,7 +8,7 @@
 // within ~2^-16 (bf16) of the f32-activation product the CPU computes, instead of the ~2^-9 of a
 // single bf16 rounding. TPDRAFT_CUDA_MATMUL=single sends only hi: half the GEMM FLOPs (matters
 // for settle's large m), bf16-activation precision. f16 weights: activations beyond f16's range
-// (|x| > 65504) overflow to inf in either mode. bench/GPU-NOTES.md has the numbers.
+// (|x| > 65504) overflow to inf in either mode. docs/gpu.md has the numbers.
 #include <algorithm>
 #include <climits>
 #include <cmath>

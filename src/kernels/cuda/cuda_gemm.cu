@@ -2,7 +2,7 @@
 // cuBLAS multiplies operands of one type, so f32 activations meet bf16 / f16 weights as 16-bit
 // values: split into hi = round(x) and lo = round(x - hi), stacked as 2m rows of one GEMM (the
 // weights are read once), and the two output rows summed afterwards. hi + lo keeps ~16
-// significant bits of x for bf16 (~22 for f16); see cuda_gemm.cpp and bench/GPU-NOTES.md.
+// significant bits of x for bf16 (~22 for f16); see cuda_gemm.cpp and docs/gpu.md.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
