@@ -57,16 +57,14 @@ log "writing a random bf16 checkpoint for $(basename "$CONFIG") with $CTX tap ro
 # The last line of a program's stdout that is a JSON object.
 last_json() { grep -E '^\{' "$1" | tail -n 1; }
 
-# A field of a JSON line: tpdraft reports "draft_ms" as a number or as {"median": ...},
-# torch_draft.py as "draft_ms_median".
+# A field of a JSON line: the draft's median is "draft_ms" for tpdraft, "draft_ms_median" for
+# torch_draft.py.
 json_field() {
   "$PY" - "$1" "$2" <<'EOF'
 import json, sys
 obj, key = json.loads(sys.argv[1]), sys.argv[2]
 if key == "median":
     v = obj.get("draft_ms_median", obj.get("draft_ms"))
-    if isinstance(v, dict):
-        v = v.get("median")
     if v is None:
         sys.exit("no draft_ms / draft_ms_median in: " + sys.argv[1])
     print(v)

@@ -6,17 +6,11 @@ one run (median and p10-p90). Usage: python_overhead.py [--config configs/X.json
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "build", "python"))
-import numpy as np  # noqa: E402
-import tpdraft  # noqa: E402
+from serve_overhead import make_checkpoint, timed_steps
+import tpdraft  # from build/python, which serve_overhead puts on the path
 
 
 def quantile(xs, q):
@@ -26,23 +20,10 @@ def quantile(xs, q):
 
 def measure(config, steps, context, new_rows):
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([os.path.join(REPO, "build", "tpdraft"), "init", "--config", os.path.join(REPO, config),
-                        "--out", tmp + "/ck"], check=True, capture_output=True)
+        make_checkpoint(config, tmp + "/ck")
         with tpdraft.Drafter(tmp + "/ck/drafter", tmp + "/ck/target", backend="cpu", threads=1,
                              max_context=context + 64) as d:
-            width = d.caps.taps_width
-            rng = np.random.default_rng(0)
-            prefix = rng.standard_normal((context, width), dtype=np.float32)
-            rows = rng.standard_normal((new_rows, width), dtype=np.float32)
-            s = d.open_session()
-            d.step([{"session": s, "taps": prefix, "anchor": 1}])
-            extra = []
-            for i in range(steps):
-                # A step as a loop makes it: roll back what was rejected, settle the new rows.
-                entry = {"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}
-                t0 = time.perf_counter()
-                d.step([entry])
-                extra.append(time.perf_counter() - t0 - d.last_step_seconds)
+            extra = [wall - d.last_step_seconds for wall in timed_steps(d, steps, 0, context, new_rows)]
             return {"config": config, "steps": steps, "context": context, "new_rows": new_rows,
                     "step_us": d.last_step_seconds * 1e6, "python_us_median": statistics.median(extra) * 1e6,
                     "python_us_p10": quantile(extra, 0.1) * 1e6, "python_us_p90": quantile(extra, 0.9) * 1e6}

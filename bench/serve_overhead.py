@@ -51,26 +51,38 @@ class Server:
         self.log.close()
 
 
-def random_taps(handle, seed):
+def make_checkpoint(config, out):
+    """A random checkpoint of `config` (relative to the repository) written by `tpdraft init` to out."""
+    subprocess.run([TPDRAFT, "init", "--config", os.path.join(REPO, config), "--out", out], check=True,
+                   capture_output=True)
+
+
+def random_taps(handle, seed, context=CONTEXT, new_rows=NEW_ROWS):
     """(prompt rows, new rows per step): seeded random tap rows of the handle's width."""
     rng = np.random.default_rng(seed)
     width = handle.caps.taps_width
-    return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (CONTEXT, NEW_ROWS))
+    return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (context, new_rows))
+
+
+def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS):
+    """Yields the wall seconds of each of `steps` steps of one session, made as a decoding loop
+    makes them: roll back what was rejected (keep the prompt), settle the new rows, draft."""
+    prefix, rows = random_taps(handle, seed, context, new_rows)
+    s = handle.open_session()
+    handle.step([{"session": s, "taps": prefix, "anchor": 1}])
+    for i in range(steps):
+        entry = {"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}
+        t0 = time.perf_counter()
+        handle.step([entry])
+        yield time.perf_counter() - t0
+    handle.close_session(s)
 
 
 def loop(handle, steps, seed, out):
     """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
-    prefix, rows = random_taps(handle, seed)
-    s = handle.open_session()
-    handle.step([{"session": s, "taps": prefix, "anchor": 1}])
-    for i in range(steps):
-        entry = {"session": s, "keep": CONTEXT, "taps": rows, "anchor": 2 + i % 7}
-        t0 = time.perf_counter()
-        handle.step([entry])
-        wall = time.perf_counter() - t0
+    for wall in timed_steps(handle, steps, seed):
         t = handle.last_times
         out.append((wall, t["settle"] + t["draft"]))
-    handle.close_session(s)
 
 
 def batched_rate(handle, steps, n, seed):
@@ -118,8 +130,7 @@ def measure(config, steps):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ck = tmp + "/ck"
-        subprocess.run([TPDRAFT, "init", "--config", os.path.join(REPO, config), "--out", ck], check=True,
-                       capture_output=True)
+        make_checkpoint(config, ck)
         local = []
         with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1, max_sessions=8,
                              max_context=CONTEXT + 64) as d:

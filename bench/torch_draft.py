@@ -59,6 +59,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from qwen3_target import write_safetensors  # noqa: E402  (the layout of tpdraft draft --dump)
+
 DEVICE = torch.device(ARGS.device)
 DTYPE = torch.bfloat16 if ARGS.dtype == "bf16" else torch.float32
 
@@ -157,22 +160,6 @@ class TensorStore:
             fail(f"{self.source}: tensor '{name}' has shape {have}, expected {list(shape)}")
         st, real = self.by_name[name]
         return torch.from_numpy(st.load(real, rows)).to(DEVICE, DTYPE)
-
-
-def write_safetensors(path, arrays):
-    """Writes f32 / i64 numpy arrays as one safetensors file."""
-    names = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}
-    header, offset = {}, 0
-    for name, a in arrays.items():
-        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for a in arrays.values():
-            f.write(np.ascontiguousarray(a).tobytes())
 
 
 # ---------------------------------------------------------------------------------------------

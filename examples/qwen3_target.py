@@ -32,11 +32,13 @@ def read_safetensors(path):
 
 
 def write_safetensors(path, tensors):
-    """Writes name -> array as F32 tensors in one safetensors file."""
+    """Writes name -> array in one safetensors file: int64 arrays as I64 tensors, the others as F32."""
     header, blobs, offset = {}, [], 0
     for name, array in tensors.items():
-        blob = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        ints = array.dtype == np.int64
+        blob = np.ascontiguousarray(array, dtype=np.int64 if ints else np.float32).tobytes()
+        header[name] = {"dtype": "I64" if ints else "F32", "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header).encode()
