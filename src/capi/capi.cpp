@@ -78,6 +78,9 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   check_at_least("max_context", o.max_context, 1);
   check_at_least("max_open_sessions", o.max_open_sessions, 1);
   TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "options.graphs is {}, expected -1 (auto), 0 or 1", o.graphs);
+  const auto& presets = model::quant_presets();
+  TPDRAFT_CHECK(o.quant == nullptr || std::find(presets.begin(), presets.end(), o.quant) != presets.end(),
+                "options.quant is '{}', expected NULL, {}", o.quant, model::quant_preset_list());
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
   // threads 0: the machine's cores shared among the ranks of this process, as the header says.
@@ -186,13 +189,7 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
     const model::RuntimeOptions ro = runtime_options(o);
     auto d = std::make_unique<tpdraft_drafter>();
     model::ModelSource source = model::ModelSource::open(drafter_dir, target_dir);
-    if (o.quant != nullptr) {
-      const std::string q = o.quant;
-      const auto& presets = model::quant_presets();
-      TPDRAFT_CHECK(std::find(presets.begin(), presets.end(), q) != presets.end(), "options.quant is '{}', expected NULL, {}",
-                    q, model::quant_preset_list());
-      model::quantize_on_load(source, q);
-    }
+    if (o.quant != nullptr) model::quantize_on_load(source, o.quant);
     d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);
     d->caps = d->group->leader().caps();
     d->backend = d->group->leader().runtime().ops().name();
