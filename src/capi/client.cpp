@@ -39,7 +39,6 @@ struct tpdraft_client {
   uint64_t next_id = 0;
   std::string broken;  // why the client is closed for good ("" while it works)
   serve::WireCaps caps;
-  std::string backend;
   double idle_timeout = 0;
   // The shared-memory ring (the client writes, the server reads), unlinked once both mapped it.
   char* ring = nullptr;
@@ -423,7 +422,6 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     if (hello != TPDRAFT_OK) return hello;
     serve::Reader r = body(c);
     c->caps = serve::get_caps(r);
-    c->backend = c->caps.backend;
     c->idle_timeout = r.get<double>("hello.idle_timeout");
     c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
     const std::string note = r.str("hello.ring_note");
@@ -463,7 +461,7 @@ tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* ou
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
   if (out->struct_size < sizeof(tpdraft_caps))
     return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(c->caps, c->backend, out);
+  tpdraft::capi::fill_caps(c->caps, c->caps.backend, out);
   return ok();
 }
 
