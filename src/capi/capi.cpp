@@ -59,10 +59,7 @@ tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexc
   }
 }
 
-tpdraft_status refuse(const std::string& why) {
-  t_last_error = why;
-  return TPDRAFT_ERROR_ARGUMENT;
-}
+tpdraft_status refuse(const std::string& why) { return tpdraft::capi::fail(TPDRAFT_ERROR_ARGUMENT, why); }
 
 // Refuses an option field below its least value, naming the field.
 void check_at_least(const char* field, int64_t value, int64_t least) {
@@ -103,11 +100,8 @@ tpdraft::DType dtype_of(int32_t d, size_t i) {
 
 // The engine's entry, and the output buffers an entry must bring.
 engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
-  TPDRAFT_CHECK(e.tokens != nullptr, "entry {}: no tokens buffer", i);
-  TPDRAFT_CHECK(e.dist_width == 0 || e.dist_probs != nullptr, "entry {}: dist_width {} but no dist_probs buffer", i,
-                e.dist_width);
-  TPDRAFT_CHECK(e.dist_width <= 0 || e.dist_ids != nullptr, "entry {}: dist_width {} but no dist_ids buffer", i,
-                e.dist_width);
+  const std::string missing = tpdraft::capi::missing_buffer(e, i);
+  TPDRAFT_CHECK(missing.empty(), "{}", missing);
   engine::StepEntry s;
   s.session = e.session;
   s.keep = e.keep;
@@ -137,6 +131,15 @@ void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab)
 }  // namespace
 
 void tpdraft::capi::set_last_error(const std::string& message) { t_last_error = message; }
+
+std::string tpdraft::capi::missing_buffer(const tpdraft_step_entry& e, size_t i) {
+  if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
+  if (e.dist_width != 0 && e.dist_probs == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
+  if (e.dist_width > 0 && e.dist_ids == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
+  return "";
+}
 
 extern "C" {
 
@@ -207,8 +210,7 @@ tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
   if (out->struct_size < sizeof(tpdraft_caps))
     return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
   tpdraft::capi::fill_caps(d->caps, d->backend, out);
-  t_last_error.clear();
-  return TPDRAFT_OK;
+  return tpdraft::capi::ok();
 }
 
 tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
@@ -250,8 +252,7 @@ tpdraft_status tpdraft_last_step_times(tpdraft_drafter* d, tpdraft_step_times* o
   if (d == nullptr || out == nullptr) return refuse("tpdraft_last_step_times: drafter or out is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
   *out = d->times;
-  t_last_error.clear();
-  return TPDRAFT_OK;
+  return tpdraft::capi::ok();
 }
 
 tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {

@@ -57,17 +57,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using serve::Message;
-using tpdraft::capi::set_last_error;
-
-tpdraft_status fail(tpdraft_status st, const std::string& why) {
-  set_last_error(why);
-  return st;
-}
-
-tpdraft_status ok() {
-  set_last_error("");
-  return TPDRAFT_OK;
-}
+using tpdraft::capi::fail;
+using tpdraft::capi::ok;
 
 tpdraft_status status_of(uint32_t wire) {
   switch (wire) {
@@ -316,11 +307,8 @@ void free_client(tpdraft_client* c) {
 
 // The entry's checks against the server's caps; the message names the entry.
 std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
-  if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
-  if (e.dist_width != 0 && e.dist_probs == nullptr)
-    return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
-  if (e.dist_width > 0 && e.dist_ids == nullptr)
-    return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
+  const std::string missing = tpdraft::capi::missing_buffer(e, i);
+  if (!missing.empty()) return missing;
   if (e.dist_width < -1 || e.dist_width > caps.vocab)
     return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
                        "got {}", i, caps.vocab, e.dist_width);
