@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 #include "serve/serve_harness.h"
@@ -260,6 +261,13 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
   EXPECT_LT(stats.forwards, stats.steps);
 }
 
+// A reply's status and message ("" when ok).
+std::pair<uint32_t, std::string> status_of(const char* reply, size_t bytes) {
+  serve::Reader r(reply, bytes);
+  const serve::Header h = r.header();
+  return {h.status, h.status == 0 ? "" : r.str("message")};
+}
+
 // A raw DEALER socket: frames of our own making, and the server's reply to each.
 struct RawSocket {
   void* ctx = zmq_ctx_new();
@@ -278,18 +286,9 @@ struct RawSocket {
   std::pair<uint32_t, std::string> ask(const std::vector<std::string>& parts) {
     for (size_t i = 0; i < parts.size(); ++i)
       zmq_send(sock, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, 0) < 0) {
-      zmq_msg_close(&m);
-      return {99, "TIMEOUT"};
-    }
-    std::string body(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-    zmq_msg_close(&m);
-    serve::Reader r(body.data(), body.size());
-    const serve::Header h = r.header();
-    if (h.status == 0) return {0, ""};
-    return {h.status, r.str("message")};
+    serve::Message m;
+    if (zmq_msg_recv(&m.msg, sock, 0) < 0) return {99, "TIMEOUT"};
+    return status_of(m.data(), m.size());
   }
 };
 
@@ -419,9 +418,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
     while (serve::ring_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (serve::ring_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
-    serve::Reader r(ring + 32768, ctl->reply_bytes);
-    const serve::Header h = r.header();
-    return {h.status, h.status == 0 ? "" : r.str("message")};
+    return status_of(ring + 32768, ctl->reply_bytes);
   };
   const auto outside = ring_ask(1 << 20, frame(serve::kStats, 0, ""), 1);
   EXPECT_EQ(outside.first, serve::kMalformed) << outside.second;
