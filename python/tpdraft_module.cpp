@@ -14,6 +14,7 @@
 #include "tpdraft/tpdraft.h"
 
 namespace py = pybind11;
+using namespace pybind11::literals;  // "key"_a = value
 
 namespace {
 
@@ -120,11 +121,7 @@ class Endpoint {
   py::dict last_times() {
     tpdraft_step_times t{};
     raise_for(Api::times(live(), &t));
-    py::dict out;
-    out["settle"] = t.settle_seconds;
-    out["draft"] = t.draft_seconds;
-    out["total"] = t.total_seconds;
-    return out;
+    return py::dict("settle"_a = t.settle_seconds, "draft"_a = t.draft_seconds, "total"_a = t.total_seconds);
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
@@ -148,9 +145,7 @@ class Endpoint {
     });
     py::list out;
     for (Staged& s : staged) {
-      py::dict r;
-      r["tokens"] = s.tokens;
-      r["q"] = s.q;
+      py::dict r("tokens"_a = s.tokens, "q"_a = s.q);
       if (s.entry.dist_width != 0) {
         r["dist_probs"] = s.dist_probs;
         if (s.entry.dist_width > 0) {
@@ -284,17 +279,9 @@ class Client : public Endpoint<Served> {
     tpdraft_server_stats s{};
     tpdraft_client* h = live();
     call_unlocked([&] { return tpdraft_client_stats(h, &s); });
-    py::dict out;
-    out["clients"] = s.clients;
-    out["open_sessions"] = s.open_sessions;
-    out["forwards"] = s.forwards;
-    out["steps"] = s.steps;
-    out["entries"] = s.entries;
-    out["errors"] = s.errors;
-    out["max_batch"] = s.max_batch;
-    out["clients_reaped"] = s.clients_reaped;
-    out["uptime_seconds"] = s.uptime_seconds;
-    return out;
+    return py::dict("clients"_a = s.clients, "open_sessions"_a = s.open_sessions, "forwards"_a = s.forwards,
+                    "steps"_a = s.steps, "entries"_a = s.entries, "errors"_a = s.errors, "max_batch"_a = s.max_batch,
+                    "clients_reaped"_a = s.clients_reaped, "uptime_seconds"_a = s.uptime_seconds);
   }
   void shutdown() {
     tpdraft_client* h = live();
