@@ -94,15 +94,6 @@ TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
   }
 }
 
-// Taps rounded to `dtype` and back to f32, as the library must read the dtype's bytes.
-std::vector<float> rounded(const std::vector<float>& taps, DType dtype) {
-  std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
-  convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
-  std::vector<float> back(taps.size());
-  convert_to_f32(dtype, bytes.data(), back.data(), taps.size());
-  return back;
-}
-
 constexpr int64_t kGuardId = -99;
 constexpr float kGuardProb = -9.0f;
 constexpr size_t kGuard = 16;  // entries past the end of each buffer that must stay untouched
@@ -153,7 +144,9 @@ TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
     SCOPED_TRACE(dtype_name(dtype));
     std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
     convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
-    const std::vector<float> same = rounded(taps, dtype);
+    // The same bytes back in f32: the taps rounded as the library must read the dtype's bytes.
+    std::vector<float> same(taps.size());
+    convert_to_f32(dtype, bytes.data(), same.data(), taps.size());
     const DistBuffers got = draft_from(h, ck, bytes.data(), abi, rows);
     const DistBuffers want = draft_from(h, ck, same.data(), TPDRAFT_F32, rows);
     EXPECT_EQ(got.tokens, want.tokens);
