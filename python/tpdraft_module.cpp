@@ -14,6 +14,7 @@
 #include "tpdraft/tpdraft.h"
 
 namespace py = pybind11;
+using namespace pybind11::literals;  // "key"_a = value
 
 namespace {
 
@@ -120,11 +121,7 @@ class Endpoint {
   py::dict last_times() {
     tpdraft_step_times t{};
     raise_for(Api::times(live(), &t));
-    py::dict out;
-    out["settle"] = t.settle_seconds;
-    out["draft"] = t.draft_seconds;
-    out["total"] = t.total_seconds;
-    return out;
+    return py::dict("settle"_a = t.settle_seconds, "draft"_a = t.draft_seconds, "total"_a = t.total_seconds);
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
@@ -148,9 +145,7 @@ class Endpoint {
     });
     py::list out;
     for (Staged& s : staged) {
-      py::dict r;
-      r["tokens"] = s.tokens;
-      r["q"] = s.q;
+      py::dict r("tokens"_a = s.tokens, "q"_a = s.q);
       if (s.entry.dist_width != 0) {
         r["dist_probs"] = s.dist_probs;
         if (s.entry.dist_width > 0) {
@@ -284,17 +279,9 @@ class Client : public Endpoint<Served> {
     tpdraft_server_stats s{};
     tpdraft_client* h = live();
     call_unlocked([&] { return tpdraft_client_stats(h, &s); });
-    py::dict out;
-    out["clients"] = s.clients;
-    out["open_sessions"] = s.open_sessions;
-    out["forwards"] = s.forwards;
-    out["steps"] = s.steps;
-    out["entries"] = s.entries;
-    out["errors"] = s.errors;
-    out["max_batch"] = s.max_batch;
-    out["clients_reaped"] = s.clients_reaped;
-    out["uptime_seconds"] = s.uptime_seconds;
-    return out;
+    return py::dict("clients"_a = s.clients, "open_sessions"_a = s.open_sessions, "forwards"_a = s.forwards,
+                    "steps"_a = s.steps, "entries"_a = s.entries, "errors"_a = s.errors, "max_batch"_a = s.max_batch,
+                    "clients_reaped"_a = s.clients_reaped, "uptime_seconds"_a = s.uptime_seconds);
   }
   void shutdown() {
     tpdraft_client* h = live();
@@ -304,6 +291,21 @@ class Client : public Endpoint<Served> {
  private:
   bool shared_memory_ = false;
 };
+
+// The calls Drafter and Client share; the docs say where each one's step runs.
+template <typename T>
+void def_endpoint(py::class_<T>& cls, const char* step_doc, const char* seconds_doc, const char* times_doc) {
+  cls.def_property_readonly("caps", &T::caps)
+      .def("open_session", &T::open_session)
+      .def("close_session", &T::close_session, py::arg("session"))
+      .def("session_length", &T::session_length, py::arg("session"))
+      .def("step", &T::step, py::arg("entries"), step_doc)
+      .def_readonly("last_step_seconds", &T::last_step_seconds_, seconds_doc)
+      .def_property_readonly("last_times", &T::last_times, times_doc)
+      .def("close", &T::close)
+      .def("__enter__", [](T& x) -> T& { return x; }, py::return_value_policy::reference)
+      .def("__exit__", [](T& x, py::object, py::object, py::object) { x.close(); });
+}
 
 }  // namespace
 
@@ -335,51 +337,35 @@ PYBIND11_MODULE(tpdraft, m) {
       .def_readonly("max_open_sessions", &Caps::max_open_sessions)
       .def_readonly("max_context", &Caps::max_context);
 
-  py::class_<Drafter>(m, "Drafter",
-                      "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                      "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8', 'q4', 'q8+head' or "
-                      "'q4+head' (quantize a float checkpoint while loading; +head: the target's head too)")
-      .def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int, py::object,
-                    py::object>(),
-           py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
-           py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
-           py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none())
-      .def_property_readonly("caps", &Drafter::caps)
-      .def("open_session", &Drafter::open_session)
-      .def("close_session", &Drafter::close_session, py::arg("session"))
-      .def("session_length", &Drafter::session_length, py::arg("session"))
-      .def("step", &Drafter::step, py::arg("entries"),
-           "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
-           "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict per "
-           "entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.")
-      .def_readonly("last_step_seconds", &Drafter::last_step_seconds_,
-                    "Seconds the last step spent inside the C library (tpdraft_step)")
-      .def_property_readonly("last_times", &Drafter::last_times,
-                             "Where the last step's time went (seconds): settle, draft, total (inside the library)")
-      .def("close", &Drafter::close)
-      .def("__enter__", [](Drafter& d) -> Drafter& { return d; }, py::return_value_policy::reference)
-      .def("__exit__", [](Drafter& d, py::object, py::object, py::object) { d.close(); });
+  py::class_<Drafter> drafter(m, "Drafter",
+                              "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
+                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8', "
+                              "'q4', 'q8+head' or 'q4+head' (quantize a float checkpoint while loading; +head: the "
+                              "target's head too)");
+  drafter.def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int,
+                       py::object, py::object>(),
+              py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
+              py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
+              py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none());
+  def_endpoint(drafter,
+               "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
+               "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict "
+               "per entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.",
+               "Seconds the last step spent inside the C library (tpdraft_step)",
+               "Where the last step's time went (seconds): settle, draft, total (inside the library)");
 
-  py::class_<Client>(m, "Client",
-                     "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0): a drafter served by "
-                     "`tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the calls of Drafter. A call "
-                     "the server does not answer within timeout seconds raises UnavailableError and closes the client. "
-                     "shared_memory: taps through a shared-memory ring (None: for ipc:// addresses).")
-      .def(py::init<const std::string&, double, py::object, int64_t>(), py::arg("address"), py::kw_only(),
-           py::arg("timeout") = 10.0, py::arg("shared_memory") = py::none(), py::arg("ring_bytes") = 0)
-      .def_property_readonly("caps", &Client::caps)
+  py::class_<Client> client(m, "Client",
+                            "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0): a drafter served by "
+                            "`tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the calls of Drafter. A "
+                            "call the server does not answer within timeout seconds raises UnavailableError and closes "
+                            "the client. shared_memory: taps through a shared-memory ring (None: for ipc:// "
+                            "addresses).");
+  client.def(py::init<const std::string&, double, py::object, int64_t>(), py::arg("address"), py::kw_only(),
+             py::arg("timeout") = 10.0, py::arg("shared_memory") = py::none(), py::arg("ring_bytes") = 0)
       .def_property_readonly("shared_memory", &Client::shared_memory, "Whether taps go through the shared-memory ring")
-      .def("open_session", &Client::open_session)
-      .def("close_session", &Client::close_session, py::arg("session"))
-      .def("session_length", &Client::session_length, py::arg("session"))
-      .def("step", &Client::step, py::arg("entries"), "As Drafter.step, answered by the server")
-      .def_readonly("last_step_seconds", &Client::last_step_seconds_,
-                    "Seconds the last step spent inside tpdraft_client_step (the round trip to the server included)")
-      .def_property_readonly("last_times", &Client::last_times,
-                             "The last step: settle and draft (the server's forward), total (the whole call here)")
       .def("stats", &Client::stats, "The server's counters (STATS)")
-      .def("shutdown", &Client::shutdown, "Ask the server to stop after the forward in flight")
-      .def("close", &Client::close)
-      .def("__enter__", [](Client& c) -> Client& { return c; }, py::return_value_policy::reference)
-      .def("__exit__", [](Client& c, py::object, py::object, py::object) { c.close(); });
+      .def("shutdown", &Client::shutdown, "Ask the server to stop after the forward in flight");
+  def_endpoint(client, "As Drafter.step, answered by the server",
+               "Seconds the last step spent inside tpdraft_client_step (the round trip to the server included)",
+               "The last step: settle and draft (the server's forward), total (the whole call here)");
 }

@@ -59,10 +59,7 @@ tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexc
   }
 }
 
-tpdraft_status refuse(const std::string& why) {
-  t_last_error = why;
-  return TPDRAFT_ERROR_ARGUMENT;
-}
+tpdraft_status refuse(const std::string& why) { return tpdraft::capi::fail(TPDRAFT_ERROR_ARGUMENT, why); }
 
 // Refuses an option field below its least value, naming the field.
 void check_at_least(const char* field, int64_t value, int64_t least) {
@@ -78,6 +75,9 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   check_at_least("max_context", o.max_context, 1);
   check_at_least("max_open_sessions", o.max_open_sessions, 1);
   TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "options.graphs is {}, expected -1 (auto), 0 or 1", o.graphs);
+  const auto& presets = model::quant_presets();
+  TPDRAFT_CHECK(o.quant == nullptr || std::find(presets.begin(), presets.end(), o.quant) != presets.end(),
+                "options.quant is '{}', expected NULL, {}", o.quant, model::quant_preset_list());
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
   // threads 0: the machine's cores shared among the ranks of this process, as the header says.
@@ -100,11 +100,8 @@ tpdraft::DType dtype_of(int32_t d, size_t i) {
 
 // The engine's entry, and the output buffers an entry must bring.
 engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
-  TPDRAFT_CHECK(e.tokens != nullptr, "entry {}: no tokens buffer", i);
-  TPDRAFT_CHECK(e.dist_width == 0 || e.dist_probs != nullptr, "entry {}: dist_width {} but no dist_probs buffer", i,
-                e.dist_width);
-  TPDRAFT_CHECK(e.dist_width <= 0 || e.dist_ids != nullptr, "entry {}: dist_width {} but no dist_ids buffer", i,
-                e.dist_width);
+  const std::string missing = tpdraft::capi::missing_buffer(e, i);
+  TPDRAFT_CHECK(missing.empty(), "{}", missing);
   engine::StepEntry s;
   s.session = e.session;
   s.keep = e.keep;
@@ -134,6 +131,15 @@ void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab)
 }  // namespace
 
 void tpdraft::capi::set_last_error(const std::string& message) { t_last_error = message; }
+
+std::string tpdraft::capi::missing_buffer(const tpdraft_step_entry& e, size_t i) {
+  if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
+  if (e.dist_width != 0 && e.dist_probs == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
+  if (e.dist_width > 0 && e.dist_ids == nullptr)
+    return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
+  return "";
+}
 
 extern "C" {
 
@@ -186,13 +192,7 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
     const model::RuntimeOptions ro = runtime_options(o);
     auto d = std::make_unique<tpdraft_drafter>();
     model::ModelSource source = model::ModelSource::open(drafter_dir, target_dir);
-    if (o.quant != nullptr) {
-      const std::string q = o.quant;
-      const auto& presets = model::quant_presets();
-      TPDRAFT_CHECK(std::find(presets.begin(), presets.end(), q) != presets.end(), "options.quant is '{}', expected NULL, {}",
-                    q, model::quant_preset_list());
-      model::quantize_on_load(source, q);
-    }
+    if (o.quant != nullptr) model::quantize_on_load(source, o.quant);
     d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);
     d->caps = d->group->leader().caps();
     d->backend = d->group->leader().runtime().ops().name();
@@ -210,8 +210,7 @@ tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
   if (out->struct_size < sizeof(tpdraft_caps))
     return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
   tpdraft::capi::fill_caps(d->caps, d->backend, out);
-  t_last_error.clear();
-  return TPDRAFT_OK;
+  return tpdraft::capi::ok();
 }
 
 tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
@@ -253,8 +252,7 @@ tpdraft_status tpdraft_last_step_times(tpdraft_drafter* d, tpdraft_step_times* o
   if (d == nullptr || out == nullptr) return refuse("tpdraft_last_step_times: drafter or out is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
   *out = d->times;
-  t_last_error.clear();
-  return TPDRAFT_OK;
+  return tpdraft::capi::ok();
 }
 
 tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {

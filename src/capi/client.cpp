@@ -39,7 +39,6 @@ struct tpdraft_client {
   uint64_t next_id = 0;
   std::string broken;  // why the client is closed for good ("" while it works)
   serve::WireCaps caps;
-  std::string backend;
   double idle_timeout = 0;
   // The shared-memory ring (the client writes, the server reads), unlinked once both mapped it.
   char* ring = nullptr;
@@ -58,17 +57,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using serve::Message;
-using tpdraft::capi::set_last_error;
-
-tpdraft_status fail(tpdraft_status st, const std::string& why) {
-  set_last_error(why);
-  return st;
-}
-
-tpdraft_status ok() {
-  set_last_error("");
-  return TPDRAFT_OK;
-}
+using tpdraft::capi::fail;
+using tpdraft::capi::ok;
 
 tpdraft_status status_of(uint32_t wire) {
   switch (wire) {
@@ -147,6 +137,17 @@ tpdraft_status too_late(tpdraft_client* c, const char* what) {
                                      what, c->address, c->timeout));
 }
 
+// Starts `frame` with a request header.
+serve::Writer begin(std::string* frame, uint16_t kind, uint32_t count = 0) {
+  frame->clear();
+  serve::Writer w(frame);
+  serve::Header h;
+  h.kind = kind;
+  h.count = count;
+  w.header(h);
+  return w;
+}
+
 // The request through the ring: the frame placed at `at`, the reply area after it. The
 // wait spins briefly (a small step is answered within tens of microseconds), then sleeps on the
 // futex in slices, looking at the socket's events between them.
@@ -162,10 +163,7 @@ tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id, s
   serve::ring_store(&ctl->request_seq, seq);
   if (serve::ring_load(&ctl->server_sleeping) != 0) {
     std::string bell;
-    serve::Writer w(&bell);
-    serve::Header h;
-    h.kind = serve::kBell;
-    w.header(h);
+    begin(&bell, serve::kBell);
     if (zmq_send(c->sock, bell.data(), bell.size(), ZMQ_DONTWAIT) < 0)
       return break_client(c, fmt::format("{}: cannot send to {}: {}", what, c->address, zmq_strerror(zmq_errno())));
   }
@@ -238,17 +236,6 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
   }
 }
 
-// Starts c->frame with a request header.
-serve::Writer begin(tpdraft_client* c, uint16_t kind, uint32_t count = 0) {
-  c->frame.clear();
-  serve::Writer w(&c->frame);
-  serve::Header h;
-  h.kind = kind;
-  h.count = count;
-  w.header(h);
-  return w;
-}
-
 // The reply's body after the header.
 serve::Reader body(tpdraft_client* c) {
   serve::Reader r(c->reply.data(), c->reply.size());
@@ -275,7 +262,7 @@ tpdraft_status request(tpdraft_client* c, const char* what, uint16_t kind,
                        std::optional<tpdraft_session> session, Read&& read) {
   std::lock_guard<std::mutex> lock(c->mutex);
   return guarded(c, what, [&]() -> tpdraft_status {
-    serve::Writer w = begin(c, kind);
+    serve::Writer w = begin(&c->frame, kind);
     if (session) w.put<int64_t>(*session);
     const tpdraft_status st = exchange(c, what);
     if (st != TPDRAFT_OK) return st;
@@ -317,11 +304,8 @@ void free_client(tpdraft_client* c) {
 
 // The entry's checks against the server's caps; the message names the entry.
 std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
-  if (e.tokens == nullptr) return fmt::format("entry {}: no tokens buffer", i);
-  if (e.dist_width != 0 && e.dist_probs == nullptr)
-    return fmt::format("entry {}: dist_width {} but no dist_probs buffer", i, e.dist_width);
-  if (e.dist_width > 0 && e.dist_ids == nullptr)
-    return fmt::format("entry {}: dist_width {} but no dist_ids buffer", i, e.dist_width);
+  const std::string missing = tpdraft::capi::missing_buffer(e, i);
+  if (!missing.empty()) return missing;
   if (e.dist_width < -1 || e.dist_width > caps.vocab)
     return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
                        "got {}", i, caps.vocab, e.dist_width);
@@ -414,7 +398,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
                                                        std::strerror(errno)));
       ring_name.clear();
     }
-    serve::Writer w = begin(c, serve::kHello);
+    serve::Writer w = begin(&c->frame, serve::kHello);
     w.str(ring_name);
     w.put<uint64_t>(ring_name.empty() ? 0 : c->ring_bytes);
     tpdraft_status hello = exchange(c, "tpdraft_client_open (HELLO)");
@@ -423,7 +407,6 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     if (hello != TPDRAFT_OK) return hello;
     serve::Reader r = body(c);
     c->caps = serve::get_caps(r);
-    c->backend = c->caps.backend;
     c->idle_timeout = r.get<double>("hello.idle_timeout");
     c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
     const std::string note = r.str("hello.ring_note");
@@ -452,7 +435,7 @@ void tpdraft_client_close(tpdraft_client* c) {
       // short wait, as a server that does not answer will reap them itself.
       const double timeout = c->timeout;
       c->timeout = std::min(timeout, 1.0);
-      begin(c, serve::kBye);
+      begin(&c->frame, serve::kBye);
       exchange(c, "tpdraft_client_close");
     }
   }
@@ -463,7 +446,7 @@ tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* ou
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
   if (out->struct_size < sizeof(tpdraft_caps))
     return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(c->caps, c->backend, out);
+  tpdraft::capi::fill_caps(c->caps, c->caps.backend, out);
   return ok();
 }
 
@@ -529,7 +512,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
         inline_at += (bytes + 7) / 8 * 8;
       }
     }
-    serve::Writer w = begin(c, serve::kStep, static_cast<uint32_t>(count));
+    serve::Writer w = begin(&c->frame, serve::kStep, static_cast<uint32_t>(count));
     for (const auto& x : wire) serve::put_entry(w, x);
     for (const auto& t : inline_taps) {
       w.bytes(t.first, t.second);

@@ -561,9 +561,8 @@ struct Server::Impl {
         continue;
       }
       if (!request_ok) {
-        const std::string why =
-            fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes);
-        refuse(rid, Header{}, kMalformed, why);
+        refuse(rid, Header{}, kMalformed,
+               fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
         continue;
       }
       on_request(rid, nullptr, ring.base + at, bytes);

@@ -78,16 +78,13 @@ TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
                                              b.plan({-1, -1, 9, 12, greedy(), 2}),
                                              c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})};
     step_ok(h, first);
-    a.check("a, first step");
-    b.check("b, first step");
-    c.check("c, first step");
+    const std::pair<const Lane*, std::string> lanes[] = {{&a, "a"}, {&b, "b"}, {&c, "c"}};
+    for (const auto& [lane, name] : lanes) lane->check(name + ", first step");
     std::vector<tpdraft_step_entry> second = {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
                                               a.plan({-1, -1, 4, 15, greedy(), 5}),
                                               b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})};
     step_ok(h, second);
-    a.check("a, second step");
-    b.check("b, second step");
-    c.check("c, second step");
+    for (const auto& [lane, name] : lanes) lane->check(name + ", second step");
     // The library says where the step's time went: parts within the whole, all of them spent.
     tpdraft_step_times t{};
     ASSERT_EQ(tpdraft_last_step_times(h.get(), &t), TPDRAFT_OK);
@@ -95,15 +92,6 @@ TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
     EXPECT_GT(t.draft_seconds, 0.0);
     EXPECT_LE(t.settle_seconds + t.draft_seconds, t.total_seconds);
   }
-}
-
-// Taps rounded to `dtype` and back to f32, as the library must read the dtype's bytes.
-std::vector<float> rounded(const std::vector<float>& taps, DType dtype) {
-  std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
-  convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
-  std::vector<float> back(taps.size());
-  convert_to_f32(dtype, bytes.data(), back.data(), taps.size());
-  return back;
 }
 
 constexpr int64_t kGuardId = -99;
@@ -156,7 +144,9 @@ TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
     SCOPED_TRACE(dtype_name(dtype));
     std::vector<unsigned char> bytes(taps.size() * dtype_size(dtype));
     convert_from_f32(dtype, taps.data(), bytes.data(), taps.size());
-    const std::vector<float> same = rounded(taps, dtype);
+    // The same bytes back in f32: the taps rounded as the library must read the dtype's bytes.
+    std::vector<float> same(taps.size());
+    convert_to_f32(dtype, bytes.data(), same.data(), taps.size());
     const DistBuffers got = draft_from(h, ck, bytes.data(), abi, rows);
     const DistBuffers want = draft_from(h, ck, same.data(), TPDRAFT_F32, rows);
     EXPECT_EQ(got.tokens, want.tokens);
@@ -345,11 +335,10 @@ TEST(CapiCaps, NullOptionsGiveTheDocumentedDefaults) {
 
 TEST(CapiCaps, VersionAndStatusNames) {
   EXPECT_STREQ(tpdraft_version(), TPDRAFT_VERSION_STRING);
-  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_OK), "ok");
-  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_ARGUMENT), "argument");
-  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_INPUT), "input");
-  EXPECT_STREQ(tpdraft_status_name(TPDRAFT_ERROR_RUNTIME), "runtime");
-  EXPECT_STREQ(tpdraft_status_name(42), "unknown");
+  const std::pair<int, const char*> names[] = {
+      {TPDRAFT_OK, "ok"}, {TPDRAFT_ERROR_ARGUMENT, "argument"}, {TPDRAFT_ERROR_INPUT, "input"},
+      {TPDRAFT_ERROR_RUNTIME, "runtime"}, {42, "unknown"}};
+  for (const auto& [status, name] : names) EXPECT_STREQ(tpdraft_status_name(status), name) << status;
 }
 
 // An entry from tpdraft_step_entry_init asks for nothing beyond a greedy draft: keep and p0 -1,

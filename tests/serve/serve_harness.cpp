@@ -158,9 +158,7 @@ void fill_entry(const Spec& s, int64_t session, int64_t block, Out* out, tpdraft
   e->n_new = s.n_new;
   e->taps = s.taps.data();
   e->anchor = s.anchor;
-  e->sampling.temperature = s.temperature;
-  e->sampling.top_k = s.top_k;
-  e->sampling.seed = s.seed;
+  e->sampling = {s.temperature, s.top_k, 1.0, s.seed};
   e->dist_width = s.dist_width;
   e->tokens = out->tokens.data();
   e->q = out->q.data();

@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 #include "serve/serve_harness.h"
@@ -121,15 +122,20 @@ tpdraft_drafter* open_library(const std::string& dir, int tp, const char* quant 
   return d;
 }
 
+// One step of session s as `spec` asks; the call's status, the outputs in *out.
+tpdraft_status step_one(const Client& c, tpdraft_session s, const Spec& spec, Out* out) {
+  tpdraft_step_entry e;
+  fill_entry(spec, s, client_caps(c.c).block_size, out, &e);
+  return tpdraft_client_step(c.c, &e, 1);
+}
+
 // One step of session s with a random spec of up to 2 new rows (keep = 0: from an empty
 // session); the call's status, the outputs in *out.
 tpdraft_status random_step(const Client& c, tpdraft_session s, std::mt19937_64& rng, Out* out, int64_t keep = -1) {
   const tpdraft_caps caps = client_caps(c.c);
   Spec spec = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
   if (keep >= 0) spec.keep = keep;
-  tpdraft_step_entry e;
-  fill_entry(spec, s, caps.block_size, out, &e);
-  return tpdraft_client_step(c.c, &e, 1);
+  return step_one(c, s, spec, out);
 }
 
 // Several clients at once against one server, then every client's trace through the library.
@@ -243,11 +249,9 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
       specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
     for (size_t i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
-        tpdraft_step_entry e;
         Spec s = specs[i];
         s.keep = 0;
-        fill_entry(s, sessions[i], caps.block_size, &outs[i], &e);
-        EXPECT_EQ(tpdraft_client_step(clients[i]->c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
+        EXPECT_EQ(step_one(*clients[i], sessions[i], s, &outs[i]), TPDRAFT_OK) << tpdraft_last_error();
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the requests reach the socket
     server->signal(SIGCONT);
@@ -258,6 +262,13 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
   EXPECT_GT(stats.max_batch, 1u);
   EXPECT_LE(stats.max_batch, 3u);
   EXPECT_LT(stats.forwards, stats.steps);
+}
+
+// A reply's status and message ("" when ok).
+std::pair<uint32_t, std::string> status_of(const char* reply, size_t bytes) {
+  serve::Reader r(reply, bytes);
+  const serve::Header h = r.header();
+  return {h.status, h.status == 0 ? "" : r.str("message")};
 }
 
 // A raw DEALER socket: frames of our own making, and the server's reply to each.
@@ -278,18 +289,9 @@ struct RawSocket {
   std::pair<uint32_t, std::string> ask(const std::vector<std::string>& parts) {
     for (size_t i = 0; i < parts.size(); ++i)
       zmq_send(sock, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0);
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, 0) < 0) {
-      zmq_msg_close(&m);
-      return {99, "TIMEOUT"};
-    }
-    std::string body(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-    zmq_msg_close(&m);
-    serve::Reader r(body.data(), body.size());
-    const serve::Header h = r.header();
-    if (h.status == 0) return {0, ""};
-    return {h.status, r.str("message")};
+    serve::Message m;
+    if (zmq_msg_recv(&m.msg, sock, 0) < 0) return {99, "TIMEOUT"};
+    return status_of(m.data(), m.size());
   }
 };
 
@@ -327,9 +329,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
     Spec s = random_spec(rng, trace.steps.empty() ? 0 : 1, caps.taps_width, caps.vocab_size, 2);
     s.keep = -1;
     Out out;
-    tpdraft_step_entry e;
-    fill_entry(s, gs, caps.block_size, &out, &e);
-    ASSERT_EQ(tpdraft_client_step(good.c, &e, 1), TPDRAFT_OK) << tpdraft_last_error();
+    ASSERT_EQ(step_one(good, gs, s, &out), TPDRAFT_OK) << tpdraft_last_error();
     trace.steps.push_back({s});
     trace.outs.push_back({out});
   };
@@ -419,9 +419,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
     while (serve::ring_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (serve::ring_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
-    serve::Reader r(ring + 32768, ctl->reply_bytes);
-    const serve::Header h = r.header();
-    return {h.status, h.status == 0 ? "" : r.str("message")};
+    return status_of(ring + 32768, ctl->reply_bytes);
   };
   const auto outside = ring_ask(1 << 20, frame(serve::kStats, 0, ""), 1);
   EXPECT_EQ(outside.first, serve::kMalformed) << outside.second;
@@ -477,9 +475,7 @@ TEST_F(Serve, LimitsAnswerWithErrors) {
     big.keep = -1;
     big.taps.assign(static_cast<size_t>(rows * caps.taps_width), 0.5f);
     Out out;
-    tpdraft_step_entry one;
-    fill_entry(big, s1, caps.block_size, &out, &one);
-    return tpdraft_client_step(a.c, &one, 1);
+    return step_one(a, s1, big, &out);
   };
   // More positions than the max context.
   EXPECT_EQ(step_rows(17), TPDRAFT_ERROR_ARGUMENT);
