@@ -17,6 +17,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import geometry  # noqa: E402
 import records  # noqa: E402
+import tables as tb  # noqa: E402
 
 
 def cpu_model():
@@ -127,8 +128,7 @@ def cmd_valid_tp(a):
 
 
 def cmd_vocab_configs(a):
-    vocabs = [int(x) for x in a.vocab.split(",") if x.strip()]
-    for _, path in geometry.write_vocab_configs(a.base, vocabs, a.dir):
+    for _, path in geometry.write_vocab_configs(a.base, a.vocab, a.dir):
         print(path)
     return 0
 
@@ -150,7 +150,7 @@ def main(argv=None):
     vp.add_argument("--bin", help="the tpdraft binary (default: build/tpdraft of this repository)")
     cp = sub.add_parser("vocab-configs", help="write BASE with each vocab_size of --vocab into --dir; prints the paths")
     cp.add_argument("--base", required=True)
-    cp.add_argument("--vocab", required=True)
+    cp.add_argument("--vocab", type=tb.ints, required=True)
     cp.add_argument("--dir", required=True)
     a = p.parse_args(argv)
     handlers = {"measure": cmd_measure, "append": cmd_append, "valid-tp": cmd_valid_tp, "vocab-configs": cmd_vocab_configs}
