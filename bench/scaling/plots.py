@@ -48,10 +48,12 @@ def projected_series(projection):
 
 
 def write_dat(path, points):
+    """Writes the points under a COLUMNS header; returns their tp values."""
     with open(path, "w") as f:
         f.write(f"# {COLUMNS}\n")
         for p in points:
             f.write(" ".join(f"{x:.6g}" for x in p) + "\n")
+    return [p[0] for p in points]
 
 
 def gnuplot_terminal(width, height):
@@ -126,19 +128,15 @@ def plot(out_dir, strong, weak, projection=None, shared_runs=0):
     for kind, series in (("strong", strong), ("weak", weak)):
         for i, (title, rows) in enumerate(series.items()):
             path = os.path.join(data_dir, f"{kind}-{i}.dat")
-            points = measured_points(rows)
-            write_dat(path, points)
+            tps["measured"].update(write_dat(path, measured_points(rows)))
             measured.append((path, title + (" (weak)" if kind == "weak" else ""), kind == "weak"))
-            tps["measured"].update(p[0] for p in points)
     if not measured:
         return []
     projected = []
     for i, (title, points) in enumerate(projected_series(projection or {}).items()):
         path = os.path.join(data_dir, f"projected-{i}.dat")
-        pts = projected_points(points)
-        write_dat(path, pts)
+        tps["projected"].update(write_dat(path, projected_points(points)))
         projected.append((path, title, False))
-        tps["projected"].update(p[0] for p in pts)
     tps = {k: sorted(v) for k, v in tps.items()}
     note = f"circled: run(s) on a machine that was not idle ({shared_runs})" if shared_runs else None
     label = (projection or {}).get("gpu", "GPU")
