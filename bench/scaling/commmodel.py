@@ -145,8 +145,7 @@ def cpu_fabric(runs, params):
     quiet = [r for r in mpi if not r.oversubscribed]
     use = quiet or mpi
     if use:
-        pts = [(*comm_features(records.measured_collectives(r), r.tp), r.comm_ms * 1e-3)
-               for r in use]
+        pts = [(*comm_features(records.measured_collectives(r), r.tp), r.comm_ms * 1e-3) for r in use]
         a, bw, resid = fit_alpha_beta(pts)
         tag = "fitted to {} CPU MPI record(s){}; rms rel. residual {:.0%}".format(
             len(use), "" if quiet else ", oversubscribed", resid)

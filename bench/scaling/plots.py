@@ -32,8 +32,7 @@ def projected_points(points):
     """Plot rows of one projected series: projection.json gpu points of one (config, ctx, sessions)."""
     rows = sorted(points, key=lambda p: p["tp"])
     t1 = rows[0]["total_ms"] * rows[0]["tp"] if rows[0]["tp"] != 1 else rows[0]["total_ms"]
-    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0)
-            for p in rows]
+    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0) for p in rows]
 
 
 def projected_series(projection):

@@ -126,8 +126,7 @@ def project_quant(s, config, ctx, sessions, rows, quants):
     of the quantized weights' bytes (`tpdraft info --json --quant`), carried at the float run's CPU
     efficiency; the collectives are those of the float weights (activations are not quantized)."""
     def total(r, q):
-        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"],
-                                                 sessions, ctx, s.dtype, q)
+        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx, s.dtype, q)
         return comp + r["comm_ms"]
 
     return [{"layout": r["layout"], "tp": r["tp"],

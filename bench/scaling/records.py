@@ -163,5 +163,4 @@ def dedupe(runs):
 
 def measured_collectives(run):
     """[(op, calls, bytes per call)] per draft as the run counted them; one rank moves nothing."""
-    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items()
-            if calls and run.tp > 1]
+    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items() if calls and run.tp > 1]

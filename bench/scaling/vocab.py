@@ -211,8 +211,7 @@ def main(argv=None):
     runs = [r for r in all_runs if r.study == "vocab"]
     b = a.sessions or (min(r.sessions for r in runs) if runs else 1)
     info = geometry.Info(a.bin)
-    with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-",
-                                     ignore_cleanup_errors=True) as work_dir:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-", ignore_cleanup_errors=True) as work_dir:
         paths = dict(geometry.write_vocab_configs(a.base, a.vocab, work_dir))
         dtype = geometry.info_dtype(d.get("weight_bytes", 2))
         answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
