@@ -23,8 +23,7 @@ class Fabric:
         self.label = label or name
 
     def describe(self):
-        alphas = sorted(set(self.alpha.values()))
-        a = "/".join(f"{x * 1e6:.3g}" for x in alphas)
+        a = "/".join(f"{x * 1e6:.3g}" for x in sorted(set(self.alpha.values())))
         return f"{self.label}: alpha {a} us, beta {self.bw / 1e9:.4g} GB/s"
 
 

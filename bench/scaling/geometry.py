@@ -63,8 +63,7 @@ def error_text(stderr):
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     if not lines:
         return "no message"
-    last = lines[-1]
-    return last.split("[error] ", 1)[1] if "[error] " in last else last
+    return lines[-1].split("[error] ", 1)[-1]
 
 
 def info_dtype(name):

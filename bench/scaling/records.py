@@ -132,11 +132,9 @@ def shared_reasons(run):
     if run.spread is not None and run.spread > SPREAD_LIMIT:
         out.append(f"p10–p90 spread {run.spread:.0%} of the median")
     load = run.load or {}
-    other = load.get("other_cores")
-    if other is not None and other > OTHER_CORES_LIMIT:
+    if (other := load.get("other_cores") or 0) > OTHER_CORES_LIMIT:
         out.append(f"other processes kept {other:.2f} cores busy")
-    steal = load.get("steal_share")
-    if steal is not None and steal > STEAL_LIMIT:
+    if (steal := load.get("steal_share") or 0) > STEAL_LIMIT:
         out.append(f"{steal:.0%} of the CPU time stolen")
     return out
 
