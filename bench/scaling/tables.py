@@ -30,7 +30,7 @@ def fmt_pct(x):
 
 
 def flags(row):
-    """The mark beside the tp of a row whose run was oversubscribed or on a machine that was not idle."""
+    """The mark of a row whose run was oversubscribed or on a machine that was not idle."""
     return " (oversubscribed)" if row.get("oversubscribed") else (" (not idle)" if row.get("shared") else "")
 
 
