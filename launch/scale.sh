@@ -80,15 +80,14 @@ done
 [ -n "$out" ] || { echo "scale.sh: --out DIR is required (see --help)" >&2; exit 2; }
 # Each run in a process group of its own, stopped with the script on an interrupt.
 . "$here/scripts/lib/steps.bash"
-if [ -z "$repeat" ]; then if ((quick)); then repeat=5; else repeat=10; fi; fi
-if [ -z "$warmup" ]; then if ((quick)); then warmup=1; else warmup=2; fi; fi
+[ -n "$repeat" ] || repeat=$((quick ? 5 : 10))
+[ -n "$warmup" ] || warmup=$((quick ? 1 : 2))
 py=python3
 [ -x /usr/bin/python3 ] && py=/usr/bin/python3
 command -v "$py" >/dev/null || { echo "scale.sh: python3 not found (apt-get install python3)" >&2; exit 2; }
 tools="$here/bench/scaling"
 mkdir -p "$out/logs"
 records="$out/records.jsonl"
-split() { tr ',' ' ' <<<"$1"; }
 
 # gnuplot draws the PNG plots; install it when missing (the tables do not need it).
 ensure_gnuplot() {
@@ -194,13 +193,13 @@ run_sweep() {
   }
 
   local config ctx b tp
-  for config in $(split "$configs"); do
+  for config in ${configs//,/ }; do
     [ -f "$config" ] || { echo "scale.sh: config '$config' not found" >&2; exit 2; }
-    for ctx in $(split "$ctxs"); do
-      for b in $(split "$batches"); do
-        for tp in $(split "$tps"); do run_one "$config" "$tp" "$b" "$ctx" strong 0; done
+    for ctx in ${ctxs//,/ }; do
+      for b in ${batches//,/ }; do
+        for tp in ${tps//,/ }; do run_one "$config" "$tp" "$b" "$ctx" strong 0; done
         if ((weak)); then
-          for tp in $(split "$tps"); do run_one "$config" "$tp" $((b * tp)) "$ctx" weak 0; done
+          for tp in ${tps//,/ }; do run_one "$config" "$tp" $((b * tp)) "$ctx" weak 0; done
         fi
       done
     done
@@ -213,7 +212,7 @@ run_sweep() {
     for vcfg in $("$py" "$tools/record.py" vocab-configs --base "$vocab_base" --vocab "$vocab" --dir "$out/vocab-configs"); do
       v=${vcfg##*-v}
       v=${v%.json}
-      for tp in $(split "$vocab_tps"); do
+      for tp in ${vocab_tps//,/ }; do
         run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 0 "vocab_size=$v"
         # The same point with the full logits all-gathered: that exchange measured, not only projected.
         if ((tp >= 2 && has_gather)); then run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 1 "vocab_size=$v"; fi

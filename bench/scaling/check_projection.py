@@ -7,7 +7,6 @@ never by a timed assertion in the test suite. Usage: check_projection.py [--bin 
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -84,17 +83,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bin", default=geometry.DEFAULT_BIN, help="the tpdraft binary (default: build/tpdraft)")
     p.add_argument("--keep", help="directory for the records of every run")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_args(argv)
     if shutil.which("mpirun") is None:
         raise SystemExit("check_projection.py: mpirun not found (apt-get install openmpi-bin)")
     info = geometry.Info(os.path.abspath(a.bin))
     params = cm.load_params(cm.default_params_path())
     with tempfile.TemporaryDirectory(prefix="tpdraft-check-") as work:
-        before, used0 = record.snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        runs, raw = sweep(info.binary, work)
-        after, used1 = record.snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    ours = (used1.ru_utime - used0.ru_utime) + (used1.ru_stime - used0.ru_stime)
-    load = record.load_between(before, after, ours, os.sysconf("SC_CLK_TCK"))
+        (runs, raw), load = record.with_load(lambda: sweep(info.binary, work))
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
         with open(os.path.join(a.keep, "records.jsonl"), "w") as f:

@@ -23,8 +23,7 @@ class Fabric:
         self.label = label or name
 
     def describe(self):
-        alphas = sorted(set(self.alpha.values()))
-        a = "/".join(f"{x * 1e6:.3g}" for x in alphas)
+        a = "/".join(f"{x * 1e6:.3g}" for x in sorted(set(self.alpha.values())))
         return f"{self.label}: alpha {a} us, beta {self.bw / 1e9:.4g} GB/s"
 
 
@@ -145,8 +144,7 @@ def cpu_fabric(runs, params):
     quiet = [r for r in mpi if not r.oversubscribed]
     use = quiet or mpi
     if use:
-        pts = [(*comm_features(records.measured_collectives(r), r.tp), r.comm_ms * 1e-3)
-               for r in use]
+        pts = [(*comm_features(records.measured_collectives(r), r.tp), r.comm_ms * 1e-3) for r in use]
         a, bw, resid = fit_alpha_beta(pts)
         tag = "fitted to {} CPU MPI record(s){}; rms rel. residual {:.0%}".format(
             len(use), "" if quiet else ", oversubscribed", resid)

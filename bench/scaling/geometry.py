@@ -63,8 +63,7 @@ def error_text(stderr):
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     if not lines:
         return "no message"
-    last = lines[-1]
-    return last.split("[error] ", 1)[1] if "[error] " in last else last
+    return lines[-1].split("[error] ", 1)[-1]
 
 
 def info_dtype(name):
@@ -111,9 +110,9 @@ def write_vocab_configs(base, vocabs, out_dir):
 # ---- reading one answer ------------------------------------------------------------------------
 
 
-def rank(answer, r=0):
-    """Rank r of an answer; rank 0 holds the widest vocabulary slice, so it bounds the step."""
-    return answer["ranks"][r]
+def rank(answer):
+    """Rank 0 of an answer: it holds the widest vocabulary slice, so it bounds the step."""
+    return answer["ranks"][0]
 
 
 def block(answer):
@@ -130,15 +129,15 @@ def candidates(answer):
     return answer["geometry"]["selector_top_k"] if answer["dflash2"] else 1
 
 
-def collectives(answer, mode="greedy", r=0):
-    """[(op, calls, bytes per call)] of one draft on rank r; mode: greedy, sampled or
+def collectives(answer, mode="greedy"):
+    """[(op, calls, bytes per call)] of one draft on rank 0; mode: greedy, sampled or
     greedy_gather_logits. One rank's calls are identities: they cost nothing in the comm model."""
     return sorted((op, c["calls"], c["bytes"] / c["calls"])
-                  for op, c in rank(answer, r)["collectives"][mode].items() if c["calls"])
+                  for op, c in rank(answer)["collectives"][mode].items() if c["calls"])
 
 
-def work(answer, r=0):
-    d = rank(answer, r)["draft"]
+def work(answer):
+    d = rank(answer)["draft"]
     return Work(d["flops"], d["weight_bytes"], d["context_bytes"])
 
 
@@ -146,17 +145,16 @@ def total_bytes(w):
     return w.weight_bytes + w.context_bytes
 
 
-def head_bytes(answer, r=0):
-    return rank(answer, r)["bytes"]["head"]
+def head_bytes(answer):
+    return rank(answer)["bytes"]["head"]
 
 
-def full_logits_block(answer, r=0):
+def candidates_block(answer):
+    """Bytes one rank sends in the candidate exchange of a greedy draft (its only all-gather)."""
+    return rank(answer)["collectives"]["greedy"]["all_gather"]["bytes"]
+
+
+def full_logits_block(answer):
     """Bytes one rank sends in the full-logits all-gather: the gather_logits draft's all-gather
     bytes beyond the greedy draft's."""
-    c = rank(answer, r)["collectives"]
-    return c["greedy_gather_logits"]["all_gather"]["bytes"] - c["greedy"]["all_gather"]["bytes"]
-
-
-def candidates_block(answer, r=0):
-    """Bytes one rank sends in the candidate exchange of a greedy draft (its only all-gather)."""
-    return rank(answer, r)["collectives"]["greedy"]["all_gather"]["bytes"]
+    return rank(answer)["collectives"]["greedy_gather_logits"]["all_gather"]["bytes"] - candidates_block(answer)

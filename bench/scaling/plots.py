@@ -32,8 +32,7 @@ def projected_points(points):
     """Plot rows of one projected series: projection.json gpu points of one (config, ctx, sessions)."""
     rows = sorted(points, key=lambda p: p["tp"])
     t1 = rows[0]["total_ms"] * rows[0]["tp"] if rows[0]["tp"] != 1 else rows[0]["total_ms"]
-    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0)
-            for p in rows]
+    return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0) for p in rows]
 
 
 def projected_series(projection):
@@ -48,10 +47,12 @@ def projected_series(projection):
 
 
 def write_dat(path, points):
+    """Writes the points under a COLUMNS header; returns their tp values."""
     with open(path, "w") as f:
         f.write(f"# {COLUMNS}\n")
         for p in points:
             f.write(" ".join(f"{x:.6g}" for x in p) + "\n")
+    return [p[0] for p in points]
 
 
 def gnuplot_terminal(width, height):
@@ -126,19 +127,15 @@ def plot(out_dir, strong, weak, projection=None, shared_runs=0):
     for kind, series in (("strong", strong), ("weak", weak)):
         for i, (title, rows) in enumerate(series.items()):
             path = os.path.join(data_dir, f"{kind}-{i}.dat")
-            points = measured_points(rows)
-            write_dat(path, points)
+            tps["measured"].update(write_dat(path, measured_points(rows)))
             measured.append((path, title + (" (weak)" if kind == "weak" else ""), kind == "weak"))
-            tps["measured"].update(p[0] for p in points)
     if not measured:
         return []
     projected = []
     for i, (title, points) in enumerate(projected_series(projection or {}).items()):
         path = os.path.join(data_dir, f"projected-{i}.dat")
-        pts = projected_points(points)
-        write_dat(path, pts)
+        tps["projected"].update(write_dat(path, projected_points(points)))
         projected.append((path, title, False))
-        tps["projected"].update(p[0] for p in pts)
     tps = {k: sorted(v) for k, v in tps.items()}
     note = f"circled: run(s) on a machine that was not idle ({shared_runs})" if shared_runs else None
     label = (projection or {}).get("gpu", "GPU")

@@ -24,8 +24,9 @@ def parse_args(argv):
     p.add_argument("--params", default=cm.default_params_path(), help="comm-model.json to use (default: the one beside this script)")
     p.add_argument("--out", help="directory for projection.md and projection.json (default: print only)")
     p.add_argument("--config", action="append", default=[], help="drafter config.json to project (repeatable; default: the configs of the records)")
-    p.add_argument("--sessions", help="comma list of sessions per draft (default: those measured, else 1)")
-    p.add_argument("--ctx", help="comma list of context lengths (default: those measured, else 1024)")
+    p.add_argument("--sessions", type=tb.ints,
+                   help="comma list of sessions per draft (default: those measured, else 1)")
+    p.add_argument("--ctx", type=tb.ints, help="comma list of context lengths (default: those measured, else 1024)")
     p.add_argument("--layouts", help="comma list NODESxGPUS, e.g. 1x1,1x2,1x4,1x8,2x8 (default: comm-model.json)")
     p.add_argument("--span-nodes", action="store_true",
                    help="one tensor-parallel group across all nodes of a layout (tp = nodes x GPUs); by default "
@@ -33,15 +34,11 @@ def parse_args(argv):
     p.add_argument("--gpu", help="GPU entry of comm-model.json (default: defaults.gpu)")
     p.add_argument("--intra", help="intra-node fabric (default: defaults.intra)")
     p.add_argument("--inter", help="inter-node fabric (default: defaults.inter)")
-    p.add_argument("--cpu-tp", default="1,2,4,8", help="tp values of the CPU MPI table")
+    p.add_argument("--cpu-tp", type=tb.ints, default="1,2,4,8", help="tp values of the CPU MPI table")
     p.add_argument("--bin", help="the tpdraft binary that answers `info --json` (default: build/tpdraft)")
     p.add_argument("--quant", default="q8,q4,q8+head,q4+head",
                    help="comma list of --quant presets projected beside the float weights ('none': skip)")
     return p.parse_args(argv)
-
-
-def ints(text):
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_layout(text):
@@ -129,8 +126,7 @@ def project_quant(s, config, ctx, sessions, rows, quants):
     of the quantized weights' bytes (`tpdraft info --json --quant`), carried at the float run's CPU
     efficiency; the collectives are those of the float weights (activations are not quantized)."""
     def total(r, q):
-        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"],
-                                                 sessions, ctx, s.dtype, q)
+        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx, s.dtype, q)
         return comp + r["comm_ms"]
 
     return [{"layout": r["layout"], "tp": r["tp"],
@@ -171,13 +167,12 @@ def cpu_table(rows):
               "model / measured − 1"]
     out = []
     for r in rows:
-        flags = " (oversubscribed)" if r.get("oversubscribed") else (" (not idle)" if r.get("shared") else "")
         err = f"{r['error']:+.0%}" if "error" in r else "–"
         if r["compute_source"].startswith("measured") and "error" in r:
             err += " (compute from this run: checks comm only)"
         out.append([r["tp"], f"{tb.fmt_ms(r['compute_ms'])} [{r['compute_tag']}]",
                     f"{tb.fmt_ms(r['comm_ms'])} [{r['comm_tag']}]", tb.fmt_ms(r["total_ms"]),
-                    tb.fmt_ms(r.get("measured_ms")) + flags if "measured_ms" in r else "–",
+                    tb.fmt_ms(r.get("measured_ms")) + tb.flags(r) if "measured_ms" in r else "–",
                     tb.fmt_ms(r.get("measured_comm_ms")) if "measured_ms" in r else "–", err])
     return tb.md_table(header, out)
 
@@ -209,7 +204,7 @@ def header_lines(a, params, machine, cpu_fab):
 
 
 def main(argv=None):
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
     params = cm.load_params(a.params)
     d = params["defaults"]
     runs = records.scaling_runs(records.read_runs(a.records)) if a.records else []
@@ -231,8 +226,8 @@ def main(argv=None):
     for path in paths:
         name = geometry.config_name(path)
         mine = [r for r in runs if r.config_name == name]
-        for ctx in ints(a.ctx) if a.ctx else sorted({r.context for r in mine}) or [1024]:
-            for b in ints(a.sessions) if a.sessions else sorted({r.sessions for r in mine}) or [1]:
+        for ctx in a.ctx or sorted({r.context for r in mine}) or [1024]:
+            for b in a.sessions or sorted({r.sessions for r in mine}) or [1]:
                 glegend, clegend = tb.Legend("G"), tb.Legend("C")
                 rows = project_gpu(s, path, ctx, b, layouts, glegend)
                 md += [f"## {name}: context {ctx}, {b} session(s) per draft", "",
@@ -246,7 +241,7 @@ def main(argv=None):
                            "at the float run's efficiency, collectives unchanged; in brackets the speed against the "
                            "float weights.", "", quant_table(qpoints, quants), ""]
                     out["quant_points"] += [{"config": name, "context": ctx, "sessions": b, **p} for p in qpoints]
-                crow = project_cpu(s, path, ctx, b, ints(a.cpu_tp), cpu_fab, clegend)
+                crow = project_cpu(s, path, ctx, b, a.cpu_tp, cpu_fab, clegend)
                 if crow:
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",
                            clegend.markdown(), ""]

@@ -17,6 +17,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import geometry  # noqa: E402
 import records  # noqa: E402
+import tables as tb  # noqa: E402
 
 
 def cpu_model():
@@ -71,18 +72,24 @@ def load_between(before, after, run_cpu_s, ticks_per_s):
             "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
 
 
+def with_load(fn):
+    """(fn(), the load around it): the CPU time of the child processes fn waited for is the run's."""
+    before, used0 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = fn()
+    after, used1 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    run_cpu = (used1.ru_utime - used0.ru_utime) + (used1.ru_stime - used0.ru_stime)
+    return result, load_between(before, after, run_cpu, os.sysconf("SC_CLK_TCK"))
+
+
 def cmd_measure(a):
     """Runs the command (its output goes where ours goes) and writes the load around it to --load."""
     command = a.command[1:] if a.command and a.command[0] == "--" else a.command
     if not command:
         print("record.py measure: no command given", file=sys.stderr)
         return 2
-    before, used0 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    rc = subprocess.call(command)
-    after, used1 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    run_cpu = (used1.ru_utime - used0.ru_utime) + (used1.ru_stime - used0.ru_stime)
+    rc, load = with_load(lambda: subprocess.call(command))
     with open(a.load, "w") as f:
-        json.dump(load_between(before, after, run_cpu, os.sysconf("SC_CLK_TCK")), f)
+        json.dump(load, f)
     return rc
 
 
@@ -121,8 +128,7 @@ def cmd_valid_tp(a):
 
 
 def cmd_vocab_configs(a):
-    vocabs = [int(x) for x in a.vocab.split(",") if x.strip()]
-    for _, path in geometry.write_vocab_configs(a.base, vocabs, a.dir):
+    for _, path in geometry.write_vocab_configs(a.base, a.vocab, a.dir):
         print(path)
     return 0
 
@@ -144,9 +150,9 @@ def main(argv=None):
     vp.add_argument("--bin", help="the tpdraft binary (default: build/tpdraft of this repository)")
     cp = sub.add_parser("vocab-configs", help="write BASE with each vocab_size of --vocab into --dir; prints the paths")
     cp.add_argument("--base", required=True)
-    cp.add_argument("--vocab", required=True)
+    cp.add_argument("--vocab", type=tb.ints, required=True)
     cp.add_argument("--dir", required=True)
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_args(argv)
     handlers = {"measure": cmd_measure, "append": cmd_append, "valid-tp": cmd_valid_tp, "vocab-configs": cmd_vocab_configs}
     return handlers[a.cmd](a)
 

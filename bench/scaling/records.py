@@ -5,8 +5,9 @@ functions that read, group and judge records."""
 
 import datetime
 import json
-import os
 from dataclasses import dataclass, field
+
+import geometry
 
 OPS = ("all_reduce", "all_gather", "broadcast")
 
@@ -75,15 +76,11 @@ class Run:
         return (self.draft_ms_p90 - self.draft_ms_p10) / self.draft_ms
 
 
-def config_name_of(path):
-    return os.path.splitext(os.path.basename(path or "?"))[0]
-
-
 def run_from_json(d):
     """A Run from one records.jsonl object (older records lack some keys: their defaults stand)."""
     kw = {attr: d[key] for attr, key in COPIED.items() if key in d and d[key] is not None}
     kw["config_file"] = d.get(CONFIG_FILE) or d.get(CONFIG, "?")
-    kw["config_name"] = d.get(CONFIG_NAME) or config_name_of(kw["config_file"])
+    kw["config_name"] = d.get(CONFIG_NAME) or geometry.config_name(kw["config_file"] or "?")
     kw["comm_ms"] = d.get(COMM_MS_MEDIAN, d.get(COMM_MS_MEAN, 0.0))
     kw["compute_ms"] = d.get(COMPUTE_MS, d[COPIED["draft_ms"]] - d.get(COMM_MS_MEAN, 0.0))
     # Each collective's per-draft counters: bench keys OP_calls and OP_bytes.
@@ -112,7 +109,7 @@ def read_runs(path):
 def annotate(bench, config, nproc, cpu_model, hostname, extra, load=None):
     """The record launch/scale.sh appends: the bench JSON plus the run's parameters and machine."""
     rec = dict(bench)
-    rec[CONFIG_FILE], rec[CONFIG_NAME] = config, config_name_of(config)
+    rec[CONFIG_FILE], rec[CONFIG_NAME] = config, geometry.config_name(config)
     rec[COPIED["nproc"]], rec[COPIED["cpu_model"]], rec[COPIED["hostname"]] = nproc, cpu_model, hostname
     rec[TIMESTAMP] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rec.update(extra)
@@ -135,11 +132,9 @@ def shared_reasons(run):
     if run.spread is not None and run.spread > SPREAD_LIMIT:
         out.append(f"p10–p90 spread {run.spread:.0%} of the median")
     load = run.load or {}
-    other = load.get("other_cores")
-    if other is not None and other > OTHER_CORES_LIMIT:
+    if (other := load.get("other_cores") or 0) > OTHER_CORES_LIMIT:
         out.append(f"other processes kept {other:.2f} cores busy")
-    steal = load.get("steal_share")
-    if steal is not None and steal > STEAL_LIMIT:
+    if (steal := load.get("steal_share") or 0) > STEAL_LIMIT:
         out.append(f"{steal:.0%} of the CPU time stolen")
     return out
 
@@ -166,5 +161,4 @@ def dedupe(runs):
 
 def measured_collectives(run):
     """[(op, calls, bytes per call)] per draft as the run counted them; one rank moves nothing."""
-    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items()
-            if calls and run.tp > 1]
+    return [(op, calls, nbytes / calls) for op, (calls, nbytes) in run.collectives.items() if calls and run.tp > 1]

@@ -41,13 +41,17 @@ def coll_cell(run, op):
     return f"{calls:g} x {tb.fmt_bytes(nbytes / calls)}" if calls else "–"
 
 
+def timing(r):
+    """The fields of a strong and a weak row alike: the machine and the draft's times."""
+    return {"oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r), "draft_ms": r.draft_ms,
+            "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms}
+
+
 def strong_rows(series):
     base = series[0]
     t1 = base.draft_ms * base.tp  # the smallest tp stands in for tp = 1 when that is missing
     return [{
-        "tp": r.tp, "t1_ms": t1, "oversubscribed": r.oversubscribed,
-        "shared": records.shared_reasons(r), "draft_ms": r.draft_ms, "p10": r.draft_ms_p10,
-        "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+        "tp": r.tp, "t1_ms": t1, **timing(r),
         "speedup": t1 / r.draft_ms, "efficiency": t1 / (r.tp * r.draft_ms),
         "comm_share": r.comm_ms / r.draft_ms, "layers_ms": r.layers_ms, "head_ms": r.head_ms,
         "select_ms": r.select_ms, **{op: coll_cell(r, op) for op in records.OPS},
@@ -58,10 +62,7 @@ def strong_rows(series):
 
 def weak_rows(series):
     t1 = series[0].draft_ms
-    return [{"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions,
-             "oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r),
-             "draft_ms": r.draft_ms, "p10": r.draft_ms_p10, "p90": r.draft_ms_p90,
-             "compute_ms": r.compute_ms, "comm_ms": r.comm_ms,
+    return [{"tp": r.tp, "t1_ms": t1, "weak": True, "sessions": r.sessions, **timing(r),
              "efficiency": t1 / r.draft_ms, "comm_share": r.comm_ms / r.draft_ms,
              "tokens_per_s": r.sessions * (r.draft_tokens or 1) * 1e3 / r.draft_ms} for r in series]
 
@@ -156,7 +157,7 @@ def main(argv=None):
     p.add_argument("--out", help="directory for scaling.md, scaling.json and the plots (default: print only)")
     p.add_argument("--projection", help="projection.json of project.py: plotted beside the measurements")
     p.add_argument("--no-plots", action="store_true", help="tables only")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_args(argv)
     runs = records.dedupe(records.scaling_runs(records.read_runs(a.records)))
     if not runs:
         raise SystemExit(f"report.py: {a.records} holds no scaling records")

@@ -1,5 +1,6 @@
 """Writing the reports: Markdown tables, number formats shared by every table, numbered
-assumption tags, and the report files themselves (STEM.md beside STEM.json)."""
+assumption tags, and the report files themselves (STEM.md beside STEM.json); and the comma
+lists of numbers the programs take."""
 
 import json
 import math
@@ -26,6 +27,16 @@ def fmt_bytes(n):
 
 def fmt_pct(x):
     return "–" if x is None else f"{x:.0%}"
+
+
+def flags(row):
+    """The mark of a row whose run was oversubscribed or on a machine that was not idle."""
+    return " (oversubscribed)" if row.get("oversubscribed") else (" (not idle)" if row.get("shared") else "")
+
+
+def ints(text):
+    """An argparse type: "1,2,4" -> [1, 2, 4]."""
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 class Legend:

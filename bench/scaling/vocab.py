@@ -21,11 +21,11 @@ import tables as tb  # noqa: E402
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the config the study varies (only vocab_size changes)")
-    p.add_argument("--vocab", default="151936,202048,248320", help="comma list of vocabulary sizes")
+    p.add_argument("--vocab", type=tb.ints, default="151936,202048,248320", help="comma list of vocabulary sizes")
     p.add_argument("--records", help="records.jsonl with the study's runs (study = vocab)")
     p.add_argument("--params", default=cm.default_params_path(), help="comm-model.json")
     p.add_argument("--sessions", type=int, help="sessions per draft (default: those of the records, else 1)")
-    p.add_argument("--tp", default="2,4,8,16", help="tp sizes of the byte and projection tables")
+    p.add_argument("--tp", type=tb.ints, default="2,4,8,16", help="tp sizes of the byte and projection tables")
     p.add_argument("--gpus-per-node", type=int, default=8, help="tp above this spans nodes (InfiniBand between them)")
     p.add_argument("--out", help="directory for vocab.md and vocab.json (default: print only)")
     p.add_argument("--bin", help="the tpdraft binary that answers `info --json` (default: build/tpdraft)")
@@ -93,10 +93,6 @@ def gather_rows(runs, paths, info, b):
     return rows
 
 
-def flags(r):
-    return " (oversubscribed)" if r["oversubscribed"] else (" (not idle)" if r.get("shared") else "")
-
-
 def signed_ms(x):
     return ("+" if x >= 0 else "−") + tb.fmt_ms(abs(x))
 
@@ -112,7 +108,7 @@ def gather_table(grows):
     def diff(r, key, fmt):
         return fmt(r["diff"][key]) if "diff" in r else "–"
 
-    out = [[r["vocab"], f"{r['tp']}{flags(r)}", r["backend"],
+    out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"],
             side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
             diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
             side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
@@ -157,7 +153,7 @@ def measured_table(mrows):
         return "(no vocabulary-study records: run `launch/scale.sh` with `--vocab`)"
     return tb.md_table(
         ["V", "tp", "backend", "head ms", "draft ms", "head share", "head weights GB/s", "all-gather bytes/rank (measured)"],
-        [[r["vocab"], f"{r['tp']}{flags(r)}", r["backend"], tb.fmt_ms(r["head_ms"]), tb.fmt_ms(r["draft_ms"]),
+        [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"], tb.fmt_ms(r["head_ms"]), tb.fmt_ms(r["draft_ms"]),
           tb.fmt_pct(r["head_share"]), f"{r['head_gbps']:.3g}", nbytes(r["all_gather_bytes"])] for r in mrows])
 
 
@@ -208,20 +204,18 @@ def report(a, brows, mrows, grows, prows, fabrics, machine, inter):
 
 
 def main(argv=None):
-    a = parse_args(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
     params = cm.load_params(a.params)
     d = params["defaults"]
     all_runs = records.read_runs(a.records) if a.records else []
     runs = [r for r in all_runs if r.study == "vocab"]
     b = a.sessions or (min(r.sessions for r in runs) if runs else 1)
     info = geometry.Info(a.bin)
-    with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-",
-                                     ignore_cleanup_errors=True) as work_dir:
-        paths = dict(geometry.write_vocab_configs(a.base, [int(x) for x in a.vocab.split(",") if x.strip()], work_dir))
+    with tempfile.TemporaryDirectory(prefix="tpdraft-vocab-", ignore_cleanup_errors=True) as work_dir:
+        paths = dict(geometry.write_vocab_configs(a.base, a.vocab, work_dir))
         dtype = geometry.info_dtype(d.get("weight_bytes", 2))
         answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
-                   for tp in (int(x) for x in a.tp.split(",") if x.strip())
-                   if info.problem(path, tp) is None}
+                   for tp in a.tp if info.problem(path, tp) is None}
         machine = compute.gpu_machine(params, d["gpu"])
         intra = cm.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
         inter = cm.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])

@@ -29,9 +29,7 @@ def bench(tp, sessions, workdir):
             "--repeat", "2", "--warmup", "1", "--json"]
     if tp > 1:
         mpi = ["mpirun", "-np", str(tp), "--oversubscribe", "-x", "TPDRAFT_LOG_LEVEL=warn"]
-        if os.geteuid() == 0:
-            mpi.append("--allow-run-as-root")
-        args = mpi + args + ["--tp", str(tp)]
+        args = mpi + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + args + ["--tp", str(tp)]
     res = subprocess.run(args, capture_output=True, text=True, cwd=workdir, timeout=300)
     if res.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {res.returncode}:\n{res.stderr[-3000:]}")

@@ -283,9 +283,9 @@ class Reports(unittest.TestCase):
                for t, r in ((1, 1), (2, 1), (8, 1), (8, 2))] + [{"tp": 3, "skipped": "no"}]
         series = plots.projected_series({"gpu_points": pts})
         self.assertEqual(sorted(p["tp"] for p in series["c ctx=1 b=1"]), [1, 2, 8])
-        first, last = plots.projected_points(series["c ctx=1 b=1"])[0], plots.projected_points(series["c ctx=1 b=1"])[-1]
-        self.assertAlmostEqual(first[plots.EFF - 1], 100.0)
-        self.assertAlmostEqual(last[plots.EFF - 1], 100 * 1.1 / (8 * 0.225))
+        points = plots.projected_points(series["c ctx=1 b=1"])
+        self.assertAlmostEqual(points[0][plots.EFF - 1], 100.0)
+        self.assertAlmostEqual(points[-1][plots.EFF - 1], 100 * 1.1 / (8 * 0.225))
 
 
 if __name__ == "__main__":
