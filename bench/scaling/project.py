@@ -126,7 +126,11 @@ def project_quant(s, config, ctx, sessions, rows, quants):
     of the quantized weights' bytes (`tpdraft info --json --quant`), carried at the float run's CPU
     efficiency; the collectives are those of the float weights (activations are not quantized)."""
     def total(r, q):
-        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx, s.dtype, q)
+        try:
+            comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx,
+                                                     s.dtype, q)
+        except geometry.NotShardable:  # the preset's groups do not split over this tp
+            return None
         return comp + r["comm_ms"]
 
     return [{"layout": r["layout"], "tp": r["tp"],
@@ -137,7 +141,8 @@ def project_quant(s, config, ctx, sessions, rows, quants):
 def quant_table(points, quants):
     header = ["layout", "tp", "float weights ms"] + [f"{q} ms" for q in quants]
     body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["bf16"])]
-            + [f"{tb.fmt_ms(p['total_ms'][q])} ({p['total_ms']['bf16'] / p['total_ms'][q]:.2f}x)" for q in quants]
+            + [f"{tb.fmt_ms(p['total_ms'][q])} ({p['total_ms']['bf16'] / p['total_ms'][q]:.2f}x)"
+               if p["total_ms"][q] is not None else "– (tp cuts its groups)" for q in quants]
             for p in points]
     return tb.md_table(header, body)
 

@@ -152,11 +152,11 @@ def answer(tp, sessions=2, flops=1e9, weight_bytes=4e8, context_bytes=1e8, dflas
 
 
 class FakeInfo:
-    """Answers at any tp from answer(); tp = 3 cannot shard."""
+    """Answers at any tp from answer(); tp = 3 cannot shard, and tp = 8 cuts the groups of quantized weights."""
 
     def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant=""):
-        if tp == 3:
-            raise geometry.NotShardable("tp = 3")
+        if tp == 3 or (quant and tp == 8):
+            raise geometry.NotShardable(f"tp = {tp}")
         a = answer(tp, sessions)
         if quant:  # quantized weights: a quarter of the bytes, as int4 would hold them
             for rank in a["ranks"]:
@@ -254,6 +254,13 @@ class QuantizedProjection(unittest.TestCase):
         self.assertAlmostEqual(points[0]["total_ms"]["q4"], quant + 0.1)
         self.assertEqual(points[0]["total_ms"]["bf16"], 1.0)
         self.assertIn("| 1x2 | 2 | 1 | ", project.quant_table(points, ["q4"]))
+
+    def test_a_preset_whose_groups_a_tp_cuts_is_marked_not_projected(self):
+        s = project.Setting({}, [], FakeInfo(), compute.Machine("G", 1e15, 1e12), None, None, {}, False, "bf16")
+        rows = [{"layout": "1x8", "tp": 8, "total_ms": 1.0, "comm_ms": 0.1}]
+        points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
+        self.assertEqual(points[0]["total_ms"], {"bf16": 1.0, "q4": None})
+        self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |", project.quant_table(points, ["q4"]))
 
 
 class Reports(unittest.TestCase):
