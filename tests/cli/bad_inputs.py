@@ -24,6 +24,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -76,6 +77,19 @@ def poison(path, tensor, value, element=0):
 
 # ---- the cases --------------------------------------------------------------------------------
 
+# `tpdraft draft` over the unaltered checkpoint {ck}, from token 1.
+DRAFT = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors",
+         "--anchor", "1"]
+
+
+def writing(fname, text):
+    """A case's preparation: writes text into {tmp}/fname."""
+    def prepare(tmp):
+        with open(os.path.join(tmp, fname), "w") as f:
+            f.write(text)
+    return prepare
+
+
 def config_cases(base_config):
     """`bench --config` with one key out of range: checked before any weight is generated."""
     cfg = json.load(open(base_config))
@@ -114,15 +128,10 @@ def config_cases(base_config):
         else:
             target[key] = value
         label = "missing" if value is None else json.dumps(value)
-        text = json.dumps(c, allow_nan=True)
         fname = f"cfg-{key}-{len(cases)}.json"
-
-        def prepare(tmp, text=text, fname=fname):
-            with open(os.path.join(tmp, fname), "w") as f:
-                f.write(text)
         cases.append(Case("config.json key", f"{key} = {label}",
                           ["bench", "--config", "{tmp}/" + fname, "--ctx", "4", "--repeat", "1", "--warmup", "0"],
-                          [key], prepare=prepare))
+                          [key], prepare=writing(fname, json.dumps(c, allow_nan=True))))
 
     for where, keys in (("top", bad), ("dflash", bad_dflash)):
         for key, values in keys.items():
@@ -130,11 +139,8 @@ def config_cases(base_config):
                 add(key, v, where)
     for name, text in [("empty", ""), ("not JSON", "{hidden_size: 64"), ("an array", "[1, 2]"),
                        ("truncated", json.dumps(cfg)[:40])]:
-        def prepare(tmp, text=text, name=name):
-            with open(os.path.join(tmp, f"cfg-{name}.json"), "w") as f:
-                f.write(text)
         cases.append(Case("config.json file", name, ["bench", "--config", "{tmp}/cfg-" + name + ".json"],
-                          ["cfg-" + name + ".json"], prepare=prepare))
+                          ["cfg-" + name + ".json"], prepare=writing(f"cfg-{name}.json", text)))
     cases.append(Case("config.json file", "missing", ["bench", "--config", "{tmp}/nothing.json"], ["nothing.json"]))
     cases.append(Case("config.json file", "a directory", ["bench", "--config", "{tmp}"], ["{tmp}"]))
     cases.append(Case("config.json file", "a FIFO", ["bench", "--config", "{tmp}/fifo"], ["fifo"]))
@@ -142,8 +148,7 @@ def config_cases(base_config):
 
 
 def option_cases():
-    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors",
-             "--anchor", "1"]
+    draft = DRAFT
     bench = ["bench", "--config", "{repo}/configs/tiny-dflash2.json", "--ctx", "4", "--repeat", "1", "--warmup", "0"]
     info = ["info", "--drafter", "{ck}/drafter"]
     cases = []
@@ -210,8 +215,7 @@ def option_cases():
 def checkpoint_cases(ck):
     """The drafter's and the target's safetensors and config, altered one way at a time."""
     cases = []
-    draft = ["draft", "--drafter", "{tmp}/ck/drafter", "--target", "{tmp}/ck/target", "--taps",
-             "{tmp}/ck/taps.safetensors", "--anchor", "1"]
+    draft = [a.replace("{ck}", "{tmp}/ck") for a in DRAFT]  # over the altered copy in {tmp}/ck
     dfile = "drafter/model.safetensors"
     tfile = "target/model.safetensors"
 
@@ -353,16 +357,15 @@ def checkpoint_cases(ck):
 
 def mpi_cases():
     """Two ranks given different arguments: an error naming the argument, never a hang."""
-    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors"]
     cases = []
     for option, v0, v1 in [("--anchor", "1", "2"), ("--temperature", "0.5", "0.7"),
                            ("--dump", "{tmp}/a.safetensors", "{tmp}/b.safetensors"),
                            ("--tp", "1", "2"), ("--seed", "1", "2")]:
-        base = draft if option == "--anchor" else draft + ["--anchor", "1"]
+        base = DRAFT[:-2] if option == "--anchor" else DRAFT
         cases.append(Case("ranks that disagree", f"different {option}",
                           (base + [option, v0], base + [option, v1]), [option], mpi=2))
     cases.append(Case("ranks that disagree", "different command",
-                      (draft + ["--anchor", "1"], ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
+                      (DRAFT, ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
                       mpi=2))
     return cases
 
@@ -389,11 +392,9 @@ def run_case(binary, ck, case):
         env = dict(os.environ, **case.env)
         if case.mpi:
             script = os.path.join(tmp, "rank.sh")
-            a0, a1 = ([fill(a, where) for a in argv] for argv in case.argv)
-            q = lambda argv: " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+            a0, a1 = (shlex.join([binary] + [fill(a, where) for a in argv]) for argv in case.argv)
             with open(script, "w") as f:
-                f.write(f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec {q([binary] + a0)}; '
-                        f'else exec {q([binary] + a1)}; fi\n')
+                f.write(f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec {a0}; else exec {a1}; fi\n')
             cmd = ["mpirun", "-q", "--allow-run-as-root", "--oversubscribe", "-np", str(case.mpi), "sh", script]
         else:
             cmd = [binary] + [fill(a, where) for a in case.argv]
@@ -437,8 +438,7 @@ def main(argv):
                 print(f"{c.group}: {c.name}")
             return 0
         # The unaltered inputs must work, or every "error" below would prove nothing.
-        good = subprocess.run([binary, "draft", "--drafter", ck + "/drafter", "--target", ck + "/target", "--taps",
-                               ck + "/taps.safetensors", "--anchor", "1"], capture_output=True, text=True)
+        good = subprocess.run([binary] + [fill(a, {"ck": ck}) for a in DRAFT], capture_output=True, text=True)
         if good.returncode != 0:
             print("the unaltered checkpoint does not draft:\n" + good.stdout + good.stderr)
             return 1
@@ -447,7 +447,7 @@ def main(argv):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kinds = ["clear error", "unclear", "crash", "hang", "silent"]
-    groups = sorted({c.group for c, _, _ in results}, key=lambda g: [c.group for c, _, _ in results].index(g))
+    groups = list(dict.fromkeys(c.group for c, _, _ in results))  # in the order of the cases
     print(f"{'inputs':<24} {'cases':>5} " + " ".join(f"{k:>11}" for k in kinds))
     for g in groups + ["all"]:
         rs = [r for r in results if g == "all" or r[0].group == g]
