@@ -154,7 +154,7 @@ class Script(unittest.TestCase):
         self.assertIn("test_cuda_qmatmul", build)
         for quant in ("q8", "q4", "q4+head"):
             self.assertIn("bench-$quant", script)
-            self.assertIn(f"{quant}", script[script.index("for quant in"):])
+            self.assertIn(quant, script[script.index("for quant in"):])
         self.assertIn("--quant $quant", script)
         self.assertIn("--draft-ms", script)
 
