@@ -5,11 +5,11 @@ target's, which a chi-square test checks again). The server runs in process (`se
 under mpirun (`mpirun -np 2 tpdraft serve --tp 2`) when TPDRAFT_SERVE_MPIRUN names the launcher
 (CTest's python_serve_mpi)."""
 
+import concurrent.futures
 import os
 import shlex
 import signal
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -78,24 +78,11 @@ class Server:
                 self.process.wait()
 
 
-def in_threads(jobs):
-    """Runs each job on its own thread at once; returns their results, re-raising a failure."""
-    results, errors = [None] * len(jobs), []
-
-    def run(i, job):
-        try:
-            results[i] = job()
-        except BaseException as e:  # noqa: B902 - handed to the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+def in_threads(job, args):
+    """job(a) for each of args, each on its own thread at once; returns their results, re-raising a
+    failure."""
+    with concurrent.futures.ThreadPoolExecutor(len(args)) as pool:
+        return list(pool.map(job, args))
 
 
 PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
@@ -117,7 +104,7 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
                 return SpeculativeDecoder(make_target(caps, target_dir), client, drafter_dir, GREEDY).decode(
                     [prompt], n, None)
 
-        served = in_threads([lambda p=p: one_client(p) for p in PROMPTS])
+        served = in_threads(one_client, PROMPTS)
         with server.client() as client:
             stats = client.stats()
             assert stats["open_sessions"] == 0  # every decode closed its session
@@ -149,7 +136,7 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
             with server.client() as client:
                 return pair_counts(client, seed)
 
-        served = in_threads([lambda s=s: one_client(s) for s in range(clients)])
+        served = in_threads(one_client, range(clients))
     for mine, theirs in zip(served, local):
         np.testing.assert_array_equal(mine, theirs)
     want = exact_pair_distribution(make_target(caps, target_dir), caps.target_layer_ids, sampling)
