@@ -89,8 +89,8 @@ PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
 
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
-def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
+def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     n = 96
     with open_drafter(drafter_dir, target_dir, tp=2) as d:
         local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
@@ -116,8 +116,8 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
-def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
+def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     sampling = Sampling(temperature=1.0, top_k=12)
     clients, batches, batch = 2, 2, 512
 
@@ -144,8 +144,8 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
     assert p > 1e-3, (statistic, dof, p)
 
 
-def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path):
-    drafter_dir, target_dir, _ = init(tmp_path, "tiny-dflash2.json", "ck")
+def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path, checkpoint):
+    drafter_dir, target_dir, _ = init(checkpoint, "tiny-dflash2.json")
     with Server(tmp_path, drafter_dir, target_dir) as server:
         client = server.client()
         session = client.open_session()
