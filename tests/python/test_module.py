@@ -12,9 +12,7 @@ import tpdraft
 
 
 def open_drafter(ck, **options):
-    options.setdefault("backend", "cpu")
-    options.setdefault("threads", 1)
-    return tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), **options)
+    return tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), backend="cpu", threads=1, **options)
 
 
 def taps_of(ck):
