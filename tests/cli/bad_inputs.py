@@ -221,7 +221,7 @@ def checkpoint_cases(ck):
     tfile = "target/model.safetensors"
 
     def add(name, change, names):
-        def prepare(tmp, change=change):
+        def prepare(tmp):
             shutil.copytree(ck, os.path.join(tmp, "ck"), symlinks=True)
             change(os.path.join(tmp, "ck"))
         cases.append(Case("checkpoint", name, draft, names, prepare=prepare))
@@ -240,8 +240,7 @@ def checkpoint_cases(ck):
         return change
 
     def set_len(d, n):
-        p = os.path.join(d, dfile)
-        with open(p, "r+b") as f:
+        with open(os.path.join(d, dfile), "r+b") as f:
             f.write(struct.pack("<Q", n))
     add("header length 2^63", lambda d: set_len(d, 2 ** 63), ["model.safetensors"])
     add("header length past the end", lambda d: set_len(d, size), ["model.safetensors"])
@@ -373,8 +372,7 @@ def fill(s, where):
 
 
 def run_case(binary, ck, case):
-    tmp = tempfile.mkdtemp(prefix="tpdraft-bad-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-bad-", ignore_cleanup_errors=True) as tmp:
         os.mkdir(os.path.join(tmp, "emptydir"))
         os.mkfifo(os.path.join(tmp, "fifo"))
         open(os.path.join(tmp, "empty"), "w").close()
@@ -409,8 +407,6 @@ def run_case(binary, ck, case):
                    f"printed twice: {repeated[0]}" if repeated else f"names none of {names}")
             return case, "unclear", f"{why}: {out[-400:]}"
         return case, "clear error", ""
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv):
@@ -420,8 +416,7 @@ def main(argv):
     binary = os.path.abspath(argv[1])
     with_mpi = "--mpi" in argv
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else (os.cpu_count() or 2)
-    work = tempfile.mkdtemp(prefix="tpdraft-bad-inputs-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-bad-inputs-", ignore_cleanup_errors=True) as work:
         ck = os.path.join(work, "ck")
         subprocess.run([binary, "init", "--config", os.path.join(REPO, "configs", "tiny-dflash2.json"), "--out", ck,
                         "--taps", "6"], check=True, capture_output=True)
@@ -438,8 +433,6 @@ def main(argv):
             return 1
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(lambda c: run_case(binary, ck, c), cases))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     kinds = ["clear error", "unclear", "crash", "hang", "silent"]
     groups = list(dict.fromkeys(c.group for c, _, _ in results))  # in the order of the cases
     print(f"{'inputs':<24} {'cases':>5} " + " ".join(f"{k:>11}" for k in kinds))
