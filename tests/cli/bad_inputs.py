@@ -22,7 +22,6 @@ Prints the table and every case that was not a clear error; exit 1 when there is
 
 import concurrent.futures
 import json
-import math
 import os
 import shlex
 import shutil
