@@ -22,8 +22,8 @@ Prints the table and every case that was not a clear error; exit 1 when there is
 
 import concurrent.futures
 import json
-import math
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -53,8 +53,9 @@ def read_st(path):
     return header, data[8 + n:]
 
 
-def write_st(path, header, body, raw_header=None):
-    h = raw_header if raw_header is not None else json.dumps(header).encode()
+def write_st(path, header, body):
+    """header: a dict, or the raw bytes of one (which need not be JSON)."""
+    h = header if isinstance(header, bytes) else json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + body)
 
@@ -75,6 +76,19 @@ def poison(path, tensor, value, element=0):
 
 
 # ---- the cases --------------------------------------------------------------------------------
+
+# `tpdraft draft` over the unaltered checkpoint {ck}, from token 1.
+DRAFT = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors",
+         "--anchor", "1"]
+
+
+def writing(fname, text):
+    """A case's preparation: writes text into {tmp}/fname."""
+    def prepare(tmp):
+        with open(os.path.join(tmp, fname), "w") as f:
+            f.write(text)
+    return prepare
+
 
 def config_cases(base_config):
     """`bench --config` with one key out of range: checked before any weight is generated."""
@@ -114,15 +128,10 @@ def config_cases(base_config):
         else:
             target[key] = value
         label = "missing" if value is None else json.dumps(value)
-        text = json.dumps(c, allow_nan=True)
         fname = f"cfg-{key}-{len(cases)}.json"
-
-        def prepare(tmp, text=text, fname=fname):
-            with open(os.path.join(tmp, fname), "w") as f:
-                f.write(text)
         cases.append(Case("config.json key", f"{key} = {label}",
                           ["bench", "--config", "{tmp}/" + fname, "--ctx", "4", "--repeat", "1", "--warmup", "0"],
-                          [key], prepare=prepare))
+                          [key], prepare=writing(fname, json.dumps(c, allow_nan=True))))
 
     for where, keys in (("top", bad), ("dflash", bad_dflash)):
         for key, values in keys.items():
@@ -130,11 +139,8 @@ def config_cases(base_config):
                 add(key, v, where)
     for name, text in [("empty", ""), ("not JSON", "{hidden_size: 64"), ("an array", "[1, 2]"),
                        ("truncated", json.dumps(cfg)[:40])]:
-        def prepare(tmp, text=text, name=name):
-            with open(os.path.join(tmp, f"cfg-{name}.json"), "w") as f:
-                f.write(text)
         cases.append(Case("config.json file", name, ["bench", "--config", "{tmp}/cfg-" + name + ".json"],
-                          ["cfg-" + name + ".json"], prepare=prepare))
+                          ["cfg-" + name + ".json"], prepare=writing(f"cfg-{name}.json", text)))
     cases.append(Case("config.json file", "missing", ["bench", "--config", "{tmp}/nothing.json"], ["nothing.json"]))
     cases.append(Case("config.json file", "a directory", ["bench", "--config", "{tmp}"], ["{tmp}"]))
     cases.append(Case("config.json file", "a FIFO", ["bench", "--config", "{tmp}/fifo"], ["fifo"]))
@@ -142,8 +148,7 @@ def config_cases(base_config):
 
 
 def option_cases():
-    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors",
-             "--anchor", "1"]
+    draft = DRAFT
     bench = ["bench", "--config", "{repo}/configs/tiny-dflash2.json", "--ctx", "4", "--repeat", "1", "--warmup", "0"]
     info = ["info", "--drafter", "{ck}/drafter"]
     cases = []
@@ -210,13 +215,12 @@ def option_cases():
 def checkpoint_cases(ck):
     """The drafter's and the target's safetensors and config, altered one way at a time."""
     cases = []
-    draft = ["draft", "--drafter", "{tmp}/ck/drafter", "--target", "{tmp}/ck/target", "--taps",
-             "{tmp}/ck/taps.safetensors", "--anchor", "1"]
+    draft = [a.replace("{ck}", "{tmp}/ck") for a in DRAFT]  # over the altered copy in {tmp}/ck
     dfile = "drafter/model.safetensors"
     tfile = "target/model.safetensors"
 
     def add(name, change, names):
-        def prepare(tmp, change=change):
+        def prepare(tmp):
             shutil.copytree(ck, os.path.join(tmp, "ck"), symlinks=True)
             change(os.path.join(tmp, "ck"))
         cases.append(Case("checkpoint", name, draft, names, prepare=prepare))
@@ -227,24 +231,20 @@ def checkpoint_cases(ck):
             lambda d, cut=cut: os.truncate(os.path.join(d, dfile), cut), ["model.safetensors"])
 
     def header_change(fn, file=dfile):
+        """Replaces the header of file by fn(header), a dict or raw bytes; the data stays."""
         def change(d):
             p = os.path.join(d, file)
             header, body = read_st(p)
-            out = fn(header, body)
-            if isinstance(out, bytes):
-                write_st(p, None, body, raw_header=out)
-            else:
-                write_st(p, *out)
+            write_st(p, fn(header), body)
         return change
 
     def set_len(d, n):
-        p = os.path.join(d, dfile)
-        with open(p, "r+b") as f:
+        with open(os.path.join(d, dfile), "r+b") as f:
             f.write(struct.pack("<Q", n))
     add("header length 2^63", lambda d: set_len(d, 2 ** 63), ["model.safetensors"])
     add("header length past the end", lambda d: set_len(d, size), ["model.safetensors"])
-    add("header not JSON", header_change(lambda h, b: b"{not json"), ["model.safetensors"])
-    add("header a JSON array", header_change(lambda h, b: b"[1, 2, 3]"), ["model.safetensors"])
+    add("header not JSON", header_change(lambda h: b"{not json"), ["model.safetensors"])
+    add("header a JSON array", header_change(lambda h: b"[1, 2, 3]"), ["model.safetensors"])
     names = tensor_names(os.path.join(ck, dfile))
     first = sorted(names)[0]
     fc = next(n for n in names if n.startswith("fc"))
@@ -253,9 +253,9 @@ def checkpoint_cases(ck):
     q = next(n for n in names if "k_proj.weight" in n)  # not square: [kv heads x D, H]
 
     def edit(tensor, **fields):
-        def fn(h, b):
+        def fn(h):
             h[tensor].update(fields)
-            return h, b
+            return h
         return fn
     add(f"{first}: offsets past the end", header_change(edit(first, data_offsets=[0, 10 ** 9])), [first])
     add(f"{first}: offsets reversed", header_change(edit(first, data_offsets=[8, 0])), [first])
@@ -270,14 +270,11 @@ def checkpoint_cases(ck):
         header_change(edit(q, shape=[rows - 1, cols], data_offsets=[begin, end - 2 * cols])), [q])
 
     def drop(tensor):
-        def fn(h, b):
-            del h[tensor]
-            return h, b
-        return fn
+        return lambda h: {k: v for k, v in h.items() if k != tensor}
     add(f"{fc} missing", header_change(drop(fc)), [fc])
     add(f"{norm} missing", header_change(drop(norm)), [norm])
 
-    def duplicate(h, b):
+    def duplicate(h):
         text = json.dumps(h)
         entry = json.dumps({first: h[first]})[1:-1]
         return ("{" + entry + ", " + text[1:]).encode()
@@ -339,8 +336,7 @@ def checkpoint_cases(ck):
     for value in ("NaN", "Inf"):
         add(f"taps: {value} in row 0",
             lambda d, value=value: poison(os.path.join(d, taps), "taps", float(value)), ["row"])
-    add("taps: no tensor 'taps'",
-        header_change(lambda h, b: ({"x" if k == "taps" else k: v for k, v in h.items()}, b), taps),
+    add("taps: no tensor 'taps'", header_change(lambda h: {"x" if k == "taps" else k: v for k, v in h.items()}, taps),
         ["taps"])
     n, width = read_st(os.path.join(ck, taps))[0]["taps"]["shape"]
     add("taps: wrong width", header_change(edit("taps", shape=[n * 2, width // 2]), taps), ["taps"])
@@ -353,16 +349,15 @@ def checkpoint_cases(ck):
 
 def mpi_cases():
     """Two ranks given different arguments: an error naming the argument, never a hang."""
-    draft = ["draft", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--taps", "{ck}/taps.safetensors"]
     cases = []
     for option, v0, v1 in [("--anchor", "1", "2"), ("--temperature", "0.5", "0.7"),
                            ("--dump", "{tmp}/a.safetensors", "{tmp}/b.safetensors"),
                            ("--tp", "1", "2"), ("--seed", "1", "2")]:
-        base = draft if option == "--anchor" else draft + ["--anchor", "1"]
+        base = DRAFT[:-2] if option == "--anchor" else DRAFT
         cases.append(Case("ranks that disagree", f"different {option}",
                           (base + [option, v0], base + [option, v1]), [option], mpi=2))
     cases.append(Case("ranks that disagree", "different command",
-                      (draft + ["--anchor", "1"], ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
+                      (DRAFT, ["info", "--drafter", "{ck}/drafter"]), ["command", "draft", "info"],
                       mpi=2))
     return cases
 
@@ -376,8 +371,7 @@ def fill(s, where):
 
 
 def run_case(binary, ck, case):
-    tmp = tempfile.mkdtemp(prefix="tpdraft-bad-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-bad-", ignore_cleanup_errors=True) as tmp:
         os.mkdir(os.path.join(tmp, "emptydir"))
         os.mkfifo(os.path.join(tmp, "fifo"))
         open(os.path.join(tmp, "empty"), "w").close()
@@ -389,11 +383,9 @@ def run_case(binary, ck, case):
         env = dict(os.environ, **case.env)
         if case.mpi:
             script = os.path.join(tmp, "rank.sh")
-            a0, a1 = ([fill(a, where) for a in argv] for argv in case.argv)
-            q = lambda argv: " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+            a0, a1 = (shlex.join([binary] + [fill(a, where) for a in argv]) for argv in case.argv)
             with open(script, "w") as f:
-                f.write(f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec {q([binary] + a0)}; '
-                        f'else exec {q([binary] + a1)}; fi\n')
+                f.write(f'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec {a0}; else exec {a1}; fi\n')
             cmd = ["mpirun", "-q", "--allow-run-as-root", "--oversubscribe", "-np", str(case.mpi), "sh", script]
         else:
             cmd = [binary] + [fill(a, where) for a in case.argv]
@@ -414,8 +406,6 @@ def run_case(binary, ck, case):
                    f"printed twice: {repeated[0]}" if repeated else f"names none of {names}")
             return case, "unclear", f"{why}: {out[-400:]}"
         return case, "clear error", ""
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv):
@@ -425,8 +415,7 @@ def main(argv):
     binary = os.path.abspath(argv[1])
     with_mpi = "--mpi" in argv
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else (os.cpu_count() or 2)
-    work = tempfile.mkdtemp(prefix="tpdraft-bad-inputs-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="tpdraft-bad-inputs-", ignore_cleanup_errors=True) as work:
         ck = os.path.join(work, "ck")
         subprocess.run([binary, "init", "--config", os.path.join(REPO, "configs", "tiny-dflash2.json"), "--out", ck,
                         "--taps", "6"], check=True, capture_output=True)
@@ -437,17 +426,14 @@ def main(argv):
                 print(f"{c.group}: {c.name}")
             return 0
         # The unaltered inputs must work, or every "error" below would prove nothing.
-        good = subprocess.run([binary, "draft", "--drafter", ck + "/drafter", "--target", ck + "/target", "--taps",
-                               ck + "/taps.safetensors", "--anchor", "1"], capture_output=True, text=True)
+        good = subprocess.run([binary] + [fill(a, {"ck": ck}) for a in DRAFT], capture_output=True, text=True)
         if good.returncode != 0:
             print("the unaltered checkpoint does not draft:\n" + good.stdout + good.stderr)
             return 1
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(lambda c: run_case(binary, ck, c), cases))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     kinds = ["clear error", "unclear", "crash", "hang", "silent"]
-    groups = sorted({c.group for c, _, _ in results}, key=lambda g: [c.group for c, _, _ in results].index(g))
+    groups = list(dict.fromkeys(c.group for c, _, _ in results))  # in the order of the cases
     print(f"{'inputs':<24} {'cases':>5} " + " ".join(f"{k:>11}" for k in kinds))
     for g in groups + ["all"]:
         rs = [r for r in results if g == "all" or r[0].group == g]

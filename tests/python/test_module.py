@@ -12,12 +12,10 @@ import tpdraft
 
 
 def open_drafter(ck, **options):
-    options.setdefault("backend", "cpu")
-    options.setdefault("threads", 1)
-    return tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), **options)
+    return tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), backend="cpu", threads=1, **options)
 
 
-def taps_of(ck, d):
+def taps_of(ck):
     # The rows `tpdraft init` wrote, read back from the safetensors file (f32, [N, T*H]).
     raw = (ck / "taps.safetensors").read_bytes()
     n = int.from_bytes(raw[:8], "little")
@@ -39,9 +37,8 @@ def draft_with_program(ck, anchor, extra=()):
 def test_one_step_equals_the_program(checkpoint, config, tp):
     ck = checkpoint(config, taps=24)
     with open_drafter(ck, tp=tp) as d:
-        taps = taps_of(ck, d)
         s = d.open_session()
-        got = d.step([{"session": s, "taps": taps, "anchor": 7}])[0]
+        got = d.step([{"session": s, "taps": taps_of(ck), "anchor": 7}])[0]
         assert d.session_length(s) == 24
     want = draft_with_program(ck, 7)
     assert got["tokens"].tolist() == want["tokens"]
@@ -65,7 +62,7 @@ def test_caps_follow_the_config(checkpoint):
 def test_taps_of_every_dtype_draft_alike(checkpoint):
     ck = checkpoint("tiny-dflash.json", taps=10)
     with open_drafter(ck) as d:
-        rows = taps_of(ck, d)
+        rows = taps_of(ck)
         half = rows.astype(np.float16)
         bf16 = (rows.view(np.uint32) >> 16).astype(np.uint16)  # truncated: exact bf16 values
         widened_bf16 = (bf16.astype(np.uint32) << 16).view(np.float32)
@@ -82,7 +79,7 @@ def test_taps_of_every_dtype_draft_alike(checkpoint):
 def test_errors_name_the_problem_and_change_nothing(checkpoint):
     ck = checkpoint("tiny-dflash2.json", taps=8)
     with open_drafter(ck) as d:
-        rows = taps_of(ck, d)
+        rows = taps_of(ck)
         s = d.open_session()
         d.step([{"session": s, "taps": rows, "anchor": 1}])
         bad = rows[:2].copy()
@@ -120,7 +117,7 @@ def test_quant_while_loading_equals_the_program(checkpoint, quant):
     ck = checkpoint("tiny-dflash2.json", taps=16)
     with open_drafter(ck, quant=quant) as d:
         s = d.open_session()
-        got = d.step([{"session": s, "taps": taps_of(ck, d), "anchor": 5}])[0]
+        got = d.step([{"session": s, "taps": taps_of(ck), "anchor": 5}])[0]
     want = draft_with_program(ck, 5, ["--quant", quant])
     assert got["tokens"].tolist() == want["tokens"]
     np.testing.assert_allclose(got["q"], want["probs"], rtol=1e-6)

@@ -5,11 +5,11 @@ target's, which a chi-square test checks again). The server runs in process (`se
 under mpirun (`mpirun -np 2 tpdraft serve --tp 2`) when TPDRAFT_SERVE_MPIRUN names the launcher
 (CTest's python_serve_mpi)."""
 
+import concurrent.futures
 import os
 import shlex
 import signal
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -78,32 +78,19 @@ class Server:
                 self.process.wait()
 
 
-def in_threads(jobs):
-    """Runs each job on its own thread at once; returns their results, re-raising a failure."""
-    results, errors = [None] * len(jobs), []
-
-    def run(i, job):
-        try:
-            results[i] = job()
-        except BaseException as e:  # noqa: B902 - handed to the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+def in_threads(job, args):
+    """job(a) for each of args, each on its own thread at once; returns their results, re-raising a
+    failure."""
+    with concurrent.futures.ThreadPoolExecutor(len(args)) as pool:
+        return list(pool.map(job, args))
 
 
 PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
 
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
-def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
+def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp_path, checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     n = 96
     with open_drafter(drafter_dir, target_dir, tp=2) as d:
         local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
@@ -117,7 +104,7 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
                 return SpeculativeDecoder(make_target(caps, target_dir), client, drafter_dir, GREEDY).decode(
                     [prompt], n, None)
 
-        served = in_threads([lambda p=p: one_client(p) for p in PROMPTS])
+        served = in_threads(one_client, PROMPTS)
         with server.client() as client:
             stats = client.stats()
             assert stats["open_sessions"] == 0  # every decode closed its session
@@ -129,8 +116,8 @@ def test_greedy_loop_through_the_server_is_lossless_and_drafts_as_in_process(tmp
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
-def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
+def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     sampling = Sampling(temperature=1.0, top_k=12)
     clients, batches, batch = 2, 2, 512
 
@@ -149,7 +136,7 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
             with server.client() as client:
                 return pair_counts(client, seed)
 
-        served = in_threads([lambda s=s: one_client(s) for s in range(clients)])
+        served = in_threads(one_client, range(clients))
     for mine, theirs in zip(served, local):
         np.testing.assert_array_equal(mine, theirs)
     want = exact_pair_distribution(make_target(caps, target_dir), caps.target_layer_ids, sampling)
@@ -157,8 +144,8 @@ def test_sampled_loop_through_the_server_draws_as_in_process(tmp_path, config):
     assert p > 1e-3, (statistic, dof, p)
 
 
-def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path):
-    drafter_dir, target_dir, _ = init(tmp_path, "tiny-dflash2.json", "ck")
+def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path, checkpoint):
+    drafter_dir, target_dir, _ = init(checkpoint, "tiny-dflash2.json")
     with Server(tmp_path, drafter_dir, target_dir) as server:
         client = server.client()
         session = client.open_session()

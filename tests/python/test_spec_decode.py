@@ -2,9 +2,7 @@
 DFlash 2, tp 1 and 2, a random and an agreeing drafter), and sampled output distributed as the
 target's own by a chi-square test on a small vocabulary, which the same loop fails with a wrong q."""
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -22,17 +20,10 @@ GREEDY = Sampling()
 PROMPT = [11, 3, 7, 2, 9, 4]
 
 
-def init(tmp_path, config, name):
-    """`tpdraft init` of a config (a file of configs/ or a dict) -> (drafter_dir, target_dir, the
-    drafter's caps)."""
-    if isinstance(config, dict):
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(config))
-    else:
-        path = os.path.join(spec_decode.REPO, "configs", config)
-    out = tmp_path / name
-    subprocess.run([os.environ["TPDRAFT_BIN"], "init", "--config", str(path), "--out", str(out), "--seed", "5"],
-                   check=True, capture_output=True)
+def init(checkpoint, config):
+    """`tpdraft init` of config (a file of configs/ or a dict) by the checkpoint fixture ->
+    (drafter_dir, target_dir, the drafter's caps)."""
+    out = checkpoint(config, seed=5)
     drafter_dir, target_dir = str(out / "drafter"), str(out / "target")
     with open_drafter(drafter_dir, target_dir) as d:
         return drafter_dir, target_dir, d.caps
@@ -42,15 +33,15 @@ def open_drafter(drafter_dir, target_dir, **options):
     return tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1, **options)
 
 
-def make_target(caps, target_dir, seed=1):
+def make_target(caps, target_dir):
     embed, head = qwen3_target.read_target_tables(target_dir)
-    return qwen3_target.Qwen3Target(qwen3_target.config_for(caps), embed, head, seed=seed)
+    return qwen3_target.Qwen3Target(qwen3_target.config_for(caps), embed, head, seed=1)
 
 
-def test_the_cached_target_equals_a_fresh_forward(tmp_path):
+def test_the_cached_target_equals_a_fresh_forward(checkpoint):
     # Prefill, a block whose last rows are then refused, and a block over them: every logit and
     # tap as a forward over the committed sequence from scratch gives them.
-    drafter_dir, target_dir, caps = init(tmp_path, "tiny-dflash2.json", "ck")
+    drafter_dir, target_dir, caps = init(checkpoint, "tiny-dflash2.json")
     target = make_target(caps, target_dir)
     layers = caps.target_layer_ids
     cache = target.new_cache(1, 32)
@@ -64,8 +55,8 @@ def test_the_cached_target_equals_a_fresh_forward(tmp_path):
 
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
-def test_greedy_output_is_the_targets_and_tp_2_decodes_as_tp_1(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
+def test_greedy_output_is_the_targets_and_tp_2_decodes_as_tp_1(checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     target = make_target(caps, target_dir)
     want = target_decode(target, caps.target_layer_ids, [PROMPT], 200, GREEDY, None)[0]
     sampled = Sampling(temperature=1.0, top_k=20)
@@ -82,11 +73,11 @@ def test_greedy_output_is_the_targets_and_tp_2_decodes_as_tp_1(tmp_path, config)
 
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
-def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(tmp_path, config):
+def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(checkpoint, config):
     # The second decode gives the session only keep = len(PROMPT): the first continuation is
     # rolled back, and the drafter sees the context it saw the first time, so every round drafts
     # alike (a session keeping that continuation would draft from other positions).
-    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     target = make_target(caps, target_dir)
     with open_drafter(drafter_dir, target_dir) as d:
         decoder = SpeculativeDecoder(target, d, drafter_dir, GREEDY)
@@ -106,8 +97,8 @@ def test_a_session_reused_for_the_same_prompt_is_rolled_back_to_it(tmp_path, con
 
 
 @pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
-def test_an_agreeing_drafter_is_accepted_in_runs_and_refused_at_the_period(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "ck")
+def test_an_agreeing_drafter_is_accepted_in_runs_and_refused_at_the_period(tmp_path, checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     agreeing_dir = str(tmp_path / "agreeing")
     qwen3_target.write_agreeing_target(target_dir, agreeing_dir, caps.mask_token_id, token=5)
     target = make_target(caps, agreeing_dir)
@@ -197,8 +188,8 @@ def normalized(rows):
 
 
 @pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
-def test_sampled_output_is_distributed_as_the_targets(tmp_path, config):
-    drafter_dir, target_dir, caps = init(tmp_path, config, "small")
+def test_sampled_output_is_distributed_as_the_targets(checkpoint, config):
+    drafter_dir, target_dir, caps = init(checkpoint, config)
     target = make_target(caps, target_dir)
     sampling = Sampling(temperature=1.0, top_k=12)
     want = exact_pair_distribution(target, caps.target_layer_ids, sampling)

@@ -28,9 +28,7 @@ sys.dont_write_bytecode = True
 def processes_with(marker):
     """Ids of the running processes whose command line holds marker."""
     found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if marker.encode() in f.read().replace(b"\0", b" "):
@@ -154,7 +152,7 @@ class Script(unittest.TestCase):
         self.assertIn("test_cuda_qmatmul", build)
         for quant in ("q8", "q4", "q4+head"):
             self.assertIn("bench-$quant", script)
-            self.assertIn(f"{quant}", script[script.index("for quant in"):])
+            self.assertIn(quant, script[script.index("for quant in"):])
         self.assertIn("--quant $quant", script)
         self.assertIn("--draft-ms", script)
 
