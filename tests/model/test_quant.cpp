@@ -239,20 +239,10 @@ TEST(QuantReader, QuantizeOutputReadsBackAndSharesAgree) {
 }
 
 // Every tensor of DIR/model.safetensors, copied out of the file.
-std::vector<OwnedTensor> read_all(const std::string& dir) {
-  const auto store = TensorStore::open(dir);
-  std::vector<OwnedTensor> all;
-  for (const auto& n : store->names()) {
-    const TensorInfo& t = *store->find(n);
-    all.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
-  }
-  return all;
-}
+std::vector<OwnedTensor> read_all(const std::string& dir) { return testing::read_tensors(dir + "/model.safetensors"); }
 
 void write_all(const std::string& dir, const std::vector<OwnedTensor>& tensors) {
-  SafetensorsWriter w;
-  for (const auto& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
-  w.write(dir + "/model.safetensors");
+  testing::write_tensors(dir + "/model.safetensors", tensors);
 }
 
 // Rewrites DIR/model.safetensors through `edit(name, tensor) -> keep?` plus `extra` tensors.
