@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 #include "kernels/qtile_layout.h"
@@ -173,14 +174,7 @@ TEST(QTileLayout, WarpsCoverEveryKTileOnce) {
 }
 
 // bf16 round to nearest even of a finite f32, as __float2bfloat16_rn.
-float bf16(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 // mma.m16n8k16 as the PTX ISA tables place it, independently of qtile's helpers: A element
 // (row, col) is in lane 4 (row % 8) + (col % 8) / 2, register row / 8 + 2 (col / 8), half col % 2;

@@ -22,10 +22,7 @@ namespace {
 
 using model::DrafterConfig;
 using testing::expect_error;
-
-DrafterConfig tiny(const std::string& file) {
-  return DrafterConfig::from_file(testing::source_path("configs/" + file));
-}
+using testing::shipped_config;
 
 struct Case {
   std::string name;
@@ -99,15 +96,15 @@ void run_case(const Case& c) {
   expect_match(got[0], dump, 0, f.ref->draft(rctx, anchor, rs), c.cfg, c.name);
 }
 
-TEST(DrafterParity, DFlashFullAttention) { run_case({"dflash full", tiny("tiny-dflash.json")}); }
+TEST(DrafterParity, DFlashFullAttention) { run_case({"dflash full", shipped_config("tiny-dflash.json")}); }
 
 TEST(DrafterParity, DFlash2SlidingWindowSmallerThanContext) {
-  run_case({"dflash2 sliding", tiny("tiny-dflash2.json")});
+  run_case({"dflash2 sliding", shipped_config("tiny-dflash2.json")});
 }
 
 TEST(DrafterParity, CausalAndSlidingKinds) {
   for (bool causal : {false, true}) {
-    DrafterConfig cfg = tiny("tiny-dflash.json");
+    DrafterConfig cfg = shipped_config("tiny-dflash.json");
     cfg.sliding = {true, false};
     cfg.window = 5;
     cfg.causal = {causal, causal};
@@ -120,7 +117,7 @@ TEST(DrafterParity, CausalAndSlidingKinds) {
 TEST(DrafterParity, GqaRatiosAndBias) {
   for (int64_t nkv : {4, 2, 1}) {
     for (bool bias : {false, true}) {
-      DrafterConfig cfg = tiny("tiny-dflash.json");
+      DrafterConfig cfg = shipped_config("tiny-dflash.json");
       cfg.n_kv = nkv;
       cfg.bias = bias;
       run_case({"gqa " + std::to_string(4 / nkv) + (bias ? " bias" : ""), cfg});
@@ -130,7 +127,7 @@ TEST(DrafterParity, GqaRatiosAndBias) {
 
 TEST(DrafterParity, BlockSizes) {
   for (int64_t b : {2, 3, 16}) {
-    DrafterConfig cfg = tiny("tiny-dflash2.json");
+    DrafterConfig cfg = shipped_config("tiny-dflash2.json");
     cfg.block = b;
     run_case({"dflash2 block " + std::to_string(b), cfg});
   }
@@ -138,14 +135,14 @@ TEST(DrafterParity, BlockSizes) {
 
 TEST(DrafterParity, ContextLengths) {
   for (int64_t n : {0, 1, 7, 300}) {
-    Case c{"dflash2 context " + std::to_string(n), tiny("tiny-dflash2.json")};
+    Case c{"dflash2 context " + std::to_string(n), shipped_config("tiny-dflash2.json")};
     c.context = n;
     run_case(c);
   }
 }
 
 TEST(DrafterParity, OddSizesSoftCapAndScales) {
-  DrafterConfig cfg = tiny("tiny-dflash.json");
+  DrafterConfig cfg = shipped_config("tiny-dflash.json");
   cfg.hidden = 48;
   cfg.n_q = 6;
   cfg.n_kv = 3;
@@ -160,10 +157,10 @@ TEST(DrafterParity, OddSizesSoftCapAndScales) {
 }
 
 TEST(DrafterParity, PaddedAndTiedTargetHeads) {
-  Case padded{"padded head", tiny("tiny-dflash.json")};
+  Case padded{"padded head", shipped_config("tiny-dflash.json")};
   padded.target_vocab = 320;
   run_case(padded);
-  Case tied{"tied head", tiny("tiny-dflash2.json")};
+  Case tied{"tied head", shipped_config("tiny-dflash2.json")};
   tied.target_vocab = 260;
   tied.tie = true;
   run_case(tied);
@@ -171,26 +168,26 @@ TEST(DrafterParity, PaddedAndTiedTargetHeads) {
 
 TEST(DrafterParity, WeightDtypes) {
   for (DType d : {DType::F32, DType::F16}) {
-    Case c{std::string("dtype ") + dtype_name(d), tiny("tiny-dflash2.json")};
+    Case c{std::string("dtype ") + dtype_name(d), shipped_config("tiny-dflash2.json")};
     c.dtype = d;
     run_case(c);
   }
 }
 
 TEST(DrafterParity, SeededSampling) {
-  Case plain{"sampling", tiny("tiny-dflash.json")};
+  Case plain{"sampling", shipped_config("tiny-dflash.json")};
   plain.sampling = {0.8, 0, 1.0, 42};
   run_case(plain);
-  Case filtered{"sampling top-k top-p", tiny("tiny-dflash.json")};
+  Case filtered{"sampling top-k top-p", shipped_config("tiny-dflash.json")};
   filtered.sampling = {1.3, 20, 0.9, 5};
   run_case(filtered);
-  Case selector{"dflash2 sampling", tiny("tiny-dflash2.json")};
+  Case selector{"dflash2 sampling", shipped_config("tiny-dflash2.json")};
   selector.sampling = {0.7, 0, 1.0, 9};
   run_case(selector);
 }
 
 TEST(DrafterParity, SeveralSessionsInOneBatch) {
-  const Case c{"batch", tiny("tiny-dflash2.json")};
+  const Case c{"batch", shipped_config("tiny-dflash2.json")};
   Fixture f(c, 3);
   const int64_t lengths[3] = {0, 9, 33};
   std::vector<std::unique_ptr<model::Session>> sessions;
@@ -216,7 +213,7 @@ TEST(DrafterParity, SeveralSessionsInOneBatch) {
 // The speculative round of docs/model.md: settle the prompt, draft, keep m rows, roll back, repeat;
 // the context must equal one settle of the kept rows.
 TEST(DrafterParity, SettleInPiecesWithRollbackEqualsOneSettle) {
-  const Case c{"rounds", tiny("tiny-dflash2.json")};  // sliding window 6 < context
+  const Case c{"rounds", shipped_config("tiny-dflash2.json")};  // sliding window 6 < context
   Fixture f(c);
   const int64_t total = 60;
   const auto taps = model::random_taps(c.cfg, total, 21);
@@ -243,7 +240,7 @@ TEST(DrafterParity, SettleInPiecesWithRollbackEqualsOneSettle) {
 }
 
 TEST(DrafterErrors, BadRequestsAreRefusedWithoutChangingTheSession) {
-  const Case c{"errors", tiny("tiny-dflash2.json")};
+  const Case c{"errors", shipped_config("tiny-dflash2.json")};
   Fixture f(c, 1, 32);
   auto s = f.drafter->new_session();
   const auto taps = model::random_taps(c.cfg, 40, 1);
@@ -268,7 +265,7 @@ TEST(DrafterErrors, BadRequestsAreRefusedWithoutChangingTheSession) {
 TEST(DrafterErrors, NonFiniteTapsFailTheDraftInsteadOfReturningAToken) {
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"})
     for (float bad : {std::nanf(""), INFINITY}) {
-      const Case c{file, tiny(file)};
+      const Case c{file, shipped_config(file)};
       Fixture f(c, 1, 32);
       auto s = f.drafter->new_session();
       auto taps = model::random_taps(c.cfg, 10, 1);

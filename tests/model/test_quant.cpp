@@ -238,38 +238,21 @@ TEST(QuantReader, QuantizeOutputReadsBackAndSharesAgree) {
                {"quantized already"});
 }
 
-// Every tensor of DIR/model.safetensors, copied out of the file.
-std::vector<OwnedTensor> read_all(const std::string& dir) {
-  const auto store = TensorStore::open(dir);
-  std::vector<OwnedTensor> all;
-  for (const auto& n : store->names()) {
-    const TensorInfo& t = *store->find(n);
-    all.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
-  }
-  return all;
-}
-
-void write_all(const std::string& dir, const std::vector<OwnedTensor>& tensors) {
-  SafetensorsWriter w;
-  for (const auto& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
-  w.write(dir + "/model.safetensors");
-}
-
-// Rewrites DIR/model.safetensors through `edit(name, tensor) -> keep?` plus `extra` tensors.
-void rewrite(const std::string& dir, const std::function<bool(const std::string&, OwnedTensor&)>& edit,
+// Rewrites the safetensors file `path` through `edit(name, tensor) -> keep?` plus `extra` tensors.
+void rewrite(const std::string& path, const std::function<bool(const std::string&, OwnedTensor&)>& edit,
              std::vector<OwnedTensor> extra = {}) {
   std::vector<OwnedTensor> all;
-  for (OwnedTensor& t : read_all(dir)) {
+  for (OwnedTensor& t : testing::read_tensors(path)) {
     if (edit(t.name, t)) all.push_back(std::move(t));
   }
   for (auto& e : extra) all.push_back(std::move(e));
-  write_all(dir, all);
+  testing::write_tensors(path, all);
 }
 
-// Rewrites DIR/model.safetensors with tensor `name` changed by `edit`.
-void edit_tensor(const std::string& dir, const std::string& name,
+// Rewrites the safetensors file `path` with tensor `name` changed by `edit`.
+void edit_tensor(const std::string& path, const std::string& name,
                  const std::function<void(OwnedTensor&)>& edit) {
-  rewrite(dir, [&](const std::string& n, OwnedTensor& t) {
+  rewrite(path, [&](const std::string& n, OwnedTensor& t) {
     if (n == name) edit(t);
     return true;
   });
@@ -282,13 +265,13 @@ TEST(QuantReader, InconsistenciesNameTensorAndFile) {
   const std::vector<int64_t> shape{qcfg.ffn, qcfg.hidden};
   const QuantScheme s = qcfg.quant.scheme_for(up);
   ASSERT_TRUE(s.quantized());
-  const std::string file = q.qdrafter();
+  const std::string file = q.qdrafter(), weights = file + "/model.safetensors";
   // Each case edits a fresh copy of the valid file: the checks restore it.
-  const std::vector<OwnedTensor> original = read_all(file);
+  const std::vector<OwnedTensor> original = testing::read_tensors(weights);
   auto check = [&](const std::string& needle) {
     expect_error([&] { check_quantized_tensor(*TensorStore::open(file), up, shape, s); },
                  {needle, "model.safetensors"});
-    write_all(file, original);
+    testing::write_tensors(weights, original);
   };
   auto bytes_of = [](std::vector<int64_t> v) {
     std::vector<std::byte> b(v.size() * 8);
@@ -296,35 +279,35 @@ TEST(QuantReader, InconsistenciesNameTensorAndFile) {
     return b;
   };
 
-  rewrite(file, [](const std::string&, OwnedTensor&) { return true; },
+  rewrite(weights, [](const std::string&, OwnedTensor&) { return true; },
           {{up + "_zero_point", DType::I8, {shape[0], 1}, std::vector<std::byte>(static_cast<size_t>(shape[0]))}});
   check("'" + up + "_zero_point': asymmetric quantization");
-  rewrite(file, [](const std::string&, OwnedTensor&) { return true; },
+  rewrite(weights, [](const std::string&, OwnedTensor&) { return true; },
           {{up + "_g_idx", DType::I32, {shape[1]}, std::vector<std::byte>(static_cast<size_t>(shape[1]) * 4)}});
   check("'" + up + "_g_idx': activation ordering");
-  edit_tensor(file, up + "_packed", [](OwnedTensor& t) {
+  edit_tensor(weights, up + "_packed", [](OwnedTensor& t) {
     t.shape[1] -= 1;
     t.bytes.resize(static_cast<size_t>(t.shape[0] * t.shape[1]) * 4);
   });
   check("'" + up + "_packed' has shape [96, 15], expected [96, 16]");
-  edit_tensor(file, up + "_scale", [&](OwnedTensor& t) {
+  edit_tensor(weights, up + "_scale", [&](OwnedTensor& t) {
     t.shape = {shape[0], 1};
     t.bytes.resize(static_cast<size_t>(shape[0]) * 2);
   });
   check("'" + up + "_scale' has shape [96, 1], expected [96, 4]");
-  edit_tensor(file, up + "_shape",
+  edit_tensor(weights, up + "_shape",
               [&](OwnedTensor& t) { t.bytes = bytes_of({shape[0], shape[1] + 1}); });
   check("says [96, 65]");
-  rewrite(file, [&](const std::string& n, OwnedTensor&) { return n != up + "_scale"; });
+  rewrite(weights, [&](const std::string& n, OwnedTensor&) { return n != up + "_scale"; });
   expect_error([&] { check_quantized_tensor(*TensorStore::open(file), up, shape, s); },
                {file + ": tensor '" + up + "_scale' is missing"});
-  write_all(file, original);
+  testing::write_tensors(weights, original);
   // A config that quantizes a tensor the file stores as floats.
-  rewrite(file, [&](const std::string& n, OwnedTensor&) { return n.rfind(up, 0) != 0; },
+  rewrite(weights, [&](const std::string& n, OwnedTensor&) { return n.rfind(up, 0) != 0; },
           {{up, DType::BF16, shape, std::vector<std::byte>(static_cast<size_t>(shape[0] * shape[1]) * 2)}});
   check("is stored unquantized");
   // A non-finite scale is found when the share is read.
-  edit_tensor(file, up + "_scale", [](OwnedTensor& t) {
+  edit_tensor(weights, up + "_scale", [](OwnedTensor& t) {
     const uint16_t nan = 0x7fc0;
     std::memcpy(t.bytes.data() + 6, &nan, 2);
   });
@@ -333,7 +316,7 @@ TEST(QuantReader, InconsistenciesNameTensorAndFile) {
         read_packed_share(*TensorStore::open(file), up, shape, s, {0, shape[0]}, {0, shape[1]});
       },
       {"'" + up + "_scale' holds a non-finite scale"});
-  write_all(file, original);
+  testing::write_tensors(weights, original);
   // The whole drafter loads again from the restored file (the checks above left nothing behind).
   const auto store = TensorStore::open(file);
   for (const auto& [name, sh] : expected_drafter_tensors(qcfg)) {

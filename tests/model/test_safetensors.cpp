@@ -31,9 +31,7 @@ void write_raw(const std::string& path, const std::string& header, const std::ve
   for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   bytes += header;
   bytes.append(data.begin(), data.end());
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
+  testing::write_text(path, bytes);
 }
 
 std::vector<uint8_t> file_bytes(const std::string& path) {

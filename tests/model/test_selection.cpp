@@ -1,5 +1,5 @@
 // Host-side token choice against docs/sampling.md, each checked against a computation written here:
-// the counter-based uniform bit for bit from the documented formula, sample_from_logits's kept set,
+// the counter-based uniform bit for bit against the float64 reference's, sample_from_logits's kept set,
 // token and q(token) in double (ties, top-k, top-p, temperatures), a chi-square test that draws over
 // many seeds follow q and that the same statistic rejects a wrong q, and the DFlash 2 selector walk.
 #include <algorithm>
@@ -13,27 +13,18 @@
 #include <gtest/gtest.h>
 
 #include "model/selection.h"
+#include "reference/reference.h"
 
 namespace tpdraft::model {
 namespace {
 
 // ---- the documented generator ----------------------------------------------------------------
 
-uint64_t splitmix64_finaliser(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// u(seed, r, v) of docs/sampling.md.
-double documented_uniform(uint64_t seed, uint64_t row, uint64_t id) {
-  const uint64_t h = splitmix64_finaliser(splitmix64_finaliser(splitmix64_finaliser(seed) ^ row) ^ id);
-  return (static_cast<double>(h >> 11) + 0.5) / std::ldexp(1.0, 53);
-}
+// u(seed, r, v) of docs/sampling.md is the float64 reference's, which test_reference pins to the formula.
+using reference::ref_uniform;
 
 double documented_gumbel(uint64_t seed, uint64_t row, uint64_t id) {
-  return -std::log(-std::log(documented_uniform(seed, row, id)));
+  return -std::log(-std::log(ref_uniform(seed, row, id)));
 }
 
 TEST(Selection, UniformFollowsTheDocumentedFormula) {
@@ -41,7 +32,7 @@ TEST(Selection, UniformFollowsTheDocumentedFormula) {
     for (uint64_t row : {0ull, 1ull, 7ull, 1ull << 40})
       for (uint64_t id : {0ull, 3ull, 151935ull, 1ull << 63}) {
         const std::string at = std::to_string(seed) + " " + std::to_string(row) + " " + std::to_string(id);
-        EXPECT_EQ(sampling_uniform(seed, row, id), documented_uniform(seed, row, id)) << at;
+        EXPECT_EQ(sampling_uniform(seed, row, id), ref_uniform(seed, row, id)) << at;
         EXPECT_EQ(gumbel_noise(seed, row, id), documented_gumbel(seed, row, id)) << at;
       }
 }

@@ -28,8 +28,7 @@ namespace tpdraft::model {
 namespace {
 
 using testing::expect_error;
-
-DrafterConfig tiny(const std::string& file) { return DrafterConfig::from_file(testing::source_path("configs/" + file)); }
+using testing::shipped_config;
 
 // The CPU backend, counting its allocations.
 class CountingOps final : public kernels::Ops {
@@ -91,7 +90,7 @@ std::vector<OwnedTensor> without(std::vector<OwnedTensor> tensors, const std::st
 // ---- presence and shapes before any allocation ------------------------------------------------
 
 TEST(Weights, EveryTensorIsCheckedBeforeTheFirstAllocation) {
-  const DrafterConfig cfg = tiny("tiny-dflash2.json");
+  const DrafterConfig cfg = shipped_config("tiny-dflash2.json");
   RandomCheckpointOptions o;
   o.threads = 1;
   const auto drafter = random_drafter_tensors(cfg, o);
@@ -141,7 +140,8 @@ struct Checkpoint {
   DrafterConfig cfg;
   std::unique_ptr<kernels::Ops> ops = kernels::make_cpu_ops(1);
 
-  Checkpoint(const std::string& config, DType dtype, bool tie = false, int64_t target_vocab = 0) : cfg(tiny(config)) {
+  Checkpoint(const std::string& config, DType dtype, bool tie = false, int64_t target_vocab = 0)
+      : cfg(shipped_config(config)) {
     RandomCheckpointOptions o;
     o.seed = 5;
     o.dtype = dtype;
@@ -233,13 +233,13 @@ TEST(Weights, DraftFromANonFiniteEmbeddingRowFailsInsteadOfReturningGarbage) {
   Checkpoint ck("tiny-dflash.json", DType::BF16);
   testing::set_element(ck.target_file(), "model.embed_tokens.weight", 7 * 64, kNaN);
   auto comm = parallel::make_single_rank();
-  const ModelSource source{ck.cfg, TensorStore::open(ck.dir.file("drafter")), TensorStore::open(ck.dir.file("target"))};
-  RankRuntime rt(source, *comm, testing::backend("cpu", 1));
-  auto session = rt.drafter().new_session();
+  const auto rt = testing::open_rank(*comm, ck.dir.path(), ck.cfg);
+  Drafter& drafter = rt->drafter();
+  auto session = drafter.new_session();
   const std::vector<float> taps = random_taps(ck.cfg, 4, 1);
-  rt.drafter().settle(*session, 0, taps.data(), 4);
-  expect_error([&] { rt.drafter().draft({{session.get(), 7, {}}}); }, {"'model.embed_tokens.weight'", "row 7"});
-  const auto ok = rt.drafter().draft({{session.get(), 8, {}}});
+  drafter.settle(*session, 0, taps.data(), 4);
+  expect_error([&] { drafter.draft({{session.get(), 7, {}}}); }, {"'model.embed_tokens.weight'", "row 7"});
+  const auto ok = drafter.draft({{session.get(), 8, {}}});
   for (int64_t t : ok[0].tokens) {
     EXPECT_GE(t, 0);
     EXPECT_LT(t, ck.cfg.vocab);
@@ -250,7 +250,7 @@ TEST(Weights, DraftFromANonFiniteEmbeddingRowFailsInsteadOfReturningGarbage) {
 
 TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
   // Within every key's bound, but 2 x 2^24 x 2^17 bf16 target rows are 8 TiB.
-  DrafterConfig cfg = tiny("tiny-dflash.json");
+  DrafterConfig cfg = shipped_config("tiny-dflash.json");
   cfg.hidden = 131072;
   cfg.vocab = 1 << 24;
   cfg.validate("big");
@@ -266,7 +266,7 @@ TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
   // The layers dominate when they are what is large.
-  cfg = tiny("tiny-dflash.json");
+  cfg = shipped_config("tiny-dflash.json");
   cfg.hidden = 65536;
   cfg.ffn = 1 << 20;
   cfg.layers = 1024;
@@ -277,24 +277,24 @@ TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
 
 TEST(RandomWeights, UncheckedProgrammaticConfigsAreValidatedFirst) {
   // A config made in code skips from_json: the generator validates it before sizing anything.
-  DrafterConfig cfg = tiny("tiny-dflash.json");
+  DrafterConfig cfg = shipped_config("tiny-dflash.json");
   cfg.vocab = (int64_t{1} << 58) + 1;
   expect_error([&] { random_target_tensors(cfg, {}); }, {"'vocab_size'", "288230376151711745", "16777216"});
   expect_error([&] { random_drafter_tensors(cfg, {}); }, {"'vocab_size'"});
   RandomCheckpointOptions o;
   o.target_vocab = -5;
-  expect_error([&] { random_target_tensors(tiny("tiny-dflash.json"), o); }, {"target vocab", "-5", "300"});
+  expect_error([&] { random_target_tensors(shipped_config("tiny-dflash.json"), o); }, {"target vocab", "-5", "300"});
   o = {};
   o.threads = -2;
-  expect_error([&] { random_drafter_tensors(tiny("tiny-dflash.json"), o); }, {"thread count", "-2"});
+  expect_error([&] { random_drafter_tensors(shipped_config("tiny-dflash.json"), o); }, {"thread count", "-2"});
   o = {};
   o.dtype = DType::I32;
-  expect_error([&] { random_drafter_tensors(tiny("tiny-dflash.json"), o); }, {"dtype", "I32"});
+  expect_error([&] { random_drafter_tensors(shipped_config("tiny-dflash.json"), o); }, {"dtype", "I32"});
 }
 
 TEST(RandomWeights, WriteCheckpointRefusesBeforeWriting) {
   testing::TempDir dir;
-  const DrafterConfig cfg = tiny("tiny-dflash.json");
+  const DrafterConfig cfg = shipped_config("tiny-dflash.json");
   expect_error([&] { write_random_checkpoint(cfg, dir.file("ck"), {}, -1); }, {"random taps", "-1"});
   expect_error([&] { write_random_checkpoint(cfg, "", {}, 0); }, {"output directory name is empty"});
   // The parent of the destination is a file: its directory cannot be made.
@@ -303,7 +303,7 @@ TEST(RandomWeights, WriteCheckpointRefusesBeforeWriting) {
   EXPECT_FALSE(std::filesystem::exists(dir.file("ck")));
   // The same destination, written twice, holds the second checkpoint only.
   write_random_checkpoint(cfg, dir.file("ck"), {}, 3);
-  write_random_checkpoint(tiny("tiny-dflash2.json"), dir.file("ck"), {}, 0);
+  write_random_checkpoint(shipped_config("tiny-dflash2.json"), dir.file("ck"), {}, 0);
   EXPECT_FALSE(std::filesystem::exists(dir.file("ck/taps.safetensors")));
   EXPECT_TRUE(DrafterConfig::from_file(dir.file("ck/drafter/config.json")).is_dflash2());
   size_t entries = 0;
@@ -312,7 +312,7 @@ TEST(RandomWeights, WriteCheckpointRefusesBeforeWriting) {
 }
 
 TEST(RandomWeights, TapRowsBeyondMemoryAreRefused) {
-  const DrafterConfig cfg = tiny("tiny-dflash.json");
+  const DrafterConfig cfg = shipped_config("tiny-dflash.json");
   EXPECT_EQ(random_taps(cfg, 3, 1).size(), 3u * 128u);
   expect_error([&] { random_taps(cfg, int64_t{1} << 40, 1); }, {"random taps", "1099511627776 rows", "bytes", "memory"});
   expect_error([&] { random_taps(cfg, -1, 1); }, {"random taps", "-1"});

@@ -24,6 +24,7 @@
 #include "parallel/communicator.h"
 #include "parallel/thread_comm.h"
 #include "support/collective_checks.h"
+#include "support/test_support.h"
 
 namespace tpdraft::parallel {
 namespace {
@@ -62,13 +63,7 @@ std::vector<std::string> run_each(std::vector<std::unique_ptr<Communicator>>& co
   std::vector<std::string> errors(comms.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < comms.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(*comms[r]);
-      } catch (const Error& e) {
-        errors[r] = e.what();
-      }
-    });
+    threads.emplace_back([&, r] { errors[r] = testing::error_of([&] { fn(*comms[r]); }); });
   }
   for (auto& t : threads) t.join();
   return errors;
@@ -76,13 +71,9 @@ std::vector<std::string> run_each(std::vector<std::unique_ptr<Communicator>>& co
 
 // Runs fn on n in-process ranks, which must fail: returns the error run_ranks raised.
 std::string run_ranks_error(int n, const std::function<void(Communicator&)>& fn) {
-  try {
-    run_ranks(n, fn);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "run_ranks returned";
-  return "";
+  const std::string error = testing::error_of([&] { run_ranks(n, fn); });
+  if (error.empty()) ADD_FAILURE() << "run_ranks returned";
+  return error;
 }
 
 class Collectives : public ::testing::TestWithParam<int> {
@@ -167,14 +158,9 @@ TEST(ThreadComm, AbortWakesRanksWaitingInCollectives) {
   for (int r : {0, 2, 3})
     EXPECT_EQ(errors[r], "rank " + std::to_string(r) + ": collective aborted by rank 1: disk full");
   // A rank entering a collective afterwards fails at once too, the aborting one included.
-  for (int r = 0; r < 4; ++r) {
-    try {
-      comms[r]->barrier();
-      ADD_FAILURE() << "rank " << r << ": barrier of an aborted group returned";
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), "rank " + std::to_string(r) + ": collective aborted by rank 1: disk full");
-    }
-  }
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(testing::error_of([&] { comms[r]->barrier(); }),
+              "rank " + std::to_string(r) + ": collective aborted by rank 1: disk full");
 }
 
 TEST(ThreadComm, MismatchedCallsThrowOnEveryRank) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "model/safetensors.h"
 #include "reference/reference.h"
@@ -48,15 +49,10 @@ struct Tensor {
 };
 using Weights = std::map<std::string, Tensor>;
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 void put(Weights& w, const std::string& name, std::vector<int64_t> shape, std::vector<float> data = {}) {
-  if (data.empty()) data.assign(static_cast<size_t>(numel(shape)), 0.0f);
-  ASSERT_EQ(static_cast<int64_t>(data.size()), numel(shape)) << name;
+  const int64_t numel = checked_numel(shape, "tensor '{}'", name);
+  if (data.empty()) data.assign(static_cast<size_t>(numel), 0.0f);
+  ASSERT_EQ(static_cast<int64_t>(data.size()), numel) << name;
   w[name] = Tensor{std::move(shape), std::move(data)};
 }
 
@@ -326,7 +322,7 @@ TEST(Reference, WholeDFlashLayerWithBiasesAndTwoTaps) {
   Weights w = base_weights(false);
   uint32_t salt = 500;
   for (auto& [name, t] : w) {
-    t.data = pattern(numel(t.shape), ++salt);
+    t.data = pattern(checked_numel(t.shape, "tensor '{}'", name), ++salt);
     if (name.find("norm") != std::string::npos)
       for (float& x : t.data) x = 1.0f + x / 2;  // keep norm weights away from zero
   }

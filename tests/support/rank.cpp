@@ -21,8 +21,12 @@ std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, con
   return std::make_unique<model::RankRuntime>(source, group, options);
 }
 
+model::DrafterConfig shipped_config(const std::string& file) {
+  return model::DrafterConfig::from_file(source_path("configs/" + file));
+}
+
 model::DrafterConfig eight_heads_over_two(const std::string& file) {
-  model::DrafterConfig c = model::DrafterConfig::from_file(source_path("configs/" + file));
+  model::DrafterConfig c = shipped_config(file);
   c.n_q = 8;
   c.n_kv = 2;
   c.head_dim = 8;

@@ -21,6 +21,9 @@ std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, con
                                               const model::DrafterConfig& cfg,
                                               const model::RuntimeOptions& options = backend("cpu"));
 
+// configs/FILE of the source tree (e.g. "tiny-dflash.json").
+model::DrafterConfig shipped_config(const std::string& file);
+
 // configs/FILE with 8 query heads over 2 kv heads of 8 and an FFN of 96: tp = 2 splits the kv
 // heads, tp = 4 and 8 replicate them.
 model::DrafterConfig eight_heads_over_two(const std::string& file);

@@ -120,23 +120,26 @@ size_t count_of(const std::string& text, const std::string& needle) {
   return n;
 }
 
-void set_element(const std::string& path, const std::string& name, int64_t index, float value) {
-  struct Copy {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<std::byte> bytes;
-  };
-  std::vector<Copy> tensors;
-  {
-    model::SafetensorsFile f(path);
-    for (const auto& n : f.names()) {
-      const model::TensorInfo& t = *f.find(n);
-      tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
-    }
+std::vector<model::OwnedTensor> read_tensors(const std::string& path) {
+  model::SafetensorsFile f(path);
+  std::vector<model::OwnedTensor> tensors;
+  for (const auto& n : f.names()) {
+    const model::TensorInfo& t = *f.find(n);
+    tensors.push_back({n, t.dtype, t.shape, std::vector<std::byte>(t.data, t.data + t.nbytes)});
   }
+  return tensors;
+}
+
+void write_tensors(const std::string& path, const std::vector<model::OwnedTensor>& tensors) {
+  model::SafetensorsWriter w;
+  for (const auto& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
+  w.write(path);
+}
+
+void set_element(const std::string& path, const std::string& name, int64_t index, float value) {
+  std::vector<model::OwnedTensor> tensors = read_tensors(path);
   bool found = false;
-  for (Copy& t : tensors) {
+  for (model::OwnedTensor& t : tensors) {
     if (t.name != name) continue;
     const size_t size = dtype_size(t.dtype);
     if (!is_float_weight(t.dtype) || (index + 1) * static_cast<int64_t>(size) > static_cast<int64_t>(t.bytes.size()))
@@ -145,9 +148,7 @@ void set_element(const std::string& path, const std::string& name, int64_t index
     found = true;
   }
   if (!found) throw std::runtime_error("set_element: no tensor " + name + " in " + path);
-  model::SafetensorsWriter w;
-  for (const Copy& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size());
-  w.write(path);
+  write_tensors(path, tensors);
 }
 
 void make_fifo(const std::string& path) {

@@ -9,6 +9,9 @@
 namespace tpdraft::parallel {
 class Communicator;
 }
+namespace tpdraft::model {
+struct OwnedTensor;
+}
 
 namespace tpdraft::testing {
 
@@ -68,6 +71,10 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
 
 // How many times `needle` occurs in `text`.
 size_t count_of(const std::string& text, const std::string& needle);
+// Every tensor of the safetensors file at `path`, copied out of it, in the file's order.
+std::vector<model::OwnedTensor> read_tensors(const std::string& path);
+// Writes `tensors` as the safetensors file at `path`.
+void write_tensors(const std::string& path, const std::vector<model::OwnedTensor>& tensors);
 // Rewrites the safetensors file at `path` with element `index` of tensor `name` set to `value`
 // (stored in the tensor's float dtype): how tests plant a NaN or an Inf in a checkpoint.
 void set_element(const std::string& path, const std::string& name, int64_t index, float value);
