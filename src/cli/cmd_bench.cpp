@@ -320,7 +320,7 @@ void print_table(const BenchResult& r) {
 }
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
-  const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  const DType dtype = weight_dtype(o.dtype);
   std::unique_ptr<model::RankRuntime> runtime;
   agree_on(ctx.world, kExitInput, [&] {
     model::ModelSource source = bench_source(o, ctx, dtype);

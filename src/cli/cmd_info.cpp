@@ -68,12 +68,6 @@ struct Source {
   }
 };
 
-DType parse_weight_dtype(const std::string& s) {
-  if (s == "bf16") return DType::BF16;
-  if (s == "f16") return DType::F16;
-  return DType::F32;
-}
-
 void read_target(const std::string& dir, Source* src) {
   auto target = model::TensorStore::open(dir);
   const model::TargetConfig tc = model::TargetConfig::from_dir(dir);
@@ -93,7 +87,7 @@ Source open_source(const InfoOpts& o) {
   TPDRAFT_CHECK(o.drafter.empty() != o.config.empty(), "info: give --drafter DIR (a checkpoint) or --config FILE "
                                                        "(a bare config.json), not both");
   Source src;
-  src.assumed = parse_weight_dtype(o.dtype);
+  src.assumed = weight_dtype(o.dtype);
   src.head_dtype = src.assumed;
   if (!o.drafter.empty()) {
     src.path = o.drafter;
