@@ -166,11 +166,11 @@ void print_shares(const Source& src, int tp) {
     for (const auto& plan : plans) {
       const model::TensorShare share = model::tensor_share(src.cfg, plan, name, shape);
       const model::QuantScheme q = src.cfg.quant.scheme_for(name);
-      const size_t b = share.placement == model::Placement::HostMapped ? 0
+      const bool mapped = share.placement == model::Placement::HostMapped;
+      const size_t b = mapped ? 0
                        : q.quantized() ? model::quantized_share_bytes(q, share.rows.size(), share.cols.size())
                                        : share.backend_bytes(src.dtype_of(name));
-      bytes += (bytes.empty() ? "" : " / ") + (share.placement == model::Placement::HostMapped ? std::string("mapped")
-                                                                                              : human_bytes(static_cast<double>(b)));
+      bytes += (bytes.empty() ? "" : " / ") + (mapped ? std::string("mapped") : human_bytes(static_cast<double>(b)));
     }
     std::printf("  %-52s %-17s %s  %s\n", name.c_str(), src.format_of(name).c_str(), shape_string(shape).c_str(),
                 bytes.c_str());
