@@ -335,9 +335,7 @@ void print_table(const std::vector<Measured>& all) {
               "engine us", "C ABI us", "C ABI-engine us", "engine-drafter us", "check us", "allocs d/e/abi");
   for (const Measured& m : all) {
     auto spread = [](const SampleSummary& s) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.2f [%.1f, %.1f]", us(s.median()), us(s.quantile(0.1)), us(s.quantile(0.9)));
-      return std::string(buf);
+      return fmt::format("{:.2f} [{:.1f}, {:.1f}]", us(s.median()), us(s.quantile(0.1)), us(s.quantile(0.9)));
     };
     std::printf("%-34s %6lld %5lld %11.1f %11.1f %11.1f %22s %22s %9.2f %5.1f/%4.1f/%4.1f\n", m.config.c_str(),
                 static_cast<long long>(m.steps), static_cast<long long>(m.context), us(m.drafter.seconds.median()),
