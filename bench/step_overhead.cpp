@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -57,16 +56,15 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// A temp directory holding a random checkpoint, removed at the end.
+// A temp directory holding a random checkpoint (generated on every core), removed at the end.
 struct ScratchCheckpoint {
   std::string dir;
-  ScratchCheckpoint(const model::DrafterConfig& cfg, int threads) {
+  explicit ScratchCheckpoint(const model::DrafterConfig& cfg) {
     std::string templ = (std::filesystem::temp_directory_path() / "tpdraft-overhead-XXXXXX").string();
     TPDRAFT_CHECK(mkdtemp(templ.data()) != nullptr, "cannot make a temp directory from {}", templ);
     dir = templ;
     model::RandomCheckpointOptions o;
     o.seed = 3;
-    o.threads = threads;
     model::write_random_checkpoint(cfg, dir, o, 0);
   }
   ~ScratchCheckpoint() {
@@ -291,9 +289,8 @@ Measured measure(const std::string& config, const Args& a) {
   m.round = tiny ? 100 : 2;
   m.context = a.context > 0 ? a.context : tiny ? 64 : 1024;
   m.threads = a.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::fprintf(stderr, "%s: writing a random checkpoint...\n", config.c_str());
-  const ScratchCheckpoint ck(cfg, cores);
+  const ScratchCheckpoint ck(cfg);
   const Workload w = make_workload(cfg, m.context);
   AbiPath abi(ck.dir, w, a.threads, cfg.block);
   EnginePaths eng(ck.dir, w, a.threads);
