@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/quant_tensors.h"
 
 namespace tpdraft::bench {
 namespace {
@@ -94,23 +95,16 @@ int run(const Args& a) {
     void* d = buffer(wb.size() * 2);
     ops->to_device(d, wb.data(), wb.size() * 2);
     bf16.mats.push_back({DType::BF16, s.n, s.k, d});
+    // The int variants of these bf16 weights, quantized as tpdraft quantizes them while loading.
+    const model::TensorInfo t{"w", DType::BF16, {s.n, s.k}, reinterpret_cast<const std::byte*>(wb.data()),
+                              wb.size() * 2};
+    model::QuantRequest request;
+    request.group = a.group;
     for (const int bits : {8, 4}) {
-      const int top = (1 << (bits - 1)) - 1;
-      const int64_t gpr = s.k / a.group;
-      std::vector<int8_t> q(w.size());
-      std::vector<float> scales(static_cast<size_t>(s.n * gpr));
-      for (int64_t r = 0; r < s.n; ++r)
-        for (int64_t g = 0; g < gpr; ++g) {
-          float amax = 0;
-          for (int64_t c = g * a.group; c < (g + 1) * a.group; ++c) amax = std::max(amax, std::abs(w[r * s.k + c]));
-          const float scale = amax > 0 ? amax / static_cast<float>(top) : 1.0f;
-          scales[r * gpr + g] = scale;
-          for (int64_t c = g * a.group; c < (g + 1) * a.group; ++c)
-            q[r * s.k + c] = static_cast<int8_t>(std::clamp<float>(std::nearbyint(w[r * s.k + c] / scale), -top, top));
-        }
+      const model::QuantShare q = model::quantize_share(t, request.scheme(bits, s.k), {0, s.n}, {0, s.k});
       const WeightFormat f = bits == 8 ? WeightFormat::Int8 : WeightFormat::Int4;
-      void* dq = buffer(ops->quantized_bytes(f, s.n, s.k, a.group));
-      (bits == 8 ? q8 : q4).mats.push_back(ops->upload_quantized({bits, s.n, s.k, a.group, q.data(), scales.data()}, dq));
+      void* dq = buffer(ops->quantized_bytes(f, s.n, s.k, q.group));
+      (bits == 8 ? q8 : q4).mats.push_back(ops->upload_quantized(q.view(), dq));
     }
     macs += static_cast<double>(s.n) * static_cast<double>(s.k) * static_cast<double>(a.rows);
   }

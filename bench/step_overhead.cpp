@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -57,16 +56,15 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// A temp directory holding a random checkpoint, removed at the end.
+// A temp directory holding a random checkpoint (generated on every core), removed at the end.
 struct ScratchCheckpoint {
   std::string dir;
-  ScratchCheckpoint(const model::DrafterConfig& cfg, int threads) {
+  explicit ScratchCheckpoint(const model::DrafterConfig& cfg) {
     std::string templ = (std::filesystem::temp_directory_path() / "tpdraft-overhead-XXXXXX").string();
     TPDRAFT_CHECK(mkdtemp(templ.data()) != nullptr, "cannot make a temp directory from {}", templ);
     dir = templ;
     model::RandomCheckpointOptions o;
     o.seed = 3;
-    o.threads = threads;
     model::write_random_checkpoint(cfg, dir, o, 0);
   }
   ~ScratchCheckpoint() {
@@ -291,9 +289,8 @@ Measured measure(const std::string& config, const Args& a) {
   m.round = tiny ? 100 : 2;
   m.context = a.context > 0 ? a.context : tiny ? 64 : 1024;
   m.threads = a.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::fprintf(stderr, "%s: writing a random checkpoint...\n", config.c_str());
-  const ScratchCheckpoint ck(cfg, cores);
+  const ScratchCheckpoint ck(cfg);
   const Workload w = make_workload(cfg, m.context);
   AbiPath abi(ck.dir, w, a.threads, cfg.block);
   EnginePaths eng(ck.dir, w, a.threads);
@@ -335,9 +332,7 @@ void print_table(const std::vector<Measured>& all) {
               "engine us", "C ABI us", "C ABI-engine us", "engine-drafter us", "check us", "allocs d/e/abi");
   for (const Measured& m : all) {
     auto spread = [](const SampleSummary& s) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.2f [%.1f, %.1f]", us(s.median()), us(s.quantile(0.1)), us(s.quantile(0.9)));
-      return std::string(buf);
+      return fmt::format("{:.2f} [{:.1f}, {:.1f}]", us(s.median()), us(s.quantile(0.1)), us(s.quantile(0.9)));
     };
     std::printf("%-34s %6lld %5lld %11.1f %11.1f %11.1f %22s %22s %9.2f %5.1f/%4.1f/%4.1f\n", m.config.c_str(),
                 static_cast<long long>(m.steps), static_cast<long long>(m.context), us(m.drafter.seconds.median()),

@@ -47,8 +47,6 @@ struct Stats {
   double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
 };
 
-Stats summarize(const SampleSummary& s) { return {s.median(), s.min(), s.max(), s.quantile(0.1), s.quantile(0.9)}; }
-
 // Read bandwidth ceiling: the best of a few parallel passes summing a buffer far larger than
 // the caches (what streaming weights costs at best).
 double measure_read_gbps(int threads) {
@@ -205,7 +203,7 @@ void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<m
     if (i + 1 == o.warmup + o.repeat) r->tokens = res[0].tokens;
   }
   r->comm = comm.stats();
-  r->draft = summarize(times);
+  r->draft = {times.median(), times.min(), times.max(), times.quantile(0.1), times.quantile(0.9)};
   r->layers = layers.median();
   r->head = head.median();
   r->select = select.median();
@@ -320,7 +318,7 @@ void print_table(const BenchResult& r) {
 }
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
-  const DType dtype = o.dtype == "bf16" ? DType::BF16 : o.dtype == "f16" ? DType::F16 : DType::F32;
+  const DType dtype = weight_dtype(o.dtype);
   std::unique_ptr<model::RankRuntime> runtime;
   agree_on(ctx.world, kExitInput, [&] {
     model::ModelSource source = bench_source(o, ctx, dtype);

@@ -68,12 +68,6 @@ struct Source {
   }
 };
 
-DType parse_weight_dtype(const std::string& s) {
-  if (s == "bf16") return DType::BF16;
-  if (s == "f16") return DType::F16;
-  return DType::F32;
-}
-
 void read_target(const std::string& dir, Source* src) {
   auto target = model::TensorStore::open(dir);
   const model::TargetConfig tc = model::TargetConfig::from_dir(dir);
@@ -93,7 +87,7 @@ Source open_source(const InfoOpts& o) {
   TPDRAFT_CHECK(o.drafter.empty() != o.config.empty(), "info: give --drafter DIR (a checkpoint) or --config FILE "
                                                        "(a bare config.json), not both");
   Source src;
-  src.assumed = parse_weight_dtype(o.dtype);
+  src.assumed = weight_dtype(o.dtype);
   src.head_dtype = src.assumed;
   if (!o.drafter.empty()) {
     src.path = o.drafter;
@@ -172,11 +166,11 @@ void print_shares(const Source& src, int tp) {
     for (const auto& plan : plans) {
       const model::TensorShare share = model::tensor_share(src.cfg, plan, name, shape);
       const model::QuantScheme q = src.cfg.quant.scheme_for(name);
-      const size_t b = share.placement == model::Placement::HostMapped ? 0
+      const bool mapped = share.placement == model::Placement::HostMapped;
+      const size_t b = mapped ? 0
                        : q.quantized() ? model::quantized_share_bytes(q, share.rows.size(), share.cols.size())
                                        : share.backend_bytes(src.dtype_of(name));
-      bytes += (bytes.empty() ? "" : " / ") + (share.placement == model::Placement::HostMapped ? std::string("mapped")
-                                                                                              : human_bytes(static_cast<double>(b)));
+      bytes += (bytes.empty() ? "" : " / ") + (mapped ? std::string("mapped") : human_bytes(static_cast<double>(b)));
     }
     std::printf("  %-52s %-17s %s  %s\n", name.c_str(), src.format_of(name).c_str(), shape_string(shape).c_str(),
                 bytes.c_str());

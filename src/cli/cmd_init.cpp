@@ -45,7 +45,7 @@ void add_init(CLI::App& app) {
       const model::DrafterConfig cfg = model::DrafterConfig::from_file(opts->config);
       model::RandomCheckpointOptions o;
       o.seed = opts->seed;
-      o.dtype = opts->dtype == "bf16" ? DType::BF16 : opts->dtype == "f16" ? DType::F16 : DType::F32;
+      o.dtype = weight_dtype(opts->dtype);
       o.target_vocab = opts->target_vocab;
       o.tie_embeddings = opts->tie;
       model::write_random_checkpoint(cfg, opts->out, o, opts->taps);

@@ -73,4 +73,9 @@ CLI::Validator seed_number() {
       "0..2^64-1");
 }
 
+DType weight_dtype(const std::string& name) {
+  if (name == "bf16") return DType::BF16;
+  return name == "f16" ? DType::F16 : DType::F32;
+}
+
 }  // namespace tpdraft::cli

@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/dtype.h"
+
 namespace tpdraft::cli {
 
 // A whole number in [lo, hi]; `why` (may be empty) explains the bound in the error.
@@ -18,5 +20,8 @@ CLI::Validator real_number(double lo, double hi = std::numeric_limits<double>::m
 CLI::Validator kept_mass();
 // A seed: a whole number in 0..2^64 - 1 (written without a sign; "-1" is not 2^64 - 1).
 CLI::Validator seed_number();
+
+// The dtype a --dtype option names (bf16, f16 or f32: its choices).
+DType weight_dtype(const std::string& name);
 
 }  // namespace tpdraft::cli

@@ -69,12 +69,6 @@ double as_double(const json* v, const std::string& source, const char* key) {
   return v->get<double>();
 }
 
-int64_t require_int(const json& j, const char* key, const std::string& source, bool nested = false) {
-  const json* v = nested ? find_nested(j, key) : find_top(j, key);
-  TPDRAFT_CHECK(v != nullptr, "{}: missing required key '{}'", source, key);
-  return as_int(v, source, key);
-}
-
 // Upper bounds of the size keys (docs/checkpoint.md): far above any published drafter, and low
 // enough that no product of them overflows int64 and a typo fails here, not in an allocation.
 struct Bound {
@@ -98,7 +92,9 @@ int64_t check_limit(int64_t v, const char* key, const std::string& source) {
 
 // A size key, bounded as soon as it is read: later steps allocate per layer or per tap.
 int64_t require_size(const json& j, const char* key, const std::string& source, bool nested = false) {
-  return check_limit(require_int(j, key, source, nested), key, source);
+  const json* v = nested ? find_nested(j, key) : find_top(j, key);
+  TPDRAFT_CHECK(v != nullptr, "{}: missing required key '{}'", source, key);
+  return check_limit(as_int(v, source, key), key, source);
 }
 
 }  // namespace
@@ -166,8 +162,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   }
   if (find_top(j, "num_target_layers")) c.num_target_layers = require_size(j, "num_target_layers", source);
   if (c.taps.empty() && c.num_target_layers > 0) {
-    const int64_t t = c.layers;
-    const int64_t lt = c.num_target_layers;
+    const int64_t t = c.layers, lt = c.num_target_layers;
     if (t == 1) {
       c.taps.push_back(lt / 2);
     } else {

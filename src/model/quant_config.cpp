@@ -28,7 +28,7 @@ bool is_mlp(const std::string& t) { return ends_with(t, "_proj.weight") && t.fin
 // by module name, or by a regex ("re:...") matched from the start of the module name.
 bool matches(const std::string& target, const std::string& module) {
   if (target == "Linear") return true;
-  if (target.rfind("re:", 0) == 0) return std::regex_search(module, std::regex("^(?:" + target.substr(3) + ")"));
+  if (starts_with(target, "re:")) return std::regex_search(module, std::regex("^(?:" + target.substr(3) + ")"));
   return target == module;
 }
 
@@ -48,7 +48,7 @@ std::vector<std::string> string_list(const json& j, const std::string& source, c
     TPDRAFT_CHECK(e.is_string(), "{}: quantization_config {} must be a list of strings, found {}", source, what,
                   e.dump());
     const std::string s = e.get<std::string>();
-    if (s.rfind("re:", 0) == 0) {
+    if (starts_with(s, "re:")) {
       try {
         std::regex r(s.substr(3));
       } catch (const std::regex_error& err) {
@@ -229,20 +229,12 @@ std::string quant_preset_list() {
 }
 
 QuantRequest QuantRequest::preset(const std::string& name) {
-  QuantRequest r;
-  r.group = 128;
-  r.only = "all";
-  r.include_fc = false;
+  QuantRequest r;  // the defaults: groups of 128 on every layer matrix, fc at aux_bits
   const std::string suffix = "+head";
   const bool head = name.size() > suffix.size() && ends_with(name, suffix);
   const std::string layers = head ? name.substr(0, name.size() - suffix.size()) : name;
-  if (layers == "q8") {
-    r.bits = 8;
-  } else if (layers == "q4") {
-    r.bits = 4;
-  } else {
-    TPDRAFT_FAIL("unknown quantization '{}': expected {}", name, quant_preset_list());
-  }
+  TPDRAFT_CHECK(layers == "q8" || layers == "q4", "unknown quantization '{}': expected {}", name, quant_preset_list());
+  r.bits = layers == "q8" ? 8 : 4;
   r.aux_bits = 8;
   r.head_bits = head ? 8 : 0;
   return r;

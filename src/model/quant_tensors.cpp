@@ -114,10 +114,9 @@ void check_quantized_tensor(const TensorStore& store, const std::string& weight_
                             const std::vector<int64_t>& shape, const QuantScheme& s) {
   TPDRAFT_CHECK(shape.size() == 2, "tensor '{}': only matrices may be quantized", weight_name);
   const int64_t n = shape[0], k = shape[1];
-  if (s.strategy == QuantScheme::Strategy::Group) {
+  if (s.strategy == QuantScheme::Strategy::Group)
     TPDRAFT_CHECK(k % s.group == 0, "{}: '{}' has {} columns, which groups of {} (quantization_config) do not divide",
                   store.source(), weight_name, k, s.group);
-  }
   refuse_unsupported(store, weight_name);
   if (s.kind == QuantScheme::Kind::Int) {
     const TensorInfo* plain = store.find(weight_name);

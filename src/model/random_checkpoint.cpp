@@ -116,7 +116,7 @@ int64_t target_rows(const DrafterConfig& cfg, const RandomCheckpointOptions& opt
 
 // The config keys that size a tensor, with their values: what a user would shrink.
 std::string sized_by(const std::string& name, const DrafterConfig& c, int64_t vt) {
-  if (name.rfind("layers.", 0) == 0)
+  if (starts_with(name, "layers."))
     return fmt::format("the layers: num_hidden_layers = {} of hidden_size = {}, intermediate_size = {}", c.layers,
                        c.hidden, c.ffn);
   if (name == "fc.weight")
@@ -163,19 +163,6 @@ size_t taps_bytes(const DrafterConfig& cfg, int64_t n) {
   return bytes;
 }
 
-// Validates the config (it may have been made in code) and the options, then the memory all of
-// the random tensors will take; throws before anything is allocated.
-Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt);
-void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
-  cfg.validate("random weights' config");
-  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
-                dtype_name(opt.dtype));
-  TPDRAFT_CHECK(opt.threads >= 0, "random weights: thread count must be >= 0, got {}", opt.threads);
-  Specs all = expected_drafter_tensors(cfg);
-  for (auto& spec : target_specs(cfg, opt)) all.push_back(std::move(spec));
-  check_fits_in_memory(all, cfg, opt);
-}
-
 Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
   const int64_t vt = target_rows(cfg, opt);
   TPDRAFT_CHECK(opt.target_vocab == 0 || (opt.target_vocab >= cfg.vocab && opt.target_vocab <= size_limit("vocab_size")),
@@ -184,6 +171,18 @@ Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt)
   Specs specs = {{"model.embed_tokens.weight", {vt, cfg.hidden}}};
   if (!opt.tie_embeddings) specs.push_back({"lm_head.weight", {vt, cfg.hidden}});
   return specs;
+}
+
+// Validates the config (it may have been made in code) and the options, then the memory all of
+// the random tensors will take; throws before anything is allocated.
+void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  cfg.validate("random weights' config");
+  TPDRAFT_CHECK(is_float_weight(opt.dtype), "random checkpoint dtype must be F32, F16 or BF16, got {}",
+                dtype_name(opt.dtype));
+  TPDRAFT_CHECK(opt.threads >= 0, "random weights: thread count must be >= 0, got {}", opt.threads);
+  Specs all = expected_drafter_tensors(cfg);
+  for (auto& spec : target_specs(cfg, opt)) all.push_back(std::move(spec));
+  check_fits_in_memory(all, cfg, opt);
 }
 
 void write_tensors(const std::vector<OwnedTensor>& tensors, const std::string& path) {
@@ -216,9 +215,7 @@ std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const R
 std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed) {
   std::vector<float> taps(taps_bytes(cfg, n) / sizeof(float));
   const uint64_t key = mix(seed ^ name_hash("taps"));
-  for (size_t i = 0; i < taps.size(); ++i) {
-    taps[i] = static_cast<float>(std::sqrt(3.0) * (2.0 * uniform(key, i) - 1.0));
-  }
+  for (size_t i = 0; i < taps.size(); ++i) taps[i] = static_cast<float>(std::sqrt(3.0) * (2.0 * uniform(key, i) - 1.0));
   return taps;
 }
 
@@ -247,7 +244,7 @@ void check_replaceable(const fs::path& dest, const std::string& shown) {
     if ((name != "drafter" && name != "target") || e.is_symlink() || !e.is_directory()) refuse(name);
     for (const auto& f : fs::directory_iterator(e.path())) {
       const std::string file = f.path().filename().string();
-      const bool ours = file == "config.json" || (file.size() > 12 && file.rfind(".safetensors") == file.size() - 12);
+      const bool ours = file == "config.json" || (file.size() > 12 && ends_with(file, ".safetensors"));
       if (!ours || f.is_symlink() || !f.is_regular_file()) refuse(name + "/" + file);
     }
   }

@@ -186,10 +186,9 @@ void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
   const Range* last = nullptr;  // the non-empty range reaching furthest so far
   for (const Range& r : ranges) {
     if (r.begin == r.end) continue;  // empty tensors occupy no bytes
-    if (last && r.begin < last->end) {
+    if (last && r.begin < last->end)
       TPDRAFT_FAIL("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] have overlapping byte ranges", path, *last->name,
                    last->begin, last->end, *r.name, r.begin, r.end);
-    }
     if (!last || r.end > last->end) last = &r;
   }
 }
@@ -300,9 +299,8 @@ std::vector<IndexEntry> read_index(const std::string& index_path) {
 // The *.safetensors files directly inside dir, sorted.
 std::vector<std::string> safetensors_in(const fs::path& dir) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
+  for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && e.path().extension() == ".safetensors") out.push_back(e.path().string());
-  }
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -340,11 +338,10 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::strin
     files.push_back(std::make_unique<SafetensorsFile>(shard_path));
     shards[e.shard] = files.back().get();
   }
-  for (const auto& e : entries) {
+  for (const auto& e : entries)
     TPDRAFT_CHECK(shards.at(e.shard)->find(e.tensor) != nullptr,
                   "{}: maps tensor '{}' to shard '{}', but that shard has no such tensor", index_path, e.tensor,
                   e.shard);
-  }
   return files;
 }
 
@@ -499,10 +496,8 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
                             const void* data, size_t nbytes) {
   TPDRAFT_CHECK(!name.empty() && name != "__metadata__", "safetensors writer: invalid tensor name '{}'", name);
   for (const auto& e : entries_) TPDRAFT_CHECK(e.name != name, "safetensors writer: tensor '{}' added twice", name);
-  for (int64_t d : shape) {
-    TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name,
-                  shape_string(shape));
-  }
+  for (int64_t d : shape)
+    TPDRAFT_CHECK(d >= 0, "safetensors writer: tensor '{}' has a negative dimension in {}", name, shape_string(shape));
   const size_t expected = checked_bytes(shape, dtype_size(dtype), "safetensors writer: tensor '{}'", name);
   TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,

@@ -110,7 +110,7 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   }
   std::vector<std::string> unknown;
   for (const auto& n : d.names()) {
-    if (!known.count(n) && !(n.size() > 7 && known.count(n.substr(0, n.size() - 7)) && n.substr(n.size() - 7) == ".weight"))
+    if (!known.count(n) && !(ends_with(n, ".weight") && known.count(n.substr(0, n.size() - 7))))
       unknown.push_back(n);
   }
   if (!unknown.empty()) {
