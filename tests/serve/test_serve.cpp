@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -35,13 +35,6 @@
 
 namespace tpdraft::serve_test {
 namespace {
-
-using testing::TempDir;
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0;
-}
 
 // The steps one client made and what the server answered.
 struct Trace {
@@ -172,8 +165,14 @@ class Serve : public ::testing::Test {
     address = server->wait_address();
     ASSERT_FALSE(address.empty()) << server->log();
   }
+  // A server that stopped cleanly left neither its address file nor its socket behind.
+  void expect_files_removed() const {
+    EXPECT_FALSE(std::filesystem::exists(server->address_file()));
+    EXPECT_FALSE(std::filesystem::exists(dir.file("s.sock")));
+  }
+  int sigterm_while_clients_step();
 
-  TempDir dir;
+  testing::TempDir dir;
   std::optional<ServerProcess> server;
   std::string address;
 };
@@ -200,8 +199,7 @@ TEST_F(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
   // SIGTERM: a clean stop that removes the address file and the socket.
   server->signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(30), 0) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 // --quant quantizes the served drafter while it loads, as the library's options.quant does.
@@ -563,16 +561,14 @@ TEST_F(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
       << tpdraft_last_error();
   EXPECT_EQ(out.tokens[0], -1);
   EXPECT_EQ(server->wait_exit(30), 1) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 // Three clients step until their server goes; once 30 steps have drafted, SIGTERM goes to the
 // server's process (tpdraft, or its launcher). Every step must either draft or fail closed,
 // every client must see its server go, and the server must say it stopped for the signal and
 // leave no file behind. Returns the server's exit status.
-int sigterm_while_clients_step(ServerProcess& server, const std::string& address,
-                               const TempDir& dir) {
+int Serve::sigterm_while_clients_step() {
   std::atomic<int> done{0}, failed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i)
@@ -597,19 +593,18 @@ int sigterm_while_clients_step(ServerProcess& server, const std::string& address
       }
     });
   while (done < 30) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  server.signal(SIGTERM);
-  const int status = server.wait_exit(30);
+  server->signal(SIGTERM);
+  const int status = server->wait_exit(30);
   for (auto& t : threads) t.join();
   EXPECT_EQ(failed, 3);
-  EXPECT_NE(server.log().find("stopping (signal)"), std::string::npos) << server.log();
-  EXPECT_FALSE(exists(server.address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  EXPECT_NE(server->log().find("stopping (signal)"), std::string::npos) << server->log();
+  expect_files_removed();
   return status;
 }
 
 TEST_F(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
   ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}));
-  EXPECT_EQ(sigterm_while_clients_step(*server, address, dir), 0) << server->log();
+  EXPECT_EQ(sigterm_while_clients_step(), 0) << server->log();
 }
 
 // ---- under mpirun (CTest test_serve_mpi, labelled mpi) ------------------------------------------
@@ -666,8 +661,7 @@ TEST_F(ServeMpi, ATp2GroupUnderMpirunDraftsWhatTheLibraryDrafts) {
     ASSERT_EQ(tpdraft_client_shutdown(c.c), TPDRAFT_OK) << tpdraft_last_error();
   }
   EXPECT_EQ(server->wait_exit(60), 0) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 TEST_F(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
@@ -691,7 +685,7 @@ TEST_F(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
 // stops the group cleanly, as in process.
 TEST_F(ServeMpi, SigtermToMpirunStopsTheGroupCleanly) {
   ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, mpirun(2)));
-  const int status = sigterm_while_clients_step(*server, address, dir);
+  const int status = sigterm_while_clients_step();
   EXPECT_NE(status, -1) << "the job did not end after SIGTERM:\n" << server->log();
   EXPECT_EQ(server->log().find("[error]"), std::string::npos)
       << "no rank may fail on the way out:\n" << server->log();
