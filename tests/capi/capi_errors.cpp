@@ -40,9 +40,7 @@ using Entry = tpdraft_step_entry;
 class CapiStepErrors : public ::testing::Test {
  protected:
   CapiStepErrors() : ck_(config_file("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
-    std::vector<tpdraft_step_entry> entries = {a_.plan({-1, -1, 10, 3, greedy(), 1}),
-                                               b_.plan({-1, -1, 4, 4, greedy(), 2})};
-    step_ok(h_, entries);
+    step_ok(h_, {a_.plan({-1, -1, 10, 3, greedy(), 1}), b_.plan({-1, -1, 4, 4, greedy(), 2})});
     taps_ = model::random_taps(ck_.cfg, 3, 9);
   }
   static tpdraft_options options() {
@@ -85,8 +83,7 @@ class CapiStepErrors : public ::testing::Test {
 };
 
 TEST_F(CapiStepErrors, AGoodEntryAloneSucceeds) {
-  std::vector<tpdraft_step_entry> entries = {good_on_b()};
-  step_ok(h_, entries);
+  step_ok(h_, {good_on_b()});
   EXPECT_EQ(h_.length(b_.session()), 6);
 }
 
@@ -111,8 +108,7 @@ TEST_F(CapiStepErrors, KeepOrP0BeyondTheSession) {
 
 TEST_F(CapiStepErrors, ARollBackTheSlidingRingCannotMake) {
   // 30 positions: the sliding layer's ring (window 6 + block 8) no longer holds position 0.
-  std::vector<tpdraft_step_entry> grow = {b_.plan({-1, -1, 26, 4, greedy(), 3})};
-  step_ok(h_, grow);
+  step_ok(h_, {b_.plan({-1, -1, 26, 4, greedy(), 3})});
   tpdraft_step_entry e = good_on_b();
   e.keep = 2;
   tpdraft_step_entry on_a = good_on_b();

@@ -103,7 +103,7 @@ void Lane::check(const std::string& what) const {
   EXPECT_EQ(handle_.length(session_), ctx_.length()) << what;
 }
 
-void step_ok(const Handle& handle, std::vector<tpdraft_step_entry>& entries) {
+void step_ok(const Handle& handle, std::vector<tpdraft_step_entry> entries) {
   ASSERT_EQ(tpdraft_step(handle.get(), entries.data(), entries.size()), TPDRAFT_OK) << tpdraft_last_error();
   EXPECT_STREQ(tpdraft_last_error(), "");
 }

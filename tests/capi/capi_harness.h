@@ -93,7 +93,7 @@ class Lane {
 };
 
 // Runs a step of the given entries and asserts it succeeded.
-void step_ok(const Handle& handle, std::vector<tpdraft_step_entry>& entries);
+void step_ok(const Handle& handle, std::vector<tpdraft_step_entry> entries);
 
 // f32 tap rows widened for the reference.
 std::vector<double> widen(const std::vector<float>& v);

@@ -39,8 +39,7 @@ std::vector<std::vector<int64_t>> run_loop(const Checkpoint& ck, int tp, const t
   std::vector<std::vector<int64_t>> tokens;
   int n = 0;
   for (const StepSpec& spec : loop_steps(s)) {
-    std::vector<tpdraft_step_entry> entries = {lane.plan(spec)};
-    step_ok(h, entries);
+    step_ok(h, {lane.plan(spec)});
     lane.check("tp " + std::to_string(tp) + " step " + std::to_string(++n));
     tokens.push_back(lane.tokens());
   }
@@ -74,16 +73,14 @@ TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
     const Checkpoint ck(config_file(file));
     Handle h(ck, cpu_options());
     Lane a(h, ck), b(h, ck), c(h, ck);
-    std::vector<tpdraft_step_entry> first = {a.plan({-1, -1, 0, 11, greedy(), 1}),
-                                             b.plan({-1, -1, 9, 12, greedy(), 2}),
-                                             c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})};
-    step_ok(h, first);
+    step_ok(h, {a.plan({-1, -1, 0, 11, greedy(), 1}),
+                b.plan({-1, -1, 9, 12, greedy(), 2}),
+                c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})});
     const std::pair<const Lane*, std::string> lanes[] = {{&a, "a"}, {&b, "b"}, {&c, "c"}};
     for (const auto& [lane, name] : lanes) lane->check(name + ", first step");
-    std::vector<tpdraft_step_entry> second = {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
-                                              a.plan({-1, -1, 4, 15, greedy(), 5}),
-                                              b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})};
-    step_ok(h, second);
+    step_ok(h, {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
+                a.plan({-1, -1, 4, 15, greedy(), 5}),
+                b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})});
     for (const auto& [lane, name] : lanes) lane->check(name + ", second step");
     // The library says where the step's time went: parts within the whole, all of them spent.
     tpdraft_step_times t{};
@@ -129,8 +126,7 @@ DistBuffers draft_from(const Handle& h, const Checkpoint& ck, const void* taps, 
   tpdraft_step_entry e = entry(h.open_session(), rows, taps, 77, sampled(0.9, 8), nullptr);
   e.taps_dtype = dtype;
   d.attach(e, 4);
-  std::vector<tpdraft_step_entry> entries = {e};
-  step_ok(h, entries);
+  step_ok(h, {e});
   return d;
 }
 
@@ -186,8 +182,7 @@ struct DistRun {
     const std::vector<float> taps = model::random_taps(ck.cfg, 15, 41);
     tpdraft_step_entry e = entry(h.open_session(), 15, taps.data(), 21, s, nullptr);
     out.attach(e, dist_width);
-    std::vector<tpdraft_step_entry> entries = {e};
-    step_ok(h, entries);
+    step_ok(h, {e});
     reference::RefContext ctx;
     ck.ref->settle(ctx, 0, widen(taps), 15);
     want = ck.ref->draft(ctx, 21, {s.temperature, s.top_k, s.top_p, s.seed});
