@@ -78,7 +78,6 @@ class Lane {
 
   tpdraft_session session() const { return session_; }
   const std::vector<int64_t>& tokens() const { return tokens_; }
-  const std::vector<float>& q() const { return q_; }
 
  private:
   const Handle& handle_;
