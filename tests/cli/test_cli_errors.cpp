@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "model/safetensors.h"
@@ -114,10 +114,7 @@ TEST(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
   EXPECT_TRUE(S_ISCHR(st.st_mode));
   ASSERT_EQ(lstat(link.c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode));
-  std::ifstream kept(target);
-  std::string text;
-  std::getline(kept, text);
-  EXPECT_EQ(text, "keep me");
+  EXPECT_EQ(read_regular_file(target, "kept file"), "keep me");
   // A good destination: the dump exists and the results follow it.
   const auto ok = run(c.draft_args() + " --dump " + c.dir.file("d.safetensors"));
   EXPECT_EQ(ok.status, 0) << ok.out;
