@@ -20,17 +20,12 @@
 namespace tpdraft::capi_test {
 namespace {
 
-// Asserts the thread's last error holds every needle.
-void expect_message(const std::vector<std::string>& needles) {
-  const std::string message = tpdraft_last_error();
-  for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
-}
-
 // Expects a call's status `got` to be `want` and the thread's last error to hold every needle.
 void expect_refusal(tpdraft_status got, const std::vector<std::string>& needles,
                     tpdraft_status want = TPDRAFT_ERROR_ARGUMENT) {
   EXPECT_EQ(got, want) << "the refusal naming '" << needles.front() << "'";
-  expect_message(needles);
+  const std::string message = tpdraft_last_error();
+  for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
 }
 
 using Entry = tpdraft_step_entry;
@@ -263,9 +258,8 @@ TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
   const std::string missing = ck.dir.file("no-such-drafter");
   tpdraft_drafter* d = nullptr;
   const tpdraft_options o = cpu_options();
-  EXPECT_EQ(tpdraft_open(missing.c_str(), ck.target_dir().c_str(), &o, &d), TPDRAFT_ERROR_INPUT);
+  expect_refusal(tpdraft_open(missing.c_str(), ck.target_dir().c_str(), &o, &d), {missing}, TPDRAFT_ERROR_INPUT);
   EXPECT_EQ(d, nullptr);
-  expect_message({missing});
   const std::string no_target = ck.dir.file("no-such-target");
   expect_refusal(tpdraft_open(ck.drafter_dir().c_str(), no_target.c_str(), &o, &d),
                  {no_target}, TPDRAFT_ERROR_INPUT);
