@@ -34,7 +34,7 @@ using Entry = tpdraft_step_entry;
 // b of 4. A bad entry follows a good one on a, which must not move either.
 class CapiStepErrors : public ::testing::Test {
  protected:
-  CapiStepErrors() : ck_(config_file("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
+  CapiStepErrors() : ck_(testing::shipped_config("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
     step_ok(h_, {a_.plan({-1, -1, 10, 3, greedy(), 1}), b_.plan({-1, -1, 4, 4, greedy(), 2})});
     taps_ = model::random_taps(ck_.cfg, 3, 9);
   }
@@ -223,7 +223,7 @@ void expect_open_refused(const Checkpoint& ck, const tpdraft_options& o, tpdraft
 }
 
 TEST(CapiOpenErrors, BadOptionsNameTheField) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   const tpdraft_options good = cpu_options();
   tpdraft_options o = good;
   o.struct_size = sizeof(tpdraft_options) - 4;
@@ -254,7 +254,7 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
 }
 
 TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   const std::string missing = ck.dir.file("no-such-drafter");
   tpdraft_drafter* d = nullptr;
   const tpdraft_options o = cpu_options();
@@ -271,7 +271,7 @@ TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
 // ---- sessions and threads ----------------------------------------------------------------------
 
 TEST(CapiSessions, TheOpenSessionLimitHolds) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_options o = cpu_options(2);
   o.max_open_sessions = 2;
   Handle h(ck, o);
@@ -299,7 +299,7 @@ int thread_count() {
 }
 
 TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_options o = cpu_options(2);
   o.threads = 0;
   const int before = thread_count();
@@ -312,7 +312,7 @@ TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {
 }
 
 TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   Handle h(ck, cpu_options(2));
   const int64_t rows = 6, anchors[] = {3, 50, 120, 200};
   const std::vector<float> taps = model::random_taps(ck.cfg, rows, 17);
@@ -340,7 +340,7 @@ TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
 }
 
 TEST(CapiThreads, TheLastErrorIsPerThread) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const tpdraft_session s = h.open_session();
   std::promise<void> first_failed, second_failed;

@@ -16,10 +16,6 @@ Checkpoint::Checkpoint(const model::DrafterConfig& config) : cfg(config) {
   ref = std::make_unique<reference::RefModel>(drafter_dir(), target_dir());
 }
 
-model::DrafterConfig config_file(const std::string& file) {
-  return model::DrafterConfig::from_file(testing::source_path("configs/" + file));
-}
-
 tpdraft_options cpu_options(int tp) {
   tpdraft_options o;
   tpdraft_options_init(&o);

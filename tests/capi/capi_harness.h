@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "reference/reference.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 #include "tpdraft/tpdraft.h"
 
@@ -25,9 +26,6 @@ struct Checkpoint {
   std::string drafter_dir() const { return dir.file("drafter"); }
   std::string target_dir() const { return dir.file("target"); }
 };
-
-// configs/FILE.
-model::DrafterConfig config_file(const std::string& file);
 
 // Options for the cpu backend with one thread per rank.
 tpdraft_options cpu_options(int tp = 1);

@@ -54,7 +54,7 @@ struct LoopCase {
 class CapiLoop : public ::testing::TestWithParam<LoopCase> {};
 
 TEST_P(CapiLoop, EveryStepDraftsWhatTheReferenceDraftsAtTp1AndTp2) {
-  const Checkpoint ck(config_file(GetParam().config));
+  const Checkpoint ck(testing::shipped_config(GetParam().config));
   const auto tp1 = run_loop(ck, 1, GetParam().sampling);
   const auto tp2 = run_loop(ck, 2, GetParam().sampling);
   EXPECT_EQ(tp1, tp2);
@@ -70,7 +70,7 @@ INSTANTIATE_TEST_SUITE_P(Drafters, CapiLoop,
 TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
     SCOPED_TRACE(file);
-    const Checkpoint ck(config_file(file));
+    const Checkpoint ck(testing::shipped_config(file));
     Handle h(ck, cpu_options());
     Lane a(h, ck), b(h, ck), c(h, ck);
     step_ok(h, {a.plan({-1, -1, 0, 11, greedy(), 1}),
@@ -131,7 +131,7 @@ DistBuffers draft_from(const Handle& h, const Checkpoint& ck, const void* taps, 
 }
 
 TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const int64_t rows = 12;
   const std::vector<float> taps = model::random_taps(ck.cfg, rows, 31);
@@ -212,7 +212,7 @@ void expect_top(const DistBuffers& out, size_t r, size_t w, const std::vector<do
 }
 
 TEST(CapiDistributions, DFlashSampledTopWidthAndFullAgainstTheReference) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), V = static_cast<size_t>(ck.cfg.vocab), w = 5;
   const tpdraft_sampling s = sampled(0.8, 12);
@@ -233,7 +233,7 @@ TEST(CapiDistributions, DFlashSampledTopWidthAndFullAgainstTheReference) {
 }
 
 TEST(CapiDistributions, GreedyListsThePickAlone) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), w = 3;
   const DistRun run(ck, h, greedy(), static_cast<int64_t>(w), w);
@@ -252,7 +252,7 @@ TEST(CapiDistributions, GreedyListsThePickAlone) {
 // A DFlash 2 draw is among the selector's candidates: a width past their count lists them all,
 // then -1 with probability 0, and the drafted token with its q among them.
 TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), k = static_cast<size_t>(ck.cfg.selector_topk),
                w = k + 2;
@@ -285,7 +285,7 @@ TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
 // ---- caps --------------------------------------------------------------------------------------
 
 TEST(CapiCaps, EqualTheConfigAndTheOptions) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   tpdraft_options o = cpu_options(2);
   o.max_sessions = 3;
   o.max_context = 100;
@@ -312,7 +312,7 @@ TEST(CapiCaps, EqualTheConfigAndTheOptions) {
 }
 
 TEST(CapiCaps, NullOptionsGiveTheDocumentedDefaults) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_drafter* d = nullptr;
   ASSERT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), nullptr, &d), TPDRAFT_OK)
       << tpdraft_last_error();
