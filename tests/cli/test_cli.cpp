@@ -7,16 +7,17 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "reference/reference.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -58,8 +59,7 @@ struct Case {
 
 // An odd geometry the program has never seen, with a padded head, written as a config file.
 std::string write_odd_config(const testing::TempDir& dir, bool dflash2) {
-  model::DrafterConfig c = model::DrafterConfig::from_file(
-      testing::source_path(dflash2 ? "configs/tiny-dflash2.json" : "configs/tiny-dflash.json"));
+  model::DrafterConfig c = testing::shipped_config(dflash2 ? "tiny-dflash2.json" : "tiny-dflash.json");
   c.hidden = 80;
   c.n_q = 5;
   c.n_kv = dflash2 ? 1 : 5;
@@ -227,8 +227,7 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
 // A drafter config from configs/ with some keys replaced, written into dir.
 std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
                          const std::string& base = "configs/tiny-dflash.json") {
-  std::ifstream in(testing::source_path(base));
-  nlohmann::json j = nlohmann::json::parse(in);
+  nlohmann::json j = nlohmann::json::parse(read_regular_file(testing::source_path(base), "drafter config"));
   j.merge_patch(changes);
   const std::string path = dir.file(name);
   testing::write_text(path, j.dump(2));
