@@ -2,11 +2,11 @@
 // header lists returns its documented status with a message naming the entry or field and moves
 // no session; the open-session limit; closing what is not open; two threads stepping one handle;
 // the last error per thread; threads = 0 sharing the cores among the ranks.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <string>
@@ -289,13 +289,9 @@ TEST(CapiSessions, TheOpenSessionLimitHolds) {
 
 // Threads of this process (Linux: the entries of /proc/self/task).
 int thread_count() {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (const dirent* e = readdir(dir))
-    if (e->d_name[0] != '.') ++n;
-  closedir(dir);
-  return n;
+  std::error_code ec;
+  const std::filesystem::directory_iterator tasks("/proc/self/task", ec);
+  return ec ? -1 : static_cast<int>(std::distance(tasks, {}));
 }
 
 TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {

@@ -3,7 +3,6 @@
 // drafts; and each fault a server meets (malformed frames, limits, a client killed or silent, a
 // rank that fails or is killed, a server that stops answering, SIGTERM) answered as
 // docs/protocol.md says, without a hang: every client call carries a timeout.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <signal.h>
@@ -629,12 +628,11 @@ std::vector<std::string> mpirun(int np) {
 // The pid of the process of world rank `rank` among the launcher's children.
 pid_t rank_pid(pid_t launcher, int rank) {
   const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  DIR* proc = opendir("/proc");
   pid_t found = -1;
-  for (dirent* d; proc != nullptr && (d = readdir(proc)) != nullptr;) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(d->d_name));
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(d.path().filename().c_str()));
     if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(d->d_name) + "/stat");
+    std::ifstream stat(d.path() / "stat");
     std::string line;
     std::getline(stat, line);
     const size_t close = line.rfind(')');
@@ -645,11 +643,10 @@ pid_t rank_pid(pid_t launcher, int rank) {
     rest >> state >> ppid;
     if (ppid != launcher) continue;
     // NUL-separated NAME=VALUE entries: `want` must be one of them whole.
-    std::ifstream env("/proc/" + std::string(d->d_name) + "/environ");
+    std::ifstream env(d.path() / "environ");
     const std::string all = '\0' + std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
     if (all.find('\0' + want + '\0') != std::string::npos) found = pid;
   }
-  if (proc != nullptr) closedir(proc);
   return found;
 }
 
