@@ -88,9 +88,8 @@ void check_against_reference(bool dflash2, const std::string& dtype) {
   reference::RefModel ref(ck + "/drafter", ck + "/target");
   const auto& cfg = ref.config();
   auto taps_store = model::TensorStore::open(ck + "/taps.safetensors");
-  const std::vector<double> taps = model::to_f64(*taps_store->find("taps"));
   reference::RefContext ctx;
-  ref.settle(ctx, 0, taps, 37);
+  ref.settle(ctx, 0, model::to_f64(*taps_store->find("taps")), 37);
   const reference::RefDraft want = ref.draft(ctx, 19, {});
 
   auto got = model::TensorStore::open(dump);
