@@ -2,11 +2,10 @@
 // header lists returns its documented status with a message naming the entry or field and moves
 // no session; the open-session limit; closing what is not open; two threads stepping one handle;
 // the last error per thread; threads = 0 sharing the cores among the ranks.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <string>
@@ -20,17 +19,12 @@
 namespace tpdraft::capi_test {
 namespace {
 
-// Asserts the thread's last error holds every needle.
-void expect_message(const std::vector<std::string>& needles) {
-  const std::string message = tpdraft_last_error();
-  for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
-}
-
 // Expects a call's status `got` to be `want` and the thread's last error to hold every needle.
 void expect_refusal(tpdraft_status got, const std::vector<std::string>& needles,
                     tpdraft_status want = TPDRAFT_ERROR_ARGUMENT) {
   EXPECT_EQ(got, want) << "the refusal naming '" << needles.front() << "'";
-  expect_message(needles);
+  const std::string message = tpdraft_last_error();
+  for (const std::string& n : needles) EXPECT_NE(message.find(n), std::string::npos) << "'" << n << "' in: " << message;
 }
 
 using Entry = tpdraft_step_entry;
@@ -39,10 +33,8 @@ using Entry = tpdraft_step_entry;
 // b of 4. A bad entry follows a good one on a, which must not move either.
 class CapiStepErrors : public ::testing::Test {
  protected:
-  CapiStepErrors() : ck_(config_file("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
-    std::vector<tpdraft_step_entry> entries = {a_.plan({-1, -1, 10, 3, greedy(), 1}),
-                                               b_.plan({-1, -1, 4, 4, greedy(), 2})};
-    step_ok(h_, entries);
+  CapiStepErrors() : ck_(testing::shipped_config("tiny-dflash2.json")), h_(ck_, options()), a_(h_, ck_), b_(h_, ck_) {
+    step_ok(h_, {a_.plan({-1, -1, 10, 3, greedy(), 1}), b_.plan({-1, -1, 4, 4, greedy(), 2})});
     taps_ = model::random_taps(ck_.cfg, 3, 9);
   }
   static tpdraft_options options() {
@@ -85,8 +77,7 @@ class CapiStepErrors : public ::testing::Test {
 };
 
 TEST_F(CapiStepErrors, AGoodEntryAloneSucceeds) {
-  std::vector<tpdraft_step_entry> entries = {good_on_b()};
-  step_ok(h_, entries);
+  step_ok(h_, {good_on_b()});
   EXPECT_EQ(h_.length(b_.session()), 6);
 }
 
@@ -111,8 +102,7 @@ TEST_F(CapiStepErrors, KeepOrP0BeyondTheSession) {
 
 TEST_F(CapiStepErrors, ARollBackTheSlidingRingCannotMake) {
   // 30 positions: the sliding layer's ring (window 6 + block 8) no longer holds position 0.
-  std::vector<tpdraft_step_entry> grow = {b_.plan({-1, -1, 26, 4, greedy(), 3})};
-  step_ok(h_, grow);
+  step_ok(h_, {b_.plan({-1, -1, 26, 4, greedy(), 3})});
   tpdraft_step_entry e = good_on_b();
   e.keep = 2;
   tpdraft_step_entry on_a = good_on_b();
@@ -232,7 +222,7 @@ void expect_open_refused(const Checkpoint& ck, const tpdraft_options& o, tpdraft
 }
 
 TEST(CapiOpenErrors, BadOptionsNameTheField) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   const tpdraft_options good = cpu_options();
   tpdraft_options o = good;
   o.struct_size = sizeof(tpdraft_options) - 4;
@@ -263,13 +253,12 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
 }
 
 TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   const std::string missing = ck.dir.file("no-such-drafter");
   tpdraft_drafter* d = nullptr;
   const tpdraft_options o = cpu_options();
-  EXPECT_EQ(tpdraft_open(missing.c_str(), ck.target_dir().c_str(), &o, &d), TPDRAFT_ERROR_INPUT);
+  expect_refusal(tpdraft_open(missing.c_str(), ck.target_dir().c_str(), &o, &d), {missing}, TPDRAFT_ERROR_INPUT);
   EXPECT_EQ(d, nullptr);
-  expect_message({missing});
   const std::string no_target = ck.dir.file("no-such-target");
   expect_refusal(tpdraft_open(ck.drafter_dir().c_str(), no_target.c_str(), &o, &d),
                  {no_target}, TPDRAFT_ERROR_INPUT);
@@ -281,7 +270,7 @@ TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {
 // ---- sessions and threads ----------------------------------------------------------------------
 
 TEST(CapiSessions, TheOpenSessionLimitHolds) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_options o = cpu_options(2);
   o.max_open_sessions = 2;
   Handle h(ck, o);
@@ -299,17 +288,13 @@ TEST(CapiSessions, TheOpenSessionLimitHolds) {
 
 // Threads of this process (Linux: the entries of /proc/self/task).
 int thread_count() {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (const dirent* e = readdir(dir))
-    if (e->d_name[0] != '.') ++n;
-  closedir(dir);
-  return n;
+  std::error_code ec;
+  const std::filesystem::directory_iterator tasks("/proc/self/task", ec);
+  return ec ? -1 : static_cast<int>(std::distance(tasks, {}));
 }
 
 TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_options o = cpu_options(2);
   o.threads = 0;
   const int before = thread_count();
@@ -322,7 +307,7 @@ TEST(CapiThreads, ZeroThreadsShareTheCoresAmongTheRanks) {
 }
 
 TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   Handle h(ck, cpu_options(2));
   const int64_t rows = 6, anchors[] = {3, 50, 120, 200};
   const std::vector<float> taps = model::random_taps(ck.cfg, rows, 17);
@@ -350,7 +335,7 @@ TEST(CapiThreads, TwoThreadsSteppingOneHandleAreSerialised) {
 }
 
 TEST(CapiThreads, TheLastErrorIsPerThread) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const tpdraft_session s = h.open_session();
   std::promise<void> first_failed, second_failed;

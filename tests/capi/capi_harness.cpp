@@ -16,10 +16,6 @@ Checkpoint::Checkpoint(const model::DrafterConfig& config) : cfg(config) {
   ref = std::make_unique<reference::RefModel>(drafter_dir(), target_dir());
 }
 
-model::DrafterConfig config_file(const std::string& file) {
-  return model::DrafterConfig::from_file(testing::source_path("configs/" + file));
-}
-
 tpdraft_options cpu_options(int tp) {
   tpdraft_options o;
   tpdraft_options_init(&o);
@@ -103,7 +99,7 @@ void Lane::check(const std::string& what) const {
   EXPECT_EQ(handle_.length(session_), ctx_.length()) << what;
 }
 
-void step_ok(const Handle& handle, std::vector<tpdraft_step_entry>& entries) {
+void step_ok(const Handle& handle, std::vector<tpdraft_step_entry> entries) {
   ASSERT_EQ(tpdraft_step(handle.get(), entries.data(), entries.size()), TPDRAFT_OK) << tpdraft_last_error();
   EXPECT_STREQ(tpdraft_last_error(), "");
 }

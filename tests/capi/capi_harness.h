@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "reference/reference.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 #include "tpdraft/tpdraft.h"
 
@@ -25,9 +26,6 @@ struct Checkpoint {
   std::string drafter_dir() const { return dir.file("drafter"); }
   std::string target_dir() const { return dir.file("target"); }
 };
-
-// configs/FILE.
-model::DrafterConfig config_file(const std::string& file);
 
 // Options for the cpu backend with one thread per rank.
 tpdraft_options cpu_options(int tp = 1);
@@ -78,7 +76,6 @@ class Lane {
 
   tpdraft_session session() const { return session_; }
   const std::vector<int64_t>& tokens() const { return tokens_; }
-  const std::vector<float>& q() const { return q_; }
 
  private:
   const Handle& handle_;
@@ -93,7 +90,7 @@ class Lane {
 };
 
 // Runs a step of the given entries and asserts it succeeded.
-void step_ok(const Handle& handle, std::vector<tpdraft_step_entry>& entries);
+void step_ok(const Handle& handle, std::vector<tpdraft_step_entry> entries);
 
 // f32 tap rows widened for the reference.
 std::vector<double> widen(const std::vector<float>& v);

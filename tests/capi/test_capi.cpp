@@ -39,8 +39,7 @@ std::vector<std::vector<int64_t>> run_loop(const Checkpoint& ck, int tp, const t
   std::vector<std::vector<int64_t>> tokens;
   int n = 0;
   for (const StepSpec& spec : loop_steps(s)) {
-    std::vector<tpdraft_step_entry> entries = {lane.plan(spec)};
-    step_ok(h, entries);
+    step_ok(h, {lane.plan(spec)});
     lane.check("tp " + std::to_string(tp) + " step " + std::to_string(++n));
     tokens.push_back(lane.tokens());
   }
@@ -55,7 +54,7 @@ struct LoopCase {
 class CapiLoop : public ::testing::TestWithParam<LoopCase> {};
 
 TEST_P(CapiLoop, EveryStepDraftsWhatTheReferenceDraftsAtTp1AndTp2) {
-  const Checkpoint ck(config_file(GetParam().config));
+  const Checkpoint ck(testing::shipped_config(GetParam().config));
   const auto tp1 = run_loop(ck, 1, GetParam().sampling);
   const auto tp2 = run_loop(ck, 2, GetParam().sampling);
   EXPECT_EQ(tp1, tp2);
@@ -71,19 +70,17 @@ INSTANTIATE_TEST_SUITE_P(Drafters, CapiLoop,
 TEST(CapiBatch, SeveralSessionsInOneStepInAnyOrder) {
   for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
     SCOPED_TRACE(file);
-    const Checkpoint ck(config_file(file));
+    const Checkpoint ck(testing::shipped_config(file));
     Handle h(ck, cpu_options());
     Lane a(h, ck), b(h, ck), c(h, ck);
-    std::vector<tpdraft_step_entry> first = {a.plan({-1, -1, 0, 11, greedy(), 1}),
-                                             b.plan({-1, -1, 9, 12, greedy(), 2}),
-                                             c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})};
-    step_ok(h, first);
+    step_ok(h, {a.plan({-1, -1, 0, 11, greedy(), 1}),
+                b.plan({-1, -1, 9, 12, greedy(), 2}),
+                c.plan({-1, -1, 33, 13, sampled(0.9, 3), 3})});
     const std::pair<const Lane*, std::string> lanes[] = {{&a, "a"}, {&b, "b"}, {&c, "c"}};
     for (const auto& [lane, name] : lanes) lane->check(name + ", first step");
-    std::vector<tpdraft_step_entry> second = {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
-                                              a.plan({-1, -1, 4, 15, greedy(), 5}),
-                                              b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})};
-    step_ok(h, second);
+    step_ok(h, {c.plan({-1, -1, 1, 14, sampled(0.9, 4), 4}),
+                a.plan({-1, -1, 4, 15, greedy(), 5}),
+                b.plan({7, -1, 2, 16, sampled(1.1, 6), 6})});
     for (const auto& [lane, name] : lanes) lane->check(name + ", second step");
     // The library says where the step's time went: parts within the whole, all of them spent.
     tpdraft_step_times t{};
@@ -129,13 +126,12 @@ DistBuffers draft_from(const Handle& h, const Checkpoint& ck, const void* taps, 
   tpdraft_step_entry e = entry(h.open_session(), rows, taps, 77, sampled(0.9, 8), nullptr);
   e.taps_dtype = dtype;
   d.attach(e, 4);
-  std::vector<tpdraft_step_entry> entries = {e};
-  step_ok(h, entries);
+  step_ok(h, {e});
   return d;
 }
 
 TEST(CapiTaps, Bf16AndF16TapsDraftAsTheF32TapsRoundedTheSameWay) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const int64_t rows = 12;
   const std::vector<float> taps = model::random_taps(ck.cfg, rows, 31);
@@ -186,8 +182,7 @@ struct DistRun {
     const std::vector<float> taps = model::random_taps(ck.cfg, 15, 41);
     tpdraft_step_entry e = entry(h.open_session(), 15, taps.data(), 21, s, nullptr);
     out.attach(e, dist_width);
-    std::vector<tpdraft_step_entry> entries = {e};
-    step_ok(h, entries);
+    step_ok(h, {e});
     reference::RefContext ctx;
     ck.ref->settle(ctx, 0, widen(taps), 15);
     want = ck.ref->draft(ctx, 21, {s.temperature, s.top_k, s.top_p, s.seed});
@@ -217,7 +212,7 @@ void expect_top(const DistBuffers& out, size_t r, size_t w, const std::vector<do
 }
 
 TEST(CapiDistributions, DFlashSampledTopWidthAndFullAgainstTheReference) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), V = static_cast<size_t>(ck.cfg.vocab), w = 5;
   const tpdraft_sampling s = sampled(0.8, 12);
@@ -238,7 +233,7 @@ TEST(CapiDistributions, DFlashSampledTopWidthAndFullAgainstTheReference) {
 }
 
 TEST(CapiDistributions, GreedyListsThePickAlone) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), w = 3;
   const DistRun run(ck, h, greedy(), static_cast<int64_t>(w), w);
@@ -257,7 +252,7 @@ TEST(CapiDistributions, GreedyListsThePickAlone) {
 // A DFlash 2 draw is among the selector's candidates: a width past their count lists them all,
 // then -1 with probability 0, and the drafted token with its q among them.
 TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   Handle h(ck, cpu_options());
   const size_t rows = static_cast<size_t>(ck.cfg.block - 1), k = static_cast<size_t>(ck.cfg.selector_topk),
                w = k + 2;
@@ -290,7 +285,7 @@ TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
 // ---- caps --------------------------------------------------------------------------------------
 
 TEST(CapiCaps, EqualTheConfigAndTheOptions) {
-  const Checkpoint ck(config_file("tiny-dflash2.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   tpdraft_options o = cpu_options(2);
   o.max_sessions = 3;
   o.max_context = 100;
@@ -317,7 +312,7 @@ TEST(CapiCaps, EqualTheConfigAndTheOptions) {
 }
 
 TEST(CapiCaps, NullOptionsGiveTheDocumentedDefaults) {
-  const Checkpoint ck(config_file("tiny-dflash.json"));
+  const Checkpoint ck(testing::shipped_config("tiny-dflash.json"));
   tpdraft_drafter* d = nullptr;
   ASSERT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), nullptr, &d), TPDRAFT_OK)
       << tpdraft_last_error();

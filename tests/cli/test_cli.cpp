@@ -7,16 +7,17 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "reference/reference.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -40,21 +41,25 @@ std::string json_line(const std::string& s) {
   return found;
 }
 
-std::vector<double> f64(const model::TensorInfo& t) { return model::to_f64(t); }
-
-double rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return a.size() == b.size() ? std::sqrt(num / std::max(den, 1e-300)) : 1e9;
+// A dumped tensor's relative error to the reference's values.
+double rel_error(const model::TensorInfo& dumped, const std::vector<double>& want) {
+  return testing::relative_error(model::to_f32(dumped), want);
 }
+
+// `tpdraft init --config CONFIG --out OUT extra`.
+Result init(const std::string& out, const std::string& extra = "",
+            const std::string& config = testing::source_path("configs/tiny-dflash.json")) {
+  return run("init --config " + config + " --out " + out + " " + extra);
+}
+
+// A failing command line and what its message must name.
+struct Case {
+  std::string args, needle;
+};
 
 // An odd geometry the program has never seen, with a padded head, written as a config file.
 std::string write_odd_config(const testing::TempDir& dir, bool dflash2) {
-  model::DrafterConfig c = model::DrafterConfig::from_file(
-      testing::source_path(dflash2 ? "configs/tiny-dflash2.json" : "configs/tiny-dflash.json"));
+  model::DrafterConfig c = testing::shipped_config(dflash2 ? "tiny-dflash2.json" : "tiny-dflash.json");
   c.hidden = 80;
   c.n_q = 5;
   c.n_kv = dflash2 ? 1 : 5;
@@ -72,9 +77,8 @@ void check_against_reference(bool dflash2, const std::string& dtype) {
   testing::TempDir dir;
   const std::string config = write_odd_config(dir, dflash2);
   const std::string ck = dir.file("ck");
-  Result init = run("init --config " + config + " --out " + ck + " --seed 3 --dtype " + dtype +
-                 " --taps 37 --target-vocab 250");
-  ASSERT_EQ(init.status, 0) << init.out;
+  Result made = init(ck, "--seed 3 --dtype " + dtype + " --taps 37 --target-vocab 250", config);
+  ASSERT_EQ(made.status, 0) << made.out;
   const std::string dump = dir.file("dump.safetensors");
   Result draft = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
                   "/taps.safetensors --anchor 19 --threads 2 --dump " + dump);
@@ -84,14 +88,13 @@ void check_against_reference(bool dflash2, const std::string& dtype) {
   reference::RefModel ref(ck + "/drafter", ck + "/target");
   const auto& cfg = ref.config();
   auto taps_store = model::TensorStore::open(ck + "/taps.safetensors");
-  const std::vector<double> taps = f64(*taps_store->find("taps"));
   reference::RefContext ctx;
-  ref.settle(ctx, 0, taps, 37);
+  ref.settle(ctx, 0, model::to_f64(*taps_store->find("taps")), 37);
   const reference::RefDraft want = ref.draft(ctx, 19, {});
 
   auto got = model::TensorStore::open(dump);
-  EXPECT_LT(rel(f64(got->require("hidden", {cfg.block, cfg.hidden})), want.hidden), 2e-3);
-  EXPECT_LT(rel(f64(got->require("logits", {cfg.block - 1, cfg.vocab})), want.logits), 2e-3);
+  EXPECT_LT(rel_error(got->require("hidden", {cfg.block, cfg.hidden}), want.hidden), 2e-3);
+  EXPECT_LT(rel_error(got->require("logits", {cfg.block - 1, cfg.vocab}), want.logits), 2e-3);
   const model::TensorInfo* tokens = got->find("tokens");
   ASSERT_NE(tokens, nullptr);
   std::vector<int64_t> dumped(static_cast<size_t>(tokens->numel()));
@@ -103,8 +106,8 @@ void check_against_reference(bool dflash2, const std::string& dtype) {
     for (const auto& row : ctx.k[static_cast<size_t>(l)]) k.insert(k.end(), row.begin(), row.end());
     for (const auto& row : ctx.v[static_cast<size_t>(l)]) v.insert(v.end(), row.begin(), row.end());
     const std::string ln = std::to_string(l);
-    EXPECT_LT(rel(model::to_f64(*got->find("context_k." + ln)), k), 2e-3) << "layer " << l;
-    EXPECT_LT(rel(model::to_f64(*got->find("context_v." + ln)), v), 2e-3) << "layer " << l;
+    EXPECT_LT(rel_error(*got->find("context_k." + ln), k), 2e-3) << "layer " << l;
+    EXPECT_LT(rel_error(*got->find("context_v." + ln), v), 2e-3) << "layer " << l;
     EXPECT_EQ(got->find("context_k." + ln)->shape, (std::vector<int64_t>{37, cfg.n_kv, cfg.head_dim}));
   }
 }
@@ -120,7 +123,7 @@ TEST(Cli, QuantizeThenDraftMatchesTheDequantizedReference) {
   testing::TempDir dir;
   const std::string config = write_odd_config(dir, true);
   const std::string ck = dir.file("ck"), q = dir.file("q");
-  ASSERT_EQ(run("init --config " + config + " --out " + ck + " --seed 4 --taps 29").status, 0);
+  ASSERT_EQ(init(ck, "--seed 4 --taps 29", config).status, 0);
   Result made = run("quantize --drafter " + ck + "/drafter --out " + q + " --bits 4 --group 8 --include-fc");
   ASSERT_EQ(made.status, 0) << made.out;
   EXPECT_NE(made.out.find("tensors quantized"), std::string::npos) << made.out;
@@ -132,11 +135,11 @@ TEST(Cli, QuantizeThenDraftMatchesTheDequantizedReference) {
   const auto& cfg = ref.config();
   auto taps_store = model::TensorStore::open(ck + "/taps.safetensors");
   reference::RefContext ctx;
-  ref.settle(ctx, 0, f64(*taps_store->find("taps")), 29);
+  ref.settle(ctx, 0, model::to_f64(*taps_store->find("taps")), 29);
   const reference::RefDraft want = ref.draft(ctx, 11, {});
   auto got = model::TensorStore::open(dump);
-  const double eh = rel(f64(got->require("hidden", {cfg.block, cfg.hidden})), want.hidden);
-  const double el = rel(f64(got->require("logits", {cfg.block - 1, cfg.vocab})), want.logits);
+  const double eh = rel_error(got->require("hidden", {cfg.block, cfg.hidden}), want.hidden);
+  const double el = rel_error(got->require("logits", {cfg.block - 1, cfg.vocab}), want.logits);
   EXPECT_LT(eh, 2e-2);
   EXPECT_LT(el, 2e-2);
   EXPECT_GT(el, 1e-5);  // activations are rounded to int8: not the float path's 1e-6
@@ -194,15 +197,12 @@ TEST(Cli, EveryCommandAnswersHelp) {
 TEST(Cli, UserErrorsNameWhatIsWrong) {
   testing::TempDir dir;
   const std::string ck = dir.file("ck");
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  ASSERT_EQ(init(ck, "--taps 5").status, 0);
   const std::string d = " --drafter " + ck + "/drafter --target " + ck + "/target";
-  struct Case {
-    std::string args, needle;
-  };
   testing::write_text(dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
   // Taps of the wrong width: written with the other tiny config.
   const std::string other = dir.file("other");
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash2.json") + " --out " + other + " --taps 3").status, 0);
+  ASSERT_EQ(init(other, "--taps 3", testing::source_path("configs/tiny-dflash2.json")).status, 0);
   const Case cases[] = {
       {"init --config " + dir.file("bad.json") + " --out " + dir.file("x"), "LlamaForCausalLM"},
       {"init --config " + dir.file("missing.json") + " --out " + dir.file("x"), "missing.json"},
@@ -226,8 +226,7 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
 // A drafter config from configs/ with some keys replaced, written into dir.
 std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
                          const std::string& base = "configs/tiny-dflash.json") {
-  std::ifstream in(testing::source_path(base));
-  nlohmann::json j = nlohmann::json::parse(in);
+  nlohmann::json j = nlohmann::json::parse(read_regular_file(testing::source_path(base), "drafter config"));
   j.merge_patch(changes);
   const std::string path = dir.file(name);
   testing::write_text(path, j.dump(2));
@@ -270,7 +269,7 @@ TEST(Cli, ConfigGivenAsDirectoryNamesThePath) {
 TEST(Cli, NonFiniteWeightIsAnErrorNotATokenOfMinusOne) {
   testing::TempDir dir;
   const std::string ck = dir.file("ck");
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  ASSERT_EQ(init(ck, "--taps 5").status, 0);
   testing::set_element(ck + "/target/model.safetensors", "lm_head.weight", 17 * 64 + 5, NAN);
   Result r = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck +
                  "/taps.safetensors --anchor 3 --threads 1");
@@ -283,7 +282,7 @@ TEST(Cli, NonFiniteWeightIsAnErrorNotATokenOfMinusOne) {
 TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
   testing::TempDir dir;
   const std::string ck = dir.file("ck");
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck).status, 0);
+  ASSERT_EQ(init(ck).status, 0);
   const std::string fifo = dir.file("pipe.safetensors");
   testing::make_fifo(fifo);
   // `timeout` ends a blocked run, so a regression fails here instead of hanging the suite.
@@ -310,10 +309,6 @@ std::vector<std::string> entries(const std::string& dir) {
 
 TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
   testing::TempDir dir;
-  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
-  struct Case {
-    std::string args, needle;
-  };
   const Case cases[] = {
       {"--target-vocab 100", "target vocab 100"},  // below vocab_size 300: the drafter was written first
       {"--target-vocab -5", "--target-vocab: must be in 0..16777216, got -5"},
@@ -324,7 +319,7 @@ TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
       {"--taps 1099511627776", "bytes"},
   };
   for (const Case& c : cases) {
-    Result r = run("init --config " + tiny + " --out " + dir.file("ck") + " " + c.args);
+    Result r = init(dir.file("ck"), c.args);
     EXPECT_NE(r.status, 0) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
     EXPECT_LT(r.out.size(), 400u) << r.out;  // no bound printed with hundreds of digits
@@ -336,29 +331,28 @@ TEST(Cli, InitChecksEverythingBeforeWritingAnything) {
 TEST(Cli, InitReplacesAnEarlierCheckpointWhole) {
   testing::TempDir dir;
   const std::string ck = dir.file("ck");
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 5").status, 0);
+  ASSERT_EQ(init(ck, "--taps 5").status, 0);
   EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "taps.safetensors", "target"}));
   // Written again without taps and with another config: the old taps file must not survive.
-  Result r = run("init --config " + testing::source_path("configs/tiny-dflash2.json") + " --out " + ck + "/");
+  Result r = init(ck + "/", "", testing::source_path("configs/tiny-dflash2.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(entries(ck), (std::vector<std::string>{"drafter", "target"}));
   EXPECT_EQ(model::DrafterConfig::from_file(ck + "/drafter/config.json").arch_name, "DFlash2DraftModel");
   EXPECT_EQ(entries(dir.path()), std::vector<std::string>{"ck"});
   // An existing empty directory is filled.
   std::filesystem::create_directory(dir.file("empty"));
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("empty")).status, 0);
+  ASSERT_EQ(init(dir.file("empty")).status, 0);
   EXPECT_EQ(entries(dir.file("empty")), (std::vector<std::string>{"drafter", "target"}));
   // A destination whose parents do not exist yet is created.
-  ASSERT_EQ(run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + dir.file("a/b/c")).status, 0);
+  ASSERT_EQ(init(dir.file("a/b/c")).status, 0);
   EXPECT_EQ(entries(dir.file("a/b/c")), (std::vector<std::string>{"drafter", "target"}));
 }
 
 TEST(Cli, InitRefusesToReplaceWhatIsNotACheckpoint) {
   testing::TempDir dir;
-  const std::string tiny = testing::source_path("configs/tiny-dflash.json");
   std::filesystem::create_directory(dir.file("data"));
   testing::write_text(dir.file("data/notes.txt"), "keep me");
-  Result r = run("init --config " + tiny + " --out " + dir.file("data"));
+  Result r = init(dir.file("data"));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(dir.file("data") + ": exists and is not a tpdraft checkpoint"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("'notes.txt'"), std::string::npos) << r.out;
@@ -366,13 +360,13 @@ TEST(Cli, InitRefusesToReplaceWhatIsNotACheckpoint) {
   // A model directory with more than init writes (here a tokenizer) is not one of ours either.
   std::filesystem::create_directories(dir.file("model/target"));
   testing::write_text(dir.file("model/target/tokenizer.json"), "{}");
-  r = run("init --config " + tiny + " --out " + dir.file("model"));
+  r = init(dir.file("model"));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("'target/tokenizer.json'"), std::string::npos) << r.out;
   EXPECT_TRUE(std::filesystem::exists(dir.file("model/target/tokenizer.json")));
   // A file.
   testing::write_text(dir.file("file"), "x");
-  r = run("init --config " + tiny + " --out " + dir.file("file"));
+  r = init(dir.file("file"));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(dir.file("file") + ": exists and is not a directory"), std::string::npos) << r.out;
   EXPECT_EQ(entries(dir.path()), (std::vector<std::string>{"data", "file", "model"}));
@@ -387,24 +381,24 @@ TEST(Cli, InitHelpSaysWhatAnExistingOutputBecomes) {
 
 TEST(Cli, UnknownLogLevelIsAnError) {
   testing::TempDir dir;
-  const std::string init = "init --config " + testing::source_path("configs/tiny-dflash.json") + " --out ";
+  const std::string init_into = "init --config " + testing::source_path("configs/tiny-dflash.json") + " --out ";
   // A typo used to switch logging off silently, errors included.
   for (const char* level : {"verbose", "wran", "0"}) {
-    Result r = run_prefixed(std::string("TPDRAFT_LOG_LEVEL=") + level + " ", init + dir.file("x"));
+    Result r = run_prefixed(std::string("TPDRAFT_LOG_LEVEL=") + level + " ", init_into + dir.file("x"));
     EXPECT_EQ(r.status, 2) << level << "\n" << r.out;
     EXPECT_NE(r.out.find(std::string("TPDRAFT_LOG_LEVEL='") + level + "'"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("trace, debug, info, warn, error, critical, off"), std::string::npos) << r.out;
     EXPECT_FALSE(std::filesystem::exists(dir.file("x"))) << level;
   }
   // Known levels work, in any case: warn hides the info lines, debug shows them.
-  Result r = run_prefixed("TPDRAFT_LOG_LEVEL=WARN ", init + dir.file("w"));
+  Result r = run_prefixed("TPDRAFT_LOG_LEVEL=WARN ", init_into + dir.file("w"));
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(r.out.find("[info]"), std::string::npos) << r.out;
-  r = run_prefixed("TPDRAFT_LOG_LEVEL=debug ", init + dir.file("d"));
+  r = run_prefixed("TPDRAFT_LOG_LEVEL=debug ", init_into + dir.file("d"));
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("[info] wrote " + dir.file("d")), std::string::npos) << r.out;
   // Set but empty counts as unset.
-  r = run_prefixed("TPDRAFT_LOG_LEVEL= ", init + dir.file("e"));
+  r = run_prefixed("TPDRAFT_LOG_LEVEL= ", init_into + dir.file("e"));
   EXPECT_EQ(r.status, 0) << r.out;
 }
 

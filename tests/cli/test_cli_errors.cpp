@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "model/safetensors.h"
@@ -27,27 +27,27 @@ testing::CommandResult run(const std::string& args) { return testing::run_comman
 
 bool has_json_line(const std::string& out) { return out.find("\n{") != std::string::npos || out.rfind("{", 0) == 0; }
 
-// A checkpoint written once for the tests of this file, in its own directory.
-struct Checkpoint {
-  testing::TempDir dir;
-  std::string ck = dir.file("ck");
-  Checkpoint() {
+// A checkpoint written for each test of this file, in its own directory.
+class CliErrors : public ::testing::Test {
+ protected:
+  CliErrors() {
     const auto r = run("init --config " + testing::source_path("configs/tiny-dflash.json") + " --out " + ck + " --taps 6");
     EXPECT_EQ(r.status, 0) << r.out;
   }
   std::string draft_args() const {
     return "draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " + ck + "/taps.safetensors --anchor 1";
   }
+  testing::TempDir dir;
+  std::string ck = dir.file("ck");
 };
 
-TEST(CliErrors, ExitStatusesAreTheDocumentedOnes) {
-  Checkpoint c;
-  testing::write_text(c.dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
+TEST_F(CliErrors, ExitStatusesAreTheDocumentedOnes) {
+  testing::write_text(dir.file("bad.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}");
   EXPECT_EQ(run("draft --bogus").status, 2);
   EXPECT_EQ(run("bench").status, 2);  // neither --config nor --drafter
-  EXPECT_EQ(run("init --config " + c.dir.file("bad.json") + " --out " + c.dir.file("x")).status, 3);
-  EXPECT_EQ(run(c.draft_args() + " --tp 3").status, 3);  // 4 heads do not split 3 ways
-  EXPECT_EQ(run(c.draft_args()).status, 0);
+  EXPECT_EQ(run("init --config " + dir.file("bad.json") + " --out " + dir.file("x")).status, 3);
+  EXPECT_EQ(run(draft_args() + " --tp 3").status, 3);  // 4 heads do not split 3 ways
+  EXPECT_EQ(run(draft_args()).status, 0);
   const auto help = run("--help");
   EXPECT_NE(help.out.find("Exit status: 0 success"), std::string::npos) << help.out;
   const auto version = run("--version");
@@ -57,35 +57,32 @@ TEST(CliErrors, ExitStatusesAreTheDocumentedOnes) {
 
 // Values the engine would refuse later (or, for a seed, wrap silently) are usage errors at
 // parse time, naming the option; a mistyped command is named too.
-TEST(CliErrors, OptionValuesAndCommandsAreCheckedAtParseTime) {
-  Checkpoint c;
+TEST_F(CliErrors, OptionValuesAndCommandsAreCheckedAtParseTime) {
   struct Case {
     std::string args, needle;
   };
-  for (const Case& k : {Case{c.draft_args() + " --seed -1", "--seed"}, Case{c.draft_args() + " --top-p 0", "--top-p"},
-                        Case{c.draft_args() + " --anchor=", "--anchor"},
-                        Case{c.draft_args() + " --anchor -1", "--anchor"},
+  for (const Case& k : {Case{draft_args() + " --seed -1", "--seed"}, Case{draft_args() + " --top-p 0", "--top-p"},
+                        Case{draft_args() + " --anchor=", "--anchor"},
+                        Case{draft_args() + " --anchor -1", "--anchor"},
                         Case{"bench --config x --batch 1099511627776", "--batch"},
                         Case{"drfat --config x", "unknown command 'drfat'"}}) {
     const auto r = run(k.args);
     EXPECT_EQ(r.status, 2) << k.args << "\n" << r.out;
     EXPECT_NE(r.out.find(k.needle), std::string::npos) << k.args << "\n" << r.out;
   }
-  EXPECT_EQ(run(c.draft_args() + " --seed 18446744073709551615").status, 0);
+  EXPECT_EQ(run(draft_args() + " --seed 18446744073709551615").status, 0);
 }
 
-TEST(CliErrors, InfoStopsAtAPlanItCannotMakeBeforePrinting) {
-  Checkpoint c;
-  const auto r = run("info --drafter " + c.ck + "/drafter --tp 3");
+TEST_F(CliErrors, InfoStopsAtAPlanItCannotMakeBeforePrinting) {
+  const auto r = run("info --drafter " + ck + "/drafter --tp 3");
   EXPECT_EQ(r.status, 3) << r.out;
   EXPECT_NE(r.out.find("not divisible by tp = 3"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("geometry"), std::string::npos) << "printed before the error: " << r.out;
 }
 
-TEST(CliErrors, BoundsAreReadable) {
-  Checkpoint c;
-  for (const std::string& args : {c.draft_args() + " --threads 100000", c.draft_args() + " --temperature -1",
-                                  c.draft_args() + " --tp 100000", std::string("bench --config x --ctx -3")}) {
+TEST_F(CliErrors, BoundsAreReadable) {
+  for (const std::string& args : {draft_args() + " --threads 100000", draft_args() + " --temperature -1",
+                                  draft_args() + " --tp 100000", std::string("bench --config x --ctx -3")}) {
     const auto r = run(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_FALSE(std::regex_search(r.out, std::regex("[0-9]{25}"))) << "a bound printed in full: " << r.out;
@@ -93,17 +90,16 @@ TEST(CliErrors, BoundsAreReadable) {
   }
 }
 
-TEST(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
-  Checkpoint c;
-  const std::string link = c.dir.file("link.safetensors"), target = c.dir.file("kept.txt");
+TEST_F(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
+  const std::string link = dir.file("link.safetensors"), target = dir.file("kept.txt");
   testing::write_text(target, "keep me");
   ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
   struct Case {
     std::string dump, needle;
   };
   for (const Case& k : {Case{"/dev/null", "not a regular file"}, Case{link, "not a regular file"},
-                        Case{c.dir.file("no/such/dir/out.safetensors"), "cannot write there"}}) {
-    const auto r = run(c.draft_args() + " --dump " + k.dump);
+                        Case{dir.file("no/such/dir/out.safetensors"), "cannot write there"}}) {
+    const auto r = run(draft_args() + " --dump " + k.dump);
     EXPECT_EQ(r.status, 3) << r.out;
     EXPECT_NE(r.out.find(k.needle), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("loaded"), std::string::npos) << "the checkpoint was loaded before the check: " << r.out;
@@ -114,29 +110,25 @@ TEST(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
   EXPECT_TRUE(S_ISCHR(st.st_mode));
   ASSERT_EQ(lstat(link.c_str(), &st), 0);
   EXPECT_TRUE(S_ISLNK(st.st_mode));
-  std::ifstream kept(target);
-  std::string text;
-  std::getline(kept, text);
-  EXPECT_EQ(text, "keep me");
+  EXPECT_EQ(read_regular_file(target, "kept file"), "keep me");
   // A good destination: the dump exists and the results follow it.
-  const auto ok = run(c.draft_args() + " --dump " + c.dir.file("d.safetensors"));
+  const auto ok = run(draft_args() + " --dump " + dir.file("d.safetensors"));
   EXPECT_EQ(ok.status, 0) << ok.out;
   EXPECT_TRUE(has_json_line(ok.out));
-  EXPECT_EQ(access(c.dir.file("d.safetensors").c_str(), R_OK), 0);
+  EXPECT_EQ(access(dir.file("d.safetensors").c_str(), R_OK), 0);
 }
 
-TEST(CliErrors, TapsWithNaNOrInfAreRefusedByRow) {
-  Checkpoint c;
-  const model::DrafterConfig cfg = model::DrafterConfig::from_file(c.ck + "/drafter/config.json");
+TEST_F(CliErrors, TapsWithNaNOrInfAreRefusedByRow) {
+  const model::DrafterConfig cfg = model::DrafterConfig::from_file(ck + "/drafter/config.json");
   const int64_t width = cfg.n_taps() * cfg.hidden;
   for (float bad : {std::nanf(""), -INFINITY}) {
     std::vector<float> taps = model::random_taps(cfg, 5, 3);
     taps[static_cast<size_t>(2 * width + 7)] = bad;
     model::SafetensorsWriter w;
     w.add("taps", DType::F32, {5, width}, taps.data(), taps.size() * sizeof(float));
-    w.write(c.dir.file("bad-taps.safetensors"));
-    const auto r = run("draft --drafter " + c.ck + "/drafter --target " + c.ck + "/target --taps " +
-                       c.dir.file("bad-taps.safetensors") + " --anchor 1");
+    w.write(dir.file("bad-taps.safetensors"));
+    const auto r = run("draft --drafter " + ck + "/drafter --target " + ck + "/target --taps " +
+                       dir.file("bad-taps.safetensors") + " --anchor 1");
     EXPECT_EQ(r.status, 3) << r.out;
     EXPECT_NE(r.out.find("position 2 (new row 2)"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("column 7"), std::string::npos) << r.out;
@@ -144,7 +136,7 @@ TEST(CliErrors, TapsWithNaNOrInfAreRefusedByRow) {
   }
 }
 
-TEST(CliErrors, BenchRefusesAGeometryBeforeGeneratingItsWeights) {
+TEST_F(CliErrors, BenchRefusesAGeometryBeforeGeneratingItsWeights) {
   const auto r = run("bench --config " + testing::source_path("configs/tiny-dflash.json") + " --tp 3 --ctx 4 --repeat 1");
   EXPECT_EQ(r.status, 3) << r.out;
   EXPECT_NE(r.out.find("not divisible by tp = 3"), std::string::npos) << r.out;
@@ -152,10 +144,9 @@ TEST(CliErrors, BenchRefusesAGeometryBeforeGeneratingItsWeights) {
   EXPECT_EQ(testing::count_of(r.out, "not divisible"), 1u) << "reported once, not by each of the 3 ranks:\n" << r.out;
 }
 
-TEST(CliErrors, MoreThreadsThanCoresIsAWarningNotAFailure) {
-  Checkpoint c;
+TEST_F(CliErrors, MoreThreadsThanCoresIsAWarningNotAFailure) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto r = run(c.draft_args() + " --threads " + std::to_string(cores) + " --tp 2");
+  const auto r = run(draft_args() + " --threads " + std::to_string(cores) + " --tp 2");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("take turns on the cores"), std::string::npos) << r.out;
 }

@@ -3,12 +3,11 @@
 // what `tpdraft bench` measures on the same drafter; plus the errors a caller meets.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -27,8 +26,7 @@ Result run(const std::string& args, const testing::TempDir& dir) {
   // The program's stderr goes to its file inside the braces: run_command reads stdout alone.
   const auto r =
       testing::run_command("{ " + std::string(TPDRAFT_BIN) + " " + args + " 2>" + err + "; }");
-  std::ifstream errors(err);
-  return {r.status, r.out, std::string(std::istreambuf_iterator<char>(errors), {})};
+  return {r.status, r.out, read_regular_file(err, "stderr file")};
 }
 
 // The last line of stdout that is a JSON object.

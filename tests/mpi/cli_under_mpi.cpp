@@ -54,9 +54,8 @@ TEST(CliUnderMpi, InputErrorsArePrintedOnceWithStatus3) {
 
 TEST(CliUnderMpi, RanksWithDifferentArgumentsAreRefused) {
   Checkpoint c;
-  const std::string bin = TPDRAFT_BIN;
-  const auto r = testing::run_command("timeout 120 " + std::string(TPDRAFT_MPIRUN) + " -np 1 " + bin + " " +
-                                      c.draft("--anchor 1") + " : -np 1 " + bin + " " + c.draft("--anchor 2"));
+  // One launch of two programs, one rank each: the second's arguments follow the ':'.
+  const auto r = mpirun(1, c.draft("--anchor 1") + " : -np 1 " + TPDRAFT_BIN + " " + c.draft("--anchor 2"));
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("is '2' here and '1' on rank 0"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("\"tokens\""), std::string::npos) << "the ranks drafted anyway: " << r.out;

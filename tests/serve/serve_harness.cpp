@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <iterator>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -89,9 +89,7 @@ void ServerProcess::signal(int sig) {
 
 std::string ServerProcess::log() const {
   std::ifstream in(log_);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 std::string ServerProcess::wait_address(double seconds) {

@@ -3,11 +3,9 @@
 // drafts; and each fault a server meets (malformed frames, limits, a client killed or silent, a
 // rank that fails or is killed, a server that stops answering, SIGTERM) answered as
 // docs/protocol.md says, without a hang: every client call carries a timeout.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -35,13 +34,6 @@
 
 namespace tpdraft::serve_test {
 namespace {
-
-using testing::TempDir;
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0;
-}
 
 // The steps one client made and what the server answered.
 struct Trace {
@@ -172,8 +164,14 @@ class Serve : public ::testing::Test {
     address = server->wait_address();
     ASSERT_FALSE(address.empty()) << server->log();
   }
+  // A server that stopped cleanly left neither its address file nor its socket behind.
+  void expect_files_removed() const {
+    EXPECT_FALSE(std::filesystem::exists(server->address_file()));
+    EXPECT_FALSE(std::filesystem::exists(dir.file("s.sock")));
+  }
+  int sigterm_while_clients_step();
 
-  TempDir dir;
+  testing::TempDir dir;
   std::optional<ServerProcess> server;
   std::string address;
 };
@@ -200,8 +198,7 @@ TEST_F(Serve, ManyClientsOverIpcAndSharedMemoryDraftWhatTheLibraryDrafts) {
   // SIGTERM: a clean stop that removes the address file and the socket.
   server->signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(30), 0) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 // --quant quantizes the served drafter while it loads, as the library's options.quant does.
@@ -563,16 +560,14 @@ TEST_F(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {
       << tpdraft_last_error();
   EXPECT_EQ(out.tokens[0], -1);
   EXPECT_EQ(server->wait_exit(30), 1) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 // Three clients step until their server goes; once 30 steps have drafted, SIGTERM goes to the
 // server's process (tpdraft, or its launcher). Every step must either draft or fail closed,
 // every client must see its server go, and the server must say it stopped for the signal and
 // leave no file behind. Returns the server's exit status.
-int sigterm_while_clients_step(ServerProcess& server, const std::string& address,
-                               const TempDir& dir) {
+int Serve::sigterm_while_clients_step() {
   std::atomic<int> done{0}, failed{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i)
@@ -597,19 +592,18 @@ int sigterm_while_clients_step(ServerProcess& server, const std::string& address
       }
     });
   while (done < 30) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  server.signal(SIGTERM);
-  const int status = server.wait_exit(30);
+  server->signal(SIGTERM);
+  const int status = server->wait_exit(30);
   for (auto& t : threads) t.join();
   EXPECT_EQ(failed, 3);
-  EXPECT_NE(server.log().find("stopping (signal)"), std::string::npos) << server.log();
-  EXPECT_FALSE(exists(server.address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  EXPECT_NE(server->log().find("stopping (signal)"), std::string::npos) << server->log();
+  expect_files_removed();
   return status;
 }
 
 TEST_F(Serve, SigtermFinishesTheForwardInFlightAndEveryCallEnds) {
   ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}));
-  EXPECT_EQ(sigterm_while_clients_step(*server, address, dir), 0) << server->log();
+  EXPECT_EQ(sigterm_while_clients_step(), 0) << server->log();
 }
 
 // ---- under mpirun (CTest test_serve_mpi, labelled mpi) ------------------------------------------
@@ -634,12 +628,11 @@ std::vector<std::string> mpirun(int np) {
 // The pid of the process of world rank `rank` among the launcher's children.
 pid_t rank_pid(pid_t launcher, int rank) {
   const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-  DIR* proc = opendir("/proc");
   pid_t found = -1;
-  for (dirent* d; proc != nullptr && (d = readdir(proc)) != nullptr;) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(d->d_name));
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(d.path().filename().c_str()));
     if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(d->d_name) + "/stat");
+    std::ifstream stat(d.path() / "stat");
     std::string line;
     std::getline(stat, line);
     const size_t close = line.rfind(')');
@@ -650,11 +643,10 @@ pid_t rank_pid(pid_t launcher, int rank) {
     rest >> state >> ppid;
     if (ppid != launcher) continue;
     // NUL-separated NAME=VALUE entries: `want` must be one of them whole.
-    std::ifstream env("/proc/" + std::string(d->d_name) + "/environ");
+    std::ifstream env(d.path() / "environ");
     const std::string all = '\0' + std::string(std::istreambuf_iterator<char>(env), {}) + '\0';
     if (all.find('\0' + want + '\0') != std::string::npos) found = pid;
   }
-  if (proc != nullptr) closedir(proc);
   return found;
 }
 
@@ -666,8 +658,7 @@ TEST_F(ServeMpi, ATp2GroupUnderMpirunDraftsWhatTheLibraryDrafts) {
     ASSERT_EQ(tpdraft_client_shutdown(c.c), TPDRAFT_OK) << tpdraft_last_error();
   }
   EXPECT_EQ(server->wait_exit(60), 0) << server->log();
-  EXPECT_FALSE(exists(server->address_file()));
-  EXPECT_FALSE(exists(dir.file("s.sock")));
+  expect_files_removed();
 }
 
 TEST_F(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
@@ -691,7 +682,7 @@ TEST_F(ServeMpi, AKilledRankEndsTheGroupAndTheClientGetsAnError) {
 // stops the group cleanly, as in process.
 TEST_F(ServeMpi, SigtermToMpirunStopsTheGroupCleanly) {
   ASSERT_NO_FATAL_FAILURE(start({"--tp", "2"}, mpirun(2)));
-  const int status = sigterm_while_clients_step(*server, address, dir);
+  const int status = sigterm_while_clients_step();
   EXPECT_NE(status, -1) << "the job did not end after SIGTERM:\n" << server->log();
   EXPECT_EQ(server->log().find("[error]"), std::string::npos)
       << "no rank may fail on the way out:\n" << server->log();
