@@ -75,7 +75,6 @@ int ServerProcess::wait_exit(double seconds) {
     if (r == pid_) {
       status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       pid_ = -1;
-      // What the launch left running (mpirun's ranks) goes with it.
       return status_;
     }
     if (std::chrono::steady_clock::now() >= deadline) return -1;
