@@ -11,8 +11,6 @@ namespace tpdraft::parallel {
 ForwardRecorder::ForwardRecorder(kernels::Ops& ops, Communicator& comm, bool enabled)
     : ops_(ops), comm_(comm), enabled_(enabled) {}
 
-ForwardRecorder::~ForwardRecorder() = default;
-
 size_t ForwardRecorder::segments(int64_t key) const {
   const auto it = graphs_.find(key);
   return it == graphs_.end() ? 0 : it->second.segments.size();
