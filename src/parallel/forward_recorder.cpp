@@ -78,9 +78,7 @@ void ForwardRecorder::capture(int64_t key, const std::function<void()>& issue, c
   g.captured.seconds = 0;
   const bool kept = all_captured(failure.empty());
   // Neither the capture nor the agreement moved any of the forward's data.
-  CommStats extra = comm_.stats();
-  extra -= before;
-  comm_.stats_ -= extra;
+  comm_.stats_ = before;
   if (kept) {
     graphs_.emplace(key, std::move(g));
     return;
