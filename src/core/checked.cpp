@@ -41,18 +41,13 @@ void fail_to_int64(const std::string& what, double v) {
 }
 
 bool numel_fits(const std::vector<int64_t>& shape, int64_t* out) {
-  bool empty = false;
-  for (int64_t d : shape) {
-    if (d < 0) return false;
-    empty = empty || d == 0;
-  }
-  // A zero dimension makes the count exactly 0, however large the others are.
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (empty) break;
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) return false;
+  // A zero dimension makes the count exactly 0, however large the others are: starting from 0,
+  // no product overflows.
+  int64_t n = std::find(shape.begin(), shape.end(), 0) == shape.end() ? 1 : 0;
+  for (int64_t d : shape)
     if (__builtin_mul_overflow(n, d, &n)) return false;
-  }
-  *out = empty ? 0 : n;
+  *out = n;
   return true;
 }
 

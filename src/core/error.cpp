@@ -10,4 +10,14 @@ namespace tpdraft {
 
 [[noreturn]] void throw_input_error(const std::string& message) { throw InputError(message); }
 
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace tpdraft

@@ -3,6 +3,7 @@
 // the library never exits the process: callers (the CLI's main) decide.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,9 @@ class InputError : public Error {
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_input_error(const std::string& message);
+
+// What a caught exception says: its what(), or "unknown exception" for one of no std type.
+std::string message_of(const std::exception_ptr& error);
 
 }  // namespace tpdraft
 

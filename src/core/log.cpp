@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <spdlog/pattern_formatter.h>
@@ -34,17 +35,16 @@ class RankFlag final : public spdlog::custom_flag_formatter {
 
 constexpr const char* kLevelVariable = "TPDRAFT_LOG_LEVEL";
 
-// The level TPDRAFT_LOG_LEVEL names, in any case; false when it is set to no known level.
+// The level TPDRAFT_LOG_LEVEL names, in any case; none when it is set to no known level.
 // spdlog's from_str maps every unknown name to "off", which would hide errors too.
-bool level_from_env(spdlog::level::level_enum* out) {
+std::optional<spdlog::level::level_enum> level_from_env() {
   const char* env = std::getenv(kLevelVariable);
-  if (env == nullptr || *env == '\0') return true;  // unset or empty: the default
+  if (env == nullptr || *env == '\0') return spdlog::level::info;  // unset or empty: the default
   std::string name(env);
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
   const spdlog::level::level_enum level = spdlog::level::from_str(name);
-  if (level == spdlog::level::off && name != "off") return false;
-  *out = level;
-  return true;
+  if (level == spdlog::level::off && name != "off") return std::nullopt;
+  return level;
 }
 
 // The logger is kept out of spdlog's process-wide registry: a process that holds two copies of
@@ -55,9 +55,7 @@ std::shared_ptr<spdlog::logger> make_logger() {
   auto formatter = std::make_unique<spdlog::pattern_formatter>();
   formatter->add_flag<RankFlag>('Q').set_pattern("[%H:%M:%S.%e] [rank %Q] [%^%l%$] %v");
   l->set_formatter(std::move(formatter));
-  spdlog::level::level_enum level = spdlog::level::info;
-  if (!level_from_env(&level)) level = spdlog::level::info;  // check_environment() reports it
-  l->set_level(level);
+  l->set_level(level_from_env().value_or(spdlog::level::info));  // check_environment() reports a bad one
   return l;
 }
 }  // namespace
@@ -68,8 +66,7 @@ spdlog::logger& logger() {
 }
 
 void check_environment() {
-  spdlog::level::level_enum level = spdlog::level::info;
-  TPDRAFT_CHECK(level_from_env(&level),
+  TPDRAFT_CHECK(level_from_env().has_value(),
                 "{}='{}' names no log level; expected one of trace, debug, info, warn, error, critical, off (any case)",
                 kLevelVariable, std::getenv(kLevelVariable));
 }

@@ -27,8 +27,6 @@ Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, 
   caps_.max_open_sessions = max_open_sessions;
 }
 
-Engine::~Engine() = default;
-
 int64_t Engine::open_session() {
   TPDRAFT_CHECK(static_cast<int64_t>(sessions_.size()) < caps_.max_open_sessions,
                 "cannot open another session: all {} allowed (max open sessions) are open", sessions_.size());
@@ -49,7 +47,7 @@ model::Session& Engine::session(int64_t id) const {
 
 int64_t Engine::session_length(int64_t id) const { return session(id).length(); }
 
-void Engine::check_taps(const StepEntry& e) const {
+void Engine::check_taps(const StepEntry& e, int64_t p0) const {
   if (e.n_new == 0) return;
   TPDRAFT_CHECK(e.taps.data != nullptr, "{} new rows but no taps", e.n_new);
   TPDRAFT_CHECK(e.taps.dtype == DType::F32 || e.taps.dtype == DType::BF16 || e.taps.dtype == DType::F16,
@@ -64,7 +62,7 @@ void Engine::check_taps(const StepEntry& e) const {
   const int64_t count = checked_mul(e.n_new, caps_.taps_width, "{} tap rows of {} floats", e.n_new, caps_.taps_width);
   const int64_t bad = find_non_finite(e.taps.dtype, e.taps.data, static_cast<size_t>(count));
   TPDRAFT_CHECK(bad < 0, "the taps of position {} (new row {}) hold NaN or Inf at column {}",
-                e.p0 + bad / caps_.taps_width, bad / caps_.taps_width, bad % caps_.taps_width);
+                p0 + bad / caps_.taps_width, bad / caps_.taps_width, bad % caps_.taps_width);
 }
 
 void Engine::check(const std::vector<StepEntry>& entries) const {
@@ -92,9 +90,7 @@ void Engine::check_entry(const StepEntry& e, std::set<int64_t>* seen) const {
   rt_->drafter().check_rollback(s, p0);  // keep >= p0: a roll-back there is possible too
   TPDRAFT_CHECK(e.n_new >= 0 && e.n_new <= caps_.max_context - p0,
                 "{} new rows at position {} do not fit the max context {}", e.n_new, p0, caps_.max_context);
-  StepEntry at = e;
-  at.p0 = p0;
-  check_taps(at);
+  check_taps(e, p0);
   model::Drafter::check_request(rt_->config(), e.anchor, e.sampling);
   TPDRAFT_CHECK(e.dist_width >= model::kFullDistribution && e.dist_width <= caps_.vocab,
                 "a distribution width must be 0, 1..{} or {} (every token), got {}", caps_.vocab,

@@ -67,7 +67,6 @@ class Engine {
   // bounds the sessions held at once (each holds max_context positions of context).
   Engine(const model::ModelSource& source, parallel::Communicator& group, const model::RuntimeOptions& options,
          int64_t max_open_sessions);
-  ~Engine();
 
   const Caps& caps() const { return caps_; }
   const StepTimes& last_times() const { return times_; }
@@ -99,7 +98,7 @@ class Engine {
   // One entry's checks (`seen`: the sessions of the entries before it); check() prefixes the
   // entry's index to whatever they refuse.
   void check_entry(const StepEntry& e, std::set<int64_t>* seen) const;
-  void check_taps(const StepEntry& e) const;
+  void check_taps(const StepEntry& e, int64_t p0) const;  // p0: the entry's first new position
   // The entry's tap rows as f32 where the drafter reads them (converted into staged_ if need be).
   const float* taps_f32(const StepEntry& e);
 

@@ -8,18 +8,6 @@
 
 namespace tpdraft::engine {
 
-namespace {
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-}  // namespace
-
 LocalGroup::LocalGroup(const model::ModelSource& source, const model::RuntimeOptions& options, int tp,
                        int64_t max_open_sessions) {
   TPDRAFT_CHECK(tp >= 1, "tensor-parallel size must be at least 1, got {}", tp);
@@ -71,7 +59,7 @@ void LocalGroup::worker(int rank) {
       (*job)(rank);
     } catch (...) {
       error = std::current_exception();
-      comms_[static_cast<size_t>(rank)]->abort(what_of(error));  // peers in a collective give up too
+      comms_[static_cast<size_t>(rank)]->abort(message_of(error));  // peers in a collective give up too
     }
     std::lock_guard<std::mutex> lock(mutex_);
     errors_[static_cast<size_t>(rank)] = error;
@@ -98,7 +86,7 @@ void LocalGroup::run(const std::function<void(int)>& job) {
     job(0);
   } catch (...) {
     errors_[0] = std::current_exception();
-    comms_[0]->abort(what_of(errors_[0]));
+    comms_[0]->abort(message_of(errors_[0]));
   }
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -109,7 +97,7 @@ void LocalGroup::run(const std::function<void(int)>& job) {
     if (e && !first) first = e;
   if (!first) return;
   // A failed rank aborted the group's communicator, so no rank can rely on it any more.
-  broken_ = what_of(first);
+  broken_ = message_of(first);
   std::rethrow_exception(first);
 }
 

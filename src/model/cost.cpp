@@ -2,10 +2,9 @@
 // docs/parallel.md and the shard plan; each mirrors what drafter.cpp and sharded_head.cpp do.
 #include "model/cost.h"
 
-#include "model/quant_tensors.h"
-
 #include <algorithm>
 
+#include "model/quant_tensors.h"
 #include "model/sharded_head.h"
 #include "model/weights.h"
 

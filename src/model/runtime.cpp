@@ -30,8 +30,6 @@ RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& grou
   drafter_ = std::make_unique<Drafter>(weights_, *ops_, *comm_, limits);
 }
 
-RankRuntime::~RankRuntime() = default;
-
 QuantConfig quantization_on_load(const DrafterConfig& config, const std::string& mode, const std::string& source) {
   TPDRAFT_CHECK(!config.quant.any(), "{}: --quant {}: the checkpoint is quantized already ({})", source, mode,
                 config.quant.file);

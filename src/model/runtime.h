@@ -53,7 +53,6 @@ class RankRuntime {
  public:
   // `group` is this rank's tensor-parallel group (host buffers); it must outlive the runtime.
   RankRuntime(const ModelSource& source, parallel::Communicator& group, const RuntimeOptions& options);
-  ~RankRuntime();
   RankRuntime(const RankRuntime&) = delete;
   RankRuntime& operator=(const RankRuntime&) = delete;
 

@@ -15,7 +15,6 @@ class Session {
  public:
   // Context length: positions [0, length()) are settled; the next anchor sits at length().
   int64_t length() const { return end_; }
-  int64_t max_context() const { return max_context_; }
 
  private:
   friend class Drafter;

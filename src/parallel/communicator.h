@@ -21,27 +21,23 @@ struct CommStats {
   double seconds = 0;  // wall time spent inside collectives
   uint64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + broadcast_bytes; }
   // The counts of `b` added (or taken away); seconds too.
-  CommStats& operator+=(const CommStats& b);
-  CommStats& operator-=(const CommStats& b);
+  CommStats& operator+=(const CommStats& b) {
+    all_reduce_calls += b.all_reduce_calls, all_reduce_bytes += b.all_reduce_bytes;
+    all_gather_calls += b.all_gather_calls, all_gather_bytes += b.all_gather_bytes;
+    broadcast_calls += b.broadcast_calls, broadcast_bytes += b.broadcast_bytes;
+    barrier_calls += b.barrier_calls;
+    seconds += b.seconds;
+    return *this;
+  }
+  CommStats& operator-=(const CommStats& b) {
+    all_reduce_calls -= b.all_reduce_calls, all_reduce_bytes -= b.all_reduce_bytes;
+    all_gather_calls -= b.all_gather_calls, all_gather_bytes -= b.all_gather_bytes;
+    broadcast_calls -= b.broadcast_calls, broadcast_bytes -= b.broadcast_bytes;
+    barrier_calls -= b.barrier_calls;
+    seconds -= b.seconds;
+    return *this;
+  }
 };
-
-inline CommStats& CommStats::operator+=(const CommStats& b) {
-  all_reduce_calls += b.all_reduce_calls, all_reduce_bytes += b.all_reduce_bytes;
-  all_gather_calls += b.all_gather_calls, all_gather_bytes += b.all_gather_bytes;
-  broadcast_calls += b.broadcast_calls, broadcast_bytes += b.broadcast_bytes;
-  barrier_calls += b.barrier_calls;
-  seconds += b.seconds;
-  return *this;
-}
-
-inline CommStats& CommStats::operator-=(const CommStats& b) {
-  all_reduce_calls -= b.all_reduce_calls, all_reduce_bytes -= b.all_reduce_bytes;
-  all_gather_calls -= b.all_gather_calls, all_gather_bytes -= b.all_gather_bytes;
-  broadcast_calls -= b.broadcast_calls, broadcast_bytes -= b.broadcast_bytes;
-  barrier_calls -= b.barrier_calls;
-  seconds -= b.seconds;
-  return *this;
-}
 
 class ForwardRecorder;
 

@@ -11,8 +11,6 @@ namespace tpdraft::parallel {
 ForwardRecorder::ForwardRecorder(kernels::Ops& ops, Communicator& comm, bool enabled)
     : ops_(ops), comm_(comm), enabled_(enabled) {}
 
-ForwardRecorder::~ForwardRecorder() = default;
-
 size_t ForwardRecorder::segments(int64_t key) const {
   const auto it = graphs_.find(key);
   return it == graphs_.end() ? 0 : it->second.segments.size();
@@ -80,9 +78,7 @@ void ForwardRecorder::capture(int64_t key, const std::function<void()>& issue, c
   g.captured.seconds = 0;
   const bool kept = all_captured(failure.empty());
   // Neither the capture nor the agreement moved any of the forward's data.
-  CommStats extra = comm_.stats();
-  extra -= before;
-  comm_.stats_ -= extra;
+  comm_.stats_ = before;
   if (kept) {
     graphs_.emplace(key, std::move(g));
     return;

@@ -22,7 +22,6 @@ class ForwardRecorder {
  public:
   // enabled = false: every forward is issued op by op.
   ForwardRecorder(kernels::Ops& ops, Communicator& comm, bool enabled);
-  ~ForwardRecorder();
 
   // Whether forwards are captured and replayed: false when disabled, or after a capture failed on
   // any rank (every rank then goes on op by op, so all keep issuing the same collectives).

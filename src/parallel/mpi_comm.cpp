@@ -150,11 +150,11 @@ ReplicaGroup split_groups(int tp) {
   return group;
 }
 
-NodeLocal node_local(MPI_Comm comm) {
+NodeLocal node_local() {
   int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_Comm shared = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
   NodeLocal local;
   MPI_Comm_rank(shared, &local.rank);
   MPI_Comm_size(shared, &local.size);

@@ -17,7 +17,6 @@ bool mpi_launched();
 
 #include <mpi.h>
 
-
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
 #define MPI_CHECK(call)                                                                  \
@@ -78,12 +77,12 @@ struct ReplicaGroup {
 };
 ReplicaGroup split_groups(int tp);
 
-// This rank's place among the ranks of comm sharing its machine (its GPU index on that machine).
+// This rank's place among the world's ranks sharing its machine (its GPU index on that machine).
 struct NodeLocal {
   int rank = 0;
   int size = 1;
 };
-NodeLocal node_local(MPI_Comm comm = MPI_COMM_WORLD);
+NodeLocal node_local();
 
 }  // namespace tpdraft::parallel
 

@@ -204,16 +204,6 @@ class ThreadCommunicator final : public Communicator {
   const int rank_;
 };
 
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int n) {

@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-
 namespace tpdraft::parallel {
 
 CollectiveWatchdog::CollectiveWatchdog(Communicator& comm, double seconds) : comm_(comm), limit_(seconds) {
