@@ -275,13 +275,10 @@ TEST(ShardedHead, SamplingMatchesTheWholeRowForEveryFilter) {
 // Bytes one rank sent through all-gather and all-reduce in a sample_sharded call.
 uint64_t bytes_sent(const Sampled& s) { return s.stats.all_gather_bytes + s.stats.all_reduce_bytes; }
 
-// [rows, vocab] logits, row r from makers[r].
-std::vector<float> stack_rows(const std::vector<std::function<std::vector<float>(int64_t)>>& makers, int64_t vocab) {
+// The rows one after another, as one [rows, vocab] matrix.
+std::vector<float> stack_rows(const std::vector<std::vector<float>>& rows) {
   std::vector<float> out;
-  for (const auto& make : makers) {
-    const std::vector<float> row = make(vocab);
-    out.insert(out.end(), row.begin(), row.end());
-  }
+  for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
   return out;
 }
 
@@ -305,12 +302,8 @@ TEST(ShardedHead, FixtureNucleiAreWhatTheWireTestsAssume) {
 
 // Two rows of `vocab` logits: nearly flat ones, or peaked ones.
 std::vector<float> two_rows(bool flat, int64_t vocab) {
-  if (flat) {
-    return stack_rows({[](int64_t v) { return flat_logits(v, 5); }, [](int64_t v) { return flat_logits(v, 6); }},
-                      vocab);
-  }
-  return stack_rows({[](int64_t v) { return peaked_logits(v, 9); }, [](int64_t v) { return peaked_logits(v, 10); }},
-                    vocab);
+  if (flat) return stack_rows({flat_logits(vocab, 5), flat_logits(vocab, 6)});
+  return stack_rows({peaked_logits(vocab, 9), peaked_logits(vocab, 10)});
 }
 
 // Without the overflow, what crosses the wire does not depend on V: the same byte counts at
@@ -353,10 +346,8 @@ TEST(ShardedHead, TopPPoolOverflowGathersTheRowsAndMatches) {
       std::vector<uint64_t> bytes;
       std::vector<int64_t> strides;
       for (int64_t vocab : {3001, 6000}) {
-        const std::vector<float> full = stack_rows({[](int64_t v) { return flat_logits(v, 5); },
-                                                    [](int64_t v) { return peaked_logits(v, 9); },
-                                                    [](int64_t v) { return flat_logits(v, 6); }},
-                                                   vocab);
+        const std::vector<float> full =
+            stack_rows({flat_logits(vocab, 5), peaked_logits(vocab, 9), flat_logits(vocab, 6)});
         const std::string what = "tp " + std::to_string(tp) + " T " + std::to_string(t) + " V " + std::to_string(vocab);
         const auto got = sample_on_ranks(tp, full, rows, vocab, 2, p);
         expect_matches_full_rows(got, full, rows, vocab, 2, p, what);
