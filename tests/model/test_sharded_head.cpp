@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "model/selection.h"
@@ -154,8 +155,7 @@ TEST(ShardedHead, MergeGivesTheGlobalTopKOnEveryRank) {
       for (int levels : {0, 3}) {
         const std::vector<float> full = random_logits(rows, vocab, static_cast<uint32_t>(vocab * 7 + levels), levels);
         for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, vocab + 3}) {
-          const std::string what = "tp " + std::to_string(tp) + " V " + std::to_string(vocab) + " k " +
-                                   std::to_string(k) + " levels " + std::to_string(levels);
+          const std::string what = fmt::format("tp {} V {} k {} levels {}", tp, vocab, k, levels);
           const auto merged = on_each_rank<std::vector<std::vector<Candidate>>>(
               tp, vocab, [&](Communicator& comm, const VocabSlice& s) {
                 const std::vector<float> local = columns_of(full, rows, s);
@@ -260,8 +260,7 @@ TEST(ShardedHead, SamplingMatchesTheWholeRowForEveryFilter) {
         const std::vector<float> full = random_logits(rows, vocab, static_cast<uint32_t>(vocab + 100 * levels), levels);
         for (uint64_t seed : {1u, 2024u}) {
           for (const Filter& f : filters(seed)) {
-            const std::string what = "tp " + std::to_string(tp) + " V " + std::to_string(vocab) + " levels " +
-                                     std::to_string(levels) + " seed " + std::to_string(seed) + " " + f.name;
+            const std::string what = fmt::format("tp {} V {} levels {} seed {} {}", tp, vocab, levels, seed, f.name);
             const int64_t first_row = static_cast<int64_t>(seed % 5) + 1;
             expect_matches_full_rows(sample_on_ranks(tp, full, rows, vocab, first_row, f.params), full, rows, vocab,
                                      first_row, f.params, what);
