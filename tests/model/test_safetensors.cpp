@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/checked.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/safetensors.h"
@@ -274,10 +276,8 @@ void write_f32(const std::string& path, const std::vector<std::pair<std::string,
                float base = 0) {
   SafetensorsWriter w;
   for (const auto& [name, shape] : tensors) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i);
+    std::vector<float> v(static_cast<size_t>(checked_numel(shape, "tensor '{}'", name)));
+    std::iota(v.begin(), v.end(), base);
     w.add_f32(name, DType::F32, shape, v.data());
   }
   w.write(path);
