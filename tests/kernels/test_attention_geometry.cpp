@@ -2,6 +2,7 @@
 // against the visibility rule of kernels/ops.h: for every query row, the keys the kernels visit
 // (context chunks intersected with the row's range, and the block's own rows) are exactly the
 // keys the rule makes visible, each once. Needs no GPU; the kernels call these same functions.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -17,9 +18,8 @@ struct Case {
   int64_t begin, end, anchor, window, block, splits;
   bool causal;
   std::string str() const {
-    return "begin " + std::to_string(begin) + " end " + std::to_string(end) + " anchor " + std::to_string(anchor) +
-           " window " + std::to_string(window) + " block " + std::to_string(block) + " splits " +
-           std::to_string(splits) + (causal ? " causal" : "");
+    return fmt::format("begin {} end {} anchor {} window {} block {} splits {}{}", begin, end, anchor, window, block,
+                       splits, causal ? " causal" : "");
   }
 };
 

@@ -20,12 +20,14 @@ namespace {
 using cpu::Isa;
 using testing::expect_error;
 
-// Weights stored in `dtype`; `wide` receives the exact f32 values the kernels must use.
-std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide) {
+// Weights stored in `dtype`; `wide`, when given, receives the exact f32 values the kernels must use.
+std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values, std::vector<float>* wide = nullptr) {
   std::vector<uint8_t> raw(values.size() * dtype_size(dtype));
   convert_from_f32(dtype, values.data(), raw.data(), values.size());
-  wide->resize(values.size());
-  convert_to_f32(dtype, raw.data(), wide->data(), values.size());
+  if (wide) {
+    wide->resize(values.size());
+    convert_to_f32(dtype, raw.data(), wide->data(), values.size());
+  }
   return raw;
 }
 
@@ -106,8 +108,7 @@ TEST_F(CpuOps, MatmulLargeRowBlocksAndThreadSplits) {
 TEST_F(CpuOps, MatmulDotDoesNotDependOnCallShape) {
   std::mt19937_64 rng(13);
   const int64_t m = 16, k = 2050, n = 45;
-  std::vector<float> wide;
-  const auto raw = make_weights(DType::BF16, randn(n * k, rng, 0.05f), &wide);
+  const auto raw = make_weights(DType::BF16, randn(n * k, rng, 0.05f));
   const auto x = randn(m * k, rng);
   for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
@@ -122,8 +123,7 @@ TEST_F(CpuOps, MatmulDotDoesNotDependOnCallShape) {
 TEST_F(CpuOps, IsaVariantsAgree) {
   std::mt19937_64 rng(14);
   const int64_t m = 16, k = 1000, n = 40;
-  std::vector<float> wide;
-  const auto raw = make_weights(DType::BF16, randn(n * k, rng, 0.05f), &wide);
+  const auto raw = make_weights(DType::BF16, randn(n * k, rng, 0.05f));
   const auto x = randn(m * k, rng);
   std::vector<std::vector<float>> outs;
   for (Isa isa : sweep.isas()) {
@@ -523,8 +523,7 @@ TEST_F(CpuOps, HeadTopkSurvivesAdversarialRounding) {
     }
   }
   ASSERT_EQ(placed, hidden);
-  std::vector<float> wide;
-  const auto raw = make_weights(DType::BF16, w, &wide);
+  const auto raw = make_weights(DType::BF16, w);
   HeadParams p;
   p.head = {DType::BF16, vocab, h, raw.data()};
   p.g = g.data(), p.m = 1, p.valid_rows = vocab, p.scale = 1.0f;

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
 #include <cstring>
 #include <vector>
@@ -92,8 +91,7 @@ Refs reference(const QCase& c, const QuantWeights& w, const std::vector<float>& 
 
 // Runs the case on every kernel the machine has; checks both references and that all agree bit for bit.
 void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
-  const std::string what = "int" + std::to_string(c.bits) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) +
-                           " n=" + std::to_string(c.n) + " group=" + std::to_string(c.group);
+  const std::string what = fmt::format("int{} m={} k={} n={} group={}", c.bits, c.m, c.k, c.n, c.group);
   const QuantWeights w = random_weights(c, rng);
   const std::vector<float> x = random_rows(c.m, c.k, rng);
   const std::vector<float> bias = randn(static_cast<size_t>(c.n), rng);
@@ -109,7 +107,7 @@ void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
   for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
     const std::string label = what + " on " + cpu::quant_kernel_name(cpu::quant_kernel(isa));
-    std::vector<float> y(static_cast<size_t>(c.m * c.n), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> y(static_cast<size_t>(c.m * c.n), kNaN);
     ops.matmul(mat, x.data(), c.m, y.data(), c.bias ? bias.data() : nullptr);
     size_t bad_same = 0, bad_exact = 0;
     for (size_t o = 0; o < y.size(); ++o) {

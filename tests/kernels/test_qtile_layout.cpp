@@ -241,13 +241,11 @@ std::vector<double> emulate_kernel(const Packed& p, const std::vector<float>& x,
 
 TEST(QTileLayout, EmulatedTensorCoreKernelMatchesFloat64WithinTheBf16Bound) {
   std::mt19937_64 rng(13);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const Shape& s : kShapes) {
     if (s.n * s.k > 100000) continue;  // the emulation is slow; the layout tests above cover the rest
     const Packed p = make(s, rng);
     for (int64_t m : {1, 7, 17}) {
-      std::vector<float> x(static_cast<size_t>(m * s.k));
-      for (auto& v : x) v = nd(rng);
+      const std::vector<float> x = randn(static_cast<size_t>(m * s.k), rng);
       const std::vector<double> y = emulate_kernel(p, x, m);
       size_t bad = 0;
       for (int64_t i = 0; i < m; ++i)

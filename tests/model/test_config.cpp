@@ -176,21 +176,21 @@ TEST(ConfigFallbacks, MaskTokenId) {
 }
 
 TEST(ConfigFallbacks, Multipliers) {
-  const char* keys[] = {"input_embedding_scale", "output_multiplier", "final_logit_softcapping"};
-  for (const char* key : keys) {
-    SCOPED_TRACE(key);
-    auto value = [&](const DrafterConfig& c) {
-      return std::string(key) == "input_embedding_scale" ? c.in_scale
-             : std::string(key) == "output_multiplier"   ? c.out_scale
-                                                         : c.softcap;
-    };
+  const struct {
+    const char* key;
+    double DrafterConfig::*field;
+    double dflt;
+  } multipliers[] = {{"input_embedding_scale", &DrafterConfig::in_scale, 1.0},
+                     {"output_multiplier", &DrafterConfig::out_scale, 1.0},
+                     {"final_logit_softcapping", &DrafterConfig::softcap, 0.0}};
+  for (const auto& m : multipliers) {
+    SCOPED_TRACE(m.key);
     json j = base();
-    const double dflt = std::string(key) == "final_logit_softcapping" ? 0.0 : 1.0;
-    EXPECT_EQ(value(parse(j)), dflt);
-    j[key] = 3.5;
-    EXPECT_EQ(value(parse(j)), 3.5);  // top level
-    j["dflash_config"][key] = 0.25;
-    EXPECT_EQ(value(parse(j)), 0.25);  // dflash_config wins
+    EXPECT_EQ(parse(j).*m.field, m.dflt);
+    j[m.key] = 3.5;
+    EXPECT_EQ(parse(j).*m.field, 3.5);  // top level
+    j["dflash_config"][m.key] = 0.25;
+    EXPECT_EQ(parse(j).*m.field, 0.25);  // dflash_config wins
   }
 }
 

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/checked.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/safetensors.h"
@@ -274,10 +276,8 @@ void write_f32(const std::string& path, const std::vector<std::pair<std::string,
                float base = 0) {
   SafetensorsWriter w;
   for (const auto& [name, shape] : tensors) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i);
+    std::vector<float> v(static_cast<size_t>(checked_numel(shape, "tensor '{}'", name)));
+    std::iota(v.begin(), v.end(), base);
     w.add_f32(name, DType::F32, shape, v.data());
   }
   w.write(path);
@@ -489,10 +489,11 @@ TEST(TensorStore, FromMemoryChecksBytesAgainstShape) {
 
 class Corrupt : public ::testing::Test {
  protected:
-  // Writes the file and expects opening it to fail with a message holding the path and `parts`.
-  void expect_rejected(const std::string& header, const std::vector<uint8_t>& data,
-                       const std::vector<std::string>& parts, int64_t length_field = -1) {
-    write_raw(path_, header, data, length_field);
+  // Writes the file (`header`, then `data_bytes` zero bytes) and expects opening it to fail with a
+  // message holding the path and `parts`.
+  void expect_rejected(const std::string& header, size_t data_bytes, const std::vector<std::string>& parts,
+                       int64_t length_field = -1) {
+    write_raw(path_, header, std::vector<uint8_t>(data_bytes), length_field);
     std::vector<std::string> all = parts;
     all.push_back(path_);
     expect_error([&] { SafetensorsFile f(path_); }, all);
@@ -510,67 +511,63 @@ TEST_F(Corrupt, TruncatedFile) {
 }
 
 TEST_F(Corrupt, HeaderLength) {
-  expect_rejected("{}", {}, {"header length is 0"}, 0);
-  expect_rejected("{}", {}, {"header length 1000", "past the end"}, 1000);
-  expect_rejected("{}", {}, {"header length 200000000", "larger"}, 200000000);
-  expect_rejected("{}", {}, {"larger"}, static_cast<int64_t>(1) << 62);
+  expect_rejected("{}", 0, {"header length is 0"}, 0);
+  expect_rejected("{}", 0, {"header length 1000", "past the end"}, 1000);
+  expect_rejected("{}", 0, {"header length 200000000", "larger"}, 200000000);
+  expect_rejected("{}", 0, {"larger"}, static_cast<int64_t>(1) << 62);
 }
 
 TEST_F(Corrupt, BadJson) {
-  expect_rejected(R"({"a": {"dtype": "F32", )", {}, {"not valid JSON"});
-  expect_rejected(R"([1, 2])", {}, {"not a JSON object"});
-  expect_rejected(R"({"a": 3})", {}, {"'a'", "not an object"});
+  expect_rejected(R"({"a": {"dtype": "F32", )", 0, {"not valid JSON"});
+  expect_rejected(R"([1, 2])", 0, {"not a JSON object"});
+  expect_rejected(R"({"a": 3})", 0, {"'a'", "not an object"});
 }
 
 TEST_F(Corrupt, MissingFields) {
-  expect_rejected(R"({"a": {"shape": [1], "data_offsets": [0, 4]}})", std::vector<uint8_t>(4), {"'a'", "'dtype'"});
-  expect_rejected(R"({"a": {"dtype": "F32", "data_offsets": [0, 4]}})", std::vector<uint8_t>(4), {"'a'", "'shape'"});
-  expect_rejected(R"({"a": {"dtype": "F32", "shape": [1]}})", std::vector<uint8_t>(4), {"'a'", "'data_offsets'"});
-  expect_rejected(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})", std::vector<uint8_t>(4),
-                  {"'a'", "data_offsets"});
-  expect_rejected(R"({"a": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}})", std::vector<uint8_t>(4),
-                  {"'a'", "shape"});
+  expect_rejected(R"({"a": {"shape": [1], "data_offsets": [0, 4]}})", 4, {"'a'", "'dtype'"});
+  expect_rejected(R"({"a": {"dtype": "F32", "data_offsets": [0, 4]}})", 4, {"'a'", "'shape'"});
+  expect_rejected(R"({"a": {"dtype": "F32", "shape": [1]}})", 4, {"'a'", "'data_offsets'"});
+  expect_rejected(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})", 4, {"'a'", "data_offsets"});
+  expect_rejected(R"({"a": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}})", 4, {"'a'", "shape"});
 }
 
 TEST_F(Corrupt, UnknownDtype) {
-  expect_rejected(R"({"a": {"dtype": "F8_E5M2", "shape": [4], "data_offsets": [0, 4]}})", std::vector<uint8_t>(4),
+  expect_rejected(R"({"a": {"dtype": "F8_E5M2", "shape": [4], "data_offsets": [0, 4]}})", 4,
                   {"'a'", "unknown dtype", "F8_E5M2"});
 }
 
 TEST_F(Corrupt, NegativeOrOverflowingShape) {
-  expect_rejected(R"({"a": {"dtype": "F32", "shape": [-1, 4], "data_offsets": [0, 4]}})", std::vector<uint8_t>(4),
-                  {"'a'", "negative"});
+  expect_rejected(R"({"a": {"dtype": "F32", "shape": [-1, 4], "data_offsets": [0, 4]}})", 4, {"'a'", "negative"});
   expect_rejected(
       R"({"a": {"dtype": "F32", "shape": [4611686018427387904, 4611686018427387904], "data_offsets": [0, 4]}})",
-      std::vector<uint8_t>(4), {"'a'", "overflows"});
+      4, {"'a'", "overflows"});
 }
 
 TEST_F(Corrupt, ShapeSizeMismatch) {
-  expect_rejected(R"({"w": {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 10]}})", std::vector<uint8_t>(10),
+  expect_rejected(R"({"w": {"dtype": "BF16", "shape": [3, 2], "data_offsets": [0, 10]}})", 10,
                   {"'w'", "[3, 2]", "BF16", "12 bytes", "10 bytes"});
 }
 
 TEST_F(Corrupt, BeginAfterEnd) {
-  expect_rejected(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", std::vector<uint8_t>(8),
+  expect_rejected(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", 8,
                   {"'w'", "[8, 4]", "begin > end"});
 }
 
 TEST_F(Corrupt, OffsetsPastEnd) {
-  expect_rejected(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", std::vector<uint8_t>(8),
+  expect_rejected(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 8,
                   {"'w'", "[4, 12]", "past the end", "8 bytes"});
-  expect_rejected(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-4, 4]}})", std::vector<uint8_t>(8),
-                  {"'w'", "data_offsets"});
+  expect_rejected(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-4, 4]}})", 8, {"'w'", "data_offsets"});
 }
 
 TEST_F(Corrupt, OverlappingRanges) {
   expect_rejected(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
                       "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
-                  std::vector<uint8_t>(12), {"'a'", "'b'", "overlapping"});
+                  12, {"'a'", "'b'", "overlapping"});
   // A range nested inside an earlier, longer one.
   expect_rejected(R"({"big": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                       "mid": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
                       "end": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]}})",
-                  std::vector<uint8_t>(16), {"'big'", "overlapping"});
+                  16, {"'big'", "overlapping"});
   // Empty tensors overlap nothing; touching ranges are fine.
   write_raw(path_, R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
                       "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
@@ -584,10 +581,10 @@ TEST_F(Corrupt, KeysListedTwice) {
   // The JSON parser keeps the last of two equal keys: without a check the first entry vanishes.
   expect_rejected(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                       "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
-                  std::vector<uint8_t>(8), {"'w'", "twice", "top level"});
+                  8, {"'w'", "twice", "top level"});
   expect_rejected(R"({"w": {"dtype": "F16", "dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
-                  std::vector<uint8_t>(4), {"'dtype'", "twice", "'w'"});
-  expect_rejected(R"({"__metadata__": {"k": "v", "k": "u"}})", {}, {"'k'", "twice", "'__metadata__'"});
+                  4, {"'dtype'", "twice", "'w'"});
+  expect_rejected(R"({"__metadata__": {"k": "v", "k": "u"}})", 0, {"'k'", "twice", "'__metadata__'"});
   // Equal keys in different objects are fine.
   write_raw(path_, R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                       "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
@@ -596,8 +593,8 @@ TEST_F(Corrupt, KeysListedTwice) {
 }
 
 TEST_F(Corrupt, BadMetadata) {
-  expect_rejected(R"({"__metadata__": {"format": 1}})", {}, {"__metadata__", "'format'"});
-  expect_rejected(R"({"__metadata__": [1]})", {}, {"__metadata__"});
+  expect_rejected(R"({"__metadata__": {"format": 1}})", 0, {"__metadata__", "'format'"});
+  expect_rejected(R"({"__metadata__": [1]})", 0, {"__metadata__"});
 }
 
 TEST_F(Corrupt, HandWrittenValidFileReadsBack) {

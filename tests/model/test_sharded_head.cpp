@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "model/selection.h"
@@ -154,8 +155,7 @@ TEST(ShardedHead, MergeGivesTheGlobalTopKOnEveryRank) {
       for (int levels : {0, 3}) {
         const std::vector<float> full = random_logits(rows, vocab, static_cast<uint32_t>(vocab * 7 + levels), levels);
         for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, vocab + 3}) {
-          const std::string what = "tp " + std::to_string(tp) + " V " + std::to_string(vocab) + " k " +
-                                   std::to_string(k) + " levels " + std::to_string(levels);
+          const std::string what = fmt::format("tp {} V {} k {} levels {}", tp, vocab, k, levels);
           const auto merged = on_each_rank<std::vector<std::vector<Candidate>>>(
               tp, vocab, [&](Communicator& comm, const VocabSlice& s) {
                 const std::vector<float> local = columns_of(full, rows, s);
@@ -260,8 +260,7 @@ TEST(ShardedHead, SamplingMatchesTheWholeRowForEveryFilter) {
         const std::vector<float> full = random_logits(rows, vocab, static_cast<uint32_t>(vocab + 100 * levels), levels);
         for (uint64_t seed : {1u, 2024u}) {
           for (const Filter& f : filters(seed)) {
-            const std::string what = "tp " + std::to_string(tp) + " V " + std::to_string(vocab) + " levels " +
-                                     std::to_string(levels) + " seed " + std::to_string(seed) + " " + f.name;
+            const std::string what = fmt::format("tp {} V {} levels {} seed {} {}", tp, vocab, levels, seed, f.name);
             const int64_t first_row = static_cast<int64_t>(seed % 5) + 1;
             expect_matches_full_rows(sample_on_ranks(tp, full, rows, vocab, first_row, f.params), full, rows, vocab,
                                      first_row, f.params, what);
@@ -275,13 +274,10 @@ TEST(ShardedHead, SamplingMatchesTheWholeRowForEveryFilter) {
 // Bytes one rank sent through all-gather and all-reduce in a sample_sharded call.
 uint64_t bytes_sent(const Sampled& s) { return s.stats.all_gather_bytes + s.stats.all_reduce_bytes; }
 
-// [rows, vocab] logits, row r from makers[r].
-std::vector<float> stack_rows(const std::vector<std::function<std::vector<float>(int64_t)>>& makers, int64_t vocab) {
+// The rows one after another, as one [rows, vocab] matrix.
+std::vector<float> stack_rows(const std::vector<std::vector<float>>& rows) {
   std::vector<float> out;
-  for (const auto& make : makers) {
-    const std::vector<float> row = make(vocab);
-    out.insert(out.end(), row.begin(), row.end());
-  }
+  for (const auto& row : rows) out.insert(out.end(), row.begin(), row.end());
   return out;
 }
 
@@ -305,12 +301,8 @@ TEST(ShardedHead, FixtureNucleiAreWhatTheWireTestsAssume) {
 
 // Two rows of `vocab` logits: nearly flat ones, or peaked ones.
 std::vector<float> two_rows(bool flat, int64_t vocab) {
-  if (flat) {
-    return stack_rows({[](int64_t v) { return flat_logits(v, 5); }, [](int64_t v) { return flat_logits(v, 6); }},
-                      vocab);
-  }
-  return stack_rows({[](int64_t v) { return peaked_logits(v, 9); }, [](int64_t v) { return peaked_logits(v, 10); }},
-                    vocab);
+  if (flat) return stack_rows({flat_logits(vocab, 5), flat_logits(vocab, 6)});
+  return stack_rows({peaked_logits(vocab, 9), peaked_logits(vocab, 10)});
 }
 
 // Without the overflow, what crosses the wire does not depend on V: the same byte counts at
@@ -353,10 +345,8 @@ TEST(ShardedHead, TopPPoolOverflowGathersTheRowsAndMatches) {
       std::vector<uint64_t> bytes;
       std::vector<int64_t> strides;
       for (int64_t vocab : {3001, 6000}) {
-        const std::vector<float> full = stack_rows({[](int64_t v) { return flat_logits(v, 5); },
-                                                    [](int64_t v) { return peaked_logits(v, 9); },
-                                                    [](int64_t v) { return flat_logits(v, 6); }},
-                                                   vocab);
+        const std::vector<float> full =
+            stack_rows({flat_logits(vocab, 5), peaked_logits(vocab, 9), flat_logits(vocab, 6)});
         const std::string what = "tp " + std::to_string(tp) + " T " + std::to_string(t) + " V " + std::to_string(vocab);
         const auto got = sample_on_ranks(tp, full, rows, vocab, 2, p);
         expect_matches_full_rows(got, full, rows, vocab, 2, p, what);
