@@ -40,9 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A received message part; a request's frame is kept alive while entries read their taps from it.
-using Frame = Message;
-
 // A client's shared-memory ring: its control block, then what the client placed there.
 struct Ring {
   char* base = nullptr;
@@ -75,7 +72,8 @@ struct Client {
 struct Pending {
   std::string rid;
   Header header;
-  std::unique_ptr<Frame> frame;  // null for a request read from the client's ring
+  // Kept alive while the entries read their taps from it; null for a request read from the client's ring.
+  std::unique_ptr<Message> frame;
   Route route;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
@@ -255,7 +253,7 @@ struct Server::Impl {
     return s;
   }
 
-  void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Frame> frame) {
+  void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Message> frame) {
     const int64_t S = caps().max_sessions;
     if (h.count == 0 || h.count > S)
       throw Refusal{kArgument, fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
@@ -312,7 +310,7 @@ struct Server::Impl {
   }
 
   // A request frame: from the socket (`frame` holds it), or in the client's ring (data, size).
-  void on_request(const std::string& rid, std::unique_ptr<Frame> frame, const char* data = nullptr, size_t size = 0) {
+  void on_request(const std::string& rid, std::unique_ptr<Message> frame, const char* data = nullptr, size_t size = 0) {
     if (frame) {
       data = frame->data();
       size = frame->size();
@@ -401,15 +399,15 @@ struct Server::Impl {
   // Receives every frame waiting now.
   void drain() {
     for (;;) {
-      Frame id;
+      Message id;
       if (zmq_msg_recv(&id.msg, sock, ZMQ_DONTWAIT) < 0) return;
       const std::string rid(id.data(), id.size());
-      auto frame = std::make_unique<Frame>();
+      std::unique_ptr<Message> frame;
       bool more = true;
       int parts = 0;
       // A request is one frame; more frames than that are read and refused.
       while (more) {
-        auto f = std::make_unique<Frame>();
+        auto f = std::make_unique<Message>();
         if (zmq_msg_recv(&f->msg, sock, 0) < 0) break;
         more = zmq_msg_more(&f->msg) != 0;
         if (++parts == 1) frame = std::move(f);
