@@ -80,7 +80,6 @@ struct Pending {
   Clock::time_point arrived;
 };
 
-// A request refused with a status and a message.
 struct Refusal {
   uint32_t status;
   std::string message;
@@ -112,10 +111,11 @@ struct Server::Impl {
   std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
   double last_forward_seconds = 0;
+  std::string ipc_path;  // the socket file this server made, removed when it closes
+  Route route;           // the route of the request being answered now
+  Clock::time_point last_request = Clock::now();
 
   Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
-
-  std::string ipc_path;  // the socket file this server made, removed when it closes
 
   ~Impl() {
     for (auto& c : clients) c.second.ring.unmap();
@@ -126,11 +126,6 @@ struct Server::Impl {
   }
 
   const engine::Caps& caps() const { return engine.caps(); }
-
-  Route route;  // the route of the request being answered now
-  Clock::time_point last_request = Clock::now();
-
-  void send(const std::string& rid, const std::string& body) { send_to(rid, route, body); }
 
   void send_to(const std::string& rid, const Route& via, const std::string& body) {
     if (via.ring) {
@@ -164,7 +159,7 @@ struct Server::Impl {
     auto it = clients.find(rid);
     const std::string who = it != clients.end() ? it->second.name : "a client";
     TPDRAFT_LOG_WARN("{}: {} refused: {}", who, kind_name(h.kind), message);
-    send(rid, error_reply(h, status, message));
+    send_to(rid, route, error_reply(h, status, message));
   }
 
   // An ok reply to `request`: the header, then what `body` writes.
@@ -173,7 +168,7 @@ struct Server::Impl {
     Writer w(&out);
     w.header(reply_header(request));
     if (body) body(w);
-    send(rid, out);
+    send_to(rid, route, out);
   }
 
   static void expect_end(const Reader& r, const char* kind) {
@@ -494,9 +489,8 @@ struct Server::Impl {
     size_t k = 0;
     const int64_t rows = caps().block - 1;
     for (const Pending& p : batch) {
-      std::string& out = reply_buf;
-      out.clear();
-      Writer w(&out);
+      reply_buf.clear();
+      Writer w(&reply_buf);
       w.header(reply_header(p.header, kOk, static_cast<uint32_t>(p.entries.size())));
       w.put<double>(t.settle);
       w.put<double>(t.draft);
@@ -516,7 +510,7 @@ struct Server::Impl {
           if (e.dist_width > 0) w.put<float>(d.rest);
         }
       }
-      send_to(p.rid, p.route, out);
+      send_to(p.rid, p.route, reply_buf);
     }
   }
 
