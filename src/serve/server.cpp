@@ -46,6 +46,8 @@ struct Ring {
   size_t bytes = 0;
   uint32_t seen = 0;  // the last request_seq taken
   RingControl* control() const { return reinterpret_cast<RingControl*>(base); }
+  // Whether n bytes at offset `at` lie inside the ring, past its control block.
+  bool holds(uint64_t at, uint64_t n) const { return at >= kRingControlBytes && at <= bytes && n <= bytes - at; }
   void unmap() {
     if (base != nullptr) munmap(base, bytes);
     base = nullptr;
@@ -544,15 +546,11 @@ struct Server::Impl {
       ring.seen = seq;
       const uint64_t at = ctl->request_offset, bytes = ctl->request_bytes;
       route = Route{true, seq, ctl->reply_offset, ctl->reply_capacity};
-      const uint64_t n = ring.bytes;
-      const bool request_ok = at >= kRingControlBytes && at <= n && bytes <= n - at;
-      const bool reply_ok = route.reply_at >= kRingControlBytes && route.reply_at <= n &&
-                            route.reply_capacity <= n - route.reply_at && route.reply_capacity >= 64;
-      if (!reply_ok) {
+      if (!ring.holds(route.reply_at, route.reply_capacity) || route.reply_capacity < 64) {
         TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring: ignored", it->second.name);
         continue;
       }
-      if (!request_ok) {
+      if (!ring.holds(at, bytes)) {
         refuse(rid, Header{}, kMalformed,
                fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
         continue;
