@@ -133,20 +133,18 @@ struct Server::Impl {
     if (via.ring) {
       auto it = clients.find(rid);
       if (it == clients.end() || it->second.ring.base == nullptr) return;
+      if (body.size() > via.reply_capacity) {
+        const std::string why = fmt::format("the reply of {} bytes does not fit the ring's reply area of {}",
+                                            body.size(), via.reply_capacity);
+        Reader r(body.data(), body.size());
+        const std::string error = error_reply(r.header(), kArgument, why);
+        if (error.size() <= via.reply_capacity) send_to(rid, via, error);  // else the client will time out
+        return;
+      }
       Ring& ring = it->second.ring;
       RingControl* ctl = ring.control();
-      std::string error;
-      const std::string* out = &body;
-      if (body.size() > via.reply_capacity) {
-        Reader r(body.data(), body.size());
-        error = error_reply(r.header(), kArgument,
-                            fmt::format("the reply of {} bytes does not fit the ring's reply area of {}", body.size(),
-                                        via.reply_capacity));
-        out = &error;
-        if (out->size() > via.reply_capacity) return;  // the client will time out
-      }
-      std::memcpy(ring.base + via.reply_at, out->data(), out->size());
-      ctl->reply_bytes = out->size();
+      std::memcpy(ring.base + via.reply_at, body.data(), body.size());
+      ctl->reply_bytes = body.size();
       ring_store(&ctl->reply_seq, via.seq);
       if (ring_load(&ctl->client_sleeping) != 0) ring_wake(&ctl->reply_seq);
       return;
