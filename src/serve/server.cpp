@@ -254,7 +254,7 @@ struct Server::Impl {
       throw Refusal{kArgument, fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
     std::vector<WireEntry> wire;
     for (uint32_t i = 0; i < h.count; ++i) wire.push_back(get_entry(r));
-    const char* area = r.data() + r.offset();
+    const char* area = r.rest();
     const uint64_t area_bytes = r.left();
     Pending p;
     p.rid = rid;
