@@ -311,13 +311,12 @@ struct Server::Impl {
       size = frame->size();
     }
     last_request = Clock::now();
-    auto it = clients.find(rid);
-    if (it == clients.end()) {
-      it = clients.emplace(rid, Client{}).first;
-      it->second.name = fmt::format("client {}", next_client++);
-      TPDRAFT_LOG_INFO("{} connected", it->second.name);
-    }
+    const auto [it, fresh] = clients.try_emplace(rid);
     Client& c = it->second;
+    if (fresh) {
+      c.name = fmt::format("client {}", next_client++);
+      TPDRAFT_LOG_INFO("{} connected", c.name);
+    }
     c.last = Clock::now();
     Reader r(data, size);
     Header h;
