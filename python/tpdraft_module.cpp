@@ -110,13 +110,11 @@ class Endpoint {
 
   int64_t open_session() {
     tpdraft_session s = -1;
-    Handle* h = live();
-    call_unlocked([&] { return Api::open_session(h, &s); });
+    call_unlocked([&, h = live()] { return Api::open_session(h, &s); });
     return s;
   }
   void close_session(int64_t s) {
-    Handle* h = live();
-    call_unlocked([&] { return Api::close_session(h, s); });
+    call_unlocked([&, h = live()] { return Api::close_session(h, s); });
   }
   py::dict last_times() {
     tpdraft_step_times t{};
@@ -125,8 +123,7 @@ class Endpoint {
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
-    Handle* h = live();
-    call_unlocked([&] { return Api::length(h, s, &n); });
+    call_unlocked([&, h = live()] { return Api::length(h, s, &n); });
     return n;
   }
 
@@ -136,8 +133,7 @@ class Endpoint {
     std::vector<tpdraft_step_entry> raw;
     raw.reserve(staged.size());
     for (const Staged& s : staged) raw.push_back(s.entry);
-    Handle* h = live();
-    call_unlocked([&] {
+    call_unlocked([&, h = live()] {
       const auto t0 = std::chrono::steady_clock::now();
       const tpdraft_status st = Api::step(h, raw.data(), raw.size());
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -277,15 +273,13 @@ class Client : public Endpoint<Served> {
   bool shared_memory() const { return shared_memory_; }
   py::dict stats() {
     tpdraft_server_stats s{};
-    tpdraft_client* h = live();
-    call_unlocked([&] { return tpdraft_client_stats(h, &s); });
+    call_unlocked([&, h = live()] { return tpdraft_client_stats(h, &s); });
     return py::dict("clients"_a = s.clients, "open_sessions"_a = s.open_sessions, "forwards"_a = s.forwards,
                     "steps"_a = s.steps, "entries"_a = s.entries, "errors"_a = s.errors, "max_batch"_a = s.max_batch,
                     "clients_reaped"_a = s.clients_reaped, "uptime_seconds"_a = s.uptime_seconds);
   }
   void shutdown() {
-    tpdraft_client* h = live();
-    call_unlocked([&] { return tpdraft_client_shutdown(h); });
+    call_unlocked([h = live()] { return tpdraft_client_shutdown(h); });
   }
 
  private:
