@@ -306,16 +306,13 @@ void def_endpoint(py::class_<T>& cls, const char* step_doc, const char* seconds_
 PYBIND11_MODULE(tpdraft, m) {
   m.doc() = "DFlash / DFlash 2 drafters for speculative decoding (tpdraft's C library)";
   m.attr("__version__") = tpdraft_version();
-  g_error = PyErr_NewException("tpdraft.Error", PyExc_RuntimeError, nullptr);
+  // Each class is tpdraft.NAME, set on the module; the globals keep a reference of their own for raise_for().
+  g_error = py::exception<void>(m, "Error", PyExc_RuntimeError).release().ptr();
   // An argument error is a ValueError too, so that code catching ValueError sees it.
   const py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));
-  g_argument_error = PyErr_NewException("tpdraft.ArgumentError", bases.ptr(), nullptr);
-  g_input_error = PyErr_NewException("tpdraft.InputError", g_error, nullptr);
-  m.attr("Error") = py::handle(g_error);
-  m.attr("ArgumentError") = py::handle(g_argument_error);
-  m.attr("InputError") = py::handle(g_input_error);
-  g_unavailable_error = PyErr_NewException("tpdraft.UnavailableError", g_error, nullptr);
-  m.attr("UnavailableError") = py::handle(g_unavailable_error);
+  g_argument_error = py::exception<void>(m, "ArgumentError", bases).release().ptr();
+  g_input_error = py::exception<void>(m, "InputError", g_error).release().ptr();
+  g_unavailable_error = py::exception<void>(m, "UnavailableError", g_error).release().ptr();
 
   py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
       .def_readonly("architecture", &Caps::architecture)
