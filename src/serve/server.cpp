@@ -179,10 +179,9 @@ struct Server::Impl {
     auto it = clients.find(rid);
     if (it == clients.end()) return;
     Client& c = it->second;
-    const size_t n = c.sessions.size();
     for (int64_t s : c.sessions) group.close_session(s);
     c.ring.unmap();
-    TPDRAFT_LOG_INFO("{} {}: closed its {} session(s)", c.name, why, n);
+    TPDRAFT_LOG_INFO("{} {}: closed its {} session(s)", c.name, why, c.sessions.size());
     clients.erase(it);
   }
 
@@ -193,8 +192,7 @@ struct Server::Impl {
     const uint64_t ring_bytes = r.get<uint64_t>("hello.ring_bytes");
     expect_end(r, "HELLO");
     c.ring.unmap();
-    std::string note;
-    if (!ring_name.empty()) note = map_ring(ring_name, ring_bytes, &c.ring);
+    const std::string note = ring_name.empty() ? "" : map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
     WireCaps wc;
