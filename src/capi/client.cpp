@@ -431,8 +431,7 @@ void tpdraft_client_close(tpdraft_client* c) {
     if (c->broken.empty()) {
       // Tell the server to close this client's sessions now rather than at its idle timeout; a
       // short wait, as a server that does not answer will reap them itself.
-      const double timeout = c->timeout;
-      c->timeout = std::min(timeout, 1.0);
+      c->timeout = std::min(c->timeout, 1.0);
       begin(&c->frame, serve::kBye);
       exchange(c, "tpdraft_client_close");
     }
