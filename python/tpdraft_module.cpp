@@ -110,13 +110,11 @@ class Endpoint {
 
   int64_t open_session() {
     tpdraft_session s = -1;
-    Handle* h = live();
-    call_unlocked([&] { return Api::open_session(h, &s); });
+    call_unlocked([&, h = live()] { return Api::open_session(h, &s); });
     return s;
   }
   void close_session(int64_t s) {
-    Handle* h = live();
-    call_unlocked([&] { return Api::close_session(h, s); });
+    call_unlocked([&, h = live()] { return Api::close_session(h, s); });
   }
   py::dict last_times() {
     tpdraft_step_times t{};
@@ -125,8 +123,7 @@ class Endpoint {
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
-    Handle* h = live();
-    call_unlocked([&] { return Api::length(h, s, &n); });
+    call_unlocked([&, h = live()] { return Api::length(h, s, &n); });
     return n;
   }
 
@@ -136,8 +133,7 @@ class Endpoint {
     std::vector<tpdraft_step_entry> raw;
     raw.reserve(staged.size());
     for (const Staged& s : staged) raw.push_back(s.entry);
-    Handle* h = live();
-    call_unlocked([&] {
+    call_unlocked([&, h = live()] {
       const auto t0 = std::chrono::steady_clock::now();
       const tpdraft_status st = Api::step(h, raw.data(), raw.size());
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -277,15 +273,13 @@ class Client : public Endpoint<Served> {
   bool shared_memory() const { return shared_memory_; }
   py::dict stats() {
     tpdraft_server_stats s{};
-    tpdraft_client* h = live();
-    call_unlocked([&] { return tpdraft_client_stats(h, &s); });
+    call_unlocked([&, h = live()] { return tpdraft_client_stats(h, &s); });
     return py::dict("clients"_a = s.clients, "open_sessions"_a = s.open_sessions, "forwards"_a = s.forwards,
                     "steps"_a = s.steps, "entries"_a = s.entries, "errors"_a = s.errors, "max_batch"_a = s.max_batch,
                     "clients_reaped"_a = s.clients_reaped, "uptime_seconds"_a = s.uptime_seconds);
   }
   void shutdown() {
-    tpdraft_client* h = live();
-    call_unlocked([&] { return tpdraft_client_shutdown(h); });
+    call_unlocked([h = live()] { return tpdraft_client_shutdown(h); });
   }
 
  private:
@@ -312,16 +306,13 @@ void def_endpoint(py::class_<T>& cls, const char* step_doc, const char* seconds_
 PYBIND11_MODULE(tpdraft, m) {
   m.doc() = "DFlash / DFlash 2 drafters for speculative decoding (tpdraft's C library)";
   m.attr("__version__") = tpdraft_version();
-  g_error = PyErr_NewException("tpdraft.Error", PyExc_RuntimeError, nullptr);
+  // Each class is tpdraft.NAME, set on the module; the globals keep a reference of their own for raise_for().
+  g_error = py::exception<void>(m, "Error", PyExc_RuntimeError).release().ptr();
   // An argument error is a ValueError too, so that code catching ValueError sees it.
   const py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));
-  g_argument_error = PyErr_NewException("tpdraft.ArgumentError", bases.ptr(), nullptr);
-  g_input_error = PyErr_NewException("tpdraft.InputError", g_error, nullptr);
-  m.attr("Error") = py::handle(g_error);
-  m.attr("ArgumentError") = py::handle(g_argument_error);
-  m.attr("InputError") = py::handle(g_input_error);
-  g_unavailable_error = PyErr_NewException("tpdraft.UnavailableError", g_error, nullptr);
-  m.attr("UnavailableError") = py::handle(g_unavailable_error);
+  g_argument_error = py::exception<void>(m, "ArgumentError", bases).release().ptr();
+  g_input_error = py::exception<void>(m, "InputError", g_error).release().ptr();
+  g_unavailable_error = py::exception<void>(m, "UnavailableError", g_error).release().ptr();
 
   py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
       .def_readonly("architecture", &Caps::architecture)

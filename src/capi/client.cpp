@@ -313,11 +313,9 @@ std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::Wire
   if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
   if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
   if (e.taps_dtype < 0 || e.taps_dtype > 2)
-    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i,
-                       e.taps_dtype);
+    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, e.taps_dtype);
   if (e.n_new > caps.max_context)
-    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new,
-                       caps.max_context);
+    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, caps.max_context);
   return "";
 }
 
@@ -433,8 +431,7 @@ void tpdraft_client_close(tpdraft_client* c) {
     if (c->broken.empty()) {
       // Tell the server to close this client's sessions now rather than at its idle timeout; a
       // short wait, as a server that does not answer will reap them itself.
-      const double timeout = c->timeout;
-      c->timeout = std::min(timeout, 1.0);
+      c->timeout = std::min(c->timeout, 1.0);
       begin(&c->frame, serve::kBye);
       exchange(c, "tpdraft_client_close");
     }

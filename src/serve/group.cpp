@@ -108,13 +108,12 @@ void encode_step(const std::vector<engine::StepEntry>& entries, int64_t taps_wid
 }
 
 std::vector<engine::StepEntry> decode_step(const std::vector<uint64_t>& payload) {
-  const char* base = reinterpret_cast<const char*>(payload.data());
-  Reader r(base, payload.size() * 8);
+  Reader r(payload.data(), payload.size() * 8);
   const uint32_t n = r.get<uint32_t>("group.count");
   r.get<uint32_t>("group.pad");
   std::vector<WireEntry> wire;
   for (uint32_t i = 0; i < n; ++i) wire.push_back(get_entry(r));
-  const char* taps = base + r.offset();
+  const char* taps = r.rest();
   std::vector<engine::StepEntry> entries;
   for (const WireEntry& x : wire) {
     engine::StepEntry e;

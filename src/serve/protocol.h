@@ -104,9 +104,8 @@ class Reader {
   }
   std::string str(const char* field, size_t max = 4096);
   Header header();
-  size_t offset() const { return at_; }
   size_t left() const { return size_ - at_; }
-  const char* data() const { return p_; }
+  const char* rest() const { return p_ + at_; }  // the left() bytes not read yet, in place
 
  private:
   void need(size_t n, const char* field) const;

@@ -40,15 +40,14 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A received message part; a request's frame is kept alive while entries read their taps from it.
-using Frame = Message;
-
 // A client's shared-memory ring: its control block, then what the client placed there.
 struct Ring {
   char* base = nullptr;
   size_t bytes = 0;
   uint32_t seen = 0;  // the last request_seq taken
   RingControl* control() const { return reinterpret_cast<RingControl*>(base); }
+  // Whether n bytes at offset `at` lie inside the ring, past its control block.
+  bool holds(uint64_t at, uint64_t n) const { return at >= kRingControlBytes && at <= bytes && n <= bytes - at; }
   void unmap() {
     if (base != nullptr) munmap(base, bytes);
     base = nullptr;
@@ -75,14 +74,14 @@ struct Client {
 struct Pending {
   std::string rid;
   Header header;
-  std::unique_ptr<Frame> frame;  // null for a request read from the client's ring
+  // Kept alive while the entries read their taps from it; null for a request read from the client's ring.
+  std::unique_ptr<Message> frame;
   Route route;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
   Clock::time_point arrived;
 };
 
-// A request refused with a status and a message.
 struct Refusal {
   uint32_t status;
   std::string message;
@@ -114,10 +113,11 @@ struct Server::Impl {
   std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
   double last_forward_seconds = 0;
+  std::string ipc_path;  // the socket file this server made, removed when it closes
+  Route route;           // the route of the request being answered now
+  Clock::time_point last_request = Clock::now();
 
   Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
-
-  std::string ipc_path;  // the socket file this server made, removed when it closes
 
   ~Impl() {
     for (auto& c : clients) c.second.ring.unmap();
@@ -129,29 +129,22 @@ struct Server::Impl {
 
   const engine::Caps& caps() const { return engine.caps(); }
 
-  Route route;  // the route of the request being answered now
-  Clock::time_point last_request = Clock::now();
-
-  void send(const std::string& rid, const std::string& body) { send_to(rid, route, body); }
-
   void send_to(const std::string& rid, const Route& via, const std::string& body) {
     if (via.ring) {
       auto it = clients.find(rid);
       if (it == clients.end() || it->second.ring.base == nullptr) return;
+      if (body.size() > via.reply_capacity) {
+        const std::string why = fmt::format("the reply of {} bytes does not fit the ring's reply area of {}",
+                                            body.size(), via.reply_capacity);
+        Reader r(body.data(), body.size());
+        const std::string error = error_reply(r.header(), kArgument, why);
+        if (error.size() <= via.reply_capacity) send_to(rid, via, error);  // else the client will time out
+        return;
+      }
       Ring& ring = it->second.ring;
       RingControl* ctl = ring.control();
-      std::string error;
-      const std::string* out = &body;
-      if (body.size() > via.reply_capacity) {
-        Reader r(body.data(), body.size());
-        error = error_reply(r.header(), kArgument,
-                            fmt::format("the reply of {} bytes does not fit the ring's reply area of {}", body.size(),
-                                        via.reply_capacity));
-        out = &error;
-        if (out->size() > via.reply_capacity) return;  // the client will time out
-      }
-      std::memcpy(ring.base + via.reply_at, out->data(), out->size());
-      ctl->reply_bytes = out->size();
+      std::memcpy(ring.base + via.reply_at, body.data(), body.size());
+      ctl->reply_bytes = body.size();
       ring_store(&ctl->reply_seq, via.seq);
       if (ring_load(&ctl->client_sleeping) != 0) ring_wake(&ctl->reply_seq);
       return;
@@ -166,7 +159,7 @@ struct Server::Impl {
     auto it = clients.find(rid);
     const std::string who = it != clients.end() ? it->second.name : "a client";
     TPDRAFT_LOG_WARN("{}: {} refused: {}", who, kind_name(h.kind), message);
-    send(rid, error_reply(h, status, message));
+    send_to(rid, route, error_reply(h, status, message));
   }
 
   // An ok reply to `request`: the header, then what `body` writes.
@@ -175,7 +168,7 @@ struct Server::Impl {
     Writer w(&out);
     w.header(reply_header(request));
     if (body) body(w);
-    send(rid, out);
+    send_to(rid, route, out);
   }
 
   static void expect_end(const Reader& r, const char* kind) {
@@ -186,10 +179,9 @@ struct Server::Impl {
     auto it = clients.find(rid);
     if (it == clients.end()) return;
     Client& c = it->second;
-    const size_t n = c.sessions.size();
     for (int64_t s : c.sessions) group.close_session(s);
     c.ring.unmap();
-    TPDRAFT_LOG_INFO("{} {}: closed its {} session(s)", c.name, why, n);
+    TPDRAFT_LOG_INFO("{} {}: closed its {} session(s)", c.name, why, c.sessions.size());
     clients.erase(it);
   }
 
@@ -200,8 +192,7 @@ struct Server::Impl {
     const uint64_t ring_bytes = r.get<uint64_t>("hello.ring_bytes");
     expect_end(r, "HELLO");
     c.ring.unmap();
-    std::string note;
-    if (!ring_name.empty()) note = map_ring(ring_name, ring_bytes, &c.ring);
+    const std::string note = ring_name.empty() ? "" : map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
     WireCaps wc;
@@ -255,13 +246,13 @@ struct Server::Impl {
     return s;
   }
 
-  void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Frame> frame) {
+  void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Message> frame) {
     const int64_t S = caps().max_sessions;
     if (h.count == 0 || h.count > S)
       throw Refusal{kArgument, fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
     std::vector<WireEntry> wire;
     for (uint32_t i = 0; i < h.count; ++i) wire.push_back(get_entry(r));
-    const char* area = r.data() + r.offset();
+    const char* area = r.rest();
     const uint64_t area_bytes = r.left();
     Pending p;
     p.rid = rid;
@@ -312,19 +303,18 @@ struct Server::Impl {
   }
 
   // A request frame: from the socket (`frame` holds it), or in the client's ring (data, size).
-  void on_request(const std::string& rid, std::unique_ptr<Frame> frame, const char* data = nullptr, size_t size = 0) {
+  void on_request(const std::string& rid, std::unique_ptr<Message> frame, const char* data = nullptr, size_t size = 0) {
     if (frame) {
       data = frame->data();
       size = frame->size();
     }
     last_request = Clock::now();
-    auto it = clients.find(rid);
-    if (it == clients.end()) {
-      it = clients.emplace(rid, Client{}).first;
-      it->second.name = fmt::format("client {}", next_client++);
-      TPDRAFT_LOG_INFO("{} connected", it->second.name);
-    }
+    const auto [it, fresh] = clients.try_emplace(rid);
     Client& c = it->second;
+    if (fresh) {
+      c.name = fmt::format("client {}", next_client++);
+      TPDRAFT_LOG_INFO("{} connected", c.name);
+    }
     c.last = Clock::now();
     Reader r(data, size);
     Header h;
@@ -401,15 +391,15 @@ struct Server::Impl {
   // Receives every frame waiting now.
   void drain() {
     for (;;) {
-      Frame id;
+      Message id;
       if (zmq_msg_recv(&id.msg, sock, ZMQ_DONTWAIT) < 0) return;
       const std::string rid(id.data(), id.size());
-      auto frame = std::make_unique<Frame>();
+      std::unique_ptr<Message> frame;
       bool more = true;
       int parts = 0;
       // A request is one frame; more frames than that are read and refused.
       while (more) {
-        auto f = std::make_unique<Frame>();
+        auto f = std::make_unique<Message>();
         if (zmq_msg_recv(&f->msg, sock, 0) < 0) break;
         more = zmq_msg_more(&f->msg) != 0;
         if (++parts == 1) frame = std::move(f);
@@ -496,9 +486,8 @@ struct Server::Impl {
     size_t k = 0;
     const int64_t rows = caps().block - 1;
     for (const Pending& p : batch) {
-      std::string& out = reply_buf;
-      out.clear();
-      Writer w(&out);
+      reply_buf.clear();
+      Writer w(&reply_buf);
       w.header(reply_header(p.header, kOk, static_cast<uint32_t>(p.entries.size())));
       w.put<double>(t.settle);
       w.put<double>(t.draft);
@@ -518,7 +507,7 @@ struct Server::Impl {
           if (e.dist_width > 0) w.put<float>(d.rest);
         }
       }
-      send_to(p.rid, p.route, out);
+      send_to(p.rid, p.route, reply_buf);
     }
   }
 
@@ -552,15 +541,11 @@ struct Server::Impl {
       ring.seen = seq;
       const uint64_t at = ctl->request_offset, bytes = ctl->request_bytes;
       route = Route{true, seq, ctl->reply_offset, ctl->reply_capacity};
-      const uint64_t n = ring.bytes;
-      const bool request_ok = at >= kRingControlBytes && at <= n && bytes <= n - at;
-      const bool reply_ok = route.reply_at >= kRingControlBytes && route.reply_at <= n &&
-                            route.reply_capacity <= n - route.reply_at && route.reply_capacity >= 64;
-      if (!reply_ok) {
+      if (!ring.holds(route.reply_at, route.reply_capacity) || route.reply_capacity < 64) {
         TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring: ignored", it->second.name);
         continue;
       }
-      if (!request_ok) {
+      if (!ring.holds(at, bytes)) {
         refuse(rid, Header{}, kMalformed,
                fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
         continue;

@@ -35,7 +35,7 @@ class Server {
 
   // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*).
   std::string bind();
-  // Serves until SIGTERM, a SHUTDOWN request or a failure of the group. Returns 0 after a clean
+  // Serves until SIGTERM, a SHUTDOWN request or a failure of the group. Returns after a clean
   // stop; rethrows a failure of the group's work after replying to every waiting client.
   void run();
 
