@@ -204,11 +204,8 @@ void CpuOps::attention(const AttentionParams& p) {
   pool_.parallel_for(tasks, [&](int64_t begin, int64_t end, int worker) {
     float* base = workers_[worker].buf.data();
     for (int64_t i = begin; i < end; ++i) {
-      Task t;
-      t.s = i / (p.n_kv * groups);
-      t.g = (i / groups) % p.n_kv;
-      t.h0 = t.g * ratio + (i % groups) * heads;
-      t.heads = heads;
+      const int64_t g = (i / groups) % p.n_kv;
+      const Task t{i / (p.n_kv * groups), g, g * ratio + (i % groups) * heads, heads};
       const int64_t ncols = session_span(p, t.s).count + p.block;
       float* acc = base + rows * (pc + ncols);
       TaskBuffers buf{base, base + rows * pc, acc, acc + rows * p.head_dim, ncols};

@@ -46,16 +46,6 @@ std::atomic<int>& active_level() {
 
 }  // namespace
 
-bool detail::cpu_has_vnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
-  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
-  return vnni;
-#else
-  return false;
-#endif
-}
-
 const char* isa_name(Isa isa) {
   static constexpr const char* kNames[] = {"scalar", "avx2", "avx512", "avx512-bf16"};
   const auto i = static_cast<size_t>(isa);

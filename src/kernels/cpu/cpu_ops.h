@@ -61,8 +61,6 @@ const char* quant_kernel_name(QuantKernel k);
 
 namespace detail {
 
-bool cpu_has_vnni();
-
 // The CPU layout of a quantized matrix: groups of kQuantRows interleaved rows, each holding nb
 // blocks of kp (kb rounded up to 8) packed columns and then nb x kQuantRows f32 scales.
 // Activations are quantized in the same blocks of kb columns.

@@ -329,10 +329,20 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
   }
 }
 
+bool cpu_has_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
+  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 QuantKernel quant_kernel(Isa isa) {
-  if (isa >= Isa::Avx512 && detail::cpu_has_vnni()) return QuantKernel::Avx512Vnni;
+  if (isa >= Isa::Avx512 && cpu_has_vnni()) return QuantKernel::Avx512Vnni;
   if (isa >= Isa::Avx2) return QuantKernel::Avx2;
   return QuantKernel::Scalar;
 }
