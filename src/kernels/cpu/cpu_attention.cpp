@@ -5,7 +5,6 @@
 // broadcast kernel. For a few thousand context rows this is ~4 FLOPs per key element per query.
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -102,11 +101,8 @@ struct SessionSpan {
 SessionSpan session_span(const AttentionParams& p, int64_t s) {
   const ContextView& c = p.context[s];
   const int64_t anchor = p.anchor[s];
-  SessionSpan span;
-  const int64_t hi = std::min(c.end, anchor);
-  span.lo = p.window > 0 ? std::max(c.begin, anchor - p.window + 1) : c.begin;  // row 0 sees the most
-  span.count = std::max<int64_t>(0, hi - span.lo);
-  return span;
+  const int64_t lo = p.window > 0 ? std::max(c.begin, anchor - p.window + 1) : c.begin;  // row 0 sees the most
+  return {lo, std::max<int64_t>(0, std::min(c.end, anchor) - lo)};
 }
 
 struct Task {
@@ -208,11 +204,8 @@ void CpuOps::attention(const AttentionParams& p) {
   pool_.parallel_for(tasks, [&](int64_t begin, int64_t end, int worker) {
     float* base = workers_[worker].buf.data();
     for (int64_t i = begin; i < end; ++i) {
-      Task t;
-      t.s = i / (p.n_kv * groups);
-      t.g = (i / groups) % p.n_kv;
-      t.h0 = t.g * ratio + (i % groups) * heads;
-      t.heads = heads;
+      const int64_t g = (i / groups) % p.n_kv;
+      const Task t{i / (p.n_kv * groups), g, g * ratio + (i % groups) * heads, heads};
       const int64_t ncols = session_span(p, t.s).count + p.block;
       float* acc = base + rows * (pc + ncols);
       TaskBuffers buf{base, base + rows * pc, acc, acc + rows * p.head_dim, ncols};

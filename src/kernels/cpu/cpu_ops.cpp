@@ -46,16 +46,6 @@ std::atomic<int>& active_level() {
 
 }  // namespace
 
-bool detail::cpu_has_vnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
-  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
-  return vnni;
-#else
-  return false;
-#endif
-}
-
 const char* isa_name(Isa isa) {
   static constexpr const char* kNames[] = {"scalar", "avx2", "avx512", "avx512-bf16"};
   const auto i = static_cast<size_t>(isa);
@@ -77,7 +67,7 @@ Isa force_isa(Isa isa) {
 
 CpuOps::CpuOps(int threads) : pool_(threads) { workers_.resize(static_cast<size_t>(pool_.size())); }
 
-CpuOps::~CpuOps() { free_deferred(); }
+CpuOps::~CpuOps() { abort_capture(); }
 
 void* CpuOps::alloc(size_t bytes) {
   check_not_capturing("alloc");
@@ -120,37 +110,24 @@ void CpuOps::sync() { check_not_capturing("sync"); }
 
 // ---- capture: a tape of calls -------------------------------------------------------------------
 
-namespace {
-struct CpuGraph final : OpGraph {
-  std::vector<std::function<void()>> calls;
-  size_t nodes() const override { return calls.size(); }
-};
-}  // namespace
-
 void CpuOps::check_not_capturing(const char* what) const {
   TPDRAFT_CHECK(!tape_, "cpu backend: {} during a capture (only compute ops may be captured)", what);
 }
 
 void CpuOps::begin_capture() {
   TPDRAFT_CHECK(!tape_, "cpu backend: a capture is already running");
-  tape_ = std::make_unique<std::vector<std::function<void()>>>();
+  tape_ = std::make_unique<CpuGraph>();
 }
 
 std::unique_ptr<OpGraph> CpuOps::end_capture() {
   TPDRAFT_CHECK(tape_, "cpu backend: end_capture without begin_capture");
-  auto graph = std::make_unique<CpuGraph>();
-  graph->calls = std::move(*tape_);
-  tape_.reset();
-  free_deferred();
+  std::unique_ptr<OpGraph> graph = std::move(tape_);
+  abort_capture();  // the tape is moved out: this frees only what was released during the capture
   return graph;
 }
 
 void CpuOps::abort_capture() noexcept {
   tape_.reset();
-  free_deferred();
-}
-
-void CpuOps::free_deferred() noexcept {
   for (void* p : deferred_free_) std::free(p);
   deferred_free_.clear();
 }

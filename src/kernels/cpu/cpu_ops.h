@@ -61,8 +61,6 @@ const char* quant_kernel_name(QuantKernel k);
 
 namespace detail {
 
-bool cpu_has_vnni();
-
 // The CPU layout of a quantized matrix: groups of kQuantRows interleaved rows, each holding nb
 // blocks of kp (kb rounded up to 8) packed columns and then nb x kQuantRows f32 scales.
 // Activations are quantized in the same blocks of kb columns.
@@ -137,6 +135,12 @@ class Scratch {
   size_t capacity_ = 0;
 };
 
+// A capture: the calls recorded between begin_capture and end_capture, in order.
+struct CpuGraph final : OpGraph {
+  std::vector<std::function<void()>> calls;
+  size_t nodes() const override { return calls.size(); }
+};
+
 class CpuOps final : public Ops {
  public:
   explicit CpuOps(int threads);
@@ -172,8 +176,6 @@ class CpuOps final : public Ops {
   void abort_capture() noexcept override;
   void replay(const OpGraph& graph) override;
 
-  ThreadPool& pool() { return pool_; }
-
  private:
   // While a capture runs: appends the call (the op and a copy of its arguments) to the tape and
   // returns true, so the op returns without running; its argument checks have run already, as
@@ -181,7 +183,7 @@ class CpuOps final : public Ops {
   template <typename... Params, typename... Args>
   bool recording(void (CpuOps::*op)(Params...), Args&&... args) {
     if (!tape_) return false;
-    tape_->push_back([this, op, saved = std::make_tuple(std::decay_t<Params>(std::forward<Args>(args))...)]() {
+    tape_->calls.push_back([this, op, saved = std::make_tuple(std::decay_t<Params>(std::forward<Args>(args))...)]() {
       std::apply([this, op](const auto&... a) { (this->*op)(a...); }, saved);
     });
     return true;
@@ -189,7 +191,6 @@ class CpuOps final : public Ops {
   // Memory and copies are not ops a graph may hold (as on the CUDA backend).
   void check_not_capturing(const char* what) const;
   void qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
-  void free_deferred() noexcept;
 
   // L2 norms of the rows of a bf16 head matrix, computed once per (data, rows, cols) and cached.
   const std::vector<float>& head_row_norms(const Matrix& head);
@@ -226,7 +227,7 @@ class CpuOps final : public Ops {
 
   ThreadPool pool_;
   std::vector<Worker> workers_;
-  std::unique_ptr<std::vector<std::function<void()>>> tape_;  // the capture in progress, if any
+  std::unique_ptr<CpuGraph> tape_;  // the capture in progress, if any
   std::vector<void*> deferred_free_;  // released during the capture
   // Scratch is grown on demand and kept: a draft issues the same shapes every step, so after the
   // first step no op allocates. An instance serves one calling thread at a time.

@@ -329,10 +329,20 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
   }
 }
 
+bool cpu_has_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  // VNNI on top of the AVX-512 level (whose probe ran __builtin_cpu_init), as its kernels use.
+  static const bool vnni = detected_isa() >= Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
+  return vnni;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 QuantKernel quant_kernel(Isa isa) {
-  if (isa >= Isa::Avx512 && detail::cpu_has_vnni()) return QuantKernel::Avx512Vnni;
+  if (isa >= Isa::Avx512 && cpu_has_vnni()) return QuantKernel::Avx512Vnni;
   if (isa >= Isa::Avx2) return QuantKernel::Avx2;
   return QuantKernel::Scalar;
 }
@@ -350,13 +360,13 @@ size_t CpuOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, 
 Matrix CpuOps::upload_quantized(const QuantizedRows& src, void* dst) {
   check_not_capturing("upload_quantized");
   TPDRAFT_CHECK(src.bits == 4 || src.bits == 8, "quantized weights must have 4 or 8 bits, got {}", src.bits);
-  const WeightFormat format = src.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
-  const QuantLayout l = detail::quant_layout(format, src.rows, src.cols, src.group);
+  const Matrix packed = quantized_matrix(src, dst);
+  const QuantLayout l = detail::quant_layout(packed.format, src.rows, src.cols, src.group);
   auto* out = static_cast<std::byte*>(dst);
   pool_.parallel_for(l.rgroups, [&](int64_t b, int64_t e, int) {
     for (int64_t g = b; g < e; ++g) pack_group(l, src, g, out + g * l.rg_bytes);
   });
-  return quantized_matrix(src, dst);
+  return packed;
 }
 
 void CpuOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
