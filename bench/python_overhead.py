@@ -9,13 +9,9 @@ import json
 import statistics
 import tempfile
 
+import numpy as np
 from serve_overhead import make_checkpoint, timed_steps
 import tpdraft  # from build/python, which serve_overhead puts on the path
-
-
-def quantile(xs, q):
-    xs = sorted(xs)
-    return xs[int(round(q * (len(xs) - 1)))]
 
 
 def measure(config, steps, context, new_rows):
@@ -24,9 +20,10 @@ def measure(config, steps, context, new_rows):
         with tpdraft.Drafter(tmp + "/ck/drafter", tmp + "/ck/target", backend="cpu", threads=1,
                              max_context=context + 64) as d:
             extra = [wall - d.last_step_seconds for wall in timed_steps(d, steps, 0, context, new_rows)]
+            p10, p90 = np.quantile(extra, [0.1, 0.9], method="nearest")
             return {"config": config, "steps": steps, "context": context, "new_rows": new_rows,
                     "step_us": d.last_step_seconds * 1e6, "python_us_median": statistics.median(extra) * 1e6,
-                    "python_us_p10": quantile(extra, 0.1) * 1e6, "python_us_p90": quantile(extra, 0.9) * 1e6}
+                    "python_us_p10": p10 * 1e6, "python_us_p90": p90 * 1e6}
 
 
 def main():

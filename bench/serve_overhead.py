@@ -12,13 +12,13 @@ serve_overhead.py [--config configs/X.json]... [--steps N] (the module from buil
 checkpoint made by build/tpdraft init in a temp dir)."""
 
 import argparse
+import concurrent.futures
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,18 +64,21 @@ def random_taps(handle, seed, context=CONTEXT, new_rows=NEW_ROWS):
     return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (context, new_rows))
 
 
-def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS):
-    """Yields the wall seconds of each of `steps` steps of one session, made as a decoding loop
-    makes them: roll back what was rejected (keep the prompt), settle the new rows, draft."""
+def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS, n=1):
+    """Yields the wall seconds of each of `steps` steps that each carry n sessions' entries, made as
+    a decoding loop makes them: roll back what was rejected (keep the prompt), settle the new rows,
+    draft."""
     prefix, rows = random_taps(handle, seed, context, new_rows)
-    s = handle.open_session()
-    handle.step([{"session": s, "taps": prefix, "anchor": 1}])
+    sessions = [handle.open_session() for _ in range(n)]
+    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
     for i in range(steps):
-        entry = {"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}
+        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + (i + j) % 7}
+                   for j, s in enumerate(sessions)]
         t0 = time.perf_counter()
-        handle.step([entry])
+        handle.step(entries)
         yield time.perf_counter() - t0
-    handle.close_session(s)
+    for s in sessions:
+        handle.close_session(s)
 
 
 def loop(handle, steps, seed, out):
@@ -87,18 +90,7 @@ def loop(handle, steps, seed, out):
 
 def batched_rate(handle, steps, n, seed):
     """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
-    prefix, rows = random_taps(handle, seed)
-    sessions = [handle.open_session() for _ in range(n)]
-    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        handle.step([{"session": s, "keep": CONTEXT, "taps": rows, "anchor": 2 + (i + j) % 7}
-                     for j, s in enumerate(sessions)])
-        times.append(time.perf_counter() - t0)
-    for s in sessions:
-        handle.close_session(s)
-    return n / statistics.median(times)
+    return n / statistics.median(timed_steps(handle, steps, seed, n=n))
 
 
 def run_clients(address, n, steps):
@@ -107,12 +99,8 @@ def run_clients(address, n, steps):
     clients = [tpdraft.Client(address, timeout=600) for _ in range(n)]
     per = [[] for _ in range(n)]
     start = time.perf_counter()
-    threads = [threading.Thread(target=loop, args=(c, steps, i, per[i]))
-               for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda i: loop(clients[i], steps, i, per[i]), range(n)))
     elapsed = time.perf_counter() - start
     stats = clients[0].stats()
     shm = clients[0].shared_memory

@@ -212,9 +212,8 @@ class Config:
         self.W = int(j.get("sliding_window") or 0)
         causal = j.get("is_causal")
         self.causal = list(self.sliding) if causal is None else [bool(causal)] * self.L
-        self.m_in = float(nested("input_embedding_scale", 1.0))
-        self.m_out = float(nested("output_multiplier", 1.0))
-        self.cap = float(nested("final_logit_softcapping", 0.0))
+        self.m_in, self.m_out, self.cap = (float(nested(k, d)) for k, d in (
+            ("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", 0.0)))
         self.bias = bool(j.get("attention_bias", False))
         if self.dflash2:
             self.K, self.gs, self.R, self.top_k = (int(need(k, nested(k))) for k in (
@@ -489,9 +488,9 @@ def load_taps(args, cfg):
         u = st.load("taps")
         if u.ndim != 2 or u.shape[1] != cfg.T * cfg.H:
             fail(f"{args.taps}: tensor 'taps' has shape {list(u.shape)}, expected [N, {cfg.T * cfg.H}]")
-        return torch.from_numpy(np.ascontiguousarray(u)).to(DEVICE, DTYPE)
-    rng = np.random.default_rng(args.seed)
-    return torch.from_numpy(rng.standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32)).to(DEVICE, DTYPE)
+    else:
+        u = np.random.default_rng(args.seed).standard_normal((args.ctx, cfg.T * cfg.H), dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(u)).to(DEVICE, DTYPE)
 
 
 def timed(work):

@@ -257,12 +257,11 @@ def checkpoint_cases(ck):
             h[tensor].update(fields)
             return h
         return fn
-    add(f"{first}: offsets past the end", header_change(edit(first, data_offsets=[0, 10 ** 9])), [first])
-    add(f"{first}: offsets reversed", header_change(edit(first, data_offsets=[8, 0])), [first])
-    add(f"{first}: dtype Q4", header_change(edit(first, dtype="Q4")), [first])
-    add(f"{first}: dtype I32", header_change(edit(first, dtype="I32")), [first])
-    add(f"{first}: negative shape", header_change(edit(first, shape=[-1, 64])), [first])
-    add(f"{first}: shape product overflows", header_change(edit(first, shape=[2 ** 40, 2 ** 40])), [first])
+    for what, fields in [("offsets past the end", {"data_offsets": [0, 10 ** 9]}),
+                         ("offsets reversed", {"data_offsets": [8, 0]}), ("dtype Q4", {"dtype": "Q4"}),
+                         ("dtype I32", {"dtype": "I32"}), ("negative shape", {"shape": [-1, 64]}),
+                         ("shape product overflows", {"shape": [2 ** 40, 2 ** 40]})]:
+        add(f"{first}: {what}", header_change(edit(first, **fields)), [first])
     qt = read_st(os.path.join(ck, dfile))[0][q]
     (rows, cols), (begin, end) = qt["shape"], qt["data_offsets"]
     add(f"{q}: shape transposed", header_change(edit(q, shape=[cols, rows])), [q])
