@@ -131,9 +131,8 @@ def projected_rows(brows, fabrics, machine, per_node):
         for name, (intra, inter, multi_ok) in fabrics.items():
             if nodes > 1 and not multi_ok:
                 continue
-            cand = cm.collective_time("all_gather", br["candidates_block"], tp, intra, inter, nodes) * 1e3
-            full = cm.collective_time("all_gather", br["full_block"], tp, intra, inter, nodes) * 1e3
-            row[name] = {"candidates_ms": cand, "full_ms": full}
+            row[name] = {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
+                         for x in ("candidates", "full")}
         rows.append(row)
     return rows
 
@@ -159,8 +158,7 @@ def measured_table(mrows):
 
 def projected_table(prows, names, machine):
     header = ["V", "tp", f"head HBM ms ({machine.label})"]
-    for n in names:
-        header += [f"{n}: candidates", f"{n}: full logits"]
+    header += [f"{n}: {x}" for n in names for x in ("candidates", "full logits")]
     table = []
     for r in prows:
         row = [r["vocab"], r["tp"], tb.fmt_ms(r["head_hbm_ms"])]
