@@ -215,8 +215,7 @@ def main(argv=None):
         answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
                    for tp in a.tp if info.problem(path, tp) is None}
         machine = compute.gpu_machine(params, d["gpu"])
-        intra = cm.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
-        inter = cm.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])
+        intra, inter = (cm.fabric_range(params, d[side])["value"] for side in ("intra", "inter"))
         cpu = cm.cpu_fabric(records.scaling_runs(all_runs) or runs, params)  # the same fit as project.py
         fabrics = {f"{intra.label} (+ {inter.label} across nodes)": (intra, inter, True), cpu.label: (cpu, None, False)}
         brows = bytes_rows(answers)
