@@ -84,9 +84,8 @@ def gather_rows(runs, paths, info, b):
         row = {"vocab": v, "tp": tp, "backend": backend, "context": ctx, "threads": threads,
                "oversubscribed": any(r.oversubscribed for r in pair.values()),
                "shared": sorted({x for r in pair.values() for x in records.shared_reasons(r)}),
-               "full_block_model": geometry.full_logits_block(info.query(paths[v], tp, b, ctx))}
-        for side in ("cand", "full"):
-            row[side] = side_of(pair[side]) if side in pair else None
+               "full_block_model": geometry.full_logits_block(info.query(paths[v], tp, b, ctx)),
+               **{side: side_of(pair[side]) if side in pair else None for side in ("cand", "full")}}
         if row["cand"] and row["full"]:
             row["diff"] = {k: row["full"][k] - row["cand"][k] for k in ("draft_ms", "comm_ms", "all_gather_bytes")}
         rows.append(row)
