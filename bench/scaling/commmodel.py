@@ -150,6 +150,5 @@ def cpu_fabric(runs, params):
             len(use), "" if quiet else ", oversubscribed", resid)
         return Fabric("cpu_mpi", a, bw if math.isfinite(bw) else 1e15, tag, "CPU MPI (fit)")
     f = fabric_from_params("cpu_mpi", params["fabrics"]["cpu_mpi"])
-    f.source = "defaults of comm-model.json (no tp > 1 MPI record to fit)"
-    f.label = "CPU MPI (default)"
-    return f
+    return Fabric(f.name, f.alpha, f.bw, "defaults of comm-model.json (no tp > 1 MPI record to fit)",
+                  "CPU MPI (default)")

@@ -31,7 +31,7 @@ def measured_points(rows):
 def projected_points(points):
     """Plot rows of one projected series: projection.json gpu points of one (config, ctx, sessions)."""
     rows = sorted(points, key=lambda p: p["tp"])
-    t1 = rows[0]["total_ms"] * rows[0]["tp"] if rows[0]["tp"] != 1 else rows[0]["total_ms"]
+    t1 = rows[0]["total_ms"] * rows[0]["tp"]  # the smallest tp stands in for tp = 1 when that is missing
     return [plot_row(p["tp"], p["total_ms"], *p["total_ms_range"], t1, p["tp"], p["comm_share"], 0) for p in rows]
 
 

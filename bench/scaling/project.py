@@ -50,19 +50,16 @@ def parse_layout(text):
 Setting = namedtuple("Setting", "params runs info machine intra inter alt_intra span dtype")
 
 
-def gpu_compute(s, config, tp, sessions, ctx):
-    """(ms, source, kind): GPU records first, else the CPU records carried to the GPU roofline."""
-    ms, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx, backend="cuda", machine=s.machine)
-    if ms is not None:
-        return ms, "GPU " + src, "measured"
-    return compute.estimate_compute_on(s.machine, s.runs, s.info, config, tp, sessions, ctx, s.dtype)
-
-
 def gpu_point(s, config, answer, layout, legend):
     nodes, per_node = parse_layout(layout)
     tp, sessions, ctx = answer["tp"], answer["sessions"], answer["context"]
     tp_nodes, replicas = (nodes, 1) if s.span else (1, nodes)
-    comp, src, kind = gpu_compute(s, config, tp, sessions, ctx)
+    # The compute: GPU records first, else the CPU records carried to the GPU roofline.
+    comp, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx, backend="cuda", machine=s.machine)
+    if comp is not None:
+        src, kind = "GPU " + src, "measured"
+    else:
+        comp, src, kind = compute.estimate_compute_on(s.machine, s.runs, s.info, config, tp, sessions, ctx, s.dtype)
     colls = geometry.collectives(answer)
     comm, lo, hi = (cm.comm_time(colls, tp, s.intra[w], s.inter[w], tp_nodes) * 1e3 for w in ("value", "low", "high"))
     total = comp + comm
@@ -234,23 +231,24 @@ def main(argv=None):
         for ctx in a.ctx or sorted({r.context for r in mine}) or [1024]:
             for b in a.sessions or sorted({r.sessions for r in mine}) or [1]:
                 glegend, clegend = tb.Legend("G"), tb.Legend("C")
+                where = {"config": name, "context": ctx, "sessions": b}  # the keys of every row below
                 rows = project_gpu(s, path, ctx, b, layouts, glegend)
                 md += [f"## {name}: context {ctx}, {b} session(s) per draft", "",
                        f"### Projected on {machine.label} nodes", "", *fastest_line(rows), gpu_table(rows, list(alt)), "",
                        glegend.markdown(), ""]
-                out["gpu_points"] += [{"config": name, "context": ctx, "sessions": b, **r} for r in rows]
+                out["gpu_points"] += [{**where, **r} for r in rows]
                 if quants:
                     qpoints = project_quant(s, path, ctx, b, rows, quants)
                     md += [f"### Projected on {machine.label} nodes with quantized weights (PROJECTED)", "",
                            "Compute at the roofline of the quantized weights' bytes (`tpdraft info --json --quant`) "
                            "at the float run's efficiency, collectives unchanged; in brackets the speed against the "
                            "float weights.", "", quant_table(qpoints, quants), ""]
-                    out["quant_points"] += [{"config": name, "context": ctx, "sessions": b, **p} for p in qpoints]
+                    out["quant_points"] += [{**where, **p} for p in qpoints]
                 crow = project_cpu(s, path, ctx, b, a.cpu_tp, cpu_fab, clegend)
                 if crow:
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",
                            clegend.markdown(), ""]
-                    out["cpu_points"] += [{"config": name, "context": ctx, "sessions": b, **r} for r in crow]
+                    out["cpu_points"] += [{**where, **r} for r in crow]
     tb.emit_report("\n".join(md), out, a.out, "projection")
     return 0
 

@@ -84,9 +84,8 @@ def gather_rows(runs, paths, info, b):
         row = {"vocab": v, "tp": tp, "backend": backend, "context": ctx, "threads": threads,
                "oversubscribed": any(r.oversubscribed for r in pair.values()),
                "shared": sorted({x for r in pair.values() for x in records.shared_reasons(r)}),
-               "full_block_model": geometry.full_logits_block(info.query(paths[v], tp, b, ctx))}
-        for side in ("cand", "full"):
-            row[side] = side_of(pair[side]) if side in pair else None
+               "full_block_model": geometry.full_logits_block(info.query(paths[v], tp, b, ctx)),
+               **{side: side_of(pair[side]) if side in pair else None for side in ("cand", "full")}}
         if row["cand"] and row["full"]:
             row["diff"] = {k: row["full"][k] - row["cand"][k] for k in ("draft_ms", "comm_ms", "all_gather_bytes")}
         rows.append(row)
@@ -131,9 +130,8 @@ def projected_rows(brows, fabrics, machine, per_node):
         for name, (intra, inter, multi_ok) in fabrics.items():
             if nodes > 1 and not multi_ok:
                 continue
-            cand = cm.collective_time("all_gather", br["candidates_block"], tp, intra, inter, nodes) * 1e3
-            full = cm.collective_time("all_gather", br["full_block"], tp, intra, inter, nodes) * 1e3
-            row[name] = {"candidates_ms": cand, "full_ms": full}
+            row[name] = {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
+                         for x in ("candidates", "full")}
         rows.append(row)
     return rows
 
@@ -159,8 +157,7 @@ def measured_table(mrows):
 
 def projected_table(prows, names, machine):
     header = ["V", "tp", f"head HBM ms ({machine.label})"]
-    for n in names:
-        header += [f"{n}: candidates", f"{n}: full logits"]
+    header += [f"{n}: {x}" for n in names for x in ("candidates", "full logits")]
     table = []
     for r in prows:
         row = [r["vocab"], r["tp"], tb.fmt_ms(r["head_hbm_ms"])]
@@ -217,8 +214,7 @@ def main(argv=None):
         answers = {(v, tp): info.query(path, tp, b, 1024, dtype) for v, path in paths.items()
                    for tp in a.tp if info.problem(path, tp) is None}
         machine = compute.gpu_machine(params, d["gpu"])
-        intra = cm.fabric_from_params(d["intra"], params["fabrics"][d["intra"]])
-        inter = cm.fabric_from_params(d["inter"], params["fabrics"][d["inter"]])
+        intra, inter = (cm.fabric_range(params, d[side])["value"] for side in ("intra", "inter"))
         cpu = cm.cpu_fabric(records.scaling_runs(all_runs) or runs, params)  # the same fit as project.py
         fabrics = {f"{intra.label} (+ {inter.label} across nodes)": (intra, inter, True), cpu.label: (cpu, None, False)}
         brows = bytes_rows(answers)
