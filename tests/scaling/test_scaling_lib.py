@@ -23,6 +23,7 @@ import record  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
 import tables as tb  # noqa: E402
+import vocab  # noqa: E402
 
 
 def bench_json(**over):
@@ -261,6 +262,18 @@ class QuantizedProjection(unittest.TestCase):
         points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
         self.assertEqual(points[0]["total_ms"], {"bf16": 1.0, "q4": None})
         self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |", project.quant_table(points, ["q4"]))
+
+
+class VocabularyStudy(unittest.TestCase):
+    def test_bytes_table_at_one_rank_has_no_ratio_to_candidates(self):
+        one = answer(1)
+        for rank in one["ranks"]:
+            rank["collectives"]["greedy"]["all_gather"] = {"calls": 0, "bytes": 0}
+        rows = vocab.bytes_rows({(1000, 1): one, (1000, 2): answer(2)})
+        self.assertEqual([r["candidates_total"] for r in rows], [0, 2 * 1920])
+        table = vocab.bytes_table(rows).splitlines()
+        self.assertTrue(table[2].endswith(" | – |"), table[2])
+        self.assertTrue(table[3].endswith(f" | {rows[1]['full_total'] / (2 * 1920):.0f}x |"), table[3])
 
 
 class Reports(unittest.TestCase):
