@@ -403,7 +403,6 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
       auto [it, inserted] = store->by_name_.emplace(canon, info);
       TPDRAFT_CHECK(inserted, "{}: tensor '{}' appears twice: as '{}' in {} and as '{}' in {}", path, canon,
                     it->second->name, it->second->file, name, file->path());
-      store->prefix_of_[canon] = name;
     }
   }
   return store;
@@ -413,7 +412,7 @@ const TensorInfo* TensorStore::find(const std::string& name) const {
   // The spelling stored in the file wins, then a canonical match, then the name without `model.`.
   const std::string canon = canonical_name(name);
   auto it = by_name_.find(canon);
-  if (it != by_name_.end() && prefix_of_.at(canon) == name) return it->second;
+  if (it != by_name_.end() && it->second->name == name) return it->second;
   if (auto exact = by_name_.find(name); exact != by_name_.end()) return exact->second;
   return it != by_name_.end() ? it->second : nullptr;
 }
