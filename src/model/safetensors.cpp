@@ -77,6 +77,13 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
   }
 }
 
+template <typename T>
+std::vector<T> to_vector(const TensorInfo& t, DType type) {
+  std::vector<T> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
+  return out;
+}
+
 // Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
 // equal keys, so a header listing a tensor twice would load silently; its parser callback sees
 // every key as it is read. `what` names the document in messages ("header", "index"), which
@@ -476,15 +483,6 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
     convert_span(t, src, dst_type, out + static_cast<size_t>(r * ncols) * ds, static_cast<size_t>(ncols));
   }
 }
-
-namespace {
-template <typename T>
-std::vector<T> to_vector(const TensorInfo& t, DType type) {
-  std::vector<T> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
-  return out;
-}
-}  // namespace
 
 std::vector<float> to_f32(const TensorInfo& t) { return to_vector<float>(t, DType::F32); }
 std::vector<double> to_f64(const TensorInfo& t) { return to_vector<double>(t, DType::F64); }
