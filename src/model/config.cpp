@@ -20,21 +20,16 @@ namespace {
 
 using nlohmann::json;
 
-const json* find_top(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
 // Looks a key up in `dflash_config` first, then at the top level.
 const json* find_nested(const json& j, const char* key) {
-  const json* dc = find_top(j, "dflash_config");
-  const json* v = dc != nullptr && dc->is_object() ? find_top(*dc, key) : nullptr;
-  return v != nullptr ? v : find_top(j, key);
+  const json* dc = find_key(j, "dflash_config");
+  const json* v = dc != nullptr && dc->is_object() ? find_key(*dc, key) : nullptr;
+  return v != nullptr ? v : find_key(j, key);
 }
 
 // A true / false key, when present.
 void read_bool(const json& j, const char* key, const std::string& source, bool* out) {
-  if (const json* v = find_top(j, key)) {
+  if (const json* v = find_key(j, key)) {
     TPDRAFT_CHECK(v->is_boolean(), "{}: key '{}' must be true or false", source, key);
     *out = v->get<bool>();
   }
@@ -92,7 +87,7 @@ int64_t check_limit(int64_t v, const char* key, const std::string& source) {
 
 // A size key, bounded as soon as it is read: later steps allocate per layer or per tap.
 int64_t require_size(const json& j, const char* key, const std::string& source, bool nested = false) {
-  const json* v = nested ? find_nested(j, key) : find_top(j, key);
+  const json* v = nested ? find_nested(j, key) : find_key(j, key);
   TPDRAFT_CHECK(v != nullptr, "{}: missing required key '{}'", source, key);
   return check_limit(as_int(v, source, key), key, source);
 }
@@ -109,7 +104,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   TPDRAFT_CHECK(j.is_object(), "{}: expected a JSON object at the top level", source);
   DrafterConfig c;
 
-  const json* archs = find_top(j, "architectures");
+  const json* archs = find_key(j, "architectures");
   TPDRAFT_CHECK(archs && archs->is_array() && !archs->empty() && (*archs)[0].is_string(),
                 "{}: key 'architectures' must be a non-empty list of strings", source);
   c.arch_name = (*archs)[0].get<std::string>();
@@ -125,17 +120,17 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   c.hidden = require_size(j, "hidden_size", source);
   c.layers = require_size(j, "num_hidden_layers", source);
   c.n_q = require_size(j, "num_attention_heads", source);
-  c.n_kv = find_top(j, "num_key_value_heads") ? require_size(j, "num_key_value_heads", source) : c.n_q;
+  c.n_kv = find_key(j, "num_key_value_heads") ? require_size(j, "num_key_value_heads", source) : c.n_q;
   TPDRAFT_CHECK(c.n_q > 0, "{}: key 'num_attention_heads' must be positive, got {}", source, c.n_q);
-  c.head_dim = find_top(j, "head_dim") ? require_size(j, "head_dim", source) : c.hidden / c.n_q;
+  c.head_dim = find_key(j, "head_dim") ? require_size(j, "head_dim", source) : c.hidden / c.n_q;
   c.ffn = require_size(j, "intermediate_size", source);
   c.vocab = require_size(j, "vocab_size", source);
-  if (const json* v = find_top(j, "rms_norm_eps")) c.eps = as_double(v, source, "rms_norm_eps");
+  if (const json* v = find_key(j, "rms_norm_eps")) c.eps = as_double(v, source, "rms_norm_eps");
 
   // RoPE: rope_theta, else rope_parameters.rope_theta; scaling types other than default refused.
-  if (const json* v = find_top(j, "rope_theta")) {
+  if (const json* v = find_key(j, "rope_theta")) {
     c.rope_theta = as_double(v, source, "rope_theta");
-  } else if (const json* rp = find_top(j, "rope_parameters"); rp && rp->is_object() && rp->contains("rope_theta")) {
+  } else if (const json* rp = find_key(j, "rope_parameters"); rp && rp->is_object() && rp->contains("rope_theta")) {
     c.rope_theta = as_double(&(*rp)["rope_theta"], source, "rope_parameters.rope_theta");
   }
   auto check_rope_type = [&](const json* obj, const char* where) {
@@ -148,8 +143,8 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
       }
     }
   };
-  check_rope_type(find_top(j, "rope_parameters"), "rope_parameters");
-  check_rope_type(find_top(j, "rope_scaling"), "rope_scaling");
+  check_rope_type(find_key(j, "rope_parameters"), "rope_parameters");
+  check_rope_type(find_key(j, "rope_scaling"), "rope_scaling");
 
   if (find_nested(j, "block_size")) c.block = require_size(j, "block_size", source, true);
 
@@ -160,7 +155,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
     for (const auto& e : *v)
       c.taps.push_back(check_limit(as_int(&e, source, "target_layer_ids"), "target_layer_ids", source));
   }
-  if (find_top(j, "num_target_layers")) c.num_target_layers = require_size(j, "num_target_layers", source);
+  if (find_key(j, "num_target_layers")) c.num_target_layers = require_size(j, "num_target_layers", source);
   if (c.taps.empty() && c.num_target_layers > 0) {
     const int64_t t = c.layers, lt = c.num_target_layers;
     if (t == 1) {
@@ -179,7 +174,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
 
   // Layer kinds.
   c.sliding.assign(static_cast<size_t>(std::max<int64_t>(c.layers, 0)), false);
-  if (const json* lt = find_top(j, "layer_types")) {
+  if (const json* lt = find_key(j, "layer_types")) {
     TPDRAFT_CHECK(lt->is_array(), "{}: key 'layer_types' must be a list of strings", source);
     TPDRAFT_CHECK(static_cast<int64_t>(lt->size()) == c.layers,
                   "{}: key 'layer_types' has {} entries, expected num_hidden_layers = {}", source, lt->size(),
@@ -196,9 +191,9 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
       }
     }
   }
-  if (find_top(j, "sliding_window")) c.window = require_size(j, "sliding_window", source);
+  if (find_key(j, "sliding_window")) c.window = require_size(j, "sliding_window", source);
   c.causal = c.sliding;
-  if (const json* v = find_top(j, "is_causal")) {
+  if (const json* v = find_key(j, "is_causal")) {
     TPDRAFT_CHECK(v->is_boolean(), "{}: key 'is_causal' must be true or false", source);
     c.causal.assign(c.sliding.size(), v->get<bool>());
   }
@@ -215,7 +210,7 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
     c.selector_topk = require_size(j, "selector_top_k", source, true);
   }
 
-  if (const json* v = find_top(j, "quantization_config")) c.quant = QuantConfig::from_json(*v, source);
+  if (const json* v = find_key(j, "quantization_config")) c.quant = QuantConfig::from_json(*v, source);
 
   c.validate(source);
   return c;
@@ -326,11 +321,11 @@ TargetConfig TargetConfig::from_dir(const std::string& dir) {
   // Multimodal targets nest the language model's config.
   const json& tc = (j.contains("text_config") && j["text_config"].is_object()) ? j["text_config"] : j;
   for (const json* src : {&j, &tc}) {
-    t.tie_stated = t.tie_stated || find_top(*src, "tie_word_embeddings");
+    t.tie_stated = t.tie_stated || find_key(*src, "tie_word_embeddings");
     read_bool(*src, "tie_word_embeddings", path, &t.tie_word_embeddings);
   }
-  if (const json* v = find_top(tc, "vocab_size")) t.vocab = as_int(v, path, "vocab_size");
-  if (const json* v = find_top(tc, "hidden_size")) t.hidden = as_int(v, path, "hidden_size");
+  if (const json* v = find_key(tc, "vocab_size")) t.vocab = as_int(v, path, "vocab_size");
+  if (const json* v = find_key(tc, "hidden_size")) t.hidden = as_int(v, path, "hidden_size");
   return t;
 }
 

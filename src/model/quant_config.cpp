@@ -13,6 +13,11 @@ namespace tpdraft::model {
 
 using json = nlohmann::json;
 
+const json* find_key(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
 namespace {
 
 const char* kLayerSuffixes[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -34,11 +39,6 @@ bool matches(const std::string& target, const std::string& module) {
 
 bool matches_module(const std::string& target, const std::string& module) {
   return matches(target, module) || matches(target, "model." + module);
-}
-
-const json* find(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
 }
 
 std::vector<std::string> string_list(const json& j, const std::string& source, const std::string& what) {
@@ -65,27 +65,27 @@ QuantScheme parse_weights(const json& w, const std::string& format, const std::s
                           const std::string& where) {
   TPDRAFT_CHECK(w.is_object(), "{}: {}.weights must be an object", source, where);
   QuantScheme s;
-  const json* bits = find(w, "num_bits");
+  const json* bits = find_key(w, "num_bits");
   TPDRAFT_CHECK(bits && bits->is_number_integer(), "{}: {}.weights.num_bits must be an integer", source, where);
   s.bits = bits->get<int>();
-  const json* type = find(w, "type");
+  const json* type = find_key(w, "type");
   const std::string t = type && type->is_string() ? type->get<std::string>() : "int";
-  if (const json* sym = find(w, "symmetric")) {
+  if (const json* sym = find_key(w, "symmetric")) {
     TPDRAFT_CHECK(sym->is_boolean(), "{}: {}.weights.symmetric must be true or false", source, where);
     TPDRAFT_CHECK(sym->get<bool>(), "{}: {}: asymmetric weights (symmetric: false, with zero points) are not "
                   "supported; quantize symmetrically", source, where);
   }
-  if (const json* ao = find(w, "actorder")) {
+  if (const json* ao = find_key(w, "actorder")) {
     const bool off = (ao->is_boolean() && !ao->get<bool>()) || (ao->is_string() && ao->get<std::string>() == "static");
     TPDRAFT_CHECK(off, "{}: {}: activation ordering (actorder {}) is not supported: its weight_g_idx reorders the "
                   "groups; quantize without act-order", source, where, ao->dump());
   }
-  if (const json* dyn = find(w, "dynamic"))
+  if (const json* dyn = find_key(w, "dynamic"))
     TPDRAFT_CHECK(dyn->is_boolean() && !dyn->get<bool>(), "{}: {}.weights.dynamic must be false", source, where);
-  const json* strategy = find(w, "strategy");
+  const json* strategy = find_key(w, "strategy");
   const std::string st = strategy && strategy->is_string() ? strategy->get<std::string>() : "tensor";
   if (st == "group") {
-    const json* g = find(w, "group_size");
+    const json* g = find_key(w, "group_size");
     TPDRAFT_CHECK(g && g->is_number_integer() && g->get<int64_t>() > 0,
                   "{}: {}: strategy 'group' needs a positive integer group_size", source, where);
     s.strategy = QuantScheme::Strategy::Group;
@@ -157,35 +157,35 @@ QuantConfig QuantConfig::from_json(const json& qc, const std::string& source) {
   QuantConfig c;
   c.source = Source::Checkpoint;
   c.file = source;
-  const json* method = find(qc, "quant_method");
+  const json* method = find_key(qc, "quant_method");
   const std::string m = method && method->is_string() ? method->get<std::string>() : "";
   TPDRAFT_CHECK(m == "compressed-tensors", "{}: quantization_config.quant_method '{}' is not supported (only "
                 "compressed-tensors, formats pack-quantized and float-quantized)", source, m);
-  const json* format = find(qc, "format");
+  const json* format = find_key(qc, "format");
   TPDRAFT_CHECK(format && format->is_string(), "{}: quantization_config has no 'format'", source);
   c.format = format->get<std::string>();
   TPDRAFT_CHECK(c.format == "pack-quantized" || c.format == "float-quantized",
                 "{}: quantization_config.format '{}' is not supported (pack-quantized or float-quantized)", source,
                 c.format);
-  const json* groups = find(qc, "config_groups");
+  const json* groups = find_key(qc, "config_groups");
   TPDRAFT_CHECK(groups && groups->is_object() && !groups->empty(),
                 "{}: quantization_config.config_groups must be a non-empty object", source);
   for (const auto& [name, g] : groups->items()) {
     const std::string where = "quantization_config.config_groups." + name;
     TPDRAFT_CHECK(g.is_object(), "{}: {} must be an object", source, where);
-    if (const json* f = find(g, "format"))
+    if (const json* f = find_key(g, "format"))
       TPDRAFT_CHECK(f->is_string() && f->get<std::string>() == c.format,
                     "{}: {}.format {} differs from quantization_config.format '{}' (mixed formats are not supported)",
                     source, where, f->dump(), c.format);
-    const json* targets = find(g, "targets");
+    const json* targets = find_key(g, "targets");
     TPDRAFT_CHECK(targets != nullptr, "{}: {} has no targets", source, where);
     Group out;
     out.name = name;
     out.targets = string_list(*targets, source, where + ".targets");
-    if (const json* w = find(g, "weights")) out.weights = parse_weights(*w, c.format, source, where);
+    if (const json* w = find_key(g, "weights")) out.weights = parse_weights(*w, c.format, source, where);
     c.groups.push_back(std::move(out));
   }
-  if (const json* ig = find(qc, "ignore")) c.ignore = string_list(*ig, source, "ignore");
+  if (const json* ig = find_key(qc, "ignore")) c.ignore = string_list(*ig, source, "ignore");
   return c;
 }
 

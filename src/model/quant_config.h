@@ -83,6 +83,9 @@ struct QuantRequest {
   QuantScheme scheme(int bits, int64_t cols) const;
 };
 
+// j[key], or nullptr when the key is absent or null (HF configs write null for unset keys).
+const nlohmann::json* find_key(const nlohmann::json& j, const char* key);
+
 // The names preset() takes, and them as one phrase for messages ("q8, q4, q8+head or q4+head").
 const std::vector<std::string>& quant_presets();
 std::string quant_preset_list();

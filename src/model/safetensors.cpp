@@ -77,6 +77,13 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
   }
 }
 
+template <typename T>
+std::vector<T> to_vector(const TensorInfo& t, DType type) {
+  std::vector<T> out(static_cast<size_t>(t.numel()));
+  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
+  return out;
+}
+
 // Parses JSON whose objects must not repeat a key. The JSON library keeps only the last of two
 // equal keys, so a header listing a tensor twice would load silently; its parser callback sees
 // every key as it is read. `what` names the document in messages ("header", "index"), which
@@ -403,7 +410,6 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
       auto [it, inserted] = store->by_name_.emplace(canon, info);
       TPDRAFT_CHECK(inserted, "{}: tensor '{}' appears twice: as '{}' in {} and as '{}' in {}", path, canon,
                     it->second->name, it->second->file, name, file->path());
-      store->prefix_of_[canon] = name;
     }
   }
   return store;
@@ -413,7 +419,7 @@ const TensorInfo* TensorStore::find(const std::string& name) const {
   // The spelling stored in the file wins, then a canonical match, then the name without `model.`.
   const std::string canon = canonical_name(name);
   auto it = by_name_.find(canon);
-  if (it != by_name_.end() && prefix_of_.at(canon) == name) return it->second;
+  if (it != by_name_.end() && it->second->name == name) return it->second;
   if (auto exact = by_name_.find(name); exact != by_name_.end()) return exact->second;
   return it != by_name_.end() ? it->second : nullptr;
 }
@@ -477,15 +483,6 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
     convert_span(t, src, dst_type, out + static_cast<size_t>(r * ncols) * ds, static_cast<size_t>(ncols));
   }
 }
-
-namespace {
-template <typename T>
-std::vector<T> to_vector(const TensorInfo& t, DType type) {
-  std::vector<T> out(static_cast<size_t>(t.numel()));
-  convert_span(t, t.data, type, reinterpret_cast<std::byte*>(out.data()), out.size());
-  return out;
-}
-}  // namespace
 
 std::vector<float> to_f32(const TensorInfo& t) { return to_vector<float>(t, DType::F32); }
 std::vector<double> to_f64(const TensorInfo& t) { return to_vector<double>(t, DType::F64); }

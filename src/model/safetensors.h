@@ -85,8 +85,7 @@ class TensorStore {
  private:
   std::string source_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const TensorInfo*> by_name_;  // canonical name -> info
-  std::map<std::string, std::string> prefix_of_;        // canonical -> name in file
+  std::map<std::string, const TensorInfo*> by_name_;  // canonical name -> info (its name as in the file)
   std::vector<OwnedTensor> owned_;                       // from_memory: the bytes
   std::vector<std::unique_ptr<TensorInfo>> owned_info_;  // from_memory: their descriptions
 };

@@ -24,7 +24,6 @@ std::shared_ptr<TensorStore> TensorStore::from_memory(const std::string& label, 
                   t.name, t.bytes.size(), expected, info->shape_str(), dtype_name(t.dtype));
     const std::string canon = t.name.rfind("model.", 0) == 0 ? t.name.substr(6) : t.name;
     TPDRAFT_CHECK(store->by_name_.emplace(canon, info.get()).second, "{}: tensor '{}' appears twice", label, canon);
-    store->prefix_of_[canon] = t.name;
     store->owned_info_.push_back(std::move(info));
   }
   return store;
