@@ -143,8 +143,8 @@ def bytes_table(brows):
         [[r["vocab"], r["tp"], r["vocab_padded"], tb.fmt_bytes(r["head_bytes_per_rank"]), nbytes(r["candidates_block"]),
           nbytes(r["candidates_total"]), nbytes(r["full_block"]),
           f"{nbytes(r['full_total'])} ({nbytes(r['full_unpadded_total'])})",
-          f"{r['full_total'] / r['candidates_total']:.0f}x" if r["candidates_total"] else "–"]  # no candidates travel at tp 1
-         for r in brows])
+          # no candidates travel at tp 1
+          f"{r['full_total'] / r['candidates_total']:.0f}x" if r["candidates_total"] else "–"] for r in brows])
 
 
 def measured_table(mrows):
