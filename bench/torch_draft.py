@@ -212,8 +212,9 @@ class Config:
         self.W = int(j.get("sliding_window") or 0)
         causal = j.get("is_causal")
         self.causal = list(self.sliding) if causal is None else [bool(causal)] * self.L
-        self.m_in, self.m_out, self.cap = (float(nested(k, d)) for k, d in (
-            ("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", 0.0)))
+        self.m_in = float(nested("input_embedding_scale", 1.0))
+        self.m_out = float(nested("output_multiplier", 1.0))
+        self.cap = float(nested("final_logit_softcapping", 0.0))
         self.bias = bool(j.get("attention_bias", False))
         if self.dflash2:
             self.K, self.gs, self.R, self.top_k = (int(need(k, nested(k))) for k in (
