@@ -560,11 +560,8 @@ tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_ti
 
 tpdraft_status tpdraft_client_stats(tpdraft_client* c, tpdraft_server_stats* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_stats: client or out is NULL");
-  return request(c, "tpdraft_client_stats", serve::kStats, {}, [&](serve::Reader& r) {
-    const serve::WireStats s = serve::get_stats(r);
-    *out = {s.clients, s.open_sessions, s.forwards, s.steps, s.entries, s.errors, s.max_batch, s.clients_reaped,
-            s.uptime_seconds};
-  });
+  return request(c, "tpdraft_client_stats", serve::kStats, {},
+                 [&](serve::Reader& r) { *out = serve::get_stats(r); });
 }
 
 tpdraft_status tpdraft_client_shutdown(tpdraft_client* c) {

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve {
 
@@ -174,12 +175,8 @@ struct WireCaps {
 void put_caps(Writer& w, const WireCaps& c);
 WireCaps get_caps(Reader& r);
 
-// STATS' reply body.
-struct WireStats {
-  uint64_t clients = 0, open_sessions = 0, forwards = 0, steps = 0, entries = 0, errors = 0, max_batch = 0;
-  uint64_t clients_reaped = 0;
-  double uptime_seconds = 0;
-};
+// STATS' reply body: the C ABI's server stats, field for field.
+using WireStats = tpdraft_server_stats;
 void put_stats(Writer& w, const WireStats& s);
 WireStats get_stats(Reader& r);
 

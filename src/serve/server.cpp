@@ -108,7 +108,7 @@ struct Server::Impl {
   std::deque<Pending> pending;
   uint64_t next_client = 1;
   bool shutdown = false;
-  WireStats stats;
+  WireStats stats{};
   Clock::time_point started = Clock::now();
   std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
