@@ -110,12 +110,7 @@ size_t dtype_bytes(uint32_t code) {
 }
 
 Header reply_header(const Header& request, uint32_t status, uint32_t count) {
-  Header h;
-  h.kind = static_cast<uint16_t>(request.kind | kReply);
-  h.status = status;
-  h.count = count;
-  h.id = request.id;
-  return h;
+  return {kMagic, kProtocolVersion, static_cast<uint16_t>(request.kind | kReply), status, count, request.id};
 }
 
 std::string error_reply(const Header& request, uint32_t status, const std::string& message) {

@@ -294,15 +294,8 @@ struct RawSocket {
 
 std::string frame(uint16_t kind, uint32_t count, const std::string& body, uint16_t version = serve::kProtocolVersion) {
   std::string out;
-  serve::Writer w(&out);
-  serve::Header h;
-  h.kind = kind;
-  h.count = count;
-  h.version = version;
-  h.id = 42;
-  w.header(h);
-  out += body;
-  return out;
+  serve::Writer(&out).header({serve::kMagic, version, kind, 0, count, 42});
+  return out + body;
 }
 
 std::string entry_bytes(const serve::WireEntry& e) {
