@@ -365,18 +365,16 @@ struct Server::Impl {
           reply(rid, h, [&](Writer& w) { put_stats(w, stats); });
           break;
         }
-        case kShutdown: {
+        case kShutdown:
           TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
           shutdown = true;
           reply(rid, h);
           break;
-        }
         case kBell: break;  // poll_rings() finds the request
-        case kBye: {
+        case kBye:
           reply(rid, h);
           if (c.pending == 0) close_client(rid, "said goodbye");
           break;
-        }
         default: throw ProtocolError(fmt::format("unknown request kind {}", h.kind));
       }
     } catch (const ProtocolError& e) {
