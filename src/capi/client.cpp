@@ -339,61 +339,62 @@ void tpdraft_client_options_init(tpdraft_client_options* o) {
 }
 
 tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options, tpdraft_client** out) {
-  if (out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: out is NULL");
+  auto failed = [](tpdraft_status status, const std::string& why) {
+    return fail(status, "tpdraft_client_open: " + why);
+  };
+  if (out == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "out is NULL");
   *out = nullptr;
-  if (address == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address is NULL");
+  if (address == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "address is NULL");
   tpdraft_client_options defaults;
   tpdraft_client_options_init(&defaults);
   const tpdraft_client_options& o = options != nullptr ? *options : defaults;
   if (o.struct_size < sizeof(tpdraft_client_options))
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: options.struct_size is too small: initialise the "
-                                        "options with tpdraft_client_options_init");
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  "options.struct_size is too small: initialise the options with tpdraft_client_options_init");
   if (!(o.timeout_seconds > 0) || o.timeout_seconds > 1e6)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.timeout_seconds is {}, expected "
-                                                    "more than 0 (and at most 1e6)", o.timeout_seconds));
+    return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("options.timeout_seconds is {}, expected more than 0 (and at "
+                                                      "most 1e6)", o.timeout_seconds));
   if (o.shared_memory < -1 || o.shared_memory > 1)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.shared_memory is {}, expected -1, "
-                                                    "0 or 1", o.shared_memory));
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
   const std::string addr(address);
   const bool ipc = addr.rfind("ipc://", 0) == 0;
   if (!ipc && addr.rfind("tcp://", 0) != 0)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
+    return failed(TPDRAFT_ERROR_ARGUMENT, "address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
   if (o.shared_memory == 1 && !ipc)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: shared memory needs an ipc:// address (the server on this "
-                                        "machine), got " + addr);
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  "shared memory needs an ipc:// address (the server on this machine), got " + addr);
   const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
   if (want_ring && o.ring_bytes < 4096)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.ring_bytes is {}, expected at least "
-                                                    "4096", o.ring_bytes));
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  fmt::format("options.ring_bytes is {}, expected at least 4096", o.ring_bytes));
   auto* c = new (std::nothrow) tpdraft_client();
-  if (c == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: out of memory");
+  if (c == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "out of memory");
   c->address = addr;
   c->timeout = o.timeout_seconds;
   const tpdraft_status st = guarded(c, "tpdraft_client_open", [&]() -> tpdraft_status {
     c->ctx = zmq_ctx_new();
-    if (c->ctx == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot start ZeroMQ");
+    if (c->ctx == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "cannot start ZeroMQ");
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (c->sock == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot make a socket");
+    if (c->sock == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "cannot make a socket");
     const int linger = 0;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
     const std::string mon = fmt::format("inproc://tpdraft-client-monitor-{}", static_cast<const void*>(c));
     if (zmq_socket_monitor(c->sock, mon.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot monitor the socket");
+      return failed(TPDRAFT_ERROR_RUNTIME, "cannot monitor the socket");
     c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
     zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger, sizeof(linger));
     if (zmq_connect(c->monitor, mon.c_str()) != 0)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot read the socket's events");
+      return failed(TPDRAFT_ERROR_RUNTIME, "cannot read the socket's events");
     if (zmq_connect(c->sock, address) != 0)
-      return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: cannot connect to {}: {}", addr,
-                                                      zmq_strerror(zmq_errno())));
+      return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("cannot connect to {}: {}", addr, zmq_strerror(zmq_errno())));
     std::string ring_name;
     if (want_ring && !make_ring(c, o.ring_bytes, &ring_name)) {
       if (o.shared_memory == 1)
-        return fail(TPDRAFT_ERROR_RUNTIME, fmt::format("tpdraft_client_open: cannot make a shared-memory ring: {}",
-                                                       std::strerror(errno)));
+        return failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
     }
-    serve::Writer w = begin(&c->frame, serve::kHello);
+  serve::Writer w = begin(&c->frame, serve::kHello);
     w.str(ring_name);
     w.put<uint64_t>(ring_name.empty() ? 0 : c->ring_bytes);
     tpdraft_status hello = exchange(c, "tpdraft_client_open (HELLO)");
@@ -406,7 +407,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
     const std::string note = r.str("hello.ring_note");
     if (o.shared_memory == 1 && !c->ring_on)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: the server could not map the shared-memory ring: " + note);
+      return failed(TPDRAFT_ERROR_RUNTIME, "the server could not map the shared-memory ring: " + note);
     if (!c->ring_on && c->ring != nullptr) {
       munmap(c->ring, c->ring_bytes);
       c->ring = nullptr;
