@@ -39,7 +39,6 @@ struct tpdraft_client {
   uint64_t next_id = 0;
   std::string broken;  // why the client is closed for good ("" while it works)
   serve::WireCaps caps;
-  double idle_timeout = 0;
   // The shared-memory ring (the client writes, the server reads), unlinked once both mapped it.
   char* ring = nullptr;
   size_t ring_bytes = 0;
@@ -403,7 +402,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     if (hello != TPDRAFT_OK) return hello;
     serve::Reader r = body(c);
     c->caps = serve::get_caps(r);
-    c->idle_timeout = r.get<double>("hello.idle_timeout");
+    r.get<double>("hello.idle_timeout");
     c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
     const std::string note = r.str("hello.ring_note");
     if (o.shared_memory == 1 && !c->ring_on)
