@@ -128,30 +128,28 @@ struct WireEntry {
 void put_entry(Writer& w, const WireEntry& e);
 WireEntry get_entry(Reader& r);
 
-// An entry's fields beside its taps, between the wire and an engine::StepEntry or a C ABI
-// tpdraft_step_entry (both use these names); where the taps are is the caller's business.
+// An entry's fields beside its taps, each with its wire field, for an engine::StepEntry or a C
+// ABI tpdraft_step_entry (both use these names); where the taps are is the caller's business.
+template <typename Entry, typename Wire, typename F>
+void entry_pairs(Entry& e, Wire& x, F&& f) {
+  f(e.session, x.session);
+  f(e.keep, x.keep);
+  f(e.p0, x.p0);
+  f(e.n_new, x.n_new);
+  f(e.anchor, x.anchor);
+  f(e.dist_width, x.dist_width);
+  f(e.sampling.top_k, x.top_k);
+  f(e.sampling.temperature, x.temperature);
+  f(e.sampling.top_p, x.top_p);
+  f(e.sampling.seed, x.seed);
+}
 template <typename Entry>
 void fields_to_wire(const Entry& e, WireEntry* x) {
-  x->session = e.session;
-  x->keep = e.keep;
-  x->p0 = e.p0;
-  x->n_new = e.n_new;
-  x->anchor = e.anchor;
-  x->dist_width = e.dist_width;
-  x->top_k = e.sampling.top_k;
-  x->temperature = e.sampling.temperature;
-  x->top_p = e.sampling.top_p;
-  x->seed = e.sampling.seed;
+  entry_pairs(e, *x, [](const auto& from, auto& to) { to = from; });
 }
 template <typename Entry>
 void fields_from_wire(const WireEntry& x, Entry* e) {
-  e->session = x.session;
-  e->keep = x.keep;
-  e->p0 = x.p0;
-  e->n_new = x.n_new;
-  e->anchor = x.anchor;
-  e->dist_width = x.dist_width;
-  e->sampling = {x.temperature, x.top_k, x.top_p, x.seed};
+  entry_pairs(*e, x, [](auto& to, const auto& from) { to = from; });
 }
 
 // The element type of a wire taps dtype code known to be valid (dtype_bytes(code) != 0).
