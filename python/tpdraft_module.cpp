@@ -157,8 +157,7 @@ class Endpoint {
  protected:
   void set_handle(Handle* h) {
     handle_ = h;
-    tpdraft_caps c{};
-    c.struct_size = sizeof(c);
+    tpdraft_caps c{sizeof c};
     raise_for(Api::caps(handle_, &c));
     caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
              c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,

@@ -188,8 +188,7 @@ TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
   tpdraft_session s = 0;
   expect_refusal(tpdraft_session_open(nullptr, &s), {"tpdraft_session_open", "NULL"});
   expect_refusal(tpdraft_session_close(nullptr, a_.session()), {"tpdraft_session_close", "NULL"});
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof caps;
+  tpdraft_caps caps{sizeof caps};
   expect_refusal(tpdraft_caps_get(nullptr, &caps), {"tpdraft_caps_get", "NULL"});
   caps.struct_size = 8;
   expect_refusal(tpdraft_caps_get(h_.get(), &caps), {"tpdraft_caps_get", "struct_size"});

@@ -120,8 +120,7 @@ tpdraft_session Client::open() const {
 }
 
 tpdraft_caps client_caps(tpdraft_client* c) {
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof(caps);
+  tpdraft_caps caps{sizeof caps};
   EXPECT_EQ(tpdraft_client_caps_get(c, &caps), TPDRAFT_OK) << tpdraft_last_error();
   return caps;
 }

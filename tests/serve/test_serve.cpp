@@ -79,8 +79,7 @@ Trace drive(const std::string& address, size_t sessions, int steps, uint64_t see
 
 // Replays a trace through the in-process library and compares every output.
 void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof(caps);
+  tpdraft_caps caps{sizeof caps};
   ASSERT_EQ(tpdraft_caps_get(d, &caps), TPDRAFT_OK);
   std::vector<tpdraft_session> ids;
   for (size_t k = 0; k < t.steps.size(); ++k) {
