@@ -102,16 +102,8 @@ tpdraft::DType dtype_of(int32_t d, size_t i) {
 engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
   const std::string missing = tpdraft::capi::missing_buffer(e, i);
   TPDRAFT_CHECK(missing.empty(), "{}", missing);
-  engine::StepEntry s;
-  s.session = e.session;
-  s.keep = e.keep;
-  s.p0 = e.p0;
-  s.n_new = e.n_new;
-  s.taps = {e.taps, dtype_of(e.taps_dtype, i), e.taps_on_device != 0, e.taps_stream};
-  s.anchor = e.anchor;
-  s.sampling = {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed};
-  s.dist_width = e.dist_width;
-  return s;
+  return {e.session, e.keep, e.p0, e.n_new, {e.taps, dtype_of(e.taps_dtype, i), e.taps_on_device != 0, e.taps_stream},
+          e.anchor, {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed}, e.dist_width};
 }
 
 void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab) {

@@ -195,19 +195,8 @@ struct Server::Impl {
     const std::string note = ring_name.empty() ? "" : map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
-    WireCaps wc;
-    wc.architecture = k.architecture;
-    wc.backend = engine.runtime().ops().name();
-    wc.block = k.block;
-    wc.tp = k.tp;
-    wc.taps_width = k.taps_width;
-    wc.hidden = k.hidden;
-    wc.vocab = k.vocab;
-    wc.mask_token = k.mask_token;
-    wc.max_sessions = k.max_sessions;
-    wc.max_open_sessions = options.max_open_sessions;
-    wc.max_context = k.max_context;
-    wc.target_layers = k.target_layers;
+    const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
+                      k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context, k.target_layers};
     reply(rid, h, [&](Writer& w) {
       put_caps(w, wc);
       w.put<double>(options.idle_timeout);
