@@ -156,7 +156,7 @@ void fields_from_wire(const WireEntry& x, Entry* e) {
 inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code == 1 ? DType::BF16 : DType::F16; }
 
 // Bytes of one element of a wire taps dtype (0 when the code is unknown).
-size_t dtype_bytes(uint32_t code);
+inline size_t dtype_bytes(uint32_t code) { return code == 0 ? 4 : code == 1 || code == 2 ? 2 : 0; }
 
 // The header of the reply to `request`: its kind | kReply, its id, and `status` and `count`.
 Header reply_header(const Header& request, uint32_t status = kOk, uint32_t count = 0);
