@@ -274,12 +274,9 @@ bool make_ring(tpdraft_client* c, int64_t bytes, std::string* name) {
                       std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
   const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return false;
-  if (ftruncate(fd, bytes) != 0) {
-    close(fd);
-    shm_unlink(name->c_str());
-    return false;
-  }
-  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ftruncate(fd, bytes) == 0
+                ? mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name->c_str());
