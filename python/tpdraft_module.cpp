@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tpdraft/tpdraft.h"
@@ -100,8 +101,7 @@ class Endpoint {
   ~Endpoint() { close(); }
 
   void close() {
-    Handle* h = handle_;
-    handle_ = nullptr;
+    Handle* h = std::exchange(handle_, nullptr);
     if (h == nullptr) return;
     py::gil_scoped_release unlocked;
     Api::close(h);

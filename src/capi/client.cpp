@@ -16,6 +16,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zmq.h>
@@ -90,10 +91,7 @@ bool lost_connection(tpdraft_client* c) {
 tpdraft_status break_client(tpdraft_client* c, const std::string& why) {
   c->broken = why;
   // Nothing more goes out: a late reply can no longer meet a later request.
-  if (c->sock != nullptr) {
-    zmq_close(c->sock);
-    c->sock = nullptr;
-  }
+  if (c->sock != nullptr) zmq_close(std::exchange(c->sock, nullptr));
   return fail(TPDRAFT_ERROR_UNAVAILABLE, why);
 }
 
@@ -404,10 +402,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     const std::string note = r.str("hello.ring_note");
     if (o.shared_memory == 1 && !c->ring_on)
       return failed(TPDRAFT_ERROR_RUNTIME, "the server could not map the shared-memory ring: " + note);
-    if (!c->ring_on && c->ring != nullptr) {
-      munmap(c->ring, c->ring_bytes);
-      c->ring = nullptr;
-    }
+    if (!c->ring_on && c->ring != nullptr) munmap(std::exchange(c->ring, nullptr), c->ring_bytes);
     return TPDRAFT_OK;
   });
   if (st != TPDRAFT_OK) {
