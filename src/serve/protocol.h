@@ -90,10 +90,8 @@ class Reader {
   template <typename T>
   T get(const char* field) {
     static_assert(std::is_arithmetic<T>::value, "numbers only");
-    need(sizeof(T), field);
     T v;
-    std::memcpy(&v, p_ + at_, sizeof(T));
-    at_ += sizeof(T);
+    std::memcpy(&v, bytes(sizeof(T), field), sizeof(T));
     return v;
   }
   // A pointer to n bytes in place (no copy).
