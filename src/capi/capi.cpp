@@ -196,10 +196,7 @@ void tpdraft_close(tpdraft_drafter* drafter) {
 
 tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
   if (d == nullptr || out == nullptr) return refuse("tpdraft_caps_get: drafter or out is NULL");
-  if (out->struct_size < sizeof(tpdraft_caps))
-    return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(d->caps, d->backend, out);
-  return ok();
+  return tpdraft::capi::fill_caps("tpdraft_caps_get", d->caps, d->backend, out);
 }
 
 tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {

@@ -430,10 +430,7 @@ void tpdraft_client_close(tpdraft_client* c) {
 
 tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
-  if (out->struct_size < sizeof(tpdraft_caps))
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(c->caps, c->caps.backend, out);
-  return ok();
+  return tpdraft::capi::fill_caps("tpdraft_client_caps_get", c->caps, c->caps.backend, out);
 }
 
 int32_t tpdraft_client_shared_memory(const tpdraft_client* c) { return c != nullptr && c->ring_on ? 1 : 0; }
