@@ -124,14 +124,12 @@ tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool
 
 tpdraft_status lost(tpdraft_client* c, const char* what) {
   return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are gone: "
-                                     "this client is closed",
-                                     what, c->address));
+                                     "this client is closed", what, c->address));
 }
 
 tpdraft_status too_late(tpdraft_client* c, const char* what) {
   return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); this "
-                                     "client is closed: open a new one",
-                                     what, c->address, c->timeout));
+                                     "client is closed: open a new one", what, c->address, c->timeout));
 }
 
 // Starts `frame` with a request header.
