@@ -548,9 +548,9 @@ struct Server::Impl {
   }
 };
 
-Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(new Impl(group, options)) {}
+Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
 
-Server::~Server() { delete impl_; }
+Server::~Server() = default;
 
 std::string Server::bind() {
   Impl& s = *impl_;
