@@ -612,8 +612,7 @@ std::vector<std::string> mpirun(int np) {
   std::string word;
   std::istringstream in(TPDRAFT_MPIRUN);
   while (in >> word) argv.push_back(word);
-  argv.push_back("-np");
-  argv.push_back(std::to_string(np));
+  argv.insert(argv.end(), {"-np", std::to_string(np)});
   return argv;
 }
 
