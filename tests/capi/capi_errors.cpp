@@ -50,8 +50,7 @@ class CapiStepErrors : public ::testing::Test {
   // Steps [good entry on a, `bad`]: refused with ARGUMENT, a message naming entry 1 and the
   // needles, and no session moved.
   void expect_refused(const tpdraft_step_entry& bad, const std::vector<std::string>& needles) {
-    tpdraft_step_entry on_a = entry(a_.session(), 1, taps_.data(), 1, greedy(), tokens_.data());
-    std::vector<tpdraft_step_entry> entries = {on_a, bad};
+    std::vector<tpdraft_step_entry> entries = {entry(a_.session(), 1, taps_.data(), 1, greedy(), tokens_.data()), bad};
     std::vector<std::string> all = {"entry 1"};
     all.insert(all.end(), needles.begin(), needles.end());
     expect_refusal(tpdraft_step(h_.get(), entries.data(), entries.size()), all);
