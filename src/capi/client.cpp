@@ -386,7 +386,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
         return failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
     }
-  serve::Writer w = begin(&c->frame, serve::kHello);
+    serve::Writer w = begin(&c->frame, serve::kHello);
     w.str(ring_name);
     w.put<uint64_t>(ring_name.empty() ? 0 : c->ring_bytes);
     tpdraft_status hello = exchange(c, "tpdraft_client_open (HELLO)");
