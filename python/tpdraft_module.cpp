@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tpdraft/tpdraft.h"
@@ -100,8 +101,7 @@ class Endpoint {
   ~Endpoint() { close(); }
 
   void close() {
-    Handle* h = handle_;
-    handle_ = nullptr;
+    Handle* h = std::exchange(handle_, nullptr);
     if (h == nullptr) return;
     py::gil_scoped_release unlocked;
     Api::close(h);
@@ -157,8 +157,7 @@ class Endpoint {
  protected:
   void set_handle(Handle* h) {
     handle_ = h;
-    tpdraft_caps c{};
-    c.struct_size = sizeof(c);
+    tpdraft_caps c{sizeof c};
     raise_for(Api::caps(handle_, &c));
     caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
              c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,

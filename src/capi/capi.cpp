@@ -31,6 +31,8 @@ struct tpdraft_drafter {
 namespace {
 
 using tpdraft::Error;
+using tpdraft::capi::fail;
+using tpdraft::capi::ok;
 namespace engine = tpdraft::engine;
 namespace model = tpdraft::model;
 
@@ -42,24 +44,19 @@ template <typename F>
 tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexcept {
   try {
     fn();
-    t_last_error.clear();
-    return TPDRAFT_OK;
+    return ok();
   } catch (const Error& e) {
-    t_last_error = std::string(where) + ": " + e.what();
-    return on_error;
+    return fail(on_error, std::string(where) + ": " + e.what());
   } catch (const std::bad_alloc&) {
-    t_last_error = std::string(where) + ": out of memory";
-    return TPDRAFT_ERROR_RUNTIME;
+    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": out of memory");
   } catch (const std::exception& e) {
-    t_last_error = std::string(where) + ": " + e.what();
-    return TPDRAFT_ERROR_RUNTIME;
+    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": " + e.what());
   } catch (...) {
-    t_last_error = std::string(where) + ": unknown failure";
-    return TPDRAFT_ERROR_RUNTIME;
+    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": unknown failure");
   }
 }
 
-tpdraft_status refuse(const std::string& why) { return tpdraft::capi::fail(TPDRAFT_ERROR_ARGUMENT, why); }
+tpdraft_status refuse(const std::string& why) { return fail(TPDRAFT_ERROR_ARGUMENT, why); }
 
 // Refuses an option field below its least value, naming the field.
 void check_at_least(const char* field, int64_t value, int64_t least) {
@@ -102,16 +99,8 @@ tpdraft::DType dtype_of(int32_t d, size_t i) {
 engine::StepEntry translate(const tpdraft_step_entry& e, size_t i) {
   const std::string missing = tpdraft::capi::missing_buffer(e, i);
   TPDRAFT_CHECK(missing.empty(), "{}", missing);
-  engine::StepEntry s;
-  s.session = e.session;
-  s.keep = e.keep;
-  s.p0 = e.p0;
-  s.n_new = e.n_new;
-  s.taps = {e.taps, dtype_of(e.taps_dtype, i), e.taps_on_device != 0, e.taps_stream};
-  s.anchor = e.anchor;
-  s.sampling = {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed};
-  s.dist_width = e.dist_width;
-  return s;
+  return {e.session, e.keep, e.p0, e.n_new, {e.taps, dtype_of(e.taps_dtype, i), e.taps_on_device != 0, e.taps_stream},
+          e.anchor, {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed}, e.dist_width};
 }
 
 void copy_out(const model::DraftResult& r, tpdraft_step_entry& e, int64_t vocab) {
@@ -207,10 +196,7 @@ void tpdraft_close(tpdraft_drafter* drafter) {
 
 tpdraft_status tpdraft_caps_get(const tpdraft_drafter* d, tpdraft_caps* out) {
   if (d == nullptr || out == nullptr) return refuse("tpdraft_caps_get: drafter or out is NULL");
-  if (out->struct_size < sizeof(tpdraft_caps))
-    return refuse("tpdraft_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(d->caps, d->backend, out);
-  return tpdraft::capi::ok();
+  return tpdraft::capi::fill_caps("tpdraft_caps_get", d->caps, d->backend, out);
 }
 
 tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
@@ -252,7 +238,7 @@ tpdraft_status tpdraft_last_step_times(tpdraft_drafter* d, tpdraft_step_times* o
   if (d == nullptr || out == nullptr) return refuse("tpdraft_last_step_times: drafter or out is NULL");
   std::lock_guard<std::mutex> lock(d->mutex);
   *out = d->times;
-  return tpdraft::capi::ok();
+  return ok();
 }
 
 tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, size_t count) {

@@ -16,6 +16,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <zmq.h>
@@ -39,7 +40,6 @@ struct tpdraft_client {
   uint64_t next_id = 0;
   std::string broken;  // why the client is closed for good ("" while it works)
   serve::WireCaps caps;
-  double idle_timeout = 0;
   // The shared-memory ring (the client writes, the server reads), unlinked once both mapped it.
   char* ring = nullptr;
   size_t ring_bytes = 0;
@@ -91,10 +91,7 @@ bool lost_connection(tpdraft_client* c) {
 tpdraft_status break_client(tpdraft_client* c, const std::string& why) {
   c->broken = why;
   // Nothing more goes out: a late reply can no longer meet a later request.
-  if (c->sock != nullptr) {
-    zmq_close(c->sock);
-    c->sock = nullptr;
-  }
+  if (c->sock != nullptr) zmq_close(std::exchange(c->sock, nullptr));
   return fail(TPDRAFT_ERROR_UNAVAILABLE, why);
 }
 
@@ -127,24 +124,19 @@ tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool
 
 tpdraft_status lost(tpdraft_client* c, const char* what) {
   return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are gone: "
-                                     "this client is closed",
-                                     what, c->address));
+                                     "this client is closed", what, c->address));
 }
 
 tpdraft_status too_late(tpdraft_client* c, const char* what) {
   return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); this "
-                                     "client is closed: open a new one",
-                                     what, c->address, c->timeout));
+                                     "client is closed: open a new one", what, c->address, c->timeout));
 }
 
 // Starts `frame` with a request header.
 serve::Writer begin(std::string* frame, uint16_t kind, uint32_t count = 0) {
   frame->clear();
   serve::Writer w(frame);
-  serve::Header h;
-  h.kind = kind;
-  h.count = count;
-  w.header(h);
+  w.header({serve::kMagic, serve::kProtocolVersion, kind, 0, count, 0});
   return w;
 }
 
@@ -278,12 +270,9 @@ bool make_ring(tpdraft_client* c, int64_t bytes, std::string* name) {
                       std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
   const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return false;
-  if (ftruncate(fd, bytes) != 0) {
-    close(fd);
-    shm_unlink(name->c_str());
-    return false;
-  }
-  void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ftruncate(fd, bytes) == 0
+                ? mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name->c_str());
@@ -342,58 +331,59 @@ void tpdraft_client_options_init(tpdraft_client_options* o) {
 }
 
 tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options, tpdraft_client** out) {
-  if (out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: out is NULL");
+  auto failed = [](tpdraft_status status, const std::string& why) {
+    return fail(status, "tpdraft_client_open: " + why);
+  };
+  if (out == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "out is NULL");
   *out = nullptr;
-  if (address == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address is NULL");
+  if (address == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "address is NULL");
   tpdraft_client_options defaults;
   tpdraft_client_options_init(&defaults);
   const tpdraft_client_options& o = options != nullptr ? *options : defaults;
   if (o.struct_size < sizeof(tpdraft_client_options))
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: options.struct_size is too small: initialise the "
-                                        "options with tpdraft_client_options_init");
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  "options.struct_size is too small: initialise the options with tpdraft_client_options_init");
   if (!(o.timeout_seconds > 0) || o.timeout_seconds > 1e6)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.timeout_seconds is {}, expected "
-                                                    "more than 0 (and at most 1e6)", o.timeout_seconds));
+    return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("options.timeout_seconds is {}, expected more than 0 (and at "
+                                                      "most 1e6)", o.timeout_seconds));
   if (o.shared_memory < -1 || o.shared_memory > 1)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.shared_memory is {}, expected -1, "
-                                                    "0 or 1", o.shared_memory));
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
   const std::string addr(address);
   const bool ipc = addr.rfind("ipc://", 0) == 0;
   if (!ipc && addr.rfind("tcp://", 0) != 0)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
+    return failed(TPDRAFT_ERROR_ARGUMENT, "address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
   if (o.shared_memory == 1 && !ipc)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: shared memory needs an ipc:// address (the server on this "
-                                        "machine), got " + addr);
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  "shared memory needs an ipc:// address (the server on this machine), got " + addr);
   const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
   if (want_ring && o.ring_bytes < 4096)
-    return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: options.ring_bytes is {}, expected at least "
-                                                    "4096", o.ring_bytes));
+    return failed(TPDRAFT_ERROR_ARGUMENT,
+                  fmt::format("options.ring_bytes is {}, expected at least 4096", o.ring_bytes));
   auto* c = new (std::nothrow) tpdraft_client();
-  if (c == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: out of memory");
+  if (c == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "out of memory");
   c->address = addr;
   c->timeout = o.timeout_seconds;
   const tpdraft_status st = guarded(c, "tpdraft_client_open", [&]() -> tpdraft_status {
     c->ctx = zmq_ctx_new();
-    if (c->ctx == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot start ZeroMQ");
+    if (c->ctx == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "cannot start ZeroMQ");
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (c->sock == nullptr) return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot make a socket");
+    if (c->sock == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "cannot make a socket");
     const int linger = 0;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
     const std::string mon = fmt::format("inproc://tpdraft-client-monitor-{}", static_cast<const void*>(c));
     if (zmq_socket_monitor(c->sock, mon.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot monitor the socket");
+      return failed(TPDRAFT_ERROR_RUNTIME, "cannot monitor the socket");
     c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
     zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger, sizeof(linger));
     if (zmq_connect(c->monitor, mon.c_str()) != 0)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: cannot read the socket's events");
+      return failed(TPDRAFT_ERROR_RUNTIME, "cannot read the socket's events");
     if (zmq_connect(c->sock, address) != 0)
-      return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_open: cannot connect to {}: {}", addr,
-                                                      zmq_strerror(zmq_errno())));
+      return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("cannot connect to {}: {}", addr, zmq_strerror(zmq_errno())));
     std::string ring_name;
     if (want_ring && !make_ring(c, o.ring_bytes, &ring_name)) {
       if (o.shared_memory == 1)
-        return fail(TPDRAFT_ERROR_RUNTIME, fmt::format("tpdraft_client_open: cannot make a shared-memory ring: {}",
-                                                       std::strerror(errno)));
+        return failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
     }
     serve::Writer w = begin(&c->frame, serve::kHello);
@@ -405,15 +395,12 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     if (hello != TPDRAFT_OK) return hello;
     serve::Reader r = body(c);
     c->caps = serve::get_caps(r);
-    c->idle_timeout = r.get<double>("hello.idle_timeout");
+    r.get<double>("hello.idle_timeout");
     c->ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && c->ring != nullptr;
     const std::string note = r.str("hello.ring_note");
     if (o.shared_memory == 1 && !c->ring_on)
-      return fail(TPDRAFT_ERROR_RUNTIME, "tpdraft_client_open: the server could not map the shared-memory ring: " + note);
-    if (!c->ring_on && c->ring != nullptr) {
-      munmap(c->ring, c->ring_bytes);
-      c->ring = nullptr;
-    }
+      return failed(TPDRAFT_ERROR_RUNTIME, "the server could not map the shared-memory ring: " + note);
+    if (!c->ring_on && c->ring != nullptr) munmap(std::exchange(c->ring, nullptr), c->ring_bytes);
     return TPDRAFT_OK;
   });
   if (st != TPDRAFT_OK) {
@@ -441,10 +428,7 @@ void tpdraft_client_close(tpdraft_client* c) {
 
 tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
-  if (out->struct_size < sizeof(tpdraft_caps))
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: set out->struct_size to sizeof(tpdraft_caps) first");
-  tpdraft::capi::fill_caps(c->caps, c->caps.backend, out);
-  return ok();
+  return tpdraft::capi::fill_caps("tpdraft_client_caps_get", c->caps, c->caps.backend, out);
 }
 
 int32_t tpdraft_client_shared_memory(const tpdraft_client* c) { return c != nullptr && c->ring_on ? 1 : 0; }
@@ -560,11 +544,8 @@ tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_ti
 
 tpdraft_status tpdraft_client_stats(tpdraft_client* c, tpdraft_server_stats* out) {
   if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_stats: client or out is NULL");
-  return request(c, "tpdraft_client_stats", serve::kStats, {}, [&](serve::Reader& r) {
-    const serve::WireStats s = serve::get_stats(r);
-    *out = {s.clients, s.open_sessions, s.forwards, s.steps, s.entries, s.errors, s.max_batch, s.clients_reaped,
-            s.uptime_seconds};
-  });
+  return request(c, "tpdraft_client_stats", serve::kStats, {},
+                 [&](serve::Reader& r) { *out = serve::get_stats(r); });
 }
 
 tpdraft_status tpdraft_client_shutdown(tpdraft_client* c) {

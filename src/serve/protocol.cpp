@@ -78,8 +78,7 @@ void Reader::need(size_t n, const char* field) const {
 std::string Reader::str(const char* field, size_t max) {
   const uint32_t n = get<uint32_t>(field);
   if (n > max) throw ProtocolError(fmt::format("{} is {} bytes long, at most {} are allowed", field, n, max));
-  const char* s = bytes(n, field);
-  return std::string(s, n);
+  return std::string(bytes(n, field), n);
 }
 
 Header Reader::header() {
@@ -100,22 +99,8 @@ WireEntry get_entry(Reader& r) {
   return e;
 }
 
-size_t dtype_bytes(uint32_t code) {
-  switch (code) {
-    case 0: return 4;
-    case 1: return 2;
-    case 2: return 2;
-  }
-  return 0;
-}
-
 Header reply_header(const Header& request, uint32_t status, uint32_t count) {
-  Header h;
-  h.kind = static_cast<uint16_t>(request.kind | kReply);
-  h.status = status;
-  h.count = count;
-  h.id = request.id;
-  return h;
+  return {kMagic, kProtocolVersion, static_cast<uint16_t>(request.kind | kReply), status, count, request.id};
 }
 
 std::string error_reply(const Header& request, uint32_t status, const std::string& message) {

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve {
 
@@ -89,10 +90,8 @@ class Reader {
   template <typename T>
   T get(const char* field) {
     static_assert(std::is_arithmetic<T>::value, "numbers only");
-    need(sizeof(T), field);
     T v;
-    std::memcpy(&v, p_ + at_, sizeof(T));
-    at_ += sizeof(T);
+    std::memcpy(&v, bytes(sizeof(T), field), sizeof(T));
     return v;
   }
   // A pointer to n bytes in place (no copy).
@@ -127,37 +126,35 @@ struct WireEntry {
 void put_entry(Writer& w, const WireEntry& e);
 WireEntry get_entry(Reader& r);
 
-// An entry's fields beside its taps, between the wire and an engine::StepEntry or a C ABI
-// tpdraft_step_entry (both use these names); where the taps are is the caller's business.
+// An entry's fields beside its taps, each with its wire field, for an engine::StepEntry or a C
+// ABI tpdraft_step_entry (both use these names); where the taps are is the caller's business.
+template <typename Entry, typename Wire, typename F>
+void entry_pairs(Entry& e, Wire& x, F&& f) {
+  f(e.session, x.session);
+  f(e.keep, x.keep);
+  f(e.p0, x.p0);
+  f(e.n_new, x.n_new);
+  f(e.anchor, x.anchor);
+  f(e.dist_width, x.dist_width);
+  f(e.sampling.top_k, x.top_k);
+  f(e.sampling.temperature, x.temperature);
+  f(e.sampling.top_p, x.top_p);
+  f(e.sampling.seed, x.seed);
+}
 template <typename Entry>
 void fields_to_wire(const Entry& e, WireEntry* x) {
-  x->session = e.session;
-  x->keep = e.keep;
-  x->p0 = e.p0;
-  x->n_new = e.n_new;
-  x->anchor = e.anchor;
-  x->dist_width = e.dist_width;
-  x->top_k = e.sampling.top_k;
-  x->temperature = e.sampling.temperature;
-  x->top_p = e.sampling.top_p;
-  x->seed = e.sampling.seed;
+  entry_pairs(e, *x, [](const auto& from, auto& to) { to = from; });
 }
 template <typename Entry>
 void fields_from_wire(const WireEntry& x, Entry* e) {
-  e->session = x.session;
-  e->keep = x.keep;
-  e->p0 = x.p0;
-  e->n_new = x.n_new;
-  e->anchor = x.anchor;
-  e->dist_width = x.dist_width;
-  e->sampling = {x.temperature, x.top_k, x.top_p, x.seed};
+  entry_pairs(*e, x, [](auto& to, const auto& from) { to = from; });
 }
 
 // The element type of a wire taps dtype code known to be valid (dtype_bytes(code) != 0).
 inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code == 1 ? DType::BF16 : DType::F16; }
 
 // Bytes of one element of a wire taps dtype (0 when the code is unknown).
-size_t dtype_bytes(uint32_t code);
+inline size_t dtype_bytes(uint32_t code) { return code == 0 ? 4 : code == 1 || code == 2 ? 2 : 0; }
 
 // The header of the reply to `request`: its kind | kReply, its id, and `status` and `count`.
 Header reply_header(const Header& request, uint32_t status = kOk, uint32_t count = 0);
@@ -174,12 +171,8 @@ struct WireCaps {
 void put_caps(Writer& w, const WireCaps& c);
 WireCaps get_caps(Reader& r);
 
-// STATS' reply body.
-struct WireStats {
-  uint64_t clients = 0, open_sessions = 0, forwards = 0, steps = 0, entries = 0, errors = 0, max_batch = 0;
-  uint64_t clients_reaped = 0;
-  double uptime_seconds = 0;
-};
+// STATS' reply body: the C ABI's server stats, field for field.
+using WireStats = tpdraft_server_stats;
 void put_stats(Writer& w, const WireStats& s);
 WireStats get_stats(Reader& r);
 

@@ -108,7 +108,7 @@ struct Server::Impl {
   std::deque<Pending> pending;
   uint64_t next_client = 1;
   bool shutdown = false;
-  WireStats stats;
+  WireStats stats{};
   Clock::time_point started = Clock::now();
   std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
@@ -195,19 +195,8 @@ struct Server::Impl {
     const std::string note = ring_name.empty() ? "" : map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
-    WireCaps wc;
-    wc.architecture = k.architecture;
-    wc.backend = engine.runtime().ops().name();
-    wc.block = k.block;
-    wc.tp = k.tp;
-    wc.taps_width = k.taps_width;
-    wc.hidden = k.hidden;
-    wc.vocab = k.vocab;
-    wc.mask_token = k.mask_token;
-    wc.max_sessions = k.max_sessions;
-    wc.max_open_sessions = options.max_open_sessions;
-    wc.max_context = k.max_context;
-    wc.target_layers = k.target_layers;
+    const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
+                      k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context, k.target_layers};
     reply(rid, h, [&](Writer& w) {
       put_caps(w, wc);
       w.put<double>(options.idle_timeout);
@@ -365,18 +354,16 @@ struct Server::Impl {
           reply(rid, h, [&](Writer& w) { put_stats(w, stats); });
           break;
         }
-        case kShutdown: {
+        case kShutdown:
           TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
           shutdown = true;
           reply(rid, h);
           break;
-        }
         case kBell: break;  // poll_rings() finds the request
-        case kBye: {
+        case kBye:
           reply(rid, h);
           if (c.pending == 0) close_client(rid, "said goodbye");
           break;
-        }
         default: throw ProtocolError(fmt::format("unknown request kind {}", h.kind));
       }
     } catch (const ProtocolError& e) {
@@ -561,9 +548,9 @@ struct Server::Impl {
   }
 };
 
-Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(new Impl(group, options)) {}
+Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
 
-Server::~Server() { delete impl_; }
+Server::~Server() = default;
 
 std::string Server::bind() {
   Impl& s = *impl_;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "serve/group.h"
@@ -30,8 +31,6 @@ class Server {
  public:
   Server(GroupLeader& group, const ServerOptions& options);
   ~Server();
-  Server(const Server&) = delete;
-  Server& operator=(const Server&) = delete;
 
   // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*).
   std::string bind();
@@ -41,7 +40,7 @@ class Server {
 
  private:
   struct Impl;
-  Impl* impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tpdraft::serve

@@ -50,8 +50,7 @@ class CapiStepErrors : public ::testing::Test {
   // Steps [good entry on a, `bad`]: refused with ARGUMENT, a message naming entry 1 and the
   // needles, and no session moved.
   void expect_refused(const tpdraft_step_entry& bad, const std::vector<std::string>& needles) {
-    tpdraft_step_entry on_a = entry(a_.session(), 1, taps_.data(), 1, greedy(), tokens_.data());
-    std::vector<tpdraft_step_entry> entries = {on_a, bad};
+    std::vector<tpdraft_step_entry> entries = {entry(a_.session(), 1, taps_.data(), 1, greedy(), tokens_.data()), bad};
     std::vector<std::string> all = {"entry 1"};
     all.insert(all.end(), needles.begin(), needles.end());
     expect_refusal(tpdraft_step(h_.get(), entries.data(), entries.size()), all);
@@ -188,8 +187,7 @@ TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
   tpdraft_session s = 0;
   expect_refusal(tpdraft_session_open(nullptr, &s), {"tpdraft_session_open", "NULL"});
   expect_refusal(tpdraft_session_close(nullptr, a_.session()), {"tpdraft_session_close", "NULL"});
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof caps;
+  tpdraft_caps caps{sizeof caps};
   expect_refusal(tpdraft_caps_get(nullptr, &caps), {"tpdraft_caps_get", "NULL"});
   caps.struct_size = 8;
   expect_refusal(tpdraft_caps_get(h_.get(), &caps), {"tpdraft_caps_get", "struct_size"});
@@ -225,12 +223,10 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
   const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
   const tpdraft_options good = cpu_options();
   tpdraft_options o = good;
-  o.struct_size = sizeof(tpdraft_options) - 4;
-  expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"tpdraft_open", "struct_size"});
-  o = good;
   o.struct_size = 0;
   expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"struct_size", "tpdraft_options_init"});
   const std::vector<std::pair<std::function<void(tpdraft_options&)>, std::string>> fields = {
+      {[](tpdraft_options& x) { x.struct_size = sizeof(tpdraft_options) - 4; }, "struct_size"},
       {[](tpdraft_options& x) { x.threads = -1; }, "options.threads is -1"},
       {[](tpdraft_options& x) { x.tp = -2; }, "options.tp is -2"},
       {[](tpdraft_options& x) { x.max_sessions = 0; }, "options.max_sessions is 0"},

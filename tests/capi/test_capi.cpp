@@ -291,8 +291,7 @@ TEST(CapiCaps, EqualTheConfigAndTheOptions) {
   o.max_context = 100;
   o.max_open_sessions = 5;
   Handle h(ck, o);
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof caps;
+  tpdraft_caps caps{sizeof caps};
   ASSERT_EQ(tpdraft_caps_get(h.get(), &caps), TPDRAFT_OK) << tpdraft_last_error();
   const model::DrafterConfig& c = ck.cfg;
   EXPECT_STREQ(caps.architecture, "DFlash2DraftModel");
@@ -316,8 +315,7 @@ TEST(CapiCaps, NullOptionsGiveTheDocumentedDefaults) {
   tpdraft_drafter* d = nullptr;
   ASSERT_EQ(tpdraft_open(ck.drafter_dir().c_str(), ck.target_dir().c_str(), nullptr, &d), TPDRAFT_OK)
       << tpdraft_last_error();
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof caps;
+  tpdraft_caps caps{sizeof caps};
   EXPECT_EQ(tpdraft_caps_get(d, &caps), TPDRAFT_OK) << tpdraft_last_error();
   EXPECT_STREQ(caps.architecture, "DFlashDraftModel");
   EXPECT_EQ(caps.tp, 1);

@@ -109,8 +109,7 @@ Client::Client(const std::string& address, double timeout, int shared_memory) {
   o.timeout_seconds = timeout;
   o.shared_memory = shared_memory;
   o.ring_bytes = 1 << 20;
-  const tpdraft_status st = tpdraft_client_open(address.c_str(), &o, &c);
-  EXPECT_EQ(st, TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_EQ(tpdraft_client_open(address.c_str(), &o, &c), TPDRAFT_OK) << tpdraft_last_error();
 }
 
 tpdraft_session Client::open() const {
@@ -120,8 +119,7 @@ tpdraft_session Client::open() const {
 }
 
 tpdraft_caps client_caps(tpdraft_client* c) {
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof(caps);
+  tpdraft_caps caps{sizeof caps};
   EXPECT_EQ(tpdraft_client_caps_get(c, &caps), TPDRAFT_OK) << tpdraft_last_error();
   return caps;
 }

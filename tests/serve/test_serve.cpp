@@ -79,8 +79,7 @@ Trace drive(const std::string& address, size_t sessions, int steps, uint64_t see
 
 // Replays a trace through the in-process library and compares every output.
 void replay(tpdraft_drafter* d, const Trace& t, const std::string& who) {
-  tpdraft_caps caps{};
-  caps.struct_size = sizeof(caps);
+  tpdraft_caps caps{sizeof caps};
   ASSERT_EQ(tpdraft_caps_get(d, &caps), TPDRAFT_OK);
   std::vector<tpdraft_session> ids;
   for (size_t k = 0; k < t.steps.size(); ++k) {
@@ -294,15 +293,8 @@ struct RawSocket {
 
 std::string frame(uint16_t kind, uint32_t count, const std::string& body, uint16_t version = serve::kProtocolVersion) {
   std::string out;
-  serve::Writer w(&out);
-  serve::Header h;
-  h.kind = kind;
-  h.count = count;
-  h.version = version;
-  h.id = 42;
-  w.header(h);
-  out += body;
-  return out;
+  serve::Writer(&out).header({serve::kMagic, version, kind, 0, count, 42});
+  return out + body;
 }
 
 std::string entry_bytes(const serve::WireEntry& e) {
@@ -620,8 +612,7 @@ std::vector<std::string> mpirun(int np) {
   std::string word;
   std::istringstream in(TPDRAFT_MPIRUN);
   while (in >> word) argv.push_back(word);
-  argv.push_back("-np");
-  argv.push_back(std::to_string(np));
+  argv.insert(argv.end(), {"-np", std::to_string(np)});
   return argv;
 }
 
