@@ -136,7 +136,10 @@ tpdraft_status too_late(tpdraft_client* c, const char* what) {
 serve::Writer begin(std::string* frame, uint16_t kind, uint32_t count = 0) {
   frame->clear();
   serve::Writer w(frame);
-  w.header({serve::kMagic, serve::kProtocolVersion, kind, 0, count, 0});
+  serve::Header h;
+  h.kind = kind;
+  h.count = count;
+  w.header(h);
   return w;
 }
 

@@ -292,8 +292,13 @@ struct RawSocket {
 };
 
 std::string frame(uint16_t kind, uint32_t count, const std::string& body, uint16_t version = serve::kProtocolVersion) {
+  serve::Header h;
+  h.version = version;
+  h.kind = kind;
+  h.count = count;
+  h.id = 42;
   std::string out;
-  serve::Writer(&out).header({serve::kMagic, version, kind, 0, count, 42});
+  serve::Writer(&out).header(h);
   return out + body;
 }
 
