@@ -101,23 +101,19 @@ def nbytes(x):
 
 
 def gather_table(grows):
-    def side(r, name, key, fmt):
-        return "–" if r[name] is None else fmt(r[name][key])
+    # Per figure: its column name, its key in a side, the format of a side and of the difference.
+    figures = (("draft ms", "draft_ms", tb.fmt_ms, signed_ms), ("comm ms", "comm_ms", tb.fmt_ms, signed_ms),
+               ("all-gather B/rank", "all_gather_bytes", nbytes, lambda x: f"{x:+,.0f} B"))
 
-    def diff(r, key, fmt):
-        return fmt(r["diff"][key]) if "diff" in r else "–"
+    def cells(r, key, fmt, diff_fmt):
+        """Both sides of one figure and their difference ("–" for a side not run)."""
+        return ["–" if r[side] is None else fmt(r[side][key]) for side in ("cand", "full")] + [
+            diff_fmt(r["diff"][key]) if "diff" in r else "–"]
 
-    out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"],
-            side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
-            diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
-            side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
-            side(r, "cand", "all_gather_bytes", nbytes),
-            side(r, "full", "all_gather_bytes", nbytes),
-            diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])]
-           for r in grows]
-    return tb.md_table(["V", "tp", "backend", "draft ms: candidates", "draft ms: full logits", "Δ draft ms",
-                        "comm ms: candidates", "comm ms: full logits", "Δ comm ms", "all-gather B/rank: candidates",
-                        "all-gather B/rank: full logits", "Δ all-gather B/rank", "model: M'·(Vp/tp)·4"], out)
+    header = [h for name, *_ in figures for h in (f"{name}: candidates", f"{name}: full logits", f"Δ {name}")]
+    out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"], *(c for _, *f in figures for c in cells(r, *f)),
+            nbytes(r["full_block_model"])] for r in grows]
+    return tb.md_table(["V", "tp", "backend", *header, "model: M'·(Vp/tp)·4"], out)
 
 
 def projected_rows(brows, fabrics, machine, per_node):
