@@ -4,6 +4,7 @@ roofline ratio of the two shards) or carried to another machine (a GPU) through 
 efficiency against the roofline. Work counts come from `tpdraft info --json` (geometry.py)."""
 
 import math
+import statistics
 from collections import namedtuple
 
 import geometry
@@ -52,12 +53,8 @@ def busy_note(run):
 
 def affine_in_sessions(same_tp, sessions):
     """Least-squares line through (sessions, compute_ms) of one tp, evaluated at `sessions`."""
-    xs = [r.sessions for r in same_tp]
-    ys = [r.compute_ms for r in same_tp]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my + slope * (sessions - mx)
+    slope, intercept = statistics.linear_regression([r.sessions for r in same_tp], [r.compute_ms for r in same_tp])
+    return slope * sessions + intercept
 
 
 def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", threads=None, machine=None):
