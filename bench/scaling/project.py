@@ -207,7 +207,7 @@ def header_lines(a, params, machine, cpu_fab):
 
 def main(argv=None):
     a = parse_args(argv)
-    params = cm.load_params(a.params)
+    params = tb.read_json(a.params)
     d = params["defaults"]
     runs = records.scaling_runs(records.read_runs(a.records)) if a.records else []
     machine = compute.gpu_machine(params, a.gpu or d["gpu"])

@@ -199,7 +199,7 @@ def report(a, brows, mrows, grows, prows, fabrics, machine, inter):
 
 def main(argv=None):
     a = parse_args(argv)
-    params = cm.load_params(a.params)
+    params = tb.read_json(a.params)
     d = params["defaults"]
     all_runs = records.read_runs(a.records) if a.records else []
     runs = [r for r in all_runs if r.study == "vocab"]

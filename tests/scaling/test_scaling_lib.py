@@ -190,10 +190,7 @@ class Geometry(unittest.TestCase):
             with open(base, "w") as f:
                 json.dump({"vocab_size": 1000, "dflash_config": {"mask_token_id": 900}}, f)
             written = dict(geometry.write_vocab_configs(base, [500, 2000], os.path.join(work, "out")))
-            with open(written[500]) as f:
-                small = json.load(f)
-            with open(written[2000]) as f:
-                large = json.load(f)
+            small, large = (tb.read_json(written[v]) for v in (500, 2000))
             self.assertEqual((small["vocab_size"], small["dflash_config"]["mask_token_id"]), (500, 499))
             self.assertEqual(large["dflash_config"]["mask_token_id"], 900)
             self.assertTrue(written[500].endswith("base-v500.json"))
