@@ -123,11 +123,9 @@ def projected_rows(brows, fabrics, machine, per_node):
         tp = br["tp"]
         nodes = max(1, -(-tp // per_node))
         row = {"vocab": br["vocab"], "tp": tp, "nodes": nodes, "head_hbm_ms": br["head_bytes_per_rank"] / machine.bw * 1e3}
-        for name, (intra, inter, multi_ok) in fabrics.items():
-            if nodes > 1 and not multi_ok:
-                continue
-            row[name] = {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
-                         for x in ("candidates", "full")}
+        row.update({name: {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
+                           for x in ("candidates", "full")}
+                    for name, (intra, inter, multi_ok) in fabrics.items() if nodes == 1 or multi_ok})
         rows.append(row)
     return rows
 
