@@ -102,9 +102,8 @@ class MachineLoad(unittest.TestCase):
 class CommModel(unittest.TestCase):
     def test_one_node_formulas(self):
         f = cm.Fabric("f", 10e-6, 1e9)
-        self.assertAlmostEqual(cm.collective_time("all_reduce", 1e6, 4, f), 10e-6 + 1.5e-3)
-        self.assertAlmostEqual(cm.collective_time("all_gather", 1e6, 4, f), 10e-6 + 3e-3)
-        self.assertAlmostEqual(cm.collective_time("broadcast", 1e6, 4, f), 10e-6 + 1e-3)
+        for op, link_s in (("all_reduce", 1.5e-3), ("all_gather", 3e-3), ("broadcast", 1e-3)):
+            self.assertAlmostEqual(cm.collective_time(op, 1e6, 4, f), 10e-6 + link_s, msg=op)
         self.assertEqual(cm.collective_time("all_reduce", 1e6, 1, f), 0.0)
 
     def test_hierarchical_all_reduce(self):
