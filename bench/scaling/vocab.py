@@ -52,9 +52,7 @@ def study_points(runs, vocabs, b):
 def measured_rows(runs, paths, info, b):
     """The default (candidate-exchange) runs: the head's time and read rate per (V, tp)."""
     rows = []
-    for r in study_points(runs, paths, b):
-        if r.gather_logits:
-            continue
+    for r in [r for r in study_points(runs, paths, b) if not r.gather_logits]:
         ans = info.query(paths[r.vocab_size], r.tp, b, r.context, r.dtype)
         rows.append({"vocab": r.vocab_size, "tp": r.tp, "backend": r.backend, "oversubscribed": r.oversubscribed,
                      "shared": records.shared_reasons(r), "head_ms": r.head_ms, "draft_ms": r.draft_ms,
@@ -74,9 +72,7 @@ def gather_rows(runs, paths, info, b):
     full logits all-gathered (`--gather-logits`), side by side with their differences. The full
     path's all-gather bytes hold both gathers; their difference is the full-logits block."""
     pairs = {}
-    for r in study_points(runs, paths, b):
-        if r.tp < 2:
-            continue
+    for r in [r for r in study_points(runs, paths, b) if r.tp >= 2]:
         key = (r.vocab_size, r.tp, r.backend, r.context, r.threads)
         pairs.setdefault(key, {})["full" if r.gather_logits else "cand"] = r
     rows = []
