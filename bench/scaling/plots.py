@@ -38,9 +38,7 @@ def projected_points(points):
 def projected_series(projection):
     """{title: [points]} of the projection's single-group layouts (one point per tp)."""
     series = {}
-    for p in projection.get("gpu_points", []):
-        if "skipped" in p or p.get("replicas", 1) != 1:
-            continue
+    for p in [p for p in projection.get("gpu_points", []) if "skipped" not in p and p.get("replicas", 1) == 1]:
         title = f"{p['config']} ctx={p['context']} b={p['sessions']}"
         series.setdefault(title, {})[p["tp"]] = p
     return {t: list(v.values()) for t, v in series.items() if v}

@@ -99,9 +99,7 @@ def project_cpu(s, config, ctx, sessions, tps, fabric, legend):
     name = geometry.config_name(config)
     measured = {r.tp: r for r in records.dedupe(s.runs) if r.config_name == name and r.context == ctx
                 and r.sessions == sessions and r.backend == "cpu"}
-    for tp in tps:
-        if s.info.problem(config, tp):
-            continue
+    for tp in [t for t in tps if not s.info.problem(config, t)]:
         comp, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx)
         if comp is None:
             continue
