@@ -103,8 +103,8 @@ def gather_table(grows):
 
     def cells(r, key, fmt, diff_fmt):
         """Both sides of one figure and their difference ("–" for a side not run)."""
-        return ["–" if r[side] is None else fmt(r[side][key]) for side in ("cand", "full")] + [
-            diff_fmt(r["diff"][key]) if "diff" in r else "–"]
+        sides = ["–" if r[side] is None else fmt(r[side][key]) for side in ("cand", "full")]
+        return sides + [diff_fmt(r["diff"][key]) if "diff" in r else "–"]
 
     header = [h for name, *_ in figures for h in (f"{name}: candidates", f"{name}: full logits", f"Δ {name}")]
     out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"], *(c for _, *f in figures for c in cells(r, *f)),
