@@ -61,11 +61,6 @@ declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--
   [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
   [--quant]=quants [--bin]=bin [--timeout]=timeout_s)
 while (($#)); do
-  if [ -n "$1" ] && [ -n "${value_of[$1]:-}" ]; then
-    printf -v "${value_of[$1]}" %s "$2"
-    shift 2
-    continue
-  fi
   case "$1" in
     --no-weak) weak=0 ;;
     --quick) quick=1 ;;
@@ -73,7 +68,9 @@ while (($#)); do
     --fresh) fresh=1 ;;
     --report-only) report_only=1 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) [ -n "$1" ] && [ -n "${value_of[$1]:-}" ] || { echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2; }
+       printf -v "${value_of[$1]}" %s "$2"
+       shift ;;
   esac
   shift
 done
