@@ -73,8 +73,7 @@ else:
 EOF
 }
 
-TP_MS=()
-TORCH_MS=()
+TP_MS=() TORCH_MS=()
 for run in $(seq 1 "$RUNS"); do
   log "run $run/$RUNS: tpdraft"
   "$TPDRAFT_BIN" bench --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" --threads "$THREADS" \

@@ -271,9 +271,8 @@ def dyn_conv(x, base, delta, gs):
     x [B, H], base [K, H], delta [B, K, G] -> [B, H]."""
     coef = base.unsqueeze(0) + delta.repeat_interleave(gs, dim=-1)  # [B, K, H]
     out = coef[:, 0] * x
-    for j in range(1, base.shape[0]):
-        if j < x.shape[0]:
-            out[j:] += coef[j:, j] * x[:-j]
+    for j in range(1, min(base.shape[0], x.shape[0])):
+        out[j:] += coef[j:, j] * x[:-j]
     return out
 
 

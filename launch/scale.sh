@@ -61,11 +61,6 @@ declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--
   [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
   [--quant]=quants [--bin]=bin [--timeout]=timeout_s)
 while (($#)); do
-  if [ -n "$1" ] && [ -n "${value_of[$1]:-}" ]; then
-    printf -v "${value_of[$1]}" %s "$2"
-    shift 2
-    continue
-  fi
   case "$1" in
     --no-weak) weak=0 ;;
     --quick) quick=1 ;;
@@ -73,7 +68,9 @@ while (($#)); do
     --fresh) fresh=1 ;;
     --report-only) report_only=1 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) [ -n "$1" ] && [ -n "${value_of[$1]:-}" ] || { echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2; }
+       printf -v "${value_of[$1]}" %s "$2"
+       shift ;;
   esac
   shift
 done
@@ -101,7 +98,7 @@ ensure_gnuplot() {
 
 run_sweep() {
   [ -x "$bin" ] || { echo "scale.sh: $bin is not built; run scripts/setup.sh (or pass --bin)" >&2; exit 2; }
-  local cores gpus=0 has_backend=0 has_gather=0 bench_help
+  local cores gpus=0 has_backend=0 has_gather=0 bench_help gpu_name=""
   cores=$(nproc)
   bench_help=$("$bin" bench --help 2>/dev/null || true)
   if grep -q -- '--backend' <<<"$bench_help"; then has_backend=1; fi
@@ -129,7 +126,6 @@ run_sweep() {
     command -v mpirun >/dev/null || { echo "scale.sh: mpirun not found (apt-get install openmpi-bin, or scripts/setup.sh)" >&2; exit 2; }
   fi
   ((fresh)) && : >"$records"
-  local gpu_name=""
   [ "$backend" = cpu ] || gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   echo "scale.sh: backend $backend, tp {$tps}, ctx {$ctxs}, batch {$batches}, $threads thread(s) per rank, repeat $repeat, $cores core(s)${gpu_name:+, $gpus x $gpu_name}" >&2
 
@@ -137,12 +133,11 @@ run_sweep() {
   local n=0 failed=0 skipped=0
   # run_one CONFIG TP SESSIONS CTX STUDY GATHER [KEY=VALUE...]; GATHER 1 adds --gather-logits
   run_one() {
-    local config=$1 tp=$2 b=$3 ctx=$4 study=$5 gather=$6
+    local config=$1 tp=$2 b=$3 ctx=$4 study=$5 gather=$6 why
     shift 6
     local key="$config|$tp|$b|$ctx|$gather"
     [ -z "${done_runs[$key]:-}" ] || return 0
     done_runs[$key]=1
-    local why
     if ! why=$("$py" "$tools/record.py" valid-tp --bin "$bin" "$config" "$tp"); then
       echo "scale.sh: skip $(basename "$config") tp=$tp: $why" >&2; skipped=$((skipped + 1)); return 0
     fi
@@ -171,12 +166,11 @@ run_sweep() {
       cmd=(mpirun "${flags[@]}" "$bin" "${args[@]}" --tp "$tp")
     fi
     n=$((n + 1))
-    local tag log result load
+    local tag log result load note=""
     tag=$(printf '%03d-%s-tp%d-b%d-c%d%s' "$n" "$(basename "$config" .json)" "$tp" "$b" "$ctx" "$( ((gather)) && echo -gather)")
     log="$out/logs/$tag.log"
     result=$(mktemp)
     load=$(mktemp)
-    local note=""
     ((over)) && note=", oversubscribed"
     ((gather)) && note="$note, full-logits gather"
     echo "scale.sh: [$tag] $study$note" >&2

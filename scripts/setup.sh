@@ -52,10 +52,9 @@ mapfile -t missing < <(not_installed "${packages[@]}")
 mapfile -t missing_sanitize < <(not_installed "${sanitize_packages[@]}")
 if ((${#missing[@]} + ${#missing_sanitize[@]})); then
   echo "setup: installing ${missing[*]} ${missing_sanitize[*]}" >&2
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   # In the foreground, not as a step: sudo may have to ask for a password on the terminal.
-  apt=("${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+  apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+  [ "$(id -u)" -eq 0 ] || apt=(sudo "${apt[@]}")
   "${apt[@]}" update -qq >&2
   ((${#missing[@]} == 0)) || "${apt[@]}" install -y -qq "${missing[@]}" >&2
   ((${#missing_sanitize[@]} == 0)) || "${apt[@]}" install -y -qq --no-install-recommends "${missing_sanitize[@]}" >&2

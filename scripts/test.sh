@@ -32,12 +32,8 @@ done
 cd "$(dirname "$0")/.."
 . scripts/lib/steps.bash
 
-if ((sanitize)); then
-  step scripts/setup.sh --sanitize
-  build="build-sanitize"
-else
-  step scripts/setup.sh
-  build=build
-fi
+build=build setup=()
+((sanitize)) && build=build-sanitize setup=(--sanitize)
+step scripts/setup.sh "${setup[@]}"
 echo "test: running ctest in $build/" >&2
 step ctest --test-dir "$build" --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "${ctest_args[@]}"

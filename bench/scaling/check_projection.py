@@ -20,6 +20,7 @@ import compute  # noqa: E402
 import geometry  # noqa: E402
 import record  # noqa: E402
 import records  # noqa: E402
+import tables as tb  # noqa: E402
 
 CONFIG = os.path.join(HERE, "small-dflash2-512.json")
 CTX = 256
@@ -87,7 +88,7 @@ def main(argv=None):
     if shutil.which("mpirun") is None:
         raise SystemExit("check_projection.py: mpirun not found (apt-get install openmpi-bin)")
     info = geometry.Info(os.path.abspath(a.bin))
-    params = cm.load_params(cm.default_params_path())
+    params = tb.read_json(cm.default_params_path())
     with tempfile.TemporaryDirectory(prefix="tpdraft-check-") as work:
         (runs, raw), load = record.with_load(lambda: sweep(info.binary, work))
     if a.keep:

@@ -3,7 +3,6 @@ hierarchical across nodes), the parameters of bench/scaling/comm-model.json, and
 alpha and beta to the measured CPU MPI runs of a sweep. The collectives themselves come from
 `tpdraft info --json` (geometry.py) or from a run's counters (records.py)."""
 
-import json
 import math
 import os
 
@@ -27,11 +26,6 @@ class Fabric:
         return f"{self.label}: alpha {a} us, beta {self.bw / 1e9:.4g} GB/s"
 
 
-def load_params(path):
-    with open(path) as f:
-        return json.load(f)
-
-
 def default_params_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "comm-model.json")
 
@@ -40,19 +34,16 @@ def fabric_from_params(name, p, which="value"):
     """A Fabric from a comm-model.json entry; which = value | low | high picks the nominal figures
     or the ends of the documented ranges (low = the fast end)."""
     def pick(key):
-        v = p[key]
         if which != "value" and key + "_range" in p:
             lo, hi = p[key + "_range"]
             if key == "alpha_us":
                 return lo if which == "low" else hi
             return hi if which == "low" else lo  # a faster fabric has more bandwidth
-        return v
+        return p[key]
 
     alpha = pick("alpha_us")
-    if isinstance(alpha, dict):
-        alpha_s = {op: alpha.get(op, alpha.get("default")) * 1e-6 for op in OPS}
-    else:
-        alpha_s = alpha * 1e-6
+    alpha_s = ({op: alpha.get(op, alpha.get("default")) * 1e-6 for op in OPS} if isinstance(alpha, dict)
+               else alpha * 1e-6)
     return Fabric(name, alpha_s, pick("bw_GBps") * 1e9, p.get("source", ""), p.get("label", name))
 
 

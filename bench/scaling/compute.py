@@ -4,6 +4,7 @@ roofline ratio of the two shards) or carried to another machine (a GPU) through 
 efficiency against the roofline. Work counts come from `tpdraft info --json` (geometry.py)."""
 
 import math
+import statistics
 from collections import namedtuple
 
 import geometry
@@ -50,16 +51,6 @@ def busy_note(run):
     return " (machine not idle)" if records.shared_reasons(run) else ""
 
 
-def affine_in_sessions(same_tp, sessions):
-    """Least-squares line through (sessions, compute_ms) of one tp, evaluated at `sessions`."""
-    xs = [r.sessions for r in same_tp]
-    ys = [r.compute_ms for r in same_tp]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my + slope * (sessions - mx)
-
-
 def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", threads=None, machine=None):
     """(ms, label) of one rank's time outside collectives at (tp, sessions, context) on the machine
     the runs were measured on, from the closest measurements:
@@ -77,7 +68,8 @@ def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", t
     if len(same_tp) >= 2:
         label = f"affine in sessions from b={','.join(str(r.sessions) for r in same_tp)} at tp={tp}"
         label += busy_note(max(same_tp, key=lambda r: bool(records.shared_reasons(r))))
-        return affine_in_sessions(same_tp, sessions), label
+        slope, intercept = statistics.linear_regression([r.sessions for r in same_tp], [r.compute_ms for r in same_tp])
+        return slope * sessions + intercept, label
     same_b = [r for r in cands if r.sessions == sessions and info.problem(config, r.tp) is None]
     if same_b:
         r0 = min(same_b, key=lambda r: (_log_distance(r.tp, tp), -r.tp))

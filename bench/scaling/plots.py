@@ -38,9 +38,7 @@ def projected_points(points):
 def projected_series(projection):
     """{title: [points]} of the projection's single-group layouts (one point per tp)."""
     series = {}
-    for p in projection.get("gpu_points", []):
-        if "skipped" in p or p.get("replicas", 1) != 1:
-            continue
+    for p in [p for p in projection.get("gpu_points", []) if "skipped" not in p and p.get("replicas", 1) == 1]:
         title = f"{p['config']} ctx={p['context']} b={p['sessions']}"
         series.setdefault(title, {})[p["tp"]] = p
     return {t: list(v.values()) for t, v in series.items() if v}
@@ -73,8 +71,7 @@ def panel(title, ylabel, files, y, spread, ideal, tps, shared_note=None):
     parts = []
     for i, (path, name, dashed) in enumerate(files, 1):
         style = f"linecolor {i} pointtype 7 pointsize 1.2" + (" dashtype 2" if dashed else "")
-        lo, hi = spread
-        parts.append(f"'{path}' using {X}:{y}:{lo}:{hi} with yerrorlines {style} title '{name}'")
+        parts.append(f"'{path}' using {X}:{y}:{spread[0]}:{spread[1]} with yerrorlines {style} title '{name}'")
         if isinstance(ideal, int) and not dashed:
             parts.append(f"'{path}' using {X}:{ideal} with lines linecolor {i} dashtype 3 notitle")
     if ideal is not None:

@@ -99,9 +99,7 @@ def project_cpu(s, config, ctx, sessions, tps, fabric, legend):
     name = geometry.config_name(config)
     measured = {r.tp: r for r in records.dedupe(s.runs) if r.config_name == name and r.context == ctx
                 and r.sessions == sessions and r.backend == "cpu"}
-    for tp in tps:
-        if s.info.problem(config, tp):
-            continue
+    for tp in [t for t in tps if not s.info.problem(config, t)]:
         comp, src = compute.estimate_compute(s.runs, s.info, config, tp, sessions, ctx)
         if comp is None:
             continue
@@ -207,7 +205,7 @@ def header_lines(a, params, machine, cpu_fab):
 
 def main(argv=None):
     a = parse_args(argv)
-    params = cm.load_params(a.params)
+    params = tb.read_json(a.params)
     d = params["defaults"]
     runs = records.scaling_runs(records.read_runs(a.records)) if a.records else []
     machine = compute.gpu_machine(params, a.gpu or d["gpu"])

@@ -109,10 +109,7 @@ def cmd_append(a):
         print(f"record.py: the run printed no JSON result (last line: {line[:200]!r})", file=sys.stderr)
         return 1
     extra = {key: parse_value(value) for key, _, value in (kv.partition("=") for kv in a.set)}
-    load = None
-    if a.load and os.path.isfile(a.load):
-        with open(a.load) as f:
-            load = json.load(f)
+    load = tb.read_json(a.load) if a.load and os.path.isfile(a.load) else None
     rec = records.annotate(bench, a.config, cores(), cpu_model(), socket.gethostname(), extra, load)
     with open(a.out, "a") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")

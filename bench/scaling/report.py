@@ -5,7 +5,6 @@ the machine was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnup
 of plots.py (measured beside the projection of --projection)."""
 
 import argparse
-import json
 import os
 import sys
 
@@ -165,10 +164,7 @@ def main(argv=None):
     weak = {series_title(k, True): weak_rows(v) for k, v in weak_series(runs).items()}
     md = intro(runs) + sections(strong, weak)
     if a.out:
-        projection = None
-        if a.projection and os.path.isfile(a.projection):
-            with open(a.projection) as f:
-                projection = json.load(f)
+        projection = tb.read_json(a.projection) if a.projection and os.path.isfile(a.projection) else None
         shared = sum(1 for r in runs if records.shared_reasons(r))
         pngs = [] if a.no_plots else plots.plot(a.out, strong, weak, projection, shared)
         if pngs:

@@ -55,6 +55,11 @@ class Legend:
         return "\n".join(f"- **{t}**: {text}" for text, t in self.items.items())
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def emit_report(text, data, out_dir, stem):
     """Prints a report; with out_dir, also writes it as STEM.md and its data as STEM.json there."""
     print(text)

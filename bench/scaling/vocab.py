@@ -52,9 +52,7 @@ def study_points(runs, vocabs, b):
 def measured_rows(runs, paths, info, b):
     """The default (candidate-exchange) runs: the head's time and read rate per (V, tp)."""
     rows = []
-    for r in study_points(runs, paths, b):
-        if r.gather_logits:
-            continue
+    for r in [r for r in study_points(runs, paths, b) if not r.gather_logits]:
         ans = info.query(paths[r.vocab_size], r.tp, b, r.context, r.dtype)
         rows.append({"vocab": r.vocab_size, "tp": r.tp, "backend": r.backend, "oversubscribed": r.oversubscribed,
                      "shared": records.shared_reasons(r), "head_ms": r.head_ms, "draft_ms": r.draft_ms,
@@ -74,9 +72,7 @@ def gather_rows(runs, paths, info, b):
     full logits all-gathered (`--gather-logits`), side by side with their differences. The full
     path's all-gather bytes hold both gathers; their difference is the full-logits block."""
     pairs = {}
-    for r in study_points(runs, paths, b):
-        if r.tp < 2:
-            continue
+    for r in [r for r in study_points(runs, paths, b) if r.tp >= 2]:
         key = (r.vocab_size, r.tp, r.backend, r.context, r.threads)
         pairs.setdefault(key, {})["full" if r.gather_logits else "cand"] = r
     rows = []
@@ -101,23 +97,19 @@ def nbytes(x):
 
 
 def gather_table(grows):
-    def side(r, name, key, fmt):
-        return "–" if r[name] is None else fmt(r[name][key])
+    # Per figure: its column name, its key in a side, the format of a side and of the difference.
+    figures = (("draft ms", "draft_ms", tb.fmt_ms, signed_ms), ("comm ms", "comm_ms", tb.fmt_ms, signed_ms),
+               ("all-gather B/rank", "all_gather_bytes", nbytes, lambda x: f"{x:+,.0f} B"))
 
-    def diff(r, key, fmt):
-        return fmt(r["diff"][key]) if "diff" in r else "–"
+    def cells(r, key, fmt, diff_fmt):
+        """Both sides of one figure and their difference ("–" for a side not run)."""
+        sides = ["–" if r[side] is None else fmt(r[side][key]) for side in ("cand", "full")]
+        return sides + [diff_fmt(r["diff"][key]) if "diff" in r else "–"]
 
-    out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"],
-            side(r, "cand", "draft_ms", tb.fmt_ms), side(r, "full", "draft_ms", tb.fmt_ms),
-            diff(r, "draft_ms", signed_ms), side(r, "cand", "comm_ms", tb.fmt_ms),
-            side(r, "full", "comm_ms", tb.fmt_ms), diff(r, "comm_ms", signed_ms),
-            side(r, "cand", "all_gather_bytes", nbytes),
-            side(r, "full", "all_gather_bytes", nbytes),
-            diff(r, "all_gather_bytes", lambda x: f"{x:+,.0f} B"), nbytes(r["full_block_model"])]
-           for r in grows]
-    return tb.md_table(["V", "tp", "backend", "draft ms: candidates", "draft ms: full logits", "Δ draft ms",
-                        "comm ms: candidates", "comm ms: full logits", "Δ comm ms", "all-gather B/rank: candidates",
-                        "all-gather B/rank: full logits", "Δ all-gather B/rank", "model: M'·(Vp/tp)·4"], out)
+    header = [h for name, *_ in figures for h in (f"{name}: candidates", f"{name}: full logits", f"Δ {name}")]
+    out = [[r["vocab"], f"{r['tp']}{tb.flags(r)}", r["backend"], *(c for _, *f in figures for c in cells(r, *f)),
+            nbytes(r["full_block_model"])] for r in grows]
+    return tb.md_table(["V", "tp", "backend", *header, "model: M'·(Vp/tp)·4"], out)
 
 
 def projected_rows(brows, fabrics, machine, per_node):
@@ -127,11 +119,9 @@ def projected_rows(brows, fabrics, machine, per_node):
         tp = br["tp"]
         nodes = max(1, -(-tp // per_node))
         row = {"vocab": br["vocab"], "tp": tp, "nodes": nodes, "head_hbm_ms": br["head_bytes_per_rank"] / machine.bw * 1e3}
-        for name, (intra, inter, multi_ok) in fabrics.items():
-            if nodes > 1 and not multi_ok:
-                continue
-            row[name] = {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
-                         for x in ("candidates", "full")}
+        row.update({name: {f"{x}_ms": 1e3 * cm.collective_time("all_gather", br[f"{x}_block"], tp, intra, inter, nodes)
+                           for x in ("candidates", "full")}
+                    for name, (intra, inter, multi_ok) in fabrics.items() if nodes == 1 or multi_ok})
         rows.append(row)
     return rows
 
@@ -203,7 +193,7 @@ def report(a, brows, mrows, grows, prows, fabrics, machine, inter):
 
 def main(argv=None):
     a = parse_args(argv)
-    params = cm.load_params(a.params)
+    params = tb.read_json(a.params)
     d = params["defaults"]
     all_runs = records.read_runs(a.records) if a.records else []
     runs = [r for r in all_runs if r.study == "vocab"]

@@ -102,9 +102,8 @@ class MachineLoad(unittest.TestCase):
 class CommModel(unittest.TestCase):
     def test_one_node_formulas(self):
         f = cm.Fabric("f", 10e-6, 1e9)
-        self.assertAlmostEqual(cm.collective_time("all_reduce", 1e6, 4, f), 10e-6 + 1.5e-3)
-        self.assertAlmostEqual(cm.collective_time("all_gather", 1e6, 4, f), 10e-6 + 3e-3)
-        self.assertAlmostEqual(cm.collective_time("broadcast", 1e6, 4, f), 10e-6 + 1e-3)
+        for op, link_s in (("all_reduce", 1.5e-3), ("all_gather", 3e-3), ("broadcast", 1e-3)):
+            self.assertAlmostEqual(cm.collective_time(op, 1e6, 4, f), 10e-6 + link_s, msg=op)
         self.assertEqual(cm.collective_time("all_reduce", 1e6, 1, f), 0.0)
 
     def test_hierarchical_all_reduce(self):
@@ -190,10 +189,7 @@ class Geometry(unittest.TestCase):
             with open(base, "w") as f:
                 json.dump({"vocab_size": 1000, "dflash_config": {"mask_token_id": 900}}, f)
             written = dict(geometry.write_vocab_configs(base, [500, 2000], os.path.join(work, "out")))
-            with open(written[500]) as f:
-                small = json.load(f)
-            with open(written[2000]) as f:
-                large = json.load(f)
+            small, large = (tb.read_json(written[v]) for v in (500, 2000))
             self.assertEqual((small["vocab_size"], small["dflash_config"]["mask_token_id"]), (500, 499))
             self.assertEqual(large["dflash_config"]["mask_token_id"], 900)
             self.assertTrue(written[500].endswith("base-v500.json"))
