@@ -35,16 +35,16 @@ def _log_distance(a, b):
     return abs(math.log2(a) - math.log2(b))
 
 
-def compute_candidates(runs, name, context, backend="cpu", threads=None):
+def compute_candidates(runs, name, context, backend="cpu", threads=None, busy_too=False):
     """Runs that can serve as compute measurements for config `name`: same context and backend
     (and threads per rank when given), never oversubscribed (time-slicing inflates them) and never
     a full-logits run (another head path and a large extra collective). Runs on a machine that was
-    not idle only when no idle one fits."""
+    not idle only when no idle one fits, or with busy_too."""
     out = [r for r in records.dedupe(runs) if not r.gather_logits and not r.oversubscribed
            and (r.config_name, r.context, r.backend) == (name, context, backend)
            and threads in (None, r.threads)]
     idle = [r for r in out if not records.shared_reasons(r)]
-    return idle or out
+    return out if busy_too else idle or out
 
 
 def busy_note(run):
@@ -59,8 +59,19 @@ def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", t
          once per draft, the per-row work grows with the rows), interpolated or extrapolated;
       3. another tp at the same sessions: scaled by the per-rank roofline ratio of the two shards
          (at `machine`'s ceilings when given, else at those the run measured).
+    Runs on a machine that was not idle count where the idle ones give no estimate.
     Returns (None, reason) when nothing fits."""
-    cands = compute_candidates(runs, geometry.config_name(config), context, backend, threads)
+    name = geometry.config_name(config)
+    for busy_too in (False, True):
+        cands = compute_candidates(runs, name, context, backend, threads, busy_too)
+        found = _estimate_from(cands, info, config, tp, sessions, context, machine)
+        if found:
+            return found
+    return None, "no measurement of this config and context"
+
+
+def _estimate_from(cands, info, config, tp, sessions, context, machine):
+    """estimate_compute's three ways over the runs `cands`; None when none applies."""
     for r in cands:
         if r.tp == tp and r.sessions == sessions:
             return r.compute_ms, f"measured at tp={tp}, b={sessions}{busy_note(r)}"
@@ -77,7 +88,7 @@ def estimate_compute(runs, info, config, tp, sessions, context, backend="cpu", t
         at = [roofline_s(geometry.work(info.query(config, t, sessions, context, r0.dtype)), ceilings) for t in (tp, r0.tp)]
         ratio = at[0] / at[1]
         return r0.compute_ms * ratio, f"tp={r0.tp} measured{busy_note(r0)} x roofline ratio {ratio:.3g}"
-    return None, "no measurement of this config and context"
+    return None
 
 
 def estimate_compute_on(machine, runs, info, config, tp, sessions, context, dtype="bf16", quant=""):

@@ -227,6 +227,13 @@ class Compute(unittest.TestCase):
         self.assertEqual(compute.compute_candidates([idle, busy], "x", 256), [idle])
         ms, how = compute.estimate_compute([busy], FakeInfo(), "x.json", 2, 2, 256)
         self.assertEqual((ms, how), (9.0, "measured at tp=2, b=2 (machine not idle)"))
+        # The one idle run (tp = 1, b = 1) gives no estimate at tp = 2, b = 2: the busy runs do.
+        shared = {"other_cores": 1.0}
+        runs = [run(tp=1, sessions=1), run(tp=2, sessions=1, compute_ms=6.0, load=shared),
+                run(tp=2, sessions=4, compute_ms=9.0, load=shared)]
+        ms, how = compute.estimate_compute(runs, FakeInfo(), "x.json", 2, 2, 256)
+        self.assertAlmostEqual(ms, 7.0)
+        self.assertEqual(how, "affine in sessions from b=1,4 at tp=2 (machine not idle)")
 
     def test_gpu_estimate_caps_the_efficiency(self):
         gpu = compute.Machine("G", 1e15, 1e12)
