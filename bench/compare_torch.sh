@@ -54,8 +54,9 @@ log "writing a random bf16 checkpoint for $(basename "$CONFIG") with $CTX tap ro
 "$TPDRAFT_BIN" init --config "$CONFIG" --out "$CKPT" --seed 1 --dtype bf16 --taps "$CTX" >/dev/null \
   || die "tpdraft init failed"
 
-# The last line of a program's stdout that is a JSON object.
-last_json() { grep -E '^\{' "$1" | tail -n 1; }
+# The last line of a program's stdout that is a JSON object ("" when there is none: the caller
+# says so, where under pipefail grep's status would end the script without a word).
+last_json() { grep -E '^\{' "$1" | tail -n 1 || true; }
 
 # A field of a JSON line: the draft's median is "draft_ms" for tpdraft, "draft_ms_median" for
 # torch_draft.py.
@@ -100,9 +101,12 @@ if "$TPDRAFT_BIN" draft --drafter "$CKPT/drafter" --target "$CKPT/target" --taps
   TP_DRAFT_JSON="$(last_json "$TMP/tp_draft.out")"
   if [ -n "$TP_DRAFT_JSON" ]; then
     "$PY" "$TORCH_DRAFT" --drafter "$CKPT/drafter" --target "$CKPT/target" --taps "$CKPT/taps.safetensors" \
-      --anchor "$ANCHOR" --threads "$THREADS" --warmup 0 --repeat 1 --json >"$TMP/torch_draft.out"
+      --anchor "$ANCHOR" --threads "$THREADS" --warmup 0 --repeat 1 --json >"$TMP/torch_draft.out" \
+      || die "torch_draft.py failed on the checkpoint's taps"
+    TORCH_DRAFT_JSON="$(last_json "$TMP/torch_draft.out")"
+    [ -n "$TORCH_DRAFT_JSON" ] || die "torch_draft.py printed no JSON line for the checkpoint's taps"
     A="$(json_field "$TP_DRAFT_JSON" tokens)"
-    B="$(json_field "$(last_json "$TMP/torch_draft.out")" tokens)"
+    B="$(json_field "$TORCH_DRAFT_JSON" tokens)"
     if [ "$A" = "$B" ]; then TOKENS_NOTE="agree $A"; else TOKENS_NOTE="differ: tpdraft $A, torch $B"; fi
   fi
 fi
