@@ -79,13 +79,6 @@ bool visible(int64_t q, int64_t k, bool causal, bool sliding, int64_t window) {
   return true;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 double gumbel(uint64_t seed, int64_t row, int64_t id) {
   return -std::log(-std::log(ref_uniform(seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id))));
 }
@@ -147,6 +140,13 @@ void sample_dflash(const double* logits, int64_t v, int64_t row, const RefSampli
 }
 
 }  // namespace
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
 
 double ref_uniform(uint64_t seed, uint64_t row, uint64_t id) {
   const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ row) ^ id);
