@@ -533,30 +533,27 @@ TEST(ConfigErrors, ValidateProgrammaticConfig) {
 
 // ---- the target model's config ---------------------------------------------------------------
 
+// tie_word_embeddings, vocab_size and hidden_size of the target config in `dir`.
+std::tuple<bool, int64_t, int64_t> target_fields(const std::string& dir) {
+  const auto t = TargetConfig::from_dir(dir);
+  return {t.tie_word_embeddings, t.vocab, t.hidden};
+}
+
 TEST(TargetConfig, Defaults) {
   testing::TempDir dir;
-  const auto t = TargetConfig::from_dir(dir.path());
-  EXPECT_FALSE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 0);
-  EXPECT_EQ(t.hidden, 0);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(false, 0, 0));
 }
 
 TEST(TargetConfig, TopLevelAndNestedTextConfig) {
   testing::TempDir dir;
   testing::write_text(dir.file("config.json"),
                       R"({"tie_word_embeddings": true, "vocab_size": 1000, "hidden_size": 64})");
-  auto t = TargetConfig::from_dir(dir.path());
-  EXPECT_TRUE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 1000);
-  EXPECT_EQ(t.hidden, 64);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(true, 1000, 64));
   // Multimodal: the language model's sizes live under text_config, which wins for the tie flag.
   testing::write_text(dir.file("config.json"),
                       R"({"tie_word_embeddings": true, "vocab_size": 5,
                           "text_config": {"tie_word_embeddings": false, "vocab_size": 2000, "hidden_size": 32}})");
-  t = TargetConfig::from_dir(dir.path());
-  EXPECT_FALSE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 2000);
-  EXPECT_EQ(t.hidden, 32);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(false, 2000, 32));
 }
 
 TEST(TargetConfig, Errors) {
