@@ -200,11 +200,8 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
   auto load_as = [&](const std::string& name, const std::string& file_name, const std::vector<int64_t>& shape) {
     Tensor t;
     t.shape = shape;
-    if (store->find(file_name + "_packed") || store->find(file_name + "_scale")) {
-      t.data = dequantize(*store, file_name, shape);
-    } else {
-      t.data = model::to_f64(store->require(file_name, shape));
-    }
+    const bool quantized = store->find(file_name + "_packed") || store->find(file_name + "_scale");
+    t.data = quantized ? dequantize(*store, file_name, shape) : model::to_f64(store->require(file_name, shape));
     weights_.emplace_back(name, std::move(t));
   };
   auto load = [&](const std::string& name, const std::vector<int64_t>& shape) { load_as(name, name, shape); };
@@ -264,9 +261,8 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
 }
 
 const RefModel::Tensor& RefModel::w(const std::string& name) const {
-  for (const auto& [n, t] : weights_) {
+  for (const auto& [n, t] : weights_)
     if (n == name) return t;
-  }
   TPDRAFT_FAIL("reference: tensor '{}' was not loaded", name);
 }
 
@@ -352,9 +348,8 @@ std::vector<std::vector<double>> RefModel::attention(int64_t l, const RefContext
         scores.push_back(dot * scale);
       }
       const Vec prob = softmax_scaled(scores, 1.0);
-      for (size_t s = 0; s < seen.size(); ++s) {
+      for (size_t s = 0; s < seen.size(); ++s)
         for (int64_t i = 0; i < D; ++i) out[r][h * D + i] += prob[s] * (*values[seen[s]])[kvh * D + i];
-      }
     }
   }
   return out;
