@@ -223,9 +223,7 @@ struct Measured {
   SampleSummary abi_minus_engine{100000}, engine_minus_drafter{100000};
   SampleSummary checks{100000};  // Engine::check of one step's entry, timed on its own
   int64_t mismatches = 0;  // steps whose tokens differed between the paths
-  double per_step(const Series& s) const {
-    return static_cast<double>(s.allocations) / static_cast<double>(steps);
-  }
+  double per_step(const Series& s) const { return static_cast<double>(s.allocations) / static_cast<double>(steps); }
 };
 
 enum Path { kAbi, kEngine, kDrafter };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,20 +72,26 @@ double measure_read_gbps(int threads) {
   return best;
 }
 
+// The best rate, `work` / seconds / 1e9, of `reps` runs of f between two syncs of `ops`; the first
+// `skip` runs only warm up.
+double best_rate(kernels::Ops& ops, int reps, int skip, double work, const std::function<void()>& f) {
+  double best = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    ops.sync();
+    const auto t0 = Clock::now();
+    f();
+    ops.sync();
+    if (rep >= skip) best = std::max(best, work / since(t0) / 1e9);
+  }
+  return best;
+}
+
 // Device memory ceiling: the best of a few device-to-device copies of 1 GiB (store_rows of one
 // row is a plain copy), counting the bytes read and written.
 double measure_copy_gbps(kernels::Ops& ops) {
   const int64_t n = int64_t{1} << 28;  // floats
   kernels::Buffer a(ops, static_cast<size_t>(n) * 4), b(ops, static_cast<size_t>(n) * 4);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    ops.sync();
-    const auto t0 = Clock::now();
-    ops.store_rows(a.f32(), 1, n, b.f32(), 1, 0);
-    ops.sync();
-    if (rep > 0) best = std::max(best, 2.0 * static_cast<double>(n) * 4 / since(t0) / 1e9);
-  }
-  return best;
+  return best_rate(ops, 5, 1, 2.0 * static_cast<double>(n) * 4, [&] { ops.store_rows(a.f32(), 1, n, b.f32(), 1, 0); });
 }
 
 // GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype (more rows on
@@ -99,15 +106,7 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
   std::vector<float> xf(static_cast<size_t>(m * dim), 0.5f);
   ops.to_device(x.get(), xf.data(), xf.size() * 4);
   const kernels::Matrix mat{dtype, dim, dim, w.get()};
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    ops.sync();
-    const auto t0 = Clock::now();
-    ops.matmul(mat, x.f32(), m, y.f32());
-    ops.sync();
-    best = std::max(best, 2.0 * static_cast<double>(m * dim * dim) / since(t0) / 1e9);
-  }
-  return best;
+  return best_rate(ops, 5, 0, 2.0 * static_cast<double>(m * dim * dim), [&] { ops.matmul(mat, x.f32(), m, y.f32()); });
 }
 
 // The checkpoint the bench drafts from: a directory pair, or random weights made in memory once

@@ -80,13 +80,10 @@ void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
 
 void write_address_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
-    out << text;
-    out.close();
-    TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
-  }
+  std::ofstream out(tmp);
+  out << text;
+  out.close();  // a file that did not open fails here too
+  TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
   TPDRAFT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--address-file {}: cannot rename {} to it", path, tmp);
 }
 

@@ -27,6 +27,19 @@ int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurr
 constexpr int kMaxInProcessRanks = 256;
 int max_threads() { return 8 * cores(); }
 
+// One rank's body: the watchdog over its group's collectives while fn runs.
+void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
+  parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
+  fn(ctx);
+}
+
+void warn_oversubscribed(int ranks_here, int threads) {
+  if (ranks_here * threads > cores())
+    TPDRAFT_LOG_WARN("{} rank(s) x {} thread(s) on this machine's {} cores: ranks will take turns on the cores "
+                     "and run slower than with fewer threads",
+                     ranks_here, threads, cores());
+}
+
 }  // namespace
 
 void fault_point(const RankContext& ctx, const char* stage) {
@@ -75,23 +88,6 @@ model::RuntimeOptions runtime_options(const RankOptions& options, const RankCont
   r.nccl = under_mpi();
   return r;
 }
-
-namespace {
-
-// One rank's body: the watchdog over its group's collectives while fn runs.
-void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
-  parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
-  fn(ctx);
-}
-
-void warn_oversubscribed(int ranks_here, int threads) {
-  if (ranks_here * threads > cores())
-    TPDRAFT_LOG_WARN("{} rank(s) x {} thread(s) on this machine's {} cores: ranks will take turns on the cores "
-                     "and run slower than with fewer threads",
-                     ranks_here, threads, cores());
-}
-
-}  // namespace
 
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
   const int tp = options.tp, threads = options.threads;

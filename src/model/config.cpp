@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -78,6 +79,11 @@ constexpr Bound kBounds[] = {
     {"conv_group_size", 1 << 17},  {"selector_rank", 1 << 16},   {"selector_top_k", 4096},
 };
 constexpr int64_t kMaxTaps = 1024;  // entries of target_layer_ids
+
+// The DFlash 2 keys (top level or dflash_config) and the fields they fill.
+constexpr std::pair<const char*, int64_t DrafterConfig::*> kDFlash2Keys[] = {
+    {"conv_kernel_size", &DrafterConfig::conv_kernel}, {"conv_group_size", &DrafterConfig::conv_group},
+    {"selector_rank", &DrafterConfig::selector_rank},  {"selector_top_k", &DrafterConfig::selector_topk}};
 
 int64_t check_limit(int64_t v, const char* key, const std::string& source) {
   const int64_t limit = size_limit(key);
@@ -203,12 +209,8 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   if (const json* v = find_nested(j, "final_logit_softcapping")) c.softcap = as_double(v, source, "final_logit_softcapping");
   read_bool(j, "attention_bias", source, &c.bias);
 
-  if (c.arch == Arch::DFlash2) {
-    c.conv_kernel = require_size(j, "conv_kernel_size", source, true);
-    c.conv_group = require_size(j, "conv_group_size", source, true);
-    c.selector_rank = require_size(j, "selector_rank", source, true);
-    c.selector_topk = require_size(j, "selector_top_k", source, true);
-  }
+  if (c.arch == Arch::DFlash2)
+    for (const auto& [key, field] : kDFlash2Keys) c.*field = require_size(j, key, source, true);
 
   if (const json* v = find_key(j, "quantization_config")) c.quant = QuantConfig::from_json(*v, source);
 
@@ -256,10 +258,7 @@ void DrafterConfig::validate(const std::string& source) const {
   TPDRAFT_CHECK(!any_sliding || window > 0,
                 "{}: key 'sliding_window' must be positive when a layer is 'sliding_attention'", source);
   if (arch == Arch::DFlash2) {
-    positive(conv_kernel, "conv_kernel_size");
-    positive(conv_group, "conv_group_size");
-    positive(selector_rank, "selector_rank");
-    positive(selector_topk, "selector_top_k");
+    for (const auto& [key, field] : kDFlash2Keys) positive(this->*field, key);
     TPDRAFT_CHECK(hidden % conv_group == 0, "{}: hidden_size ({}) must be a multiple of conv_group_size ({})", source,
                   hidden, conv_group);
     TPDRAFT_CHECK(selector_topk <= vocab, "{}: selector_top_k ({}) exceeds vocab_size ({})", source, selector_topk,
@@ -300,12 +299,8 @@ json DrafterConfig::to_json() const {
   if (in_scale != 1.0) dc["input_embedding_scale"] = in_scale;
   if (out_scale != 1.0) dc["output_multiplier"] = out_scale;
   if (softcap > 0) dc["final_logit_softcapping"] = softcap;
-  if (arch == Arch::DFlash2) {
-    dc["conv_kernel_size"] = conv_kernel;
-    dc["conv_group_size"] = conv_group;
-    dc["selector_rank"] = selector_rank;
-    dc["selector_top_k"] = selector_topk;
-  }
+  if (arch == Arch::DFlash2)
+    for (const auto& [key, field] : kDFlash2Keys) dc[key] = this->*field;
   j["dflash_config"] = dc;
   if (num_target_layers > 0) j["num_target_layers"] = num_target_layers;
   if (quant.source == QuantConfig::Source::Checkpoint) j["quantization_config"] = quant.to_json();

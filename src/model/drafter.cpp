@@ -206,7 +206,6 @@ void Drafter::conv(const float* in, float* out, const float* base, const float* 
   ops_.dyn_conv(p);
 }
 
-
 void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
   const int64_t S = static_cast<int64_t>(requests.size()), H = cfg_.hidden, B = cfg_.block;
   const int64_t Smax = limits_.max_sessions;
@@ -279,8 +278,7 @@ void Drafter::run_layers(int64_t S) {
   float* delta = conv_delta_.f32();
   // A sublayer's input: the residual stream normed, then (DFlash 2) through the input side of
   // its dynamic convolution.
-  auto sublayer_in = [&](const float* norm, const kernels::Matrix& conv_proj,
-                         const float* conv_base) {
+  auto sublayer_in = [&](const float* norm, const kernels::Matrix& conv_proj, const float* conv_base) {
     ops_.rms_norm(h, norm, x, M, H, eps);
     if (!v2) return static_cast<const float*>(x);
     ops_.matmul(conv_proj, x, M, delta);

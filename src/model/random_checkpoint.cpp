@@ -23,18 +23,12 @@
 #include "core/strings.h"
 #include "core/thread_pool.h"
 #include "model/safetensors.h"
+#include "model/selection.h"
 #include "model/weights.h"
 
 namespace tpdraft::model {
 
 namespace {
-
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 uint64_t name_hash(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -44,7 +38,7 @@ uint64_t name_hash(const std::string& s) {
 
 // Element i of the stream `key` as a uniform double in [0, 1), from its top 53 bits.
 double uniform(uint64_t key, uint64_t i) {
-  return static_cast<double>(mix(key + i) >> 11) * (1.0 / 9007199254740992.0);
+  return static_cast<double>(splitmix64(key + i) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 using Specs = std::vector<std::pair<std::string, std::vector<int64_t>>>;
@@ -73,7 +67,7 @@ OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape,
   t.shape = shape;
   const int64_t n = checked_numel(shape, "random tensor '{}'", name);
   t.bytes.resize(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name));
-  const uint64_t key = mix(seed ^ name_hash(name));
+  const uint64_t key = splitmix64(seed ^ name_hash(name));
   const double a = std::sqrt(3.0) * law.sigma;
   const bool base_kernel = ends_with(name, "base_kernel");
   const int64_t kh = base_kernel ? shape[1] * shape[2] : 0, h = base_kernel ? shape[2] : 0;
@@ -214,7 +208,7 @@ std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const R
 
 std::vector<float> random_taps(const DrafterConfig& cfg, int64_t n, uint64_t seed) {
   std::vector<float> taps(taps_bytes(cfg, n) / sizeof(float));
-  const uint64_t key = mix(seed ^ name_hash("taps"));
+  const uint64_t key = splitmix64(seed ^ name_hash("taps"));
   for (size_t i = 0; i < taps.size(); ++i) taps[i] = static_cast<float>(std::sqrt(3.0) * (2.0 * uniform(key, i) - 1.0));
   return taps;
 }

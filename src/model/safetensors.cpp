@@ -38,9 +38,7 @@ std::string canonical_name(const std::string& name) {
   return starts_with(name, kModelPrefix) ? name.substr(std::strlen(kModelPrefix)) : name;
 }
 
-bool convertible(DType t) {
-  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64;
-}
+bool convertible(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::F64; }
 // FP8 converts to the float dtypes (exactly), never from them.
 bool convertible(DType from, DType to) { return (convertible(from) || from == DType::F8E4M3) && convertible(to); }
 
@@ -426,8 +424,7 @@ const TensorInfo* TensorStore::find(const std::string& name) const {
 
 const TensorInfo& TensorStore::require(const std::string& name, const std::vector<int64_t>& shape) const {
   const TensorInfo* t = find(name);
-  TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", source_, name,
-                shape_string(shape));
+  TPDRAFT_CHECK(t != nullptr, "{}: tensor '{}' is missing (expected shape {})", source_, name, shape_string(shape));
   TPDRAFT_CHECK(t->shape == shape, "{}: tensor '{}' has shape {}, expected {}", t->file, name, t->shape_str(),
                 shape_string(shape));
   TPDRAFT_CHECK(is_float_weight(t->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", t->file, name,

@@ -10,15 +10,6 @@
 
 namespace tpdraft::model {
 
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-}  // namespace
-
 double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id) {
   const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ row) ^ id);
   return (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // 2^53

@@ -29,6 +29,14 @@ inline bool candidate_before(const Candidate& a, const Candidate& b) {
   return a.value > b.value || (a.value == b.value && a.id < b.id);
 }
 
+// The splitmix64 finaliser: the counter-based hash behind the sampling noise and random weights.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 // The counter-based uniform in (0, 1) and Gumbel noise keyed by (seed, row, id).
 double sampling_uniform(uint64_t seed, uint64_t row, uint64_t id);
 double gumbel_noise(uint64_t seed, uint64_t row, uint64_t id);

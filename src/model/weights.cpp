@@ -75,6 +75,18 @@ void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t wi
                t.file, t.name, row0 + i / width, col0 + i % width);
 }
 
+void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
+  TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
+  const size_t esize = dtype_size(t.dtype);
+  const int64_t cols = t.cols();
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
+                 static_cast<size_t>(cols));
+  // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  TPDRAFT_CHECK_INPUT(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
+                "finite", t.file, t.name, row, bad);
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& c) {
@@ -109,10 +121,9 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
       for (const char* part : {"packed", "scale", "shape", "zero_point", "g_idx"}) known.insert(quant_part(name, part));
   }
   std::vector<std::string> unknown;
-  for (const auto& n : d.names()) {
+  for (const auto& n : d.names())
     if (!known.count(n) && !(ends_with(n, ".weight") && known.count(n.substr(0, n.size() - 7))))
       unknown.push_back(n);
-  }
   if (!unknown.empty()) {
     std::string list;
     for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
@@ -315,20 +326,6 @@ void* DrafterWeights::keep(kernels::Buffer buf) {
   buffers_.push_back(std::move(buf));
   return buffers_.back().get();
 }
-
-namespace {
-void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
-  TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
-  const size_t esize = dtype_size(t.dtype);
-  const int64_t cols = t.cols();
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
-                 static_cast<size_t>(cols));
-  // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
-  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
-  TPDRAFT_CHECK_INPUT(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
-                "finite", t.file, t.name, row, bad);
-}
-}  // namespace
 
 void DrafterWeights::embedding_row(int64_t token, float* out) const {
   TPDRAFT_CHECK(token >= 0 && token < cfg_.vocab, "token id {} outside [0, vocab_size = {})", token, cfg_.vocab);

@@ -24,8 +24,7 @@ struct Result {
 Result run(const std::string& args, const testing::TempDir& dir) {
   const std::string err = dir.file("stderr.txt");
   // The program's stderr goes to its file inside the braces: run_command reads stdout alone.
-  const auto r =
-      testing::run_command("{ " + std::string(TPDRAFT_BIN) + " " + args + " 2>" + err + "; }");
+  const auto r = testing::run_command("{ " + std::string(TPDRAFT_BIN) + " " + args + " 2>" + err + "; }");
   return {r.status, r.out, read_regular_file(err, "stderr file")};
 }
 

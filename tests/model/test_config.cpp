@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -56,33 +57,24 @@ void expect_config_error(const json& j, std::vector<std::string> parts) {
   expect_error([&] { parse(j); }, parts);
 }
 
-void expect_same(const DrafterConfig& a, const DrafterConfig& b) {
-  EXPECT_EQ(a.arch, b.arch);
-  EXPECT_EQ(a.arch_name, b.arch_name);
-  EXPECT_EQ(a.hidden, b.hidden);
-  EXPECT_EQ(a.layers, b.layers);
-  EXPECT_EQ(a.n_q, b.n_q);
-  EXPECT_EQ(a.n_kv, b.n_kv);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.ffn, b.ffn);
-  EXPECT_EQ(a.vocab, b.vocab);
-  EXPECT_EQ(a.block, b.block);
-  EXPECT_EQ(a.mask_token, b.mask_token);
-  EXPECT_EQ(a.eps, b.eps);
-  EXPECT_EQ(a.rope_theta, b.rope_theta);
-  EXPECT_EQ(a.taps, b.taps);
-  EXPECT_EQ(a.num_target_layers, b.num_target_layers);
-  EXPECT_EQ(a.sliding, b.sliding);
-  EXPECT_EQ(a.causal, b.causal);
-  EXPECT_EQ(a.window, b.window);
-  EXPECT_EQ(a.in_scale, b.in_scale);
-  EXPECT_EQ(a.out_scale, b.out_scale);
-  EXPECT_EQ(a.softcap, b.softcap);
-  EXPECT_EQ(a.bias, b.bias);
-  EXPECT_EQ(a.conv_kernel, b.conv_kernel);
-  EXPECT_EQ(a.conv_group, b.conv_group);
-  EXPECT_EQ(a.selector_rank, b.selector_rank);
-  EXPECT_EQ(a.selector_topk, b.selector_topk);
+// Every parsed field of `c`, to compare two configs whole.
+auto fields(const DrafterConfig& c) {
+  return std::tie(c.arch, c.arch_name, c.hidden, c.layers, c.n_q, c.n_kv, c.head_dim, c.ffn, c.vocab, c.block,
+                  c.mask_token, c.eps, c.rope_theta, c.taps, c.num_target_layers, c.sliding, c.causal, c.window,
+                  c.in_scale, c.out_scale, c.softcap, c.bias, c.conv_kernel, c.conv_group, c.selector_rank,
+                  c.selector_topk);
+}
+
+void expect_same(const DrafterConfig& a, const DrafterConfig& b) { EXPECT_EQ(fields(a), fields(b)); }
+
+// The sizes H, L, Nq, Nk, D, F, V and B of `c`.
+std::vector<int64_t> sizes(const DrafterConfig& c) {
+  return {c.hidden, c.layers, c.n_q, c.n_kv, c.head_dim, c.ffn, c.vocab, c.block};
+}
+
+// The DFlash 2 sizes K, gs, R and k_top of `c`.
+std::vector<int64_t> dflash2_sizes(const DrafterConfig& c) {
+  return {c.conv_kernel, c.conv_group, c.selector_rank, c.selector_topk};
 }
 
 // ---- the shipped tiny configs ----------------------------------------------------------------
@@ -92,17 +84,10 @@ TEST(Config, TinyDFlash) {
   EXPECT_EQ(c.arch, Arch::DFlash);
   EXPECT_FALSE(c.is_dflash2());
   EXPECT_EQ(c.arch_name, "DFlashDraftModel");
-  EXPECT_EQ(c.hidden, 64);
-  EXPECT_EQ(c.layers, 2);
-  EXPECT_EQ(c.n_q, 4);
-  EXPECT_EQ(c.n_kv, 2);
-  EXPECT_EQ(c.head_dim, 16);
-  EXPECT_EQ(c.ffn, 96);
-  EXPECT_EQ(c.vocab, 300);
+  EXPECT_EQ(sizes(c), (std::vector<int64_t>{64, 2, 4, 2, 16, 96, 300, 8}));
   EXPECT_EQ(c.eps, 1e-6);
   EXPECT_EQ(c.rope_theta, 10000.0);
   EXPECT_FALSE(c.bias);
-  EXPECT_EQ(c.block, 8);
   EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(c.n_taps(), 2);
   EXPECT_EQ(c.mask_token, 299);
@@ -121,27 +106,17 @@ TEST(Config, TinyDFlash2) {
   const auto c = DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
   EXPECT_EQ(c.arch, Arch::DFlash2);
   EXPECT_TRUE(c.is_dflash2());
-  EXPECT_EQ(c.hidden, 64);
-  EXPECT_EQ(c.layers, 2);
-  EXPECT_EQ(c.n_q, 4);
-  EXPECT_EQ(c.n_kv, 1);
-  EXPECT_EQ(c.head_dim, 16);
-  EXPECT_EQ(c.ffn, 80);
-  EXPECT_EQ(c.vocab, 257);
+  EXPECT_EQ(sizes(c), (std::vector<int64_t>{64, 2, 4, 1, 16, 80, 257, 8}));
   EXPECT_EQ(c.eps, 1e-5);
   EXPECT_EQ(c.rope_theta, 500000.0);
   EXPECT_TRUE(c.bias);
   EXPECT_EQ(c.sliding, (std::vector<bool>{true, false}));
   EXPECT_EQ(c.causal, (std::vector<bool>{true, false}));  // causal exactly where sliding
   EXPECT_EQ(c.window, 6);
-  EXPECT_EQ(c.block, 8);
   EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 4, 7}));
   EXPECT_EQ(c.mask_token, 250);
-  EXPECT_EQ(c.conv_kernel, 2);
-  EXPECT_EQ(c.conv_group, 16);
+  EXPECT_EQ(dflash2_sizes(c), (std::vector<int64_t>{2, 16, 8, 4}));
   EXPECT_EQ(c.conv_groups(), 4);
-  EXPECT_EQ(c.selector_rank, 8);
-  EXPECT_EQ(c.selector_topk, 4);
   EXPECT_EQ(c.softcap, 20.0);
   EXPECT_EQ(c.out_scale, 0.5);
   EXPECT_EQ(c.in_scale, 1.0);
@@ -281,11 +256,7 @@ TEST(ConfigFallbacks, DFlash2FieldsAtTopLevel) {
     j[key] = j["dflash_config"][key];
     j["dflash_config"].erase(key);
   }
-  const auto c = parse(j);
-  EXPECT_EQ(c.conv_kernel, 2);
-  EXPECT_EQ(c.conv_group, 16);
-  EXPECT_EQ(c.selector_rank, 8);
-  EXPECT_EQ(c.selector_topk, 4);
+  EXPECT_EQ(dflash2_sizes(parse(j)), (std::vector<int64_t>{2, 16, 8, 4}));
 }
 
 // ---- to_json round trip ----------------------------------------------------------------------
@@ -308,8 +279,7 @@ TEST(Config, ToJsonRoundTrip) {
                                     {"target_layer_ids", nullptr}}}});
   const auto c = parse(j);
   EXPECT_EQ(c.taps, (std::vector<int64_t>{1, 5, 9}));
-  const auto back = DrafterConfig::from_json(c.to_json(), "round-trip");
-  expect_same(back, c);
+  expect_same(DrafterConfig::from_json(c.to_json(), "round-trip"), c);
   // And through a file, as `tpdraft init` writes it.
   testing::TempDir dir;
   testing::write_text(dir.file("config.json"), c.to_json().dump(2));
@@ -563,30 +533,27 @@ TEST(ConfigErrors, ValidateProgrammaticConfig) {
 
 // ---- the target model's config ---------------------------------------------------------------
 
+// tie_word_embeddings, vocab_size and hidden_size of the target config in `dir`.
+std::tuple<bool, int64_t, int64_t> target_fields(const std::string& dir) {
+  const auto t = TargetConfig::from_dir(dir);
+  return {t.tie_word_embeddings, t.vocab, t.hidden};
+}
+
 TEST(TargetConfig, Defaults) {
   testing::TempDir dir;
-  const auto t = TargetConfig::from_dir(dir.path());
-  EXPECT_FALSE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 0);
-  EXPECT_EQ(t.hidden, 0);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(false, 0, 0));
 }
 
 TEST(TargetConfig, TopLevelAndNestedTextConfig) {
   testing::TempDir dir;
   testing::write_text(dir.file("config.json"),
                       R"({"tie_word_embeddings": true, "vocab_size": 1000, "hidden_size": 64})");
-  auto t = TargetConfig::from_dir(dir.path());
-  EXPECT_TRUE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 1000);
-  EXPECT_EQ(t.hidden, 64);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(true, 1000, 64));
   // Multimodal: the language model's sizes live under text_config, which wins for the tie flag.
   testing::write_text(dir.file("config.json"),
                       R"({"tie_word_embeddings": true, "vocab_size": 5,
                           "text_config": {"tie_word_embeddings": false, "vocab_size": 2000, "hidden_size": 32}})");
-  t = TargetConfig::from_dir(dir.path());
-  EXPECT_FALSE(t.tie_word_embeddings);
-  EXPECT_EQ(t.vocab, 2000);
-  EXPECT_EQ(t.hidden, 32);
+  EXPECT_EQ(target_fields(dir.path()), std::make_tuple(false, 2000, 32));
 }
 
 TEST(TargetConfig, Errors) {

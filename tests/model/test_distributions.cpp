@@ -180,9 +180,8 @@ TEST(Distributions, WidthsOutsideTheVocabularyAreRefused) {
   const auto taps = model::random_taps(cfg, 4, 1);
   for (int64_t width : {int64_t{-2}, cfg.vocab + 1}) {
     SCOPED_TRACE(width);
-    testing::expect_error(
-        [&] { draft_at(dir.path(), cfg, 1, taps, 4, {{{1.0, 0, 1.0, 1}, width}}); },
-        {"distribution width"});
+    testing::expect_error([&] { draft_at(dir.path(), cfg, 1, taps, 4, {{{1.0, 0, 1.0, 1}, width}}); },
+                          {"distribution width"});
   }
 }
 

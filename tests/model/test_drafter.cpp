@@ -249,10 +249,8 @@ TEST(DrafterErrors, BadRequestsAreRefusedWithoutChangingTheSession) {
   expect_error([&] { f.drafter->settle(*s, 20, taps.data(), 13); }, {"max context 32"});
   expect_error([&] { f.drafter->rollback(*s, 21); }, {"cannot roll back"});
   expect_error([&] { f.drafter->draft({{s.get(), c.cfg.vocab, {}}}); }, {"anchor token"});
-  expect_error([&] { f.drafter->draft({{s.get(), 1, {0.5, 3, 1.0, 0}}}); },
-               {"selector candidates"});
-  expect_error([&] { f.drafter->draft({{s.get(), 1, {}}, {s.get(), 2, {}}}); },
-               {"sessions requested"});
+  expect_error([&] { f.drafter->draft({{s.get(), 1, {0.5, 3, 1.0, 0}}}); }, {"selector candidates"});
+  expect_error([&] { f.drafter->draft({{s.get(), 1, {}}, {s.get(), 2, {}}}); }, {"sessions requested"});
   EXPECT_EQ(s->length(), 20);
   // The ring of the sliding layer (window 6 + block 8) no longer holds what a far rollback needs.
   f.drafter->settle(*s, 20, taps.data(), 12);

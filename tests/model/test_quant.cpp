@@ -101,10 +101,8 @@ TEST(QuantConfig, RefusesWhatCannotRun) {
       {with(c8, "/ignore", {"re:([unclosed"}), "not a valid regular expression"},
       {with(c8, "/format", "naive-quantized"), "'naive-quantized' is not supported"},
   };
-  for (const auto& c : cases) {
-    expect_error([&] { QuantConfig::from_json(c.first, "drafter/config.json"); },
-                 {c.second, "drafter/config.json"});
-  }
+  for (const auto& c : cases)
+    expect_error([&] { QuantConfig::from_json(c.first, "drafter/config.json"); }, {c.second, "drafter/config.json"});
 }
 
 TEST(QuantConfig, PlansAndPresets) {
@@ -143,14 +141,12 @@ TEST(QuantShardPlan, TpThatCutsAGroupIsAStartUpError) {
   DrafterConfig cfg = DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
   // cfg.quant: int4 in groups of `group`.
   auto plan = [&](int64_t group) {
-    cfg.quant = plan_quantization(request(4, group), expected_drafter_tensors(cfg),
-                                  QuantConfig::Source::Checkpoint);
+    cfg.quant = plan_quantization(request(4, group), expected_drafter_tensors(cfg), QuantConfig::Source::Checkpoint);
   };
   plan(16);  // o: 64 columns (parts of 32 at tp 2, 16 at tp 4); down: 80 (40 at tp 2)
   EXPECT_NO_THROW(ShardPlan::make(cfg, 0, 1));
   expect_error([&] { ShardPlan::make(cfg, 1, 2); },
-               {"tp = 2 cuts the quantization groups of 'layers.0.mlp.down_proj.weight'",
-                "parts of 40"});
+               {"tp = 2 cuts the quantization groups of 'layers.0.mlp.down_proj.weight'", "parts of 40"});
   plan(8);  // parts of 40 and 32 hold whole groups of 8; at tp 4, 20 does not
   EXPECT_NO_THROW(ShardPlan::make(cfg, 1, 2));
   EXPECT_THROW(ShardPlan::make(cfg, 3, 4), Error);
@@ -224,8 +220,7 @@ TEST(QuantReader, QuantizeOutputReadsBackAndSharesAgree) {
         for (int64_t rr = 0; rr < part.rows; ++rr) {
           for (int64_t c = 0; c < part.cols; ++c) {
             const auto at = static_cast<size_t>(rr * part.cols + c);
-            const auto whole =
-                static_cast<size_t>((share.rows.begin + rr) * shape[1] + share.cols.begin + c);
+            const auto whole = static_cast<size_t>((share.rows.begin + rr) * shape[1] + share.cols.begin + c);
             ASSERT_EQ(part.q[at], all.q[whole]);
             ASSERT_EQ(pd[at], deq[whole]);
           }
@@ -234,24 +229,21 @@ TEST(QuantReader, QuantizeOutputReadsBackAndSharesAgree) {
     }
   }
   // A quantized checkpoint is not quantized twice.
-  expect_error([&] { quantize_checkpoint(q.qdrafter(), q.dir.file("q2"), r); },
-               {"quantized already"});
+  expect_error([&] { quantize_checkpoint(q.qdrafter(), q.dir.file("q2"), r); }, {"quantized already"});
 }
 
 // Rewrites the safetensors file `path` through `edit(name, tensor) -> keep?` plus `extra` tensors.
 void rewrite(const std::string& path, const std::function<bool(const std::string&, OwnedTensor&)>& edit,
              std::vector<OwnedTensor> extra = {}) {
   std::vector<OwnedTensor> all;
-  for (OwnedTensor& t : testing::read_tensors(path)) {
+  for (OwnedTensor& t : testing::read_tensors(path))
     if (edit(t.name, t)) all.push_back(std::move(t));
-  }
   for (auto& e : extra) all.push_back(std::move(e));
   testing::write_tensors(path, all);
 }
 
 // Rewrites the safetensors file `path` with tensor `name` changed by `edit`.
-void edit_tensor(const std::string& path, const std::string& name,
-                 const std::function<void(OwnedTensor&)>& edit) {
+void edit_tensor(const std::string& path, const std::string& name, const std::function<void(OwnedTensor&)>& edit) {
   rewrite(path, [&](const std::string& n, OwnedTensor& t) {
     if (n == name) edit(t);
     return true;
@@ -295,8 +287,7 @@ TEST(QuantReader, InconsistenciesNameTensorAndFile) {
     t.bytes.resize(static_cast<size_t>(shape[0]) * 2);
   });
   check("'" + up + "_scale' has shape [96, 1], expected [96, 4]");
-  edit_tensor(weights, up + "_shape",
-              [&](OwnedTensor& t) { t.bytes = bytes_of({shape[0], shape[1] + 1}); });
+  edit_tensor(weights, up + "_shape", [&](OwnedTensor& t) { t.bytes = bytes_of({shape[0], shape[1] + 1}); });
   check("says [96, 65]");
   rewrite(weights, [&](const std::string& n, OwnedTensor&) { return n != up + "_scale"; });
   expect_error([&] { check_quantized_tensor(*TensorStore::open(file), up, shape, s); },
@@ -311,11 +302,8 @@ TEST(QuantReader, InconsistenciesNameTensorAndFile) {
     const uint16_t nan = 0x7fc0;
     std::memcpy(t.bytes.data() + 6, &nan, 2);
   });
-  expect_error(
-      [&] {
-        read_packed_share(*TensorStore::open(file), up, shape, s, {0, shape[0]}, {0, shape[1]});
-      },
-      {"'" + up + "_scale' holds a non-finite scale"});
+  expect_error([&] { read_packed_share(*TensorStore::open(file), up, shape, s, {0, shape[0]}, {0, shape[1]}); },
+               {"'" + up + "_scale' holds a non-finite scale"});
   testing::write_tensors(weights, original);
   // The whole drafter loads again from the restored file (the checks above left nothing behind).
   const auto store = TensorStore::open(file);

@@ -477,8 +477,7 @@ TEST(TensorStore, FromMemoryChecksBytesAgainstShape) {
   expect_error([&] { TensorStore::from_memory("random weights", {short_one}); },
                {"random weights", "'w'", "20 bytes", "24", "[3, 2]"});
   // 2^58 + 1 rows of 64 bf16 values wrap to 128 bytes in unchecked int64 arithmetic.
-  const OwnedTensor wrapped{"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64},
-                            Bytes(128)};
+  const OwnedTensor wrapped{"lm_head.weight", DType::BF16, {(int64_t{1} << 58) + 1, 64}, Bytes(128)};
   expect_error([&] { TensorStore::from_memory("bench (target)", {wrapped}); },
                {"bench (target)", "'lm_head.weight'", "[288230376151711745, 64]", "64-bit"});
   const OwnedTensor negative{"n", DType::F32, {-2, 3}, {}};

@@ -171,10 +171,9 @@ TEST(Selection, PicksMatchTheDocumentedRulesComputedInDouble) {
 
 TEST(Selection, RefusesBadParameters) {
   const std::vector<float> logits = {0, 1};
-  EXPECT_ANY_THROW(sample_from_logits(logits.data(), 2, 1, {0.0, 0, 1.0, 0}));
-  EXPECT_ANY_THROW(sample_from_logits(logits.data(), 2, 1, {1.0, 0, 0.0, 0}));
-  EXPECT_ANY_THROW(sample_from_logits(logits.data(), 2, 1, {1.0, 0, 1.5, 0}));
-  EXPECT_ANY_THROW(sample_from_logits(logits.data(), 2, 1, {1.0, -1, 1.0, 0}));
+  for (const SamplingParams& bad : {SamplingParams{0.0, 0, 1.0, 0}, SamplingParams{1.0, 0, 0.0, 0},
+                                    SamplingParams{1.0, 0, 1.5, 0}, SamplingParams{1.0, -1, 1.0, 0}})
+    EXPECT_ANY_THROW(sample_from_logits(logits.data(), 2, 1, bad)) << bad.temperature << " " << bad.top_p;
 }
 
 // ---- the draws follow q ------------------------------------------------------------------------

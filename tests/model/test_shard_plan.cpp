@@ -118,9 +118,8 @@ TEST(ShardPlan, TensorSharesTileEverySplitTensor) {
 TEST(ShardPlan, TensorWithoutARuleIsRefused) {
   const auto cfg = config(8, 4, 96, 300);
   const auto plan = model::ShardPlan::make(cfg, 0, 2);
-  testing::expect_error(
-      [&] { model::tensor_share(cfg, plan, "layers.0.mlp.extra_proj.weight", {4, 4}); },
-      {"no shard rule for tensor 'layers.0.mlp.extra_proj.weight'"});
+  testing::expect_error([&] { model::tensor_share(cfg, plan, "layers.0.mlp.extra_proj.weight", {4, 4}); },
+                        {"no shard rule for tensor 'layers.0.mlp.extra_proj.weight'"});
 }
 
 }  // namespace

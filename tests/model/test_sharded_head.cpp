@@ -369,8 +369,7 @@ TEST(ShardedHead, SamplingRefusesParametersLikeTheWholeRow) {
   auto comm = parallel::make_single_rank();
   for (const SamplingParams& bad : {SamplingParams{0.0, 0, 1.0, 1}, SamplingParams{1.0, 0, 0.0, 1},
                                     SamplingParams{1.0, 0, 1.5, 1}, SamplingParams{1.0, -1, 1.0, 1}}) {
-    const std::string sharded =
-        testing::error_of([&] { sample_sharded(row.data(), 1, 1, slice, bad, *comm); });
+    const std::string sharded = testing::error_of([&] { sample_sharded(row.data(), 1, 1, slice, bad, *comm); });
     const std::string whole = testing::error_of([&] { sample_from_logits(row.data(), 3, 1, bad); });
     EXPECT_FALSE(whole.empty());
     EXPECT_EQ(sharded, whole);

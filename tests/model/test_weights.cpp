@@ -2,6 +2,7 @@
 // (src/model/random_checkpoint.cpp) from bad inputs: every tensor is checked before the first
 // allocation, a NaN or Inf is found where the rank copies it or where a row lookup reads it, and
 // random weights that cannot fit in memory are refused before anything is generated.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -78,12 +79,8 @@ class CountingOps final : public kernels::Ops {
 };
 
 std::vector<OwnedTensor> without(std::vector<OwnedTensor> tensors, const std::string& name) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].name == name) {
-      tensors.erase(tensors.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-  }
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const OwnedTensor& t) { return t.name == name; }),
+                tensors.end());
   return tensors;
 }
 
@@ -122,11 +119,8 @@ TEST(Weights, EveryTensorIsCheckedBeforeTheFirstAllocation) {
   EXPECT_EQ(ops.allocs, 0);
   // A shape that differs from the config's.
   auto wrong = drafter;
-  for (auto& t : wrong) {
-    if (t.name == "layers.1.self_attn.o_proj.weight") {
-      t.shape = {32, 128};
-    }
-  }
+  for (auto& t : wrong)
+    if (t.name == "layers.1.self_attn.o_proj.weight") t.shape = {32, 128};
   CountingOps ops2;
   expect_error([&] { load(wrong, target, ops2); }, {"'layers.1.self_attn.o_proj.weight'", "[32, 128]", "[64, 64]"});
   EXPECT_EQ(ops2.allocs, 0);

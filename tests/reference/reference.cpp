@@ -79,13 +79,6 @@ bool visible(int64_t q, int64_t k, bool causal, bool sliding, int64_t window) {
   return true;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 double gumbel(uint64_t seed, int64_t row, int64_t id) {
   return -std::log(-std::log(ref_uniform(seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id))));
 }
@@ -148,6 +141,13 @@ void sample_dflash(const double* logits, int64_t v, int64_t row, const RefSampli
 
 }  // namespace
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
 double ref_uniform(uint64_t seed, uint64_t row, uint64_t id) {
   const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ row) ^ id);
   return (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // 2^53
@@ -200,11 +200,8 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
   auto load_as = [&](const std::string& name, const std::string& file_name, const std::vector<int64_t>& shape) {
     Tensor t;
     t.shape = shape;
-    if (store->find(file_name + "_packed") || store->find(file_name + "_scale")) {
-      t.data = dequantize(*store, file_name, shape);
-    } else {
-      t.data = model::to_f64(store->require(file_name, shape));
-    }
+    const bool quantized = store->find(file_name + "_packed") || store->find(file_name + "_scale");
+    t.data = quantized ? dequantize(*store, file_name, shape) : model::to_f64(store->require(file_name, shape));
     weights_.emplace_back(name, std::move(t));
   };
   auto load = [&](const std::string& name, const std::vector<int64_t>& shape) { load_as(name, name, shape); };
@@ -264,9 +261,8 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
 }
 
 const RefModel::Tensor& RefModel::w(const std::string& name) const {
-  for (const auto& [n, t] : weights_) {
+  for (const auto& [n, t] : weights_)
     if (n == name) return t;
-  }
   TPDRAFT_FAIL("reference: tensor '{}' was not loaded", name);
 }
 
@@ -352,9 +348,8 @@ std::vector<std::vector<double>> RefModel::attention(int64_t l, const RefContext
         scores.push_back(dot * scale);
       }
       const Vec prob = softmax_scaled(scores, 1.0);
-      for (size_t s = 0; s < seen.size(); ++s) {
+      for (size_t s = 0; s < seen.size(); ++s)
         for (int64_t i = 0; i < D; ++i) out[r][h * D + i] += prob[s] * (*values[seen[s]])[kvh * D + i];
-      }
     }
   }
   return out;

@@ -68,6 +68,8 @@ class RefModel {
   std::vector<double> head_;   // [V, H] first V rows of the target head
 };
 
+// The splitmix64 finaliser, the hash behind ref_uniform.
+uint64_t splitmix64(uint64_t x);
 // The counter-based uniform in (0, 1) behind seeded sampling: key (seed, row, id).
 double ref_uniform(uint64_t seed, uint64_t row, uint64_t id);
 

@@ -497,13 +497,6 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
   EXPECT_THROW(m.draft(ctx, anchor, RefSampling{0.8, 0, 0.9, 0}), tpdraft::Error);
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 TEST(Reference, UniformIsTheDocumentedCounterHash) {
   // The first output of the standard splitmix64 generator seeded with 0 pins the finaliser.
   EXPECT_EQ(splitmix64(0), 0xE220A8397B1DCDAFULL);

@@ -15,32 +15,35 @@
 
 namespace {
 
-// Reports a failed assertion on a rank whose normal printer is switched off. The test's name is
-// kept from OnTestStart: gtest holds its lock while reporting a result, so it cannot be asked then.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+// A listener that knows its rank and the running test. The test's name is kept from OnTestStart:
+// gtest holds its lock while reporting a result, so it cannot be asked then.
+class RankListener : public ::testing::EmptyTestEventListener {
  public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  explicit RankListener(int rank) : rank_(rank) {}
   void OnTestStart(const ::testing::TestInfo& test) override {
     test_ = std::string(test.test_suite_name()) + "." + test.name();
   }
+
+ protected:
+  int rank_;
+  std::string test_;
+};
+
+// Reports a failed assertion on a rank whose normal printer is switched off.
+class RankFailurePrinter : public RankListener {
+ public:
+  using RankListener::RankListener;
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
     std::fprintf(stderr, "[rank %d] FAILED %s at %s:%d\n%s\n", rank_, test_.c_str(),
                  result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
   }
-
- private:
-  int rank_;
-  std::string test_;
 };
 
 // Ends the job on a fatal failure. Appended after the printers, so the failure is reported first.
-class AbortOnFatalFailure : public ::testing::EmptyTestEventListener {
+class AbortOnFatalFailure : public RankListener {
  public:
-  explicit AbortOnFatalFailure(int rank) : rank_(rank) {}
-  void OnTestStart(const ::testing::TestInfo& test) override {
-    test_ = std::string(test.test_suite_name()) + "." + test.name();
-  }
+  using RankListener::RankListener;
   void OnTestEnd(const ::testing::TestInfo&) override { test_.clear(); }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.fatally_failed()) return;
@@ -50,10 +53,6 @@ class AbortOnFatalFailure : public ::testing::EmptyTestEventListener {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-
- private:
-  int rank_;
-  std::string test_;
 };
 
 }  // namespace

@@ -22,7 +22,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/safetensors.h"
-
 #include "parallel/communicator.h"
 
 namespace tpdraft::testing {
