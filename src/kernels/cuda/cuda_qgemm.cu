@@ -223,17 +223,12 @@ __global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bflo
   }
 }
 
-template <int BITS, int MT, bool UNIFORM>
-void launch_tc(const TcArgs& a, dim3 grid, cudaStream_t stream) {
-  qgemm_tc_kernel<BITS, MT, UNIFORM><<<grid, kThreads, 0, stream>>>(a);
-}
-
 template <int BITS, int MT>
 void launch_tc(const TcArgs& a, bool uniform, dim3 grid, cudaStream_t stream) {
   if (uniform)
-    launch_tc<BITS, MT, true>(a, grid, stream);
+    qgemm_tc_kernel<BITS, MT, true><<<grid, kThreads, 0, stream>>>(a);
   else
-    launch_tc<BITS, MT, false>(a, grid, stream);
+    qgemm_tc_kernel<BITS, MT, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
 template <int BITS>
