@@ -186,14 +186,10 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
     for (int tp : {1, 2}) {
       const std::string what = std::string(file) + " tp " + std::to_string(tp);
       std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-      auto body = [&](parallel::Communicator& comm) {
+      parallel::run_group(tp, [&](parallel::Communicator& comm) {
         eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false);
         graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true);
-      };
-      if (tp == 1)
-        body(*single);
-      else
-        parallel::run_ranks(tp, body);
+      });
       for (int r = 0; r < tp; ++r) {
         const auto& e = eager[static_cast<size_t>(r)];
         const auto& g = graphs[static_cast<size_t>(r)];
@@ -333,16 +329,10 @@ void check_nccl_graph_rounds(int tp) {
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-    auto body = [&](parallel::Communicator& comm) {
+    parallel::run_group(tp, [&](parallel::Communicator& comm) {
       eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false, true);
       graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true, true);
-    };
-    if (tp == 1) {
-      auto single = parallel::make_single_rank();
-      body(*single);
-    } else {
-      parallel::run_ranks(tp, body);
-    }
+    });
     for (int r = 0; r < tp; ++r)
       for (size_t i = 0; i < graphs[static_cast<size_t>(r)].size(); ++i) {
         const auto& g = graphs[static_cast<size_t>(r)][i];
