@@ -259,10 +259,8 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
     const int64_t end = c.lengths[static_cast<size_t>(s)];
     const auto rk = randn(static_cast<size_t>(cap * c.n_kv * D), rng);
     const auto rv = randn(static_cast<size_t>(cap * c.n_kv * D), rng);
-    rings.push_back(put(cpu, rk));
-    rings.push_back(put(cpu, rv));
-    rings.push_back(put(gpu, rk));
-    rings.push_back(put(gpu, rv));
+    for (Ops* ops : {&cpu, &gpu})
+      for (const auto* ring : {&rk, &rv}) rings.push_back(put(*ops, *ring));
     const int64_t begin = std::max<int64_t>(0, end - cap);
     const size_t r = static_cast<size_t>(4 * s);
     vc[static_cast<size_t>(s)] = {rings[r].f32(), rings[r + 1].f32(), cap, begin, end};
