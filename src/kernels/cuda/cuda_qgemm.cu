@@ -18,7 +18,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/grid_stride.cuh"
+#include "kernels/cuda/kernel_util.cuh"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {

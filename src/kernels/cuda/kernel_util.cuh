@@ -1,5 +1,6 @@
-// Grid-stride loops of the memory-bound kernels: blocks of kStrideThreads threads, at most 65536
-// of them; thread grid_first() takes every grid_step()-th element from there on.
+// Device helpers shared by the kernels: grid-stride loops (blocks of kStrideThreads threads, at
+// most 65536 of them; thread grid_first() takes every grid_step()-th element from there on) and
+// a warp's butterfly sum.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,5 +19,11 @@ inline unsigned stride_blocks(int64_t n) {
 
 __device__ __forceinline__ int64_t grid_first() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_step() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// The sum of v over the warp's 32 lanes, which every lane gets.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 }  // namespace tpdraft::kernels::cuda
