@@ -113,8 +113,7 @@ TEST_F(CudaOpsTest, MatmulEveryDtypeAndShape) {
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     for (const Case& c : {Case{1, 7, 5, false}, Case{16, 64, 96, true}, Case{33, 130, 257, true},
                           Case{256, 512, 384, false}}) {
-      const std::string what = std::string("matmul ") + dtype_name(dt) + " m " + std::to_string(c.m) + " k " +
-                               std::to_string(c.k) + " n " + std::to_string(c.n);
+      const std::string what = fmt::format("matmul {} m {} k {} n {}", dtype_name(dt), c.m, c.k, c.n);
       TwinMatrix w = twin_matrix(*cpu, *gpu, dt, c.n, c.k, randn(static_cast<size_t>(c.n * c.k), rng, 0.05f));
       const auto x = randn(static_cast<size_t>(c.m * c.k), rng);
       const auto bias = randn(static_cast<size_t>(c.n), rng);
@@ -367,8 +366,8 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 
 
 void check_head(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const HeadCase& c, std::vector<float> g = {},
                 std::vector<float> wv = {}) {
-  const std::string what = std::string("head ") + dtype_name(c.dtype) + " vocab " + std::to_string(c.valid) + "/" +
-                           std::to_string(c.rows) + " k " + std::to_string(c.k) + " cap " + std::to_string(c.cap);
+  const std::string what =
+      fmt::format("head {} vocab {}/{} k {} cap {:f}", dtype_name(c.dtype), c.valid, c.rows, c.k, c.cap);
   SCOPED_TRACE(what);
   if (wv.empty()) wv = randn(static_cast<size_t>(c.rows * c.hidden), rng, 0.1f);
   if (g.empty()) g = randn(static_cast<size_t>(c.m * c.hidden), rng);
