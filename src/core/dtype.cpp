@@ -78,14 +78,11 @@ float f16_to_f32(uint16_t h) {
   } else {
     u = sign | ((exp + 127 - 15) << 23) | (man << 13);
   }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return bit_cast<float>(u);
 }
 
 uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN

@@ -19,17 +19,20 @@ const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
 bool parse_dtype(const std::string& s, DType* out);
 inline bool is_float_weight(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+// The bits of `from` read as a To of the same size (std::bit_cast, which C++17 lacks).
+template <typename To, typename From>
+To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast between types of different sizes");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
 }
+
+inline float bf16_to_f32(uint16_t h) { return bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
 // Round to nearest even; NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);

@@ -3,7 +3,6 @@
 // back), and they run each time the graph replays (their counts are added).
 #include "parallel/forward_recorder.h"
 
-#include "core/error.h"
 #include "core/log.h"
 
 namespace tpdraft::parallel {

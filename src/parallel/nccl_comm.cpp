@@ -112,9 +112,7 @@ class HostStaged final : public Communicator {
 
   // The host's barrier only: unlike the NCCL one it does not wait for work queued on the stream
   // (collectives of device buffers here synchronise the stream themselves).
-  void do_barrier() override {
-    host_.barrier();
-  }
+  void do_barrier() override { host_.barrier(); }
 
  private:
   // After the work queued before the collective (which produced the buffer).

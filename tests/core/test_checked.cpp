@@ -2,7 +2,6 @@
 // naming what was being computed, with short numbers, as soon as a result would not fit.
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -10,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include "core/checked.h"
-#include "core/error.h"
 #include "support/test_support.h"
 
 namespace tpdraft {

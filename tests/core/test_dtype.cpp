@@ -16,17 +16,8 @@
 namespace tpdraft {
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+uint32_t bits_of(float f) { return bit_cast<uint32_t>(f); }
+float float_of(uint32_t u) { return bit_cast<float>(u); }
 
 // IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
 double ref_f16(uint16_t h) {

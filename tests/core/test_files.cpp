@@ -1,16 +1,12 @@
 // Opening input files (core/files.h): a regular file is read whole; a directory, FIFO or device
 // is refused at once, named with its path and kind; a file larger than the caller allows is
 // refused before it is read.
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <filesystem>
-#include <functional>
 #include <string>
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
 #include "core/files.h"
 #include "support/test_support.h"
 

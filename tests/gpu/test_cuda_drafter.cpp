@@ -20,7 +20,6 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -187,14 +186,10 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
     for (int tp : {1, 2}) {
       const std::string what = std::string(file) + " tp " + std::to_string(tp);
       std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-      auto body = [&](parallel::Communicator& comm) {
+      parallel::run_group(tp, [&](parallel::Communicator& comm) {
         eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false);
         graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true);
-      };
-      if (tp == 1)
-        body(*single);
-      else
-        parallel::run_ranks(tp, body);
+      });
       for (int r = 0; r < tp; ++r) {
         const auto& e = eager[static_cast<size_t>(r)];
         const auto& g = graphs[static_cast<size_t>(r)];
@@ -289,12 +284,7 @@ TEST(NcclCommunicator, OneRankOnOneGpu) {
   // destructor does not hang on the aborted communicator.
   nccl->abort("the test aborts it");
   kernels::Buffer d(*ops, 64 * sizeof(float));
-  try {
-    nccl->all_reduce_sum(d.f32(), 64);
-    ADD_FAILURE() << "an all-reduce on an aborted communicator returned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
-  }
+  testing::expect_error([&] { nccl->all_reduce_sum(d.f32(), 64); }, {"aborted"});
 }
 
 TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
@@ -309,21 +299,17 @@ TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
 TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
   REQUIRE_GPUS(2);
   setenv("TPDRAFT_NCCL_TIMEOUT_S", "3", 1);
-  try {
-    parallel::run_ranks(2, [&](parallel::Communicator& comm) {
-      auto ops = kernels::make_cuda_ops(comm.rank());
-      auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
-      if (comm.rank() != 0) return;  // rank 1 never joins the all-reduce
-      kernels::Buffer d(*ops, 64 * sizeof(float));
-      nccl->all_reduce_sum(d.f32(), 64);
-    });
-    ADD_FAILURE() << "the all-reduce returned without its peer";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
-    EXPECT_NE(what.find("all_reduce_sum"), std::string::npos) << what;
-    EXPECT_NE(what.find("timed out"), std::string::npos) << what;
-  }
+  testing::expect_error(
+      [] {
+        parallel::run_ranks(2, [&](parallel::Communicator& comm) {
+          auto ops = kernels::make_cuda_ops(comm.rank());
+          auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
+          if (comm.rank() != 0) return;  // rank 1 never joins the all-reduce
+          kernels::Buffer d(*ops, 64 * sizeof(float));
+          nccl->all_reduce_sum(d.f32(), 64);
+        });
+      },
+      {"rank 0", "all_reduce_sum", "timed out"});
   unsetenv("TPDRAFT_NCCL_TIMEOUT_S");
 }
 
@@ -343,16 +329,10 @@ void check_nccl_graph_rounds(int tp) {
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-    auto body = [&](parallel::Communicator& comm) {
+    parallel::run_group(tp, [&](parallel::Communicator& comm) {
       eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false, true);
       graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true, true);
-    };
-    if (tp == 1) {
-      auto single = parallel::make_single_rank();
-      body(*single);
-    } else {
-      parallel::run_ranks(tp, body);
-    }
+    });
     for (int r = 0; r < tp; ++r)
       for (size_t i = 0; i < graphs[static_cast<size_t>(r)].size(); ++i) {
         const auto& g = graphs[static_cast<size_t>(r)][i];

@@ -14,16 +14,17 @@
 namespace tpdraft::kernels {
 namespace {
 
-// One thread's view of the runtime: its current device, which contexts exist, what failed.
+// One thread's view of the runtime (its current device, which contexts exist, what failed),
+// answering the guard's calls.
 struct FakeRuntime {
-  int current = 0;          // a fresh thread's default
+  int device = 0;                // current; a fresh thread's default
   std::map<int, bool> contexts;  // device -> primary context exists
   int switches = 0;
   int failing_device = -1;  // make_current(this) fails
   bool pending_error = false;
 
-  bool current_device(int* d) {
-    *d = current;
+  bool current(int* d) {
+    *d = device;
     return true;
   }
   bool make_current(int d) {
@@ -32,79 +33,69 @@ struct FakeRuntime {
       return false;
     }
     ++switches;
-    current = d;
+    device = d;
     contexts[d] = true;  // the runtime creates the primary context on first use
     return true;
   }
-};
-
-struct FakeCalls {
-  FakeRuntime& rt;
-  bool current(int* d) { return rt.current_device(d); }
-  bool make_current(int d) { return rt.make_current(d); }
-  bool context_active(int d) { return rt.contexts.count(d) > 0 && rt.contexts[d]; }
-  void clear_error() { rt.pending_error = false; }
-  [[noreturn]] void fail(const char* what, int device) {
-    throw std::runtime_error(std::string(what) + " " + std::to_string(device));
+  bool context_active(int d) { return contexts.count(d) > 0 && contexts[d]; }
+  void clear_error() { pending_error = false; }
+  [[noreturn]] void fail(const char* what, int d) {
+    throw std::runtime_error(std::string(what) + " " + std::to_string(d));
   }
 };
 
-using Guard = BasicDeviceGuard<FakeCalls>;
+using Guard = BasicDeviceGuard<FakeRuntime>;
 
 TEST(DeviceGuard, RanksOnOtherGpusNeverTouchGpuZero) {
   for (int device = 1; device < 8; ++device) {
     FakeRuntime rt;  // a fresh rank thread
-    FakeCalls calls{rt};
-    for (int op = 0; op < 100; ++op) Guard g(calls, device);
+    for (int op = 0; op < 100; ++op) Guard g(rt, device);
     EXPECT_EQ(rt.contexts.count(0), 0u) << "device " << device << ": a context was made on GPU 0";
-    EXPECT_EQ(rt.current, device);
+    EXPECT_EQ(rt.device, device);
     EXPECT_EQ(rt.switches, 1) << "switch once, then find the device current";
   }
 }
 
 TEST(DeviceGuard, NestedGuardsSwitchOnlyWhenTheDeviceDiffers) {
   FakeRuntime rt;
-  FakeCalls calls{rt};
   {
-    Guard outer(calls, 2);
-    { Guard same(calls, 2); }
+    Guard outer(rt, 2);
+    { Guard same(rt, 2); }
     EXPECT_EQ(rt.switches, 1);
     {
-      Guard other(calls, 3);
-      EXPECT_EQ(rt.current, 3);
+      Guard other(rt, 3);
+      EXPECT_EQ(rt.device, 3);
     }
-    EXPECT_EQ(rt.current, 2) << "device 2 was active: it is current again";
+    EXPECT_EQ(rt.device, 2) << "device 2 was active: it is current again";
   }
-  EXPECT_EQ(rt.current, 2) << "device 0 had no context: not restored";
+  EXPECT_EQ(rt.device, 2) << "device 0 had no context: not restored";
   EXPECT_EQ(rt.contexts.count(0), 0u);
 }
 
 TEST(DeviceGuard, ACallersActiveDeviceIsRestored) {
   FakeRuntime rt;
-  FakeCalls calls{rt};
   rt.make_current(5);  // the caller works on GPU 5
   rt.switches = 0;
-  { Guard g(calls, 1); }
-  EXPECT_EQ(rt.current, 5);
+  { Guard g(rt, 1); }
+  EXPECT_EQ(rt.device, 5);
   EXPECT_EQ(rt.switches, 2);
 }
 
 TEST(DeviceGuard, FailuresThrowOrAreClearedAndForgotten) {
   FakeRuntime rt;
-  FakeCalls calls{rt};
   rt.failing_device = 4;
-  EXPECT_THROW(Guard(calls, 4), std::runtime_error);
-  { Guard quiet(calls, 4, std::nothrow); }
+  EXPECT_THROW(Guard(rt, 4), std::runtime_error);
+  { Guard quiet(rt, 4, std::nothrow); }
   EXPECT_FALSE(rt.pending_error) << "the nothrow guard left the failure's error behind";
   // A failed switch back: the error is cleared, the guard's device stays current.
   rt.failing_device = -1;
   rt.make_current(6);
   {
-    Guard g(calls, 1);
+    Guard g(rt, 1);
     rt.failing_device = 6;
   }
   EXPECT_FALSE(rt.pending_error);
-  EXPECT_EQ(rt.current, 1);
+  EXPECT_EQ(rt.device, 1);
 }
 
 TEST(DeviceGuard, EachThreadKeepsItsOwnDevice) {
@@ -114,9 +105,8 @@ TEST(DeviceGuard, EachThreadKeepsItsOwnDevice) {
   for (int r = 0; r < 4; ++r)
     threads.emplace_back([&, r] {
       FakeRuntime rt;  // per thread, as the runtime's current device is
-      FakeCalls calls{rt};
-      for (int op = 0; op < 50; ++op) Guard g(calls, r + 1);
-      ends[static_cast<size_t>(r)] = rt.current;
+      for (int op = 0; op < 50; ++op) Guard g(rt, r + 1);
+      ends[static_cast<size_t>(r)] = rt.device;
       zero[static_cast<size_t>(r)] = rt.contexts.count(0) > 0;
     });
   for (auto& t : threads) t.join();

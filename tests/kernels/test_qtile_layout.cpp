@@ -220,9 +220,7 @@ std::vector<double> emulate_kernel(const Packed& p, const std::vector<float>& x,
               for (int e = 0; e < 4; ++e) {
                 const int64_t g = uniform ? group_of(k0, l.group, l.groups)
                                           : group_of(k0 + frag_k(lane, e), l.group, l.groups);
-                const uint32_t mb = magic_bits(bits, w, 4 * st + e);
-                float qf = 0;
-                std::memcpy(&qf, &mb, 4);
+                const float qf = bit_cast<float>(magic_bits(bits, w, 4 * st + e));
                 b[lane][e >> 1][e & 1] = bf16((qf - magic_offset(bits)) * scale_at(p, g, n));
               }
             }
@@ -280,10 +278,7 @@ TEST(QTileLayout, MagicNumberConversionIsExact) {
       for (uint32_t v = 0; v < (1u << bits); ++v) {
         const uint32_t word = (v << (bits * idx)) | (bits == 8 ? 0x5a5a5a5au & ~(0xffu << (8 * idx))
                                                                  : 0x9c3e71a5u & ~(0xfu << (4 * idx)));
-        const uint32_t m = magic_bits(bits, word, idx);
-        float f = 0;
-        std::memcpy(&f, &m, 4);
-        const float q = f - magic_offset(bits);
+        const float q = bit_cast<float>(magic_bits(bits, word, idx)) - magic_offset(bits);
         ASSERT_EQ(q, static_cast<float>(q_of_word(bits, word, idx))) << "bits " << bits << " idx " << idx << " v " << v;
         ASSERT_TRUE(bits == 8 ? (q >= -128 && q <= 127) : (q >= -8 && q <= 7));
       }

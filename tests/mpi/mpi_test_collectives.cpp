@@ -1,7 +1,7 @@
 // The MPI communicator under mpirun (2 and 4 ranks): the exact-value collective checks of the
 // in-process tests, results bit-identical across ranks on random floats, exact counters, the
 // replica split (consecutive groups of tp ranks) and the node-local rank.
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -103,9 +103,7 @@ TEST_F(MpiCollectives, NodeLocalRankIsAPlaceOnThisMachine) {
   // Ranks on one machine are numbered in world order; the node-local ranks on it are 0..size-1.
   std::vector<int> all(static_cast<size_t>(n_));
   comm_->all_gather(&local.rank, all.data(), sizeof(int));
-  int zeros = 0;
-  for (int v : all) zeros += v == 0;
-  EXPECT_GE(zeros, 1);
+  EXPECT_GE(std::count(all.begin(), all.end(), 0), 1);
   if (local.size == n_) {
     EXPECT_EQ(local.rank, r_);
   }

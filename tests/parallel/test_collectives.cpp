@@ -4,7 +4,6 @@
 // that fails or leaves) which must raise errors naming the ranks instead of hanging.
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +18,6 @@
 
 #include <gtest/gtest.h>
 
-#include "core/dtype.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "parallel/thread_comm.h"
@@ -62,9 +60,8 @@ std::vector<std::string> run_each(std::vector<std::unique_ptr<Communicator>>& co
                                   const std::function<void(Communicator&)>& fn) {
   std::vector<std::string> errors(comms.size());
   std::vector<std::thread> threads;
-  for (size_t r = 0; r < comms.size(); ++r) {
+  for (size_t r = 0; r < comms.size(); ++r)
     threads.emplace_back([&, r] { errors[r] = testing::error_of([&] { fn(*comms[r]); }); });
-  }
   for (auto& t : threads) t.join();
   return errors;
 }

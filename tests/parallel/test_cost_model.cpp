@@ -35,7 +35,7 @@ using RankCounts = std::vector<parallel::CommStats>;
 std::vector<RankCounts> count_drafts(const std::string& ckpt, const DrafterConfig& cfg, int tp,
                                      const std::vector<DraftCase>& cases) {
   std::vector<RankCounts> out(static_cast<size_t>(tp));
-  auto body = [&](parallel::Communicator& comm) {
+  parallel::run_group(tp, [&](parallel::Communicator& comm) {
     model::RuntimeOptions ro = testing::backend("cpu");
     ro.limits.max_sessions = 3;
     ro.limits.max_context = 64;
@@ -56,13 +56,7 @@ std::vector<RankCounts> count_drafts(const std::string& ckpt, const DrafterConfi
       drafter.draft(reqs, c.gather_logits ? &dump : nullptr);
       out[static_cast<size_t>(comm.rank())].push_back(comm.stats());
     }
-  };
-  if (tp == 1) {
-    const auto single = parallel::make_single_rank();  // what a one-rank run uses
-    body(*single);
-  } else {
-    parallel::run_ranks(tp, body);
-  }
+  });
   return out;
 }
 

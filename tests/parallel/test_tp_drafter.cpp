@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -123,15 +122,9 @@ TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
 std::vector<std::vector<testing::DraftRound>> run_rounds(const std::string& ckpt, const DrafterConfig& cfg, int tp,
                                                          bool graphs) {
   std::vector<std::vector<testing::DraftRound>> out(static_cast<size_t>(tp));
-  auto rank_body = [&](parallel::Communicator& comm) {
+  parallel::run_group(tp, [&](parallel::Communicator& comm) {
     out[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cpu", ckpt, cfg, graphs);
-  };
-  if (tp == 1) {
-    const auto single = parallel::make_single_rank();
-    rank_body(*single);
-  } else {
-    parallel::run_ranks(tp, rank_body);
-  }
+  });
   return out;
 }
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "core/error.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops_checks.h"
 

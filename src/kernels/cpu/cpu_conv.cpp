@@ -1,7 +1,6 @@
 // DFlash 2's grouped dynamic causal convolution along the rows of each session's block
 // (docs/model.md). Depthwise per channel: the inner loop runs over the channels of one group, whose
 // dynamic coefficient is a single scalar, and is compiled once per instruction set.
-#include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops_checks.h"
 

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <limits>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops_checks.h"
@@ -29,15 +29,11 @@ float logit_of(float dot, float scale, float cap) {
 
 // Order-preserving map of floats to integers (-0 and +0 both map to 0), and back.
 int64_t float_order(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = bit_cast<uint32_t>(f);
   return (u & 0x80000000u) ? -static_cast<int64_t>(u & 0x7fffffffu) : static_cast<int64_t>(u);
 }
 float order_float(int64_t k) {
-  const uint32_t u = k >= 0 ? static_cast<uint32_t>(k) : (static_cast<uint32_t>(-k) | 0x80000000u);
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return bit_cast<float>(k >= 0 ? static_cast<uint32_t>(k) : (static_cast<uint32_t>(-k) | 0x80000000u));
 }
 
 // The smallest raw dot x with logit_of(x) >= logit_of(t). Rounding of scale * x and tanh's

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <utility>
 
-#include "core/error.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops_checks.h"
 

@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention_geometry.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
@@ -21,13 +22,8 @@ constexpr int kRowsPerWarp = kAttnRowsPerBlock / kWarps;  // 4
 constexpr int kTileKeys = static_cast<int>(kAttnTileKeys);  // one key per lane in the score step
 constexpr int kMergeThreads = 128;
 
-
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

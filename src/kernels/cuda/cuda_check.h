@@ -14,20 +14,15 @@ namespace tpdraft::kernels::cuda {
 // reported with the op's name.
 void check_launch(const char* op, const char* file, int line);
 
+inline void check_status(cudaError_t code, const char* call, const char* file, int line) {
+  if (code != cudaSuccess) cuda_fail(call, code, file, line);
+}
+inline void check_status(cublasStatus_t code, const char* call, const char* file, int line) {
+  if (code != CUBLAS_STATUS_SUCCESS) cublas_fail(call, code, file, line);
+}
+
 }  // namespace tpdraft::kernels::cuda
 
-#define CUDA_CHECK(call)                                                                      \
-  do {                                                                                        \
-    const cudaError_t cuda_check_rc_ = (call);                                                \
-    if (cuda_check_rc_ != cudaSuccess)                                                        \
-      ::tpdraft::kernels::cuda::cuda_fail(#call, cuda_check_rc_, __FILE__, __LINE__);         \
-  } while (0)
-
-#define CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                        \
-    const cublasStatus_t cublas_check_rc_ = (call);                                           \
-    if (cublas_check_rc_ != CUBLAS_STATUS_SUCCESS)                                            \
-      ::tpdraft::kernels::cuda::cublas_fail(#call, cublas_check_rc_, __FILE__, __LINE__);     \
-  } while (0)
-
+#define CUDA_CHECK(call) ::tpdraft::kernels::cuda::check_status((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) ::tpdraft::kernels::cuda::check_status((call), #call, __FILE__, __LINE__)
 #define TPDRAFT_CHECK_LAUNCH(op) ::tpdraft::kernels::cuda::check_launch(op, __FILE__, __LINE__)

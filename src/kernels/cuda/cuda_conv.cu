@@ -7,16 +7,14 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 __global__ void dyn_conv_kernel(ConvParams p, int64_t total) {
   const int64_t h = p.hidden, groups = p.hidden / p.group_size;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t e = grid_first(); e < total; e += grid_step()) {
     const int64_t row = e / h, c = e % h;
     const int64_t t = row % p.block;  // position inside the session's block
     const int64_t taps = t + 1 < p.kernel ? t + 1 : p.kernel;
@@ -35,8 +33,7 @@ __global__ void dyn_conv_kernel(ConvParams p, int64_t total) {
 void launch_dyn_conv(const ConvParams& p, cudaStream_t stream) {
   const int64_t total = p.sessions * p.block * p.hidden;
   if (total <= 0) return;
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  dyn_conv_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, stream>>>(p, total);
+  dyn_conv_kernel<<<stride_blocks(total), kStrideThreads, 0, stream>>>(p, total);
   TPDRAFT_CHECK_LAUNCH("dyn_conv");
 }
 

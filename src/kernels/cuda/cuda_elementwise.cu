@@ -4,28 +4,20 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);  // grid-stride beyond that
-}
-
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < n; i += grid_step()) {
     const float g = gate[i];
     out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
   }
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+  for (int64_t i = grid_first(); i < n; i += grid_step())
     y[i] = __fadd_rn(y[i], x[i]);
 }
 
@@ -42,19 +34,19 @@ __global__ void gather_rows_kernel(const float* src, const int64_t* index, int64
 void launch_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst,
                         cudaStream_t stream) {
   if (rows <= 0 || row_len <= 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(src, index, row_len, dst);
+  gather_rows_kernel<<<static_cast<unsigned>(rows), kStrideThreads, 0, stream>>>(src, index, row_len, dst);
   TPDRAFT_CHECK_LAUNCH("gather_rows");
 }
 
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  silu_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, out, n);
+  silu_mul_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(gate, up, out, n);
   TPDRAFT_CHECK_LAUNCH("silu_mul");
 }
 
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  add_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(y, x, n);
   TPDRAFT_CHECK_LAUNCH("add");
 }
 

@@ -9,16 +9,10 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
 
 template <typename T>
 __device__ __forceinline__ T round_to(float v);
@@ -35,8 +29,7 @@ __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
 template <typename T>
 __global__ void split_kernel(const float* x, int64_t count, int parts, T* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) {
     const float v = x[i];
     const T hi = round_to<T>(v);
     out[i] = hi;
@@ -51,8 +44,7 @@ __global__ void split_kernel(const float* x, int64_t count, int parts, T* out) {
 __global__ void sum_parts_kernel(const float* parts_buf, int parts, int64_t m, int64_t n, const float* bias,
                                  float* y) {
   const int64_t count = m * n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) {
     float v = parts_buf[i];
     if (parts == 2) v = __fadd_rn(v, parts_buf[count + i]);
     if (bias != nullptr) v = __fadd_rn(v, bias[i % n]);
@@ -64,8 +56,7 @@ __global__ void sum_parts_kernel(const float* parts_buf, int parts, int64_t m, i
 __global__ void head_post_kernel(const float* parts_buf, int parts, int64_t m, int64_t n, float scale, float cap,
                                  float* logits) {
   const int64_t count = m * n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) {
     float dot = parts_buf[i];
     if (parts == 2) dot = __fadd_rn(dot, parts_buf[count + i]);
     const float x = __fmul_rn(scale, dot);
@@ -80,24 +71,24 @@ void launch_split_activations(const float* x, int64_t m, int64_t cols, DType wty
   const int64_t count = m * cols;
   if (count <= 0) return;
   if (wtype == DType::BF16)
-    split_kernel<__nv_bfloat16><<<blocks_for(count), kThreads, 0, stream>>>(x, count, parts,
-                                                                             static_cast<__nv_bfloat16*>(out));
+    split_kernel<<<stride_blocks(count), kStrideThreads, 0, stream>>>(x, count, parts,
+                                                                       static_cast<__nv_bfloat16*>(out));
   else
-    split_kernel<__half><<<blocks_for(count), kThreads, 0, stream>>>(x, count, parts, static_cast<__half*>(out));
+    split_kernel<<<stride_blocks(count), kStrideThreads, 0, stream>>>(x, count, parts, static_cast<__half*>(out));
   TPDRAFT_CHECK_LAUNCH("matmul (activation split)");
 }
 
 void launch_sum_parts(const float* parts_buf, int parts, int64_t m, int64_t n, const float* bias, float* y,
                       cudaStream_t stream) {
   if (m * n <= 0) return;
-  sum_parts_kernel<<<blocks_for(m * n), kThreads, 0, stream>>>(parts_buf, parts, m, n, bias, y);
+  sum_parts_kernel<<<stride_blocks(m * n), kStrideThreads, 0, stream>>>(parts_buf, parts, m, n, bias, y);
   TPDRAFT_CHECK_LAUNCH("matmul (sum and bias)");
 }
 
 void launch_head_post(const float* parts_buf, int parts, int64_t m, int64_t n, float scale, float cap,
                       float* logits, cudaStream_t stream) {
   if (m * n <= 0) return;
-  head_post_kernel<<<blocks_for(m * n), kThreads, 0, stream>>>(parts_buf, parts, m, n, scale, cap, logits);
+  head_post_kernel<<<stride_blocks(m * n), kStrideThreads, 0, stream>>>(parts_buf, parts, m, n, scale, cap, logits);
   TPDRAFT_CHECK_LAUNCH("head (scale and soft cap)");
 }
 

@@ -6,17 +6,13 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
 constexpr int kNormThreads = 256;
 constexpr int kRopeWarps = 4;
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 __device__ float block_sum(float v) {

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <initializer_list>
 #include <string>
 #include <vector>
 

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/kernel_util.cuh"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
@@ -199,8 +200,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
 // y = sum over the splits of the partial sums, in split order (+ bias).
 __global__ void sum_splits_kernel(const float* part, int splits, int64_t m, int64_t n, const float* bias, float* y) {
   const int64_t count = m * n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) {
     float v = part[i];
     for (int s = 1; s < splits; ++s) v = __fadd_rn(v, part[s * count + i]);
     if (bias != nullptr) v = __fadd_rn(v, bias[i % n]);
@@ -213,8 +213,7 @@ template <int BITS>
 __global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bfloat16* out) {
   const int64_t count = rows * w.l.cols;
   const auto* bytes = static_cast<const uint8_t*>(w.tiles);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = grid_first(); i < count; i += grid_step()) {
     const int64_t n = n0 + i / w.l.cols, k = i % w.l.cols;
     int shift = 0;
     const int64_t at = qtile::weight_byte(BITS, w.l.tiles_k, n, k, &shift);
@@ -224,17 +223,12 @@ __global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bflo
   }
 }
 
-template <int BITS, int MT, bool UNIFORM>
-void launch_tc(const TcArgs& a, dim3 grid, cudaStream_t stream) {
-  qgemm_tc_kernel<BITS, MT, UNIFORM><<<grid, kThreads, 0, stream>>>(a);
-}
-
 template <int BITS, int MT>
 void launch_tc(const TcArgs& a, bool uniform, dim3 grid, cudaStream_t stream) {
   if (uniform)
-    launch_tc<BITS, MT, true>(a, grid, stream);
+    qgemm_tc_kernel<BITS, MT, true><<<grid, kThreads, 0, stream>>>(a);
   else
-    launch_tc<BITS, MT, false>(a, grid, stream);
+    qgemm_tc_kernel<BITS, MT, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
 template <int BITS>
@@ -278,9 +272,8 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
     launch_tc<4>(a, mt, uniform, grid, stream);
   TPDRAFT_CHECK_LAUNCH("qgemm (tensor cores)");
   if (plan.splits > 1) {
-    const int64_t count = m * w.l.rows, blocks = (count + 255) / 256;
-    sum_splits_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(
-        partials, plan.splits, m, w.l.rows, bias, y);
+    sum_splits_kernel<<<stride_blocks(m * w.l.rows), kStrideThreads, 0, stream>>>(partials, plan.splits, m, w.l.rows,
+                                                                                   bias, y);
     TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
   }
 }
@@ -288,13 +281,12 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
 void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream) {
   const int64_t count = rows * w.l.cols;
   if (count <= 0) return;
-  const int64_t blocks = (count + 255) / 256;
-  const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  const unsigned grid = stride_blocks(count);
   auto* o = static_cast<__nv_bfloat16*>(out);
   if (w.l.bits == 8)
-    dequant_kernel<8><<<grid, 256, 0, stream>>>(w, n0, rows, o);
+    dequant_kernel<8><<<grid, kStrideThreads, 0, stream>>>(w, n0, rows, o);
   else
-    dequant_kernel<4><<<grid, 256, 0, stream>>>(w, n0, rows, o);
+    dequant_kernel<4><<<grid, kStrideThreads, 0, stream>>>(w, n0, rows, o);
   TPDRAFT_CHECK_LAUNCH("qgemm (dequantize to bf16)");
 }
 

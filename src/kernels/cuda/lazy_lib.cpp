@@ -4,7 +4,6 @@
 
 #include <dlfcn.h>
 
-#include <mutex>
 #include <string>
 #include <vector>
 
