@@ -100,7 +100,7 @@ TEST(DeviceGuard, FailuresThrowOrAreClearedAndForgotten) {
 
 TEST(DeviceGuard, EachThreadKeepsItsOwnDevice) {
   std::vector<int> ends(4, -1);
-  std::vector<bool> zero(4, false);
+  std::vector<char> zero(4, 0);  // not vector<bool>: its packed bits would make the threads' writes race
   std::vector<std::thread> threads;
   for (int r = 0; r < 4; ++r)
     threads.emplace_back([&, r] {
