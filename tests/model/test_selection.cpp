@@ -14,6 +14,7 @@
 
 #include "model/selection.h"
 #include "reference/reference.h"
+#include "support/test_support.h"
 
 namespace tpdraft::model {
 namespace {
@@ -65,9 +66,7 @@ TEST(Selection, UniformLiesInsideTheOpenUnitIntervalAndIsDeterministic) {
 // (equal logits keep ascending ids), the first top_k, then the shortest prefix whose softmax
 // mass over that set reaches top_p.
 std::vector<int64_t> documented_kept_set(const std::vector<float>& logits, const SamplingParams& s) {
-  std::vector<int64_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), int64_t{0});
-  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  std::vector<int64_t> ids = testing::ids_by_value(logits.data(), static_cast<int64_t>(logits.size()));
   if (s.top_k > 0 && s.top_k < static_cast<int64_t>(ids.size())) ids.resize(static_cast<size_t>(s.top_k));
   if (s.top_p < 1.0) {
     double z = 0;

@@ -1,8 +1,10 @@
 // Helpers shared by the tests: scratch directories, config fixtures, error comparisons.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,16 @@ CommandResult run_command(const std::string& command);
 std::string error_of(const std::function<void()>& f);
 // Expects f to throw a tpdraft::Error whose message holds every one of `parts`.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
+// The ids 0 .. n-1 ordered by values[id], largest first; equal values keep ascending ids (a stable
+// sort, the candidate order of docs/sampling.md).
+template <typename T>
+std::vector<int64_t> ids_by_value(const T* values, int64_t n) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), int64_t{0});
+  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  return ids;
+}
 
 // How many times `needle` occurs in `text`.
 size_t count_of(const std::string& text, const std::string& needle);
