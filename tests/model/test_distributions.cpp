@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -27,26 +26,8 @@ using model::SamplingParams;
 
 // softmax(logits / T) over the kept set of docs/sampling.md, in double, every token (0 outside).
 std::vector<double> expected_row(const std::vector<double>& logits, const SamplingParams& s) {
-  const size_t V = logits.size();
-  const std::vector<int64_t> order = testing::ids_by_value(logits.data(), static_cast<int64_t>(V));
-  size_t keep = s.top_k > 0 ? std::min(V, static_cast<size_t>(s.top_k)) : V;
-  const double mx = logits[order[0]] / s.temperature;
-  auto mass_of = [&](size_t n) {
-    double z = 0;
-    for (size_t i = 0; i < n; ++i) z += std::exp(logits[order[i]] / s.temperature - mx);
-    return z;
-  };
-  if (s.top_p < 1.0) {
-    const double z = mass_of(keep);
-    double mass = 0;
-    size_t n = 0;
-    while (n < keep && mass < s.top_p) mass += std::exp(logits[order[n++]] / s.temperature - mx) / z;
-    keep = n;
-  }
-  const double z = mass_of(keep);
-  std::vector<double> p(V, 0.0);
-  for (size_t i = 0; i < keep; ++i) p[order[i]] = std::exp(logits[order[i]] / s.temperature - mx) / z;
-  return p;
+  return testing::softmax_over(logits, testing::documented_kept_set(logits, s.temperature, s.top_k, s.top_p),
+                               s.temperature);
 }
 
 void expect_distribution(const RowDistribution& got, const std::vector<double>& want, int64_t width,

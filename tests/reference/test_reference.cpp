@@ -510,23 +510,11 @@ TEST(Reference, SamplingReportsTheSoftmaxOfTheKeptSet) {
     double top_p;
   };
   for (const Case cs : {Case{0, 1.0}, Case{4, 1.0}, Case{0, 0.5}, Case{6, 0.8}}) {
+    const std::vector<int64_t> kept = tpdraft::testing::documented_kept_set(logits, temp, cs.top_k, cs.top_p);
+    const Vec q = tpdraft::testing::softmax_over(logits, kept, temp);
     for (uint64_t seed : {0u, 5u, 77u}) {
       const RefDraft d = m.draft(RefContext{}, anchor, RefSampling{temp, cs.top_k, cs.top_p, seed});
       for (int64_t r = 1; r < kB; ++r) {
-        std::vector<int64_t> kept = tpdraft::testing::ids_by_value(logits.data(), kV);
-        if (cs.top_k > 0) kept.resize(cs.top_k);
-        auto z_of = [&](const std::vector<int64_t>& set) {
-          double z = 0;
-          for (int64_t v : set) z += std::exp(logits[v] / temp);
-          return z;
-        };
-        if (cs.top_p < 1.0) {
-          const double z = z_of(kept);
-          double cum = 0;
-          size_t n = 0;
-          while (n < kept.size() && cum < cs.top_p) cum += std::exp(logits[kept[n++]] / temp) / z;
-          kept.resize(n);
-        }
         int64_t pick = -1;
         double best = -INFINITY;
         for (int64_t v : kept) {
@@ -537,7 +525,7 @@ TEST(Reference, SamplingReportsTheSoftmaxOfTheKeptSet) {
           }
         }
         EXPECT_EQ(d.tokens[r - 1], pick) << "top_k " << cs.top_k << " top_p " << cs.top_p << " seed " << seed;
-        EXPECT_NEAR(d.probs[r - 1], std::exp(logits[pick] / temp) / z_of(kept), 1e-12);
+        EXPECT_NEAR(d.probs[r - 1], q[pick], 1e-12);
       }
     }
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <numeric>
@@ -79,6 +80,35 @@ std::vector<int64_t> ids_by_value(const T* values, int64_t n) {
   std::iota(ids.begin(), ids.end(), int64_t{0});
   std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
   return ids;
+}
+
+// The kept set of docs/sampling.md in candidate order: the ids by logit (equal logits keep ascending
+// ids), the first top_k (0: all), then the shortest prefix whose softmax mass at temperature t over
+// that set reaches top_p.
+template <typename T>
+std::vector<int64_t> documented_kept_set(const std::vector<T>& logits, double t, int64_t top_k, double top_p) {
+  std::vector<int64_t> ids = ids_by_value(logits.data(), static_cast<int64_t>(logits.size()));
+  if (top_k > 0 && top_k < static_cast<int64_t>(ids.size())) ids.resize(static_cast<size_t>(top_k));
+  if (top_p < 1.0) {
+    double z = 0;
+    for (int64_t id : ids) z += std::exp((logits[id] - logits[ids[0]]) / t);
+    double mass = 0;
+    size_t n = 0;
+    while (n < ids.size() && mass < top_p) mass += std::exp((logits[ids[n++]] - logits[ids[0]]) / t) / z;
+    ids.resize(n);
+  }
+  return ids;
+}
+
+// softmax(logits / t) over `kept`, one probability per id (zero outside the set).
+template <typename T>
+std::vector<double> softmax_over(const std::vector<T>& logits, const std::vector<int64_t>& kept, double t) {
+  double mx = -INFINITY, z = 0;
+  for (int64_t id : kept) mx = std::max(mx, logits[id] / t);
+  for (int64_t id : kept) z += std::exp(logits[id] / t - mx);
+  std::vector<double> q(logits.size(), 0.0);
+  for (int64_t id : kept) q[static_cast<size_t>(id)] = std::exp(logits[id] / t - mx) / z;
+  return q;
 }
 
 // How many times `needle` occurs in `text`.
