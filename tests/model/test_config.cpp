@@ -291,20 +291,16 @@ TEST(ConfigErrors, UnknownArchitecture) {
 TEST(ConfigErrors, UnsupportedRopeType) {
   expect_config_error(with("/rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e6}}),
                       {"rope_parameters.rope_type", "yarn"});
-  expect_config_error(with("/rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
-                      {"rope_scaling.type", "linear"});
-  expect_config_error(with("/rope_scaling", {{"rope_type", "llama3"}}),
-                      {"rope_scaling.rope_type", "llama3"});
+  expect_config_error(with("/rope_scaling", {{"type", "linear"}, {"factor", 2.0}}), {"rope_scaling.type", "linear"});
+  expect_config_error(with("/rope_scaling", {{"rope_type", "llama3"}}), {"rope_scaling.rope_type", "llama3"});
 }
 
 TEST(ConfigErrors, HeadsNotDivisible) {
-  expect_config_error(with("/num_key_value_heads", 3),
-                      {"num_attention_heads", "num_key_value_heads", "(3)"});
+  expect_config_error(with("/num_key_value_heads", 3), {"num_attention_heads", "num_key_value_heads", "(3)"});
 }
 
 TEST(ConfigErrors, MaskOutsideVocab) {
-  expect_config_error(with("/dflash_config/mask_token_id", 300),
-                      {"mask_token_id", "300", "vocab_size"});
+  expect_config_error(with("/dflash_config/mask_token_id", 300), {"mask_token_id", "300", "vocab_size"});
   expect_config_error(with("/dflash_config/mask_token_id", -1), {"mask_token_id"});
 }
 
@@ -351,8 +347,7 @@ TEST(ConfigErrors, NumbersOutsideTheIntegerRange) {
     expect_config_error(with("/hidden_size", v), {"'hidden_size'", fmt::format("{}", v), "64-bit"});
   expect_config_error(with("/vocab_size", std::numeric_limits<uint64_t>::max()),
                       {"'vocab_size'", "18446744073709551615"});
-  expect_config_error(with("/dflash_config/target_layer_ids", {1, 1e19}),
-                      {"'target_layer_ids'", "1e+19"});
+  expect_config_error(with("/dflash_config/target_layer_ids", {1, 1e19}), {"'target_layer_ids'", "1e+19"});
   // A 300-digit literal parses as a double; the message stays short.
   testing::TempDir dir;
   const std::string path = dir.file("config.json");
@@ -487,15 +482,12 @@ TEST(ConfigErrors, DFlash2MissingConvFields) {
 }
 
 TEST(ConfigErrors, DFlash2GroupDoesNotDivideHidden) {
-  expect_config_error(with("/dflash_config/conv_group_size", 24, base2()),
-                      {"hidden_size", "conv_group_size", "(24)"});
-  expect_config_error(with("/dflash_config/selector_top_k", 301, base2()),
-                      {"selector_top_k", "vocab_size"});
+  expect_config_error(with("/dflash_config/conv_group_size", 24, base2()), {"hidden_size", "conv_group_size", "(24)"});
+  expect_config_error(with("/dflash_config/selector_top_k", 301, base2()), {"selector_top_k", "vocab_size"});
 }
 
 TEST(ConfigErrors, BadSoftcapAndMultiplier) {
-  expect_config_error(with("/dflash_config/final_logit_softcapping", -1.0),
-                      {"final_logit_softcapping"});
+  expect_config_error(with("/dflash_config/final_logit_softcapping", -1.0), {"final_logit_softcapping"});
   expect_config_error(with("/output_multiplier", 0.0), {"output_multiplier"});
 }
 
