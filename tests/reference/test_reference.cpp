@@ -434,7 +434,8 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
   // The selector walk, greedy, then sampled; the expected scores computed here.
   const std::vector<float>& pc = w["candidate_selector.predecessor_codebook"].data;
   const std::vector<float>& sc = w["candidate_selector.successor_codebook.weight"].data;
-  auto walk = [&](double temp, uint64_t seed, std::vector<int64_t>* tokens, Vec* probs) {
+  auto walk = [&](double temp, uint64_t seed) {
+    RefDraft want;  // its tokens and probs
     int64_t prev = anchor;
     for (int64_t r = 1; r < kB; ++r) {
       const Vec logits = logits_of(g[r], fx.head, 1.0, 0.0);
@@ -456,22 +457,18 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
         }
         if (temp > 0) z += std::exp(score[c] / temp);
       }
-      tokens->push_back(ids[pick]);
-      probs->push_back(temp == 0 ? 1.0 : std::exp(score[pick] / temp) / z);
+      want.tokens.push_back(ids[pick]);
+      want.probs.push_back(temp == 0 ? 1.0 : std::exp(score[pick] / temp) / z);
       prev = ids[pick];
     }
+    return want;
   };
-  std::vector<int64_t> want_tokens;
-  Vec want_probs;
-  walk(0.0, 0, &want_tokens, &want_probs);
-  EXPECT_EQ(d.tokens, want_tokens);
+  EXPECT_EQ(d.tokens, walk(0.0, 0).tokens);
   for (int64_t seed : {1, 2, 3}) {
-    want_tokens.clear();
-    want_probs.clear();
-    walk(0.8, seed, &want_tokens, &want_probs);
+    const RefDraft want = walk(0.8, seed);
     const RefDraft ds = m.draft(ctx, anchor, RefSampling{0.8, 0, 1.0, static_cast<uint64_t>(seed)});
-    EXPECT_EQ(ds.tokens, want_tokens) << "seed " << seed;
-    expect_near_all(ds.probs, want_probs, 1e-12, "probs");
+    EXPECT_EQ(ds.tokens, want.tokens) << "seed " << seed;
+    expect_near_all(ds.probs, want.probs, 1e-12, "probs");
   }
   EXPECT_THROW(m.draft(ctx, anchor, RefSampling{0.8, 2, 1.0, 0}), tpdraft::Error);
   EXPECT_THROW(m.draft(ctx, anchor, RefSampling{0.8, 0, 0.9, 0}), tpdraft::Error);
