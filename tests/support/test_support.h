@@ -1,4 +1,5 @@
-// Helpers shared by the tests: scratch directories, config fixtures, error comparisons.
+// Helpers shared by the tests: scratch directories, config fixtures, error comparisons, the kept
+// set of docs/sampling.md.
 #pragma once
 
 #include <algorithm>
