@@ -218,6 +218,7 @@ def checkpoint_cases(ck):
     draft = [a.replace("{ck}", "{tmp}/ck") for a in DRAFT]  # over the altered copy in {tmp}/ck
     dfile = "drafter/model.safetensors"
     tfile = "target/model.safetensors"
+    dconfig = "drafter/config.json"
 
     def add(name, change, names):
         def prepare(tmp):
@@ -291,16 +292,14 @@ def checkpoint_cases(ck):
         add(f"target {tensor} missing", header_change(drop(tensor), tfile), [tensor, "lm_head", "embed"])
     add("target safetensors truncated", lambda d: os.truncate(os.path.join(d, tfile), 50),
         ["model.safetensors"])
-    add("drafter config.json missing", lambda d: os.remove(os.path.join(d, "drafter/config.json")), ["config.json"])
+    add("drafter config.json missing", lambda d: os.remove(os.path.join(d, dconfig)), ["config.json"])
     add("drafter config.json a directory",
-        lambda d: (os.remove(os.path.join(d, "drafter/config.json")), os.mkdir(os.path.join(d, "drafter/config.json"))),
-        ["config.json"])
-    add("drafter config.json not JSON", lambda d: open(os.path.join(d, "drafter/config.json"), "w").write("{"),
-        ["config.json"])
+        lambda d: (os.remove(os.path.join(d, dconfig)), os.mkdir(os.path.join(d, dconfig))), ["config.json"])
+    add("drafter config.json not JSON", lambda d: open(os.path.join(d, dconfig), "w").write("{"), ["config.json"])
 
     def config_edit(fn):
         def change(d):
-            p = os.path.join(d, "drafter/config.json")
+            p = os.path.join(d, dconfig)
             c = json.load(open(p))
             fn(c)
             json.dump(c, open(p, "w"))
@@ -414,12 +413,12 @@ def main(argv):
     binary = os.path.abspath(argv[1])
     with_mpi = "--mpi" in argv
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else (os.cpu_count() or 2)
+    config = os.path.join(REPO, "configs", "tiny-dflash2.json")
     with tempfile.TemporaryDirectory(prefix="tpdraft-bad-inputs-", ignore_cleanup_errors=True) as work:
         ck = os.path.join(work, "ck")
-        subprocess.run([binary, "init", "--config", os.path.join(REPO, "configs", "tiny-dflash2.json"), "--out", ck,
-                        "--taps", "6"], check=True, capture_output=True)
-        cases = (config_cases(os.path.join(REPO, "configs", "tiny-dflash2.json")) + option_cases()
-                 + checkpoint_cases(ck) + (mpi_cases() if with_mpi else []))
+        subprocess.run([binary, "init", "--config", config, "--out", ck, "--taps", "6"], check=True,
+                       capture_output=True)
+        cases = config_cases(config) + option_cases() + checkpoint_cases(ck) + (mpi_cases() if with_mpi else [])
         if "--list" in argv:
             for c in cases:
                 print(f"{c.group}: {c.name}")

@@ -17,7 +17,6 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "reference/reference.h"
-#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
@@ -57,20 +56,24 @@ struct Case {
   std::string args, needle;
 };
 
+// A drafter config from configs/ with some keys replaced, written into dir.
+std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
+                         const std::string& base = "configs/tiny-dflash.json") {
+  nlohmann::json j = nlohmann::json::parse(read_regular_file(testing::source_path(base), "drafter config"));
+  j.merge_patch(changes);
+  const std::string path = dir.file(name);
+  testing::write_text(path, j.dump(2));
+  return path;
+}
+
 // An odd geometry the program has never seen, with a padded head, written as a config file.
 std::string write_odd_config(const testing::TempDir& dir, bool dflash2) {
-  model::DrafterConfig c = testing::shipped_config(dflash2 ? "tiny-dflash2.json" : "tiny-dflash.json");
-  c.hidden = 80;
-  c.n_q = 5;
-  c.n_kv = dflash2 ? 1 : 5;
-  c.head_dim = 14;
-  c.ffn = 72;
-  c.vocab = 233;
-  c.mask_token = 231;
-  if (dflash2) c.conv_group = 20;
-  const std::string path = dir.file(dflash2 ? "odd2.json" : "odd1.json");
-  testing::write_text(path, c.to_json().dump(2));
-  return path;
+  nlohmann::json odd = {{"hidden_size", 80}, {"num_attention_heads", 5}, {"num_key_value_heads", dflash2 ? 1 : 5},
+                        {"head_dim", 14}, {"intermediate_size", 72}, {"vocab_size", 233},
+                        {"dflash_config", {{"mask_token_id", 231}}}};
+  if (dflash2) odd["dflash_config"]["conv_group_size"] = 20;
+  return write_config(dir, dflash2 ? "odd2.json" : "odd1.json", odd,
+                      dflash2 ? "configs/tiny-dflash2.json" : "configs/tiny-dflash.json");
 }
 
 void check_against_reference(bool dflash2, const std::string& dtype) {
@@ -221,16 +224,6 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
   }
-}
-
-// A drafter config from configs/ with some keys replaced, written into dir.
-std::string write_config(const testing::TempDir& dir, const std::string& name, const nlohmann::json& changes,
-                         const std::string& base = "configs/tiny-dflash.json") {
-  nlohmann::json j = nlohmann::json::parse(read_regular_file(testing::source_path(base), "drafter config"));
-  j.merge_patch(changes);
-  const std::string path = dir.file(name);
-  testing::write_text(path, j.dump(2));
-  return path;
 }
 
 TEST(Cli, HugeVocabIsAnErrorNotACrash) {

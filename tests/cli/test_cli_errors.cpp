@@ -27,6 +27,11 @@ testing::CommandResult run(const std::string& args) { return testing::run_comman
 
 bool has_json_line(const std::string& out) { return out.find("\n{") != std::string::npos || out.rfind("{", 0) == 0; }
 
+// What a case gives (a command line, or a part of one) and what the message must name.
+struct Case {
+  std::string input, needle;
+};
+
 // A checkpoint written for each test of this file, in its own directory.
 class CliErrors : public ::testing::Test {
  protected:
@@ -58,17 +63,14 @@ TEST_F(CliErrors, ExitStatusesAreTheDocumentedOnes) {
 // Values the engine would refuse later (or, for a seed, wrap silently) are usage errors at
 // parse time, naming the option; a mistyped command is named too.
 TEST_F(CliErrors, OptionValuesAndCommandsAreCheckedAtParseTime) {
-  struct Case {
-    std::string args, needle;
-  };
   for (const Case& k : {Case{draft_args() + " --seed -1", "--seed"}, Case{draft_args() + " --top-p 0", "--top-p"},
                         Case{draft_args() + " --anchor=", "--anchor"},
                         Case{draft_args() + " --anchor -1", "--anchor"},
                         Case{"bench --config x --batch 1099511627776", "--batch"},
                         Case{"drfat --config x", "unknown command 'drfat'"}}) {
-    const auto r = run(k.args);
-    EXPECT_EQ(r.status, 2) << k.args << "\n" << r.out;
-    EXPECT_NE(r.out.find(k.needle), std::string::npos) << k.args << "\n" << r.out;
+    const auto r = run(k.input);
+    EXPECT_EQ(r.status, 2) << k.input << "\n" << r.out;
+    EXPECT_NE(r.out.find(k.needle), std::string::npos) << k.input << "\n" << r.out;
   }
   EXPECT_EQ(run(draft_args() + " --seed 18446744073709551615").status, 0);
 }
@@ -94,12 +96,9 @@ TEST_F(CliErrors, DumpIsCheckedFirstAndNeverReplacesOtherFiles) {
   const std::string link = dir.file("link.safetensors"), target = dir.file("kept.txt");
   testing::write_text(target, "keep me");
   ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
-  struct Case {
-    std::string dump, needle;
-  };
   for (const Case& k : {Case{"/dev/null", "not a regular file"}, Case{link, "not a regular file"},
                         Case{dir.file("no/such/dir/out.safetensors"), "cannot write there"}}) {
-    const auto r = run(draft_args() + " --dump " + k.dump);
+    const auto r = run(draft_args() + " --dump " + k.input);
     EXPECT_EQ(r.status, 3) << r.out;
     EXPECT_NE(r.out.find(k.needle), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("loaded"), std::string::npos) << "the checkpoint was loaded before the check: " << r.out;

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -27,28 +26,8 @@ using model::SamplingParams;
 
 // softmax(logits / T) over the kept set of docs/sampling.md, in double, every token (0 outside).
 std::vector<double> expected_row(const std::vector<double>& logits, const SamplingParams& s) {
-  const size_t V = logits.size();
-  std::vector<size_t> order(V);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
-  size_t keep = s.top_k > 0 ? std::min(V, static_cast<size_t>(s.top_k)) : V;
-  const double mx = logits[order[0]] / s.temperature;
-  auto mass_of = [&](size_t n) {
-    double z = 0;
-    for (size_t i = 0; i < n; ++i) z += std::exp(logits[order[i]] / s.temperature - mx);
-    return z;
-  };
-  if (s.top_p < 1.0) {
-    const double z = mass_of(keep);
-    double mass = 0;
-    size_t n = 0;
-    while (n < keep && mass < s.top_p) mass += std::exp(logits[order[n++]] / s.temperature - mx) / z;
-    keep = n;
-  }
-  const double z = mass_of(keep);
-  std::vector<double> p(V, 0.0);
-  for (size_t i = 0; i < keep; ++i) p[order[i]] = std::exp(logits[order[i]] / s.temperature - mx) / z;
-  return p;
+  return testing::softmax_over(logits, testing::documented_kept_set(logits, s.temperature, s.top_k, s.top_p),
+                               s.temperature);
 }
 
 void expect_distribution(const RowDistribution& got, const std::vector<double>& want, int64_t width,
@@ -60,13 +39,11 @@ void expect_distribution(const RowDistribution& got, const std::vector<double>& 
     return;
   }
   ASSERT_EQ(got.ids.size(), static_cast<size_t>(width)) << what;
-  std::vector<size_t> order(V);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return want[a] > want[b]; });
+  const std::vector<int64_t> order = testing::ids_by_value(want.data(), static_cast<int64_t>(V));
   double kept = 0;
   for (size_t i = 0; i < static_cast<size_t>(width); ++i) {
     const bool real = i < V && want[order[i]] > 0;
-    EXPECT_EQ(got.ids[i], real ? static_cast<int64_t>(order[i]) : -1) << what << " entry " << i;
+    EXPECT_EQ(got.ids[i], real ? order[i] : -1) << what << " entry " << i;
     EXPECT_NEAR(got.probs[i], real ? want[order[i]] : 0.0, 2e-4) << what << " entry " << i;
     if (real) kept += want[order[i]];
   }
@@ -155,10 +132,7 @@ TEST(Distributions, SelectorRowsCoverItsCandidates) {
     ASSERT_EQ(got[0].tokens, want.tokens);
     for (size_t r = 0; r < got[0].dists.size(); ++r) {
       const RowDistribution& d = got[0].dists[r];
-      std::vector<size_t> order(V);
-      std::iota(order.begin(), order.end(), size_t{0});
-      const auto row = want.logits.begin() + static_cast<std::ptrdiff_t>(r * V);
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row[a] > row[b]; });
+      const std::vector<int64_t> order = testing::ids_by_value(want.logits.data() + r * V, cfg.vocab);
       std::vector<int64_t> support(d.ids.begin(), d.ids.begin() + k), top(order.begin(), order.begin() + k);
       std::sort(support.begin(), support.end());
       std::sort(top.begin(), top.end());

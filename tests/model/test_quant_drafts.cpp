@@ -188,11 +188,8 @@ TEST(QuantDrafts, HandPackedCompressedTensorsCheckpoint) {
     const auto words = hand_pack(q, rows, cols, bits);
     w.add(name + "_packed", DType::I32, {rows, static_cast<int64_t>(words.size()) / rows}, words.data(),
           words.size() * 4);
-    if (attn) {
-      w.add(name + "_scale", DType::F32, {rows, 1}, sc32.data(), sc32.size() * 4);
-    } else {
-      w.add(name + "_scale", DType::F16, {rows, cols / group}, sc16.data(), sc16.size() * 2);
-    }
+    if (attn) w.add(name + "_scale", DType::F32, {rows, 1}, sc32.data(), sc32.size() * 4);
+    else w.add(name + "_scale", DType::F16, {rows, cols / group}, sc16.data(), sc16.size() * 2);
     const int32_t dims[2] = {static_cast<int32_t>(rows), static_cast<int32_t>(cols)};
     w.add(name + "_shape", DType::I32, {2}, dims, sizeof(dims));
   }

@@ -36,11 +36,6 @@ void write_raw(const std::string& path, const std::string& header, const std::ve
   testing::write_text(path, bytes);
 }
 
-std::vector<uint8_t> file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // Values exact in f16 and bf16 alike (8 significant bits at most), so every conversion is exact.
 float exact_value(int64_t i) { return static_cast<float>((i * 37) % 61 - 30) * 0.25f; }
 
@@ -84,9 +79,10 @@ TEST(Safetensors, RoundTripAllDtypesAndMetadata) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 
   // The data area starts on an 8-byte boundary.
-  const auto raw = file_bytes(path);
+  uint8_t raw[8] = {};
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(raw), 8);
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | raw[static_cast<size_t>(i)];
+  for (int i = 7; i >= 0; --i) n = (n << 8) | raw[i];
   EXPECT_EQ((8 + n) % 8, 0u);
 
   SafetensorsFile f(path);

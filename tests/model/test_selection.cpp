@@ -14,6 +14,7 @@
 
 #include "model/selection.h"
 #include "reference/reference.h"
+#include "support/test_support.h"
 
 namespace tpdraft::model {
 namespace {
@@ -61,34 +62,8 @@ TEST(Selection, UniformLiesInsideTheOpenUnitIntervalAndIsDeterministic) {
 
 // ---- sample_from_logits ------------------------------------------------------------------------
 
-// The kept set in candidate order, built from the documented rules: a stable sort by logit
-// (equal logits keep ascending ids), the first top_k, then the shortest prefix whose softmax
-// mass over that set reaches top_p.
-std::vector<int64_t> documented_kept_set(const std::vector<float>& logits, const SamplingParams& s) {
-  std::vector<int64_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), int64_t{0});
-  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
-  if (s.top_k > 0 && s.top_k < static_cast<int64_t>(ids.size())) ids.resize(static_cast<size_t>(s.top_k));
-  if (s.top_p < 1.0) {
-    double z = 0;
-    for (int64_t id : ids) z += std::exp((logits[id] - logits[ids[0]]) / s.temperature);
-    double mass = 0;
-    size_t n = 0;
-    while (n < ids.size() && mass < s.top_p) mass += std::exp((logits[ids[n++]] - logits[ids[0]]) / s.temperature) / z;
-    ids.resize(n);
-  }
-  return ids;
-}
-
-// softmax(logits / T) over `kept`, as [vocab] (zero outside the set).
-std::vector<double> softmax_over(const std::vector<float>& logits, const std::vector<int64_t>& kept, double t) {
-  double mx = -INFINITY, z = 0;
-  for (int64_t id : kept) mx = std::max(mx, logits[id] / t);
-  for (int64_t id : kept) z += std::exp(logits[id] / t - mx);
-  std::vector<double> q(logits.size(), 0.0);
-  for (int64_t id : kept) q[static_cast<size_t>(id)] = std::exp(logits[id] / t - mx) / z;
-  return q;
-}
+using testing::documented_kept_set;
+using testing::softmax_over;
 
 // The Gumbel-max draw over `kept` with the documented noise (ties to the lower id).
 int64_t documented_draw(const std::vector<float>& logits, const std::vector<int64_t>& kept, int64_t row,
@@ -105,7 +80,7 @@ int64_t documented_draw(const std::vector<float>& logits, const std::vector<int6
 
 void expect_documented_pick(const std::vector<float>& logits, int64_t row, const SamplingParams& s,
                             const std::string& what) {
-  const std::vector<int64_t> kept = documented_kept_set(logits, s);
+  const std::vector<int64_t> kept = documented_kept_set(logits, s.temperature, s.top_k, s.top_p);
   const std::vector<double> q = softmax_over(logits, kept, s.temperature);
   const Pick pick = sample_from_logits(logits.data(), static_cast<int64_t>(logits.size()), row, s);
   ASSERT_NE(std::find(kept.begin(), kept.end(), pick.token), kept.end()) << what << ": token outside the kept set";
@@ -234,7 +209,7 @@ TEST(Selection, DrawsOverSeedsFollowQAndTheTestCanTellAWrongQ) {
                             {"T 1.5 top_k 5", {1.5, 5, 1.0, 0}},
                             {"T 1 top_k 6 top_p 0.85", {1.0, 6, 0.85, 0}}};
   for (const DrawCase& c : cases) {
-    const std::vector<int64_t> kept = documented_kept_set(logits, c.params);
+    const std::vector<int64_t> kept = documented_kept_set(logits, c.params.temperature, c.params.top_k, c.params.top_p);
     const std::vector<double> q = softmax_over(logits, kept, c.params.temperature);
     const std::vector<int64_t> counts = draw_counts(logits, c.params, draws);
     const double limit = chi_square_999(kept.size() - 1);

@@ -5,15 +5,17 @@
 
 #include <string>
 
+#include "core/checked.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
+#include "support/rank.h"
 #include "support/test_support.h"
 
 namespace tpdraft {
 namespace {
 
 model::DrafterConfig config(int64_t nq, int64_t nkv, int64_t ffn, int64_t vocab) {
-  model::DrafterConfig c = model::DrafterConfig::from_file(testing::source_path("configs/tiny-dflash.json"));
+  model::DrafterConfig c = testing::shipped_config("tiny-dflash.json");
   c.n_q = nq;
   c.n_kv = nkv;
   c.ffn = ffn;
@@ -71,8 +73,7 @@ void check_shares(const model::DrafterConfig& cfg, int tp) {
   auto tensors = model::expected_drafter_tensors(cfg);
   tensors.push_back({"lm_head.weight", {cfg.vocab + 7, cfg.hidden}});
   for (const auto& [name, shape] : tensors) {
-    int64_t full = 1;
-    for (int64_t d : shape) full *= d;
+    const int64_t full = checked_numel(shape, "tensor '{}'", name);
     int64_t covered = 0;
     for (int r = 0; r < tp; ++r) {
       const auto share = model::tensor_share(cfg, model::ShardPlan::make(cfg, r, tp), name, shape);
@@ -106,7 +107,7 @@ void check_shares(const model::DrafterConfig& cfg, int tp) {
 
 TEST(ShardPlan, TensorSharesTileEverySplitTensor) {
   model::DrafterConfig dflash = config(8, 2, 96, 301);
-  model::DrafterConfig dflash2 = model::DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
+  model::DrafterConfig dflash2 = testing::shipped_config("tiny-dflash2.json");
   dflash2.n_q = 8;
   dflash2.n_kv = 2;
   for (int tp : {1, 2, 4, 8}) {

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,14 +72,9 @@ std::vector<float> peaked_logits(int64_t vocab, uint32_t seed) {
 
 // The k best of a row by a stable sort on value alone (equal values keep ascending id order).
 std::vector<Candidate> top_by_sort(const float* row, int64_t vocab, int64_t k) {
-  std::vector<int64_t> ids(static_cast<size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), int64_t{0});
-  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+  const std::vector<int64_t> ids = testing::ids_by_value(row, vocab);
   std::vector<Candidate> out;
-  for (int64_t j = 0; j < std::min(k, vocab); ++j) {
-    const int64_t id = ids[static_cast<size_t>(j)];
-    out.push_back({row[id], id});
-  }
+  for (int64_t j = 0; j < std::min(k, vocab); ++j) out.push_back({row[ids[j]], ids[j]});
   return out;
 }
 

@@ -93,37 +93,31 @@ TEST(Weights, EveryTensorIsCheckedBeforeTheFirstAllocation) {
   const auto drafter = random_drafter_tensors(cfg, o);
   const auto target = random_target_tensors(cfg, o);
   const ShardPlan plan = ShardPlan::make(cfg, 0, 1);
-  auto load = [&](std::vector<OwnedTensor> d, std::vector<OwnedTensor> t, CountingOps& ops) {
-    DrafterWeights w(cfg, TensorStore::from_memory("drafter", std::move(d)),
-                     TensorStore::from_memory("target", std::move(t)), plan, ops);
-  };
-  {
+  // Loads d and t on a fresh backend; returns its allocations, after the error when one is expected.
+  auto allocs_loading = [&](std::vector<OwnedTensor> d, std::vector<OwnedTensor> t,
+                            const std::vector<std::string>& error = {}) {
     CountingOps ops;
-    load(drafter, target, ops);
-    EXPECT_GT(ops.allocs, 0);  // the complete checkpoint loads
-  }
+    auto load = [&] {
+      DrafterWeights w(cfg, TensorStore::from_memory("drafter", std::move(d)),
+                       TensorStore::from_memory("target", std::move(t)), plan, ops);
+    };
+    if (error.empty()) load();
+    else expect_error(load, error);
+    return ops.allocs;
+  };
+  EXPECT_GT(allocs_loading(drafter, target), 0);  // the complete checkpoint loads
   // The last tensors read: the last layer's down projection, a codebook, the target's head.
-  const std::pair<std::string, std::vector<std::string>> missing[] = {
-      {"layers.1.mlp.down_proj.weight", {"drafter", "'layers.1.mlp.down_proj.weight'", "missing", "[64, 80]"}},
-      {"candidate_selector.successor_codebook", {"drafter", "'candidate_selector.successor_codebook'", "missing"}},
-  };
-  for (const auto& [name, parts] : missing) {
-    CountingOps ops;
-    const std::string& tensor = name;  // C++17 lambdas cannot capture a structured binding (clang refuses)
-    expect_error([&] { load(without(drafter, tensor), target, ops); }, parts);
-    EXPECT_EQ(ops.allocs, 0) << name;
-  }
-  CountingOps ops;
-  expect_error([&] { load(drafter, without(target, "model.embed_tokens.weight"), ops); },
-               {"target", "'model.embed_tokens.weight'", "missing"});
-  EXPECT_EQ(ops.allocs, 0);
+  EXPECT_EQ(allocs_loading(without(drafter, "layers.1.mlp.down_proj.weight"), target,
+                           {"drafter", "'layers.1.mlp.down_proj.weight'", "missing", "[64, 80]"}), 0);
+  EXPECT_EQ(allocs_loading(without(drafter, "candidate_selector.successor_codebook"), target,
+                           {"drafter", "'candidate_selector.successor_codebook'", "missing"}), 0);
+  EXPECT_EQ(allocs_loading(drafter, without(target, "model.embed_tokens.weight"),
+                           {"target", "'model.embed_tokens.weight'", "missing"}), 0);
   // A shape that differs from the config's.
   auto wrong = drafter;
   for (auto& t : wrong)
     if (t.name == "layers.1.self_attn.o_proj.weight") t.shape = {32, 128};
-  CountingOps ops2;
-  expect_error([&] { load(wrong, target, ops2); }, {"'layers.1.self_attn.o_proj.weight'", "[32, 128]", "[64, 64]"});
-  EXPECT_EQ(ops2.allocs, 0);
+  EXPECT_EQ(allocs_loading(wrong, target, {"'layers.1.self_attn.o_proj.weight'", "[32, 128]", "[64, 64]"}), 0);
 }
 
 // ---- non-finite values ------------------------------------------------------------------------
@@ -250,14 +244,9 @@ TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
   cfg.validate("big");
   RandomCheckpointOptions o;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int which = 0; which < 2; ++which) {
-    expect_error(
-        [&] {
-          if (which == 0) random_drafter_tensors(cfg, o);
-          else random_target_tensors(cfg, o);
-        },
-        {"random BF16 weights", "bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"});
-  }
+  for (auto* make : {&random_drafter_tensors, &random_target_tensors})
+    expect_error([&] { make(cfg, o, {}); },
+                 {"random BF16 weights", "bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"});
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
   // The layers dominate when they are what is large.
   cfg = shipped_config("tiny-dflash.json");
@@ -300,9 +289,9 @@ TEST(RandomWeights, WriteCheckpointRefusesBeforeWriting) {
   write_random_checkpoint(shipped_config("tiny-dflash2.json"), dir.file("ck"), {}, 0);
   EXPECT_FALSE(std::filesystem::exists(dir.file("ck/taps.safetensors")));
   EXPECT_TRUE(DrafterConfig::from_file(dir.file("ck/drafter/config.json")).is_dflash2());
-  size_t entries = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path())) entries += e.path().filename() == "ck" ? 0 : 1;
-  EXPECT_EQ(entries, 1u);  // "file"; no temporary directory left beside ck
+  const auto beside_ck = std::count_if(std::filesystem::directory_iterator(dir.path()), {},
+                                       [](const auto& e) { return e.path().filename() != "ck"; });
+  EXPECT_EQ(beside_ck, 1);  // "file"; no temporary directory left beside ck
 }
 
 TEST(RandomWeights, TapRowsBeyondMemoryAreRefused) {

@@ -7,9 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <stdexcept>
 #include <limits>
-#include <memory>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "model/safetensors.h"
@@ -111,9 +110,9 @@ Vec softmax_scaled(const Vec& values, double t) {
 void sample_dflash(const double* logits, int64_t v, int64_t row, const RefSampling& s, int64_t* token, double* prob) {
   std::vector<int64_t> kept = order_by_logit(logits, v);
   if (s.top_k > 0 && s.top_k < v) kept.resize(static_cast<size_t>(s.top_k));
+  Vec vals;
+  for (int64_t id : kept) vals.push_back(logits[id]);
   if (s.top_p < 1.0) {
-    Vec vals;
-    for (int64_t id : kept) vals.push_back(logits[id]);
     const Vec p = softmax_scaled(vals, s.temperature);
     double cum = 0.0;
     size_t n = 0;
@@ -122,9 +121,8 @@ void sample_dflash(const double* logits, int64_t v, int64_t row, const RefSampli
       if (cum >= s.top_p) break;
     }
     kept.resize(n);
+    vals.resize(n);
   }
-  Vec vals;
-  for (int64_t id : kept) vals.push_back(logits[id]);
   const Vec q = softmax_scaled(vals, s.temperature);
   size_t best = 0;
   double best_val = -std::numeric_limits<double>::infinity();

@@ -60,11 +60,9 @@ void put(Weights& w, const std::string& name, std::vector<int64_t> shape, std::v
 Weights base_weights(bool dflash2) {
   Weights w;
   put(w, "fc.weight", {kH, kH}, identity(kH, kH));
-  put(w, "hidden_norm.weight", {kH}, std::vector<float>(kH, 1.0f));
-  put(w, "norm.weight", {kH}, std::vector<float>(kH, 1.0f));
+  for (const char* norm : {"hidden_norm", "norm", "layers.0.input_layernorm", "layers.0.post_attention_layernorm"})
+    put(w, std::string(norm) + ".weight", {kH}, std::vector<float>(kH, 1.0f));
   const std::string p = "layers.0.";
-  put(w, p + "input_layernorm.weight", {kH}, std::vector<float>(kH, 1.0f));
-  put(w, p + "post_attention_layernorm.weight", {kH}, std::vector<float>(kH, 1.0f));
   put(w, p + "self_attn.q_proj.weight", {kNq * kD, kH});
   put(w, p + "self_attn.k_proj.weight", {kNk * kD, kH});
   put(w, p + "self_attn.v_proj.weight", {kNk * kD, kH});
@@ -85,12 +83,6 @@ Weights base_weights(bool dflash2) {
     put(w, "candidate_selector.successor_codebook.weight", {kV, 3});
   }
   return w;
-}
-
-void write_weights(const Weights& w, const std::string& path) {
-  model::SafetensorsWriter writer;
-  for (const auto& [name, t] : w) writer.add_f32(name, DType::F32, t.shape, t.data.data());
-  writer.write(path);
 }
 
 std::string config_text(bool dflash2, const std::string& top_extra, const std::string& dc_extra,
@@ -115,7 +107,9 @@ struct Fixture {
   Fixture(const std::string& config, const Weights& w, std::vector<float> head_rows = {}) {
     if (!head_rows.empty()) head = std::move(head_rows);
     tpdraft::testing::write_text(drafter.file("config.json"), config);
-    write_weights(w, drafter.file("model.safetensors"));
+    model::SafetensorsWriter d;
+    for (const auto& [name, t] : w) d.add_f32(name, DType::F32, t.shape, t.data.data());
+    d.write(drafter.file("model.safetensors"));
     tpdraft::testing::write_text(target.file("config.json"), R"({"tie_word_embeddings": false})");
     model::SafetensorsWriter t;
     t.add_f32("model.embed_tokens.weight", DType::F32, {kVt, kH}, embed.data());
@@ -123,10 +117,6 @@ struct Fixture {
     t.write(target.file("model.safetensors"));
   }
   RefModel model() const { return RefModel(drafter.path(), target.path()); }
-  static Vec embed_pattern_row(int64_t token) {
-    const std::vector<float> e = pattern(kVt * kH, 101);
-    return Vec(e.begin() + token * kH, e.begin() + (token + 1) * kH);
-  }
   Vec embed_row(int64_t token, double scale) const {
     Vec r(kH);
     for (int64_t i = 0; i < kH; ++i) r[i] = scale * embed[token * kH + i];
@@ -159,6 +149,11 @@ void expect_near_all(const Vec& got, const Vec& want, double tol, const std::str
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << what << " [" << i << "]";
 }
 
+// Row r of the row-major matrix m with `width` columns.
+Vec row_of(const Vec& m, int64_t r, int64_t width = kH) {
+  return Vec(m.begin() + r * width, m.begin() + (r + 1) * width);
+}
+
 std::vector<double> tap_rows(int64_t n, uint32_t salt) {
   const std::vector<float> f = pattern(n * kH, salt);
   return Vec(f.begin(), f.end());
@@ -180,10 +175,10 @@ TEST(Reference, IdentityLayersGiveNormedEmbeddingsAndHeadLogits) {
   ASSERT_EQ(d.logits.size(), static_cast<size_t>((kB - 1) * kV));
   for (int64_t r = 0; r < kB; ++r) {
     const Vec g = rms(fx.embed_row(r == 0 ? anchor : kMask, 2.0), w["norm.weight"].data);
-    expect_near_all(Vec(d.hidden.begin() + r * kH, d.hidden.begin() + (r + 1) * kH), g, 1e-12, "hidden");
+    expect_near_all(row_of(d.hidden, r), g, 1e-12, "hidden");
     if (r == 0) continue;
     const Vec logits = logits_of(g, fx.head, 0.5, 3.0);
-    expect_near_all(Vec(d.logits.begin() + (r - 1) * kV, d.logits.begin() + r * kV), logits, 1e-12, "logits");
+    expect_near_all(row_of(d.logits, r - 1, kV), logits, 1e-12, "logits");
     const int64_t best = std::max_element(logits.begin(), logits.end()) - logits.begin();
     EXPECT_EQ(d.tokens[r - 1], best);
     EXPECT_EQ(d.probs[r - 1], 1.0);
@@ -196,13 +191,13 @@ TEST(Reference, TiedOrMissingHeadUsesTheEmbedding) {
   const RefModel m = fx.model();
   const RefDraft d = m.draft(RefContext{}, 3, RefSampling{});
   const Vec g = rms(fx.embed_row(kMask, 1.0), std::vector<float>(kH, 1.0f));
-  expect_near_all(Vec(d.logits.begin(), d.logits.begin() + kV), logits_of(g, fx.embed, 1.0, 0.0), 1e-12, "tied");
+  expect_near_all(row_of(d.logits, 0, kV), logits_of(g, fx.embed, 1.0, 0.0), 1e-12, "tied");
 }
 
 TEST(Reference, GreedyTiesGoToTheLowerId) {
-  std::vector<float> head = pattern(kVt * kH, 202);
-  const Vec g = rms(Fixture::embed_pattern_row(kMask), std::vector<float>(kH, 1.0f));
-  const Vec logits = logits_of(g, head, 1.0, 0.0);
+  const Fixture plain(config_text(false, "", ""), base_weights(false));
+  std::vector<float> head = plain.head;
+  const Vec logits = logits_of(rms(plain.embed_row(kMask, 1.0), std::vector<float>(kH, 1.0f)), head, 1.0, 0.0);
   const int64_t best = std::max_element(logits.begin(), logits.end()) - logits.begin();
   const int64_t twin = best == 0 ? 6 : best - 1;  // a second row with the same, highest logit
   std::copy(head.begin() + best * kH, head.begin() + (best + 1) * kH, head.begin() + twin * kH);
@@ -244,7 +239,7 @@ TEST_P(UniformAttention, AveragesTheVisibleValues) {
   const std::vector<float> ones(kH, 1.0f);
   std::vector<Vec> values;  // by position: context rows then block rows
   for (int64_t p = 0; p < a; ++p) {
-    const Vec c = rms(Vec(u.begin() + p * kH, u.begin() + (p + 1) * kH), ones);
+    const Vec c = rms(row_of(u, p), ones);
     values.emplace_back(c.begin(), c.begin() + kD);
   }
   const int64_t anchor = 2;
@@ -267,8 +262,7 @@ TEST_P(UniformAttention, AveragesTheVisibleValues) {
     }
     Vec out = h[r];
     for (int64_t i = 0; i < kH; ++i) out[i] += mean[i % kD] / count;
-    expect_near_all(Vec(d.hidden.begin() + r * kH, d.hidden.begin() + (r + 1) * kH), rms(out, ones), 1e-12,
-                    "row " + std::to_string(r));
+    expect_near_all(row_of(d.hidden, r), rms(out, ones), 1e-12, "row " + std::to_string(r));
   }
 }
 
@@ -281,30 +275,6 @@ INSTANTIATE_TEST_SUITE_P(
                                  true, 2}),
     [](const ::testing::TestParamInfo<Visibility>& info) { return info.param.name; });
 
-// RoPE(pos, per-head RMSNorm(W x + b; norm)) for `heads` heads of kD, written out for D = 4.
-Vec rotated_heads(const Weights& w, const std::string& proj, const std::string& norm, int64_t heads, const Vec& x,
-                  int64_t pos) {
-  const Tensor& wt = w.at(proj + ".weight");
-  const Tensor& bt = w.at(proj + ".bias");
-  const std::vector<float>& nw = w.at(norm).data;
-  Vec out(heads * kD);
-  for (int64_t h = 0; h < heads; ++h) {
-    Vec y(kD, 0.0);
-    for (int64_t o = 0; o < kD; ++o) {
-      y[o] = bt.data[h * kD + o];
-      for (int64_t i = 0; i < kH; ++i) y[o] += wt.data[(h * kD + o) * kH + i] * x[i];
-    }
-    y = rms(y, nw);
-    const double freq[2] = {1.0, 0.01};  // 10000^(-2i/4), i = 0, 1
-    for (int64_t i = 0; i < 2; ++i) {
-      const double c = std::cos(pos * freq[i]), s = std::sin(pos * freq[i]);
-      out[h * kD + i] = y[i] * c - y[i + 2] * s;
-      out[h * kD + i + 2] = y[i + 2] * c + y[i] * s;
-    }
-  }
-  return out;
-}
-
 Vec affine(const Weights& w, const std::string& name, const Vec& x, bool bias) {
   const Tensor& wt = w.at(name + ".weight");
   const int64_t out = wt.shape[0], in = wt.shape[1];
@@ -314,6 +284,24 @@ Vec affine(const Weights& w, const std::string& name, const Vec& x, bool bias) {
     for (int64_t i = 0; i < in; ++i) y[o] += wt.data[o * in + i] * x[i];
   }
   return y;
+}
+
+// RoPE(pos, per-head RMSNorm(W x + b; norm)) for `heads` heads of kD, written out for D = 4.
+Vec rotated_heads(const Weights& w, const std::string& proj, const std::string& norm, int64_t heads, const Vec& x,
+                  int64_t pos) {
+  const Vec projected = affine(w, proj, x, true);
+  const std::vector<float>& nw = w.at(norm).data;
+  Vec out(heads * kD);
+  for (int64_t h = 0; h < heads; ++h) {
+    const Vec y = rms(row_of(projected, h, kD), nw);
+    const double freq[2] = {1.0, 0.01};  // 10000^(-2i/4), i = 0, 1
+    for (int64_t i = 0; i < 2; ++i) {
+      const double c = std::cos(pos * freq[i]), s = std::sin(pos * freq[i]);
+      out[h * kD + i] = y[i] * c - y[i + 2] * s;
+      out[h * kD + i + 2] = y[i + 2] * c + y[i] * s;
+    }
+  }
+  return out;
 }
 
 // Every weight random, biases on, two taps: settle's K/V and one whole full non-causal layer
@@ -343,8 +331,7 @@ TEST(Reference, WholeDFlashLayerWithBiasesAndTwoTaps) {
   const std::string p = "layers.0.";
   std::vector<Vec> keys, values;
   for (int64_t q = 0; q < a; ++q) {
-    const Vec c = rms(affine(w, "fc", Vec(u.begin() + q * 2 * kH, u.begin() + (q + 1) * 2 * kH), false),
-                      w["hidden_norm.weight"].data);
+    const Vec c = rms(affine(w, "fc", row_of(u, q, 2 * kH), false), w["hidden_norm.weight"].data);
     keys.push_back(rotated_heads(w, p + "self_attn.k_proj", p + "self_attn.k_norm.weight", kNk, c, q));
     values.push_back(affine(w, p + "self_attn.v_proj", c, true));
     expect_near_all(ctx.k[0][q], keys.back(), 1e-12, "context K");
@@ -382,8 +369,7 @@ TEST(Reference, WholeDFlashLayerWithBiasesAndTwoTaps) {
     for (int64_t i = 0; i < kF; ++i) act[i] *= gate[i] / (1.0 + std::exp(-gate[i]));
     const Vec mlp = affine(w, p + "mlp.down_proj", act, false);
     for (int64_t i = 0; i < kH; ++i) h[r][i] += mlp[i];
-    expect_near_all(Vec(d.hidden.begin() + r * kH, d.hidden.begin() + (r + 1) * kH), rms(h[r], w["norm.weight"].data),
-                    1e-11, "row " + std::to_string(r));
+    expect_near_all(row_of(d.hidden, r), rms(h[r], w["norm.weight"].data), 1e-11, "row " + std::to_string(r));
   }
 }
 
@@ -408,7 +394,6 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
 
   const std::vector<float> ones(kH, 1.0f);
   const std::vector<float>& base = w[p + "attention_conv.base_kernel"].data;
-  const std::vector<float>& kp = w[p + "attention_conv.kernel_projection.weight"].data;
   // Conv with K = 2, G = 2, gs = 4: out_t = (β[s][0] + δ_t[s][0]) in_t + (β[s][1] + δ_t[s][1]) in_{t-1}.
   auto conv = [&](const std::vector<Vec>& in, const std::vector<Vec>& delta, int s) {
     std::vector<Vec> out(kB, Vec(kH, 0.0));
@@ -419,17 +404,16 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
       }
     return out;
   };
-  std::vector<Vec> h(kB), x(kB), delta(kB, Vec(8, 0.0));
+  std::vector<Vec> h(kB), x(kB), delta(kB);
   for (int64_t r = 0; r < kB; ++r) {
     h[r] = fx.embed_row(r == 0 ? anchor : kMask, 1.0);
     x[r] = rms(h[r], ones);
-    for (int64_t o = 0; o < 8; ++o)
-      for (int64_t i = 0; i < kH; ++i) delta[r][o] += kp[o * kH + i] * x[r][i];
+    delta[r] = affine(w, p + "attention_conv.kernel_projection", x[r], false);
   }
   const std::vector<Vec> xc = conv(x, delta, 0);
   Vec mean(kD, 0.0);  // full non-causal: every row sees all context and block values
   for (int64_t q = 0; q < a; ++q) {
-    const Vec c = rms(Vec(u.begin() + q * kH, u.begin() + (q + 1) * kH), ones);
+    const Vec c = rms(row_of(u, q), ones);
     for (int64_t i = 0; i < kD; ++i) mean[i] += c[i] / (a + kB);
   }
   for (int64_t r = 0; r < kB; ++r)
@@ -444,24 +428,21 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
   for (int64_t r = 0; r < kB; ++r) {
     for (int64_t i = 0; i < kH; ++i) h[r][i] += oc[r][i];  // the MLP sees zero weights: adds 0
     g[r] = rms(h[r], ones);
-    expect_near_all(Vec(d.hidden.begin() + r * kH, d.hidden.begin() + (r + 1) * kH), g[r], 1e-12, "hidden");
+    expect_near_all(row_of(d.hidden, r), g[r], 1e-12, "hidden");
   }
 
   // The selector walk, greedy, then sampled; the expected scores computed here.
-  const std::vector<float>& hp = w["candidate_selector.hidden_projection.weight"].data;
   const std::vector<float>& pc = w["candidate_selector.predecessor_codebook"].data;
   const std::vector<float>& sc = w["candidate_selector.successor_codebook.weight"].data;
-  auto walk = [&](double temp, uint64_t seed, std::vector<int64_t>* tokens, Vec* probs) {
+  auto walk = [&](double temp, uint64_t seed) {
+    RefDraft want;  // its tokens and probs
     int64_t prev = anchor;
     for (int64_t r = 1; r < kB; ++r) {
       const Vec logits = logits_of(g[r], fx.head, 1.0, 0.0);
-      std::vector<int64_t> ids(kV);
-      for (int64_t v = 0; v < kV; ++v) ids[v] = v;
-      std::stable_sort(ids.begin(), ids.end(), [&](int64_t x1, int64_t x2) { return logits[x1] > logits[x2]; });
+      std::vector<int64_t> ids = tpdraft::testing::ids_by_value(logits.data(), kV);
       ids.resize(4);
-      Vec s(3, 0.0), score(4);
-      for (int64_t k = 0; k < 3; ++k)
-        for (int64_t i = 0; i < kH; ++i) s[k] += hp[k * kH + i] * g[r][i];
+      const Vec s = affine(w, "candidate_selector.hidden_projection", g[r], false);
+      Vec score(4);
       for (int64_t c = 0; c < 4; ++c) {
         score[c] = logits[ids[c]];
         for (int64_t k = 0; k < 3; ++k) score[c] += pc[prev * 3 + k] * s[k] * sc[ids[c] * 3 + k];
@@ -476,22 +457,18 @@ TEST(Reference, DFlash2ConvolutionAndSelectorWalk) {
         }
         if (temp > 0) z += std::exp(score[c] / temp);
       }
-      tokens->push_back(ids[pick]);
-      probs->push_back(temp == 0 ? 1.0 : std::exp(score[pick] / temp) / z);
+      want.tokens.push_back(ids[pick]);
+      want.probs.push_back(temp == 0 ? 1.0 : std::exp(score[pick] / temp) / z);
       prev = ids[pick];
     }
+    return want;
   };
-  std::vector<int64_t> want_tokens;
-  Vec want_probs;
-  walk(0.0, 0, &want_tokens, &want_probs);
-  EXPECT_EQ(d.tokens, want_tokens);
+  EXPECT_EQ(d.tokens, walk(0.0, 0).tokens);
   for (int64_t seed : {1, 2, 3}) {
-    want_tokens.clear();
-    want_probs.clear();
-    walk(0.8, seed, &want_tokens, &want_probs);
+    const RefDraft want = walk(0.8, seed);
     const RefDraft ds = m.draft(ctx, anchor, RefSampling{0.8, 0, 1.0, static_cast<uint64_t>(seed)});
-    EXPECT_EQ(ds.tokens, want_tokens) << "seed " << seed;
-    expect_near_all(ds.probs, want_probs, 1e-12, "probs");
+    EXPECT_EQ(ds.tokens, want.tokens) << "seed " << seed;
+    expect_near_all(ds.probs, want.probs, 1e-12, "probs");
   }
   EXPECT_THROW(m.draft(ctx, anchor, RefSampling{0.8, 2, 1.0, 0}), tpdraft::Error);
   EXPECT_THROW(m.draft(ctx, anchor, RefSampling{0.8, 0, 0.9, 0}), tpdraft::Error);
@@ -523,31 +500,18 @@ TEST(Reference, SamplingReportsTheSoftmaxOfTheKeptSet) {
   const RefModel m = fx.model();
   const int64_t anchor = 1;
   const double temp = 0.7;
+  // Every drafted row is a mask row through identity layers: one set of logits for all of them.
+  const Vec logits = logits_of(rms(fx.embed_row(kMask, 1.0), std::vector<float>(kH, 1.0f)), fx.head, 1.0, 0.0);
   struct Case {
     int64_t top_k;
     double top_p;
   };
   for (const Case cs : {Case{0, 1.0}, Case{4, 1.0}, Case{0, 0.5}, Case{6, 0.8}}) {
+    const std::vector<int64_t> kept = tpdraft::testing::documented_kept_set(logits, temp, cs.top_k, cs.top_p);
+    const Vec q = tpdraft::testing::softmax_over(logits, kept, temp);
     for (uint64_t seed : {0u, 5u, 77u}) {
       const RefDraft d = m.draft(RefContext{}, anchor, RefSampling{temp, cs.top_k, cs.top_p, seed});
       for (int64_t r = 1; r < kB; ++r) {
-        const Vec logits = logits_of(rms(fx.embed_row(kMask, 1.0), std::vector<float>(kH, 1.0f)), fx.head, 1.0, 0.0);
-        std::vector<int64_t> kept(kV);
-        for (int64_t v = 0; v < kV; ++v) kept[v] = v;
-        std::stable_sort(kept.begin(), kept.end(), [&](int64_t x1, int64_t x2) { return logits[x1] > logits[x2]; });
-        if (cs.top_k > 0) kept.resize(cs.top_k);
-        auto z_of = [&](const std::vector<int64_t>& set) {
-          double z = 0;
-          for (int64_t v : set) z += std::exp(logits[v] / temp);
-          return z;
-        };
-        if (cs.top_p < 1.0) {
-          const double z = z_of(kept);
-          double cum = 0;
-          size_t n = 0;
-          while (n < kept.size() && cum < cs.top_p) cum += std::exp(logits[kept[n++]] / temp) / z;
-          kept.resize(n);
-        }
         int64_t pick = -1;
         double best = -INFINITY;
         for (int64_t v : kept) {
@@ -558,7 +522,7 @@ TEST(Reference, SamplingReportsTheSoftmaxOfTheKeptSet) {
           }
         }
         EXPECT_EQ(d.tokens[r - 1], pick) << "top_k " << cs.top_k << " top_p " << cs.top_p << " seed " << seed;
-        EXPECT_NEAR(d.probs[r - 1], std::exp(logits[pick] / temp) / z_of(kept), 1e-12);
+        EXPECT_NEAR(d.probs[r - 1], q[pick], 1e-12);
       }
     }
   }

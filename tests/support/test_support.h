@@ -1,8 +1,12 @@
-// Helpers shared by the tests: scratch directories, config fixtures, error comparisons.
+// Helpers shared by the tests: scratch directories, config fixtures, error comparisons, the kept
+// set of docs/sampling.md.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -68,6 +72,45 @@ CommandResult run_command(const std::string& command);
 std::string error_of(const std::function<void()>& f);
 // Expects f to throw a tpdraft::Error whose message holds every one of `parts`.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts);
+
+// The ids 0 .. n-1 ordered by values[id], largest first; equal values keep ascending ids (a stable
+// sort, the candidate order of docs/sampling.md).
+template <typename T>
+std::vector<int64_t> ids_by_value(const T* values, int64_t n) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), int64_t{0});
+  std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return values[a] > values[b]; });
+  return ids;
+}
+
+// The kept set of docs/sampling.md in candidate order: the ids by logit (equal logits keep ascending
+// ids), the first top_k (0: all), then the shortest prefix whose softmax mass at temperature t over
+// that set reaches top_p.
+template <typename T>
+std::vector<int64_t> documented_kept_set(const std::vector<T>& logits, double t, int64_t top_k, double top_p) {
+  std::vector<int64_t> ids = ids_by_value(logits.data(), static_cast<int64_t>(logits.size()));
+  if (top_k > 0 && top_k < static_cast<int64_t>(ids.size())) ids.resize(static_cast<size_t>(top_k));
+  if (top_p < 1.0) {
+    double z = 0;
+    for (int64_t id : ids) z += std::exp((logits[id] - logits[ids[0]]) / t);
+    double mass = 0;
+    size_t n = 0;
+    while (n < ids.size() && mass < top_p) mass += std::exp((logits[ids[n++]] - logits[ids[0]]) / t) / z;
+    ids.resize(n);
+  }
+  return ids;
+}
+
+// softmax(logits / t) over `kept`, one probability per id (zero outside the set).
+template <typename T>
+std::vector<double> softmax_over(const std::vector<T>& logits, const std::vector<int64_t>& kept, double t) {
+  double mx = -INFINITY, z = 0;
+  for (int64_t id : kept) mx = std::max(mx, logits[id] / t);
+  for (int64_t id : kept) z += std::exp(logits[id] / t - mx);
+  std::vector<double> q(logits.size(), 0.0);
+  for (int64_t id : kept) q[static_cast<size_t>(id)] = std::exp(logits[id] / t - mx) / z;
+  return q;
+}
 
 // How many times `needle` occurs in `text`.
 size_t count_of(const std::string& text, const std::string& needle);
