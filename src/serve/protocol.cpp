@@ -100,7 +100,12 @@ WireEntry get_entry(Reader& r) {
 }
 
 Header reply_header(const Header& request, uint32_t status, uint32_t count) {
-  return {kMagic, kProtocolVersion, static_cast<uint16_t>(request.kind | kReply), status, count, request.id};
+  Header h;
+  h.kind = static_cast<uint16_t>(request.kind | kReply);
+  h.status = status;
+  h.count = count;
+  h.id = request.id;
+  return h;
 }
 
 std::string error_reply(const Header& request, uint32_t status, const std::string& message) {
