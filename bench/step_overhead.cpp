@@ -131,15 +131,13 @@ class AbiPath {
 
  private:
   tpdraft_step_entry entry(int64_t keep, int64_t n_new, const float* taps, int64_t anchor) {
-    tpdraft_step_entry e{};
+    tpdraft_step_entry e;
+    tpdraft_step_entry_init(&e);  // p0 -1, f32 taps, a greedy draft
     e.session = session_;
     e.keep = keep;
-    e.p0 = -1;
     e.n_new = n_new;
     e.taps = taps;
-    e.taps_dtype = TPDRAFT_F32;
     e.anchor = anchor;
-    e.sampling = {0.0, 0, 1.0, 0};
     e.tokens = tokens_.data();
     return e;
   }
