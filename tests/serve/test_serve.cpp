@@ -53,16 +53,14 @@ Trace drive(const std::string& address, size_t sessions, int steps, uint64_t see
   for (size_t i = 0; i < sessions; ++i) ids.push_back(c.open());
   std::mt19937_64 rng(seed);
   for (int k = 0; k < steps; ++k) {
-    std::vector<Spec> specs;
+    std::vector<Spec> specs(sessions);
     std::vector<Out> outs(sessions);
     std::vector<tpdraft_step_entry> entries(sessions);
     for (size_t i = 0; i < sessions; ++i) {
-      specs.push_back(random_spec(rng, lengths[i], caps.taps_width, caps.vocab_size, 3));
-      const Spec& s = specs.back();
+      const Spec& s = specs[i] = random_spec(rng, lengths[i], caps.taps_width, caps.vocab_size, 3);
       lengths[i] = (s.keep >= 0 ? s.keep : lengths[i]) + s.n_new;
+      fill_entry(s, ids[i], caps.block_size, &outs[i], &entries[i]);
     }
-    for (size_t i = 0; i < sessions; ++i)
-      fill_entry(specs[i], ids[i], caps.block_size, &outs[i], &entries[i]);
     const tpdraft_status st = tpdraft_client_step(c.c, entries.data(), entries.size());
     EXPECT_EQ(st, TPDRAFT_OK) << "step " << k << ": " << tpdraft_last_error();
     if (st != TPDRAFT_OK) return t;
@@ -240,14 +238,14 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
     std::vector<std::thread> threads;
     std::vector<Out> outs(kClients);
     std::mt19937_64 rng(static_cast<uint64_t>(round));
-    std::vector<Spec> specs;
-    for (size_t i = 0; i < kClients; ++i)
-      specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+    std::vector<Spec> specs(kClients);
+    for (Spec& s : specs) {
+      s = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+      s.keep = 0;
+    }
     for (size_t i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
-        Spec s = specs[i];
-        s.keep = 0;
-        EXPECT_EQ(step_one(*clients[i], sessions[i], s, &outs[i]), TPDRAFT_OK) << tpdraft_last_error();
+        EXPECT_EQ(step_one(*clients[i], sessions[i], specs[i], &outs[i]), TPDRAFT_OK) << tpdraft_last_error();
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the requests reach the socket
     server->signal(SIGCONT);
