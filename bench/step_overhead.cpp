@@ -4,11 +4,9 @@
 // draft). Each step rolls back to a fixed context and settles 1-4 new rows, as a decoding loop
 // does, so the context never grows. Prints a table and one JSON line per geometry.
 //   step_overhead [--config FILE]... [--steps N] [--context N] [--threads N]
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
