@@ -260,9 +260,11 @@ struct Server::Impl {
       engine::StepEntry e;
       fields_from_wire(x, &e);
       e.taps.dtype = wire_dtype(x.taps_dtype);
+      if (x.taps_where > kTapsRing)
+        throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       if (x.taps_where == kTapsNone) {
         if (x.n_new != 0) throw bad(fmt::format("{} new rows but no taps", x.n_new));
-      } else if (x.taps_where == kTapsInline || x.taps_where == kTapsRing) {
+      } else {
         if (x.taps_bytes != need)
           throw bad(fmt::format("taps_bytes {} but {} rows of {} values take {}", x.taps_bytes, x.n_new, width, need));
         const bool in_ring = x.taps_where == kTapsRing;
@@ -280,8 +282,6 @@ struct Server::Impl {
           at = reinterpret_cast<const char*>(p.staged.back().data());
         }
         e.taps.data = need > 0 ? at : nullptr;
-      } else {
-        throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       }
       p.entries.push_back(e);
     }
