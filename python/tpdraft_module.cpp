@@ -2,7 +2,7 @@
 // exactly the path C callers do: Drafter(drafter_dir, target_dir, **options), caps,
 // open_session(), step(entries) with numpy arrays in and out. C-contiguous f32 / f16 taps (and
 // bf16 given as uint16 with taps_dtype="bf16") are read in place; the GIL is released while a
-// step runs. Library errors become tpdraft.Error (ArgumentError, InputError) with its message.
+// step runs. Library errors become tpdraft.Error (ArgumentError, InputError, UnavailableError) with its message.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
