@@ -57,18 +57,12 @@ def make_checkpoint(config, out):
                    capture_output=True)
 
 
-def random_taps(handle, seed, context=CONTEXT, new_rows=NEW_ROWS):
-    """(prompt rows, new rows per step): seeded random tap rows of the handle's width."""
-    rng = np.random.default_rng(seed)
-    width = handle.caps.taps_width
-    return tuple(rng.standard_normal((n, width), dtype=np.float32) for n in (context, new_rows))
-
-
 def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS, n=1):
     """Yields the wall seconds of each of `steps` steps that each carry n sessions' entries, made as
     a decoding loop makes them: roll back what was rejected (keep the prompt), settle the new rows,
     draft."""
-    prefix, rows = random_taps(handle, seed, context, new_rows)
+    rng = np.random.default_rng(seed)  # the prompt's rows, then the rows each step settles
+    prefix, rows = (rng.standard_normal((k, handle.caps.taps_width), dtype=np.float32) for k in (context, new_rows))
     sessions = [handle.open_session() for _ in range(n)]
     handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
     for i in range(steps):

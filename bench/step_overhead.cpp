@@ -4,11 +4,9 @@
 // draft). Each step rolls back to a fixed context and settles 1-4 new rows, as a decoding loop
 // does, so the context never grows. Prints a table and one JSON line per geometry.
 //   step_overhead [--config FILE]... [--steps N] [--context N] [--threads N]
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -131,15 +129,13 @@ class AbiPath {
 
  private:
   tpdraft_step_entry entry(int64_t keep, int64_t n_new, const float* taps, int64_t anchor) {
-    tpdraft_step_entry e{};
+    tpdraft_step_entry e;
+    tpdraft_step_entry_init(&e);  // p0 -1, f32 taps, a greedy draft
     e.session = session_;
     e.keep = keep;
-    e.p0 = -1;
     e.n_new = n_new;
     e.taps = taps;
-    e.taps_dtype = TPDRAFT_F32;
     e.anchor = anchor;
-    e.sampling = {0.0, 0, 1.0, 0};
     e.tokens = tokens_.data();
     return e;
   }

@@ -78,9 +78,7 @@ def verify_greedy(logits, drafts):
     """(accepted, next): drafts kept while they equal the target's argmax; next is its argmax after
     them. logits [B, V] are the target's at the anchor and at each draft."""
     best = logits.argmax(axis=-1)
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
-        accepted += 1
+    accepted = next((i for i, (d, b) in enumerate(zip(drafts, best)) if d != b), len(drafts))
     return accepted, int(best[accepted])
 
 

@@ -2,7 +2,7 @@
 // exactly the path C callers do: Drafter(drafter_dir, target_dir, **options), caps,
 // open_session(), step(entries) with numpy arrays in and out. C-contiguous f32 / f16 taps (and
 // bf16 given as uint16 with taps_dtype="bf16") are read in place; the GIL is released while a
-// step runs. Library errors become tpdraft.Error (ArgumentError, InputError) with its message.
+// step runs. Library errors become tpdraft.Error (ArgumentError, InputError, UnavailableError) with its message.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -52,9 +52,8 @@ struct Caps {
   std::vector<int64_t> target_layer_ids;
 };
 
-// One step entry as Python gave it, with the arrays it must keep alive during the call.
+// The arrays one step entry as Python gave it keeps alive during the call.
 struct Staged {
-  tpdraft_step_entry entry{};
   py::array taps;
   py::array_t<int64_t> tokens, dist_ids;
   py::array_t<float> q, dist_probs, dist_rest;
@@ -129,10 +128,8 @@ class Endpoint {
 
   py::list step(const py::list& entries) {
     std::vector<Staged> staged(entries.size());
-    for (size_t i = 0; i < entries.size(); ++i) stage(entries[i].cast<py::dict>(), &staged[i]);
-    std::vector<tpdraft_step_entry> raw;
-    raw.reserve(staged.size());
-    for (const Staged& s : staged) raw.push_back(s.entry);
+    std::vector<tpdraft_step_entry> raw(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) stage(entries[i].cast<py::dict>(), raw[i], &staged[i]);
     call_unlocked([&, h = live()] {
       const auto t0 = std::chrono::steady_clock::now();
       const tpdraft_status st = Api::step(h, raw.data(), raw.size());
@@ -140,11 +137,12 @@ class Endpoint {
       return st;
     });
     py::list out;
-    for (Staged& s : staged) {
+    for (size_t i = 0; i < staged.size(); ++i) {
+      const Staged& s = staged[i];
       py::dict r("tokens"_a = s.tokens, "q"_a = s.q);
-      if (s.entry.dist_width != 0) {
+      if (raw[i].dist_width != 0) {
         r["dist_probs"] = s.dist_probs;
-        if (s.entry.dist_width > 0) {
+        if (raw[i].dist_width > 0) {
           r["dist_ids"] = s.dist_ids;
           r["dist_rest"] = s.dist_rest;
         }
@@ -171,8 +169,7 @@ class Endpoint {
  private:
   // Taps: C-contiguous f32 / f16 / bf16 (uint16) are read in place; anything else is converted
   // to C-contiguous f32 once.
-  void stage_taps(const py::dict& e, Staged* s) {
-    tpdraft_step_entry& t = s->entry;
+  void stage_taps(const py::dict& e, tpdraft_step_entry& t, Staged* s) {
     if (!e.contains("taps") || e["taps"].is_none()) return;
     py::array a = py::array::ensure(e["taps"]);
     if (!a) throw py::type_error("entry 'taps' must be an array [n_new, taps_width]");
@@ -197,8 +194,7 @@ class Endpoint {
     t.n_new = a.shape(0);
   }
 
-  void stage(const py::dict& e, Staged* s) {
-    tpdraft_step_entry& t = s->entry;
+  void stage(const py::dict& e, tpdraft_step_entry& t, Staged* s) {
     if (!e.contains("session") || !e.contains("anchor")) throw py::key_error("an entry needs 'session' and 'anchor'");
     t.session = e["session"].cast<int64_t>();
     t.anchor = e["anchor"].cast<int64_t>();
@@ -206,7 +202,7 @@ class Endpoint {
     t.p0 = get<int64_t>(e, "p0", -1);
     t.sampling = {get<double>(e, "temperature", 0.0), get<int64_t>(e, "top_k", 0), get<double>(e, "top_p", 1.0),
                   get<uint64_t>(e, "seed", 0)};
-    stage_taps(e, s);
+    stage_taps(e, t, s);
     const py::object dist = e.contains("dist") ? py::object(e["dist"]) : py::object(py::int_(0));
     t.dist_width = py::isinstance<py::str>(dist) && dist.cast<std::string>() == "full" ? TPDRAFT_DIST_FULL
                                                                                       : dist.cast<int64_t>();

@@ -25,12 +25,6 @@ static void make_taps(float* taps, int64_t count, uint64_t* state) {
   }
 }
 
-static void print_step(int step, int64_t length, int64_t anchor, const int64_t* tokens, int count) {
-  printf("step %d: length %lld anchor %lld tokens:", step, (long long)length, (long long)anchor);
-  for (int i = 0; i < count; ++i) printf(" %lld", (long long)tokens[i]);
-  printf("\n");
-}
-
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s DRAFTER_DIR TARGET_DIR [STEPS]\n", argv[0]);
@@ -80,7 +74,9 @@ int main(int argc, char** argv) {
 
     int64_t length = 0;
     check(tpdraft_session_length(drafter, session, &length), "tpdraft_session_length");
-    print_step(step, length, anchor, tokens, drafts);
+    printf("step %d: length %lld anchor %lld tokens:", step, (long long)length, (long long)anchor);
+    for (int i = 0; i < drafts; ++i) printf(" %lld", (long long)tokens[i]);
+    printf("\n");
 
     const int accepted = step % drafts;
     n_new = 1 + accepted;

@@ -137,14 +137,9 @@ const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
 const char* tpdraft_last_error(void) { return t_last_error.c_str(); }
 
 const char* tpdraft_status_name(int status) {
-  switch (status) {
-    case TPDRAFT_OK: return "ok";
-    case TPDRAFT_ERROR_ARGUMENT: return "argument";
-    case TPDRAFT_ERROR_INPUT: return "input";
-    case TPDRAFT_ERROR_RUNTIME: return "runtime";
-    case TPDRAFT_ERROR_UNAVAILABLE: return "unavailable";
-  }
-  return "unknown";
+  // By the statuses' values, TPDRAFT_OK = 0 to TPDRAFT_ERROR_UNAVAILABLE = 4.
+  static const char* const names[] = {"ok", "argument", "input", "runtime", "unavailable"};
+  return status >= 0 && status < static_cast<int>(std::size(names)) ? names[status] : "unknown";
 }
 
 void tpdraft_options_init(tpdraft_options* o) {

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,8 +94,11 @@ tpdraft_status break_client(tpdraft_client* c, const std::string& why) {
   return fail(TPDRAFT_ERROR_UNAVAILABLE, why);
 }
 
-// c->reply holds the reply to request `id`: its status, and on an error the server's message.
-tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool* other) {
+// Keeps the reply of `bytes` at `data` in c->reply; when it answers request `id`, its status, and
+// on an error the server's message; nullopt when it answers an earlier request.
+std::optional<tpdraft_status> take_reply(tpdraft_client* c, uint64_t id, const char* what, const char* data,
+                                         size_t bytes) {
+  c->reply.assign(data, data + bytes);
   serve::Reader r(c->reply.data(), c->reply.size());
   serve::Header h;
   try {
@@ -107,8 +109,7 @@ tpdraft_status take_reply(tpdraft_client* c, uint64_t id, const char* what, bool
   if (h.version != serve::kProtocolVersion)
     return break_client(c, fmt::format("{}: the server at {} speaks protocol version {}, this client {}", what,
                                        c->address, h.version, serve::kProtocolVersion));
-  *other = h.id != id;
-  if (*other) return TPDRAFT_OK;  // a reply to an earlier request
+  if (h.id != id) return std::nullopt;
   if (h.status == serve::kOk) return TPDRAFT_OK;
   std::string message;
   try {
@@ -184,11 +185,8 @@ tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id, s
   const uint64_t bytes = ctl->reply_bytes;
   if (bytes > c->ring_bytes - reply_at)
     return break_client(c, fmt::format("{}: the server's reply of {} bytes passes the ring's end", what, bytes));
-  c->reply.assign(c->ring + reply_at, c->ring + reply_at + bytes);
-  bool other = false;
-  const tpdraft_status st = take_reply(c, id, what, &other);
-  if (other) return break_client(c, fmt::format("{}: the ring's reply answers another request", what));
-  return st;
+  const std::optional<tpdraft_status> st = take_reply(c, id, what, c->ring + reply_at, bytes);
+  return st ? *st : break_client(c, fmt::format("{}: the ring's reply answers another request", what));
 }
 
 // Sends c->frame (its header's id set here) and waits for the reply with that id into c->reply,
@@ -224,10 +222,7 @@ tpdraft_status exchange(tpdraft_client* c, const char* what) {
       if ((items[1].revents & ZMQ_POLLIN) && lost_connection(c)) lost = true;
       continue;
     }
-    c->reply.assign(m.data(), m.data() + m.size());
-    bool other = false;
-    const tpdraft_status st = take_reply(c, id, what, &other);
-    if (!other) return st;
+    if (const std::optional<tpdraft_status> st = take_reply(c, id, what, m.data(), m.size())) return *st;
   }
 }
 
@@ -337,32 +332,29 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
   auto failed = [](tpdraft_status status, const std::string& why) {
     return fail(status, "tpdraft_client_open: " + why);
   };
-  if (out == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "out is NULL");
+  auto refused = [&](const std::string& why) { return failed(TPDRAFT_ERROR_ARGUMENT, why); };
+  if (out == nullptr) return refused("out is NULL");
   *out = nullptr;
-  if (address == nullptr) return failed(TPDRAFT_ERROR_ARGUMENT, "address is NULL");
+  if (address == nullptr) return refused("address is NULL");
   tpdraft_client_options defaults;
   tpdraft_client_options_init(&defaults);
   const tpdraft_client_options& o = options != nullptr ? *options : defaults;
   if (o.struct_size < sizeof(tpdraft_client_options))
-    return failed(TPDRAFT_ERROR_ARGUMENT,
-                  "options.struct_size is too small: initialise the options with tpdraft_client_options_init");
+    return refused("options.struct_size is too small: initialise the options with tpdraft_client_options_init");
   if (!(o.timeout_seconds > 0) || o.timeout_seconds > 1e6)
-    return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("options.timeout_seconds is {}, expected more than 0 (and at "
-                                                      "most 1e6)", o.timeout_seconds));
+    return refused(
+        fmt::format("options.timeout_seconds is {}, expected more than 0 (and at most 1e6)", o.timeout_seconds));
   if (o.shared_memory < -1 || o.shared_memory > 1)
-    return failed(TPDRAFT_ERROR_ARGUMENT,
-                  fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
+    return refused(fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
   const std::string addr(address);
   const bool ipc = addr.rfind("ipc://", 0) == 0;
   if (!ipc && addr.rfind("tcp://", 0) != 0)
-    return failed(TPDRAFT_ERROR_ARGUMENT, "address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
+    return refused("address '" + addr + "' is not ipc://PATH or tcp://HOST:PORT");
   if (o.shared_memory == 1 && !ipc)
-    return failed(TPDRAFT_ERROR_ARGUMENT,
-                  "shared memory needs an ipc:// address (the server on this machine), got " + addr);
+    return refused("shared memory needs an ipc:// address (the server on this machine), got " + addr);
   const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
   if (want_ring && o.ring_bytes < 4096)
-    return failed(TPDRAFT_ERROR_ARGUMENT,
-                  fmt::format("options.ring_bytes is {}, expected at least 4096", o.ring_bytes));
+    return refused(fmt::format("options.ring_bytes is {}, expected at least 4096", o.ring_bytes));
   auto* c = new (std::nothrow) tpdraft_client();
   if (c == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "out of memory");
   c->address = addr;

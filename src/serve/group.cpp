@@ -141,19 +141,22 @@ std::unique_ptr<CommandChannel> mpi_channel(parallel::Communicator& group) {
 }
 
 int64_t GroupLeader::open_session() {
-  if (channel_ != nullptr) channel_->post({kOpOpen, 0, 0});
+  if (channel_ != nullptr) channel_->post({kOpOpen});
   return engine_.open_session();
 }
 
 void GroupLeader::close_session(int64_t id) {
-  if (channel_ != nullptr) channel_->post({kOpClose, id, 0});
+  if (channel_ != nullptr) channel_->post({kOpClose, id});
   engine_.close_session(id);
 }
 
 std::vector<model::DraftResult> GroupLeader::apply(const std::vector<engine::StepEntry>& entries) {
   if (channel_ != nullptr) {
     encode_step(entries, engine_.caps().taps_width, &payload_);
-    channel_->post({kOpStep, 0, static_cast<int64_t>(payload_.size() * 8)});
+    Command step;
+    step.op = kOpStep;
+    step.bytes = static_cast<int64_t>(payload_.size() * 8);
+    channel_->post(step);
     comm_.broadcast(payload_.data(), payload_.size() * 8, 0);
   }
   if (hook_) hook_();
@@ -163,7 +166,7 @@ std::vector<model::DraftResult> GroupLeader::apply(const std::vector<engine::Ste
 void GroupLeader::stop() {
   if (stopped_) return;
   stopped_ = true;
-  if (channel_ != nullptr) channel_->post({kOpStop, 0, 0});
+  if (channel_ != nullptr) channel_->post({kOpStop});
 }
 
 void follow(engine::Engine& engine, parallel::Communicator& comm, CommandChannel& channel, const StepHook& hook) {

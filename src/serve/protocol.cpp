@@ -4,18 +4,11 @@
 namespace tpdraft::serve {
 
 const char* kind_name(uint16_t kind) {
-  switch (kind & ~kReply) {
-    case kHello: return "HELLO";
-    case kOpen: return "OPEN";
-    case kClose: return "CLOSE";
-    case kStep: return "STEP";
-    case kStats: return "STATS";
-    case kShutdown: return "SHUTDOWN";
-    case kLength: return "LENGTH";
-    case kBye: return "BYE";
-    case kBell: return "BELL";
-  }
-  return "unknown";
+  // By the kinds' values, kHello = 1 to kBell = 9.
+  static const char* const names[] = {"unknown", "HELLO", "OPEN", "CLOSE", "STEP", "STATS", "SHUTDOWN", "LENGTH",
+                                      "BYE", "BELL"};
+  const size_t k = kind & ~kReply;
+  return k < std::size(names) ? names[k] : "unknown";
 }
 
 namespace {
@@ -100,7 +93,12 @@ WireEntry get_entry(Reader& r) {
 }
 
 Header reply_header(const Header& request, uint32_t status, uint32_t count) {
-  return {kMagic, kProtocolVersion, static_cast<uint16_t>(request.kind | kReply), status, count, request.id};
+  Header h;
+  h.kind = static_cast<uint16_t>(request.kind | kReply);
+  h.status = status;
+  h.count = count;
+  h.id = request.id;
+  return h;
 }
 
 std::string error_reply(const Header& request, uint32_t status, const std::string& message) {

@@ -82,8 +82,7 @@ struct Pending {
   Clock::time_point arrived;
 };
 
-struct Refusal {
-  uint32_t status;
+struct Refusal {  // a request refused for its arguments or a limit (kArgument)
   std::string message;
 };
 
@@ -231,14 +230,14 @@ struct Server::Impl {
   int64_t session_arg(Reader& r, const Client& c, const char* kind) {
     const int64_t s = r.get<int64_t>("session");
     expect_end(r, kind);
-    if (!c.sessions.count(s)) throw Refusal{kArgument, fmt::format("session {} is not open for {}", s, c.name)};
+    if (!c.sessions.count(s)) throw Refusal{fmt::format("session {} is not open for {}", s, c.name)};
     return s;
   }
 
   void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Message> frame) {
     const int64_t S = caps().max_sessions;
     if (h.count == 0 || h.count > S)
-      throw Refusal{kArgument, fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
+      throw Refusal{fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
     std::vector<WireEntry> wire;
     for (uint32_t i = 0; i < h.count; ++i) wire.push_back(get_entry(r));
     const char* area = r.rest();
@@ -251,7 +250,7 @@ struct Server::Impl {
     const int64_t width = caps().taps_width, max_context = caps().max_context;
     for (size_t i = 0; i < wire.size(); ++i) {
       const WireEntry& x = wire[i];
-      auto bad = [&](const std::string& what) { return Refusal{kArgument, fmt::format("entry {}: {}", i, what)}; };
+      auto bad = [&](const std::string& what) { return Refusal{fmt::format("entry {}: {}", i, what)}; };
       if (!c.sessions.count(x.session)) throw bad(fmt::format("session {} is not open for {}", x.session, c.name));
       const size_t db = dtype_bytes(x.taps_dtype);
       if (db == 0) throw bad(fmt::format("taps_dtype {} is not 0 (f32), 1 (bf16) or 2 (f16)", x.taps_dtype));
@@ -261,9 +260,11 @@ struct Server::Impl {
       engine::StepEntry e;
       fields_from_wire(x, &e);
       e.taps.dtype = wire_dtype(x.taps_dtype);
+      if (x.taps_where > kTapsRing)
+        throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       if (x.taps_where == kTapsNone) {
         if (x.n_new != 0) throw bad(fmt::format("{} new rows but no taps", x.n_new));
-      } else if (x.taps_where == kTapsInline || x.taps_where == kTapsRing) {
+      } else {
         if (x.taps_bytes != need)
           throw bad(fmt::format("taps_bytes {} but {} rows of {} values take {}", x.taps_bytes, x.n_new, width, need));
         const bool in_ring = x.taps_where == kTapsRing;
@@ -281,8 +282,6 @@ struct Server::Impl {
           at = reinterpret_cast<const char*>(p.staged.back().data());
         }
         e.taps.data = need > 0 ? at : nullptr;
-      } else {
-        throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       }
       p.entries.push_back(e);
     }
@@ -327,7 +326,7 @@ struct Server::Impl {
           expect_end(r, "OPEN");
           const int64_t open = engine.open_sessions();
           if (open >= options.max_open_sessions)
-            throw Refusal{kArgument, fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
+            throw Refusal{fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
           const int64_t s = group.open_session();
           c.sessions.insert(s);
           reply(rid, h, [&](Writer& w) { w.put<int64_t>(s); });
@@ -369,7 +368,7 @@ struct Server::Impl {
     } catch (const ProtocolError& e) {
       refuse(rid, h, kMalformed, fmt::format("malformed {} request: {}", kind_name(h.kind), e.what()));
     } catch (const Refusal& e) {
-      refuse(rid, h, e.status, e.message);
+      refuse(rid, h, kArgument, e.message);
     } catch (const std::bad_alloc&) {
       refuse(rid, h, kArgument, fmt::format("out of memory for the {} request", kind_name(h.kind)));
     }
@@ -411,11 +410,10 @@ struct Server::Impl {
     size_t entries = 0;
     for (const Pending& p : pending) entries += p.entries.size();
     if (entries >= static_cast<size_t>(caps().max_sessions)) return true;
-    bool all_back = true;  // each client keeps the count of its queued STEPs
-    for (const std::string& rid : last_batch) {
-      const auto it = clients.find(rid);
-      all_back = all_back && (it == clients.end() || it->second.pending > 0);
-    }
+    const bool all_back = std::all_of(last_batch.begin(), last_batch.end(), [&](const std::string& rid) {
+      const auto it = clients.find(rid);  // each client keeps the count of its queued STEPs
+      return it == clients.end() || it->second.pending > 0;
+    });
     if (all_back) return true;
     return seconds_since(pending.front().arrived) >= std::min(options.gather_seconds, 0.1 * last_forward_seconds);
   }

@@ -103,13 +103,15 @@ struct DistBuffers {
   DistBuffers(size_t rows, size_t width)
       : tokens(rows), ids(rows * width + kGuard, kGuardId), q(rows), probs(rows * width + kGuard, kGuardProb),
         rest(rows + kGuard, kGuardProb) {}
-  void attach(tpdraft_step_entry& e, int64_t dist_width) {
+  // Steps `e` alone, its outputs here with a distribution of `dist_width`.
+  void step(const Handle& h, tpdraft_step_entry e, int64_t dist_width) {
     e.tokens = tokens.data();
     e.q = q.data();
     e.dist_width = dist_width;
     e.dist_ids = dist_width > 0 ? ids.data() : nullptr;
     e.dist_probs = probs.data();
     e.dist_rest = rest.data();
+    step_ok(h, {e});
   }
   void expect_guards_intact(size_t rows, size_t width) const {
     for (size_t i = rows * width; i < ids.size(); ++i) EXPECT_EQ(ids[i], kGuardId) << "ids[" << i << "]";
@@ -125,8 +127,7 @@ DistBuffers draft_from(const Handle& h, const Checkpoint& ck, const void* taps, 
   DistBuffers d(static_cast<size_t>(ck.cfg.block - 1), 4);
   tpdraft_step_entry e = entry(h.open_session(), rows, taps, 77, sampled(0.9, 8), nullptr);
   e.taps_dtype = dtype;
-  d.attach(e, 4);
-  step_ok(h, {e});
+  d.step(h, e, 4);
   return d;
 }
 
@@ -180,9 +181,7 @@ struct DistRun {
   DistRun(const Checkpoint& ck, const Handle& h, const tpdraft_sampling& s, int64_t dist_width, size_t width)
       : out(static_cast<size_t>(ck.cfg.block - 1), width) {
     const std::vector<float> taps = model::random_taps(ck.cfg, 15, 41);
-    tpdraft_step_entry e = entry(h.open_session(), 15, taps.data(), 21, s, nullptr);
-    out.attach(e, dist_width);
-    step_ok(h, {e});
+    out.step(h, entry(h.open_session(), 15, taps.data(), 21, s, nullptr), dist_width);
     reference::RefContext ctx;
     ck.ref->settle(ctx, 0, widen(taps), 15);
     want = ck.ref->draft(ctx, 21, {s.temperature, s.top_k, s.top_p, s.seed});

@@ -14,18 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/config.h"
-#include "model/random_checkpoint.h"
-
 namespace tpdraft::serve_test {
-
-void make_checkpoint(const std::string& config, const std::string& dir) {
-  const auto cfg = model::DrafterConfig::from_file(testing::source_path("configs/" + config));
-  model::RandomCheckpointOptions o;
-  o.seed = 7;
-  o.threads = 1;
-  model::write_random_checkpoint(cfg, dir, o, 0);
-}
 
 ServerProcess::ServerProcess(const std::string& dir, const std::vector<std::string>& args,
                              const std::vector<std::string>& launcher, const std::vector<std::string>& env) {

@@ -1,6 +1,6 @@
 // What the serve tests share: a `tpdraft serve` process started in a test's own temp dir (its
-// ipc socket and address file there too) and stopped, however the test ends; a random
-// checkpoint; and steps driven through a served client and the in-process library alike.
+// ipc socket and address file there too) and stopped, however the test ends; and steps driven
+// through a served client and the in-process library alike.
 #pragma once
 
 #include <sys/types.h>
@@ -15,9 +15,6 @@
 #include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve_test {
-
-// A random checkpoint of configs/CONFIG (seed 7) in `dir`.
-void make_checkpoint(const std::string& config, const std::string& dir);
 
 // `[launcher...] tpdraft serve --drafter DIR/drafter --target DIR/target --address-file ...
 // --threads 1 --backend cpu args...`, stdout and stderr into DIR/server-N.log.

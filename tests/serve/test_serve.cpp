@@ -23,10 +23,12 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include "model/random_checkpoint.h"
 #include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 #include "serve/serve_harness.h"
+#include "support/rank.h"
 
 #ifndef TPDRAFT_MPIRUN
 #define TPDRAFT_MPIRUN ""  // a build without MPI: the ServeMpi tests skip themselves
@@ -53,16 +55,14 @@ Trace drive(const std::string& address, size_t sessions, int steps, uint64_t see
   for (size_t i = 0; i < sessions; ++i) ids.push_back(c.open());
   std::mt19937_64 rng(seed);
   for (int k = 0; k < steps; ++k) {
-    std::vector<Spec> specs;
+    std::vector<Spec> specs(sessions);
     std::vector<Out> outs(sessions);
     std::vector<tpdraft_step_entry> entries(sessions);
     for (size_t i = 0; i < sessions; ++i) {
-      specs.push_back(random_spec(rng, lengths[i], caps.taps_width, caps.vocab_size, 3));
-      const Spec& s = specs.back();
+      const Spec& s = specs[i] = random_spec(rng, lengths[i], caps.taps_width, caps.vocab_size, 3);
       lengths[i] = (s.keep >= 0 ? s.keep : lengths[i]) + s.n_new;
+      fill_entry(s, ids[i], caps.block_size, &outs[i], &entries[i]);
     }
-    for (size_t i = 0; i < sessions; ++i)
-      fill_entry(specs[i], ids[i], caps.block_size, &outs[i], &entries[i]);
     const tpdraft_status st = tpdraft_client_step(c.c, entries.data(), entries.size());
     EXPECT_EQ(st, TPDRAFT_OK) << "step " << k << ": " << tpdraft_last_error();
     if (st != TPDRAFT_OK) return t;
@@ -150,13 +150,16 @@ void many_clients_match_the_library(const std::string& dir, const std::string& a
 // Each test's own temp dir, a random checkpoint in it, and the server started on that.
 class Serve : public ::testing::Test {
  protected:
-  // Writes a random checkpoint of configs/`config` and starts `[launcher] tpdraft serve args` on
-  // it, listening on ipc://DIR/s.sock unless `args` name a --listen of their own; asserts that it
-  // wrote its address (call it through ASSERT_NO_FATAL_FAILURE).
+  // Writes a random checkpoint of configs/`config` (seed 7) and starts `[launcher] tpdraft serve
+  // args` on it, listening on ipc://DIR/s.sock unless `args` name a --listen of their own; asserts
+  // that it wrote its address (call it through ASSERT_NO_FATAL_FAILURE).
   void start(std::vector<std::string> args, const std::vector<std::string>& launcher = {},
              const std::vector<std::string>& env = {},
              const std::string& config = "tiny-dflash2.json") {
-    make_checkpoint(config, dir.path());
+    model::RandomCheckpointOptions o;
+    o.seed = 7;
+    o.threads = 1;
+    model::write_random_checkpoint(testing::shipped_config(config), dir.path(), o, 0);
     if (std::find(args.begin(), args.end(), "--listen") == args.end())
       args.insert(args.end(), {"--listen", "ipc://" + dir.file("s.sock")});
     server.emplace(dir.path(), args, launcher, env);
@@ -240,14 +243,14 @@ TEST_F(Serve, StepsThatArriveDuringAForwardShareTheNextOne) {
     std::vector<std::thread> threads;
     std::vector<Out> outs(kClients);
     std::mt19937_64 rng(static_cast<uint64_t>(round));
-    std::vector<Spec> specs;
-    for (size_t i = 0; i < kClients; ++i)
-      specs.push_back(random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2));
+    std::vector<Spec> specs(kClients);
+    for (Spec& s : specs) {
+      s = random_spec(rng, 0, caps.taps_width, caps.vocab_size, 2);
+      s.keep = 0;
+    }
     for (size_t i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
-        Spec s = specs[i];
-        s.keep = 0;
-        EXPECT_EQ(step_one(*clients[i], sessions[i], s, &outs[i]), TPDRAFT_OK) << tpdraft_last_error();
+        EXPECT_EQ(step_one(*clients[i], sessions[i], specs[i], &outs[i]), TPDRAFT_OK) << tpdraft_last_error();
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // lets the requests reach the socket
     server->signal(SIGCONT);
