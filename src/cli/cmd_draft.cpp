@@ -178,16 +178,10 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const model::Session& session = p.engine->session_state(p.entry.session);
   if (!o.dump.empty()) write_dump(o, ctx, rt, session, dump, results[0]);
   if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
-  nlohmann::json out;
-  out["tokens"] = results[0].tokens;
-  out["probs"] = results[0].probs;
-  out["anchor"] = o.anchor;
-  out["anchor_position"] = p.taps.n;
-  out["architecture"] = rt.config().arch_name;
-  out["tp"] = rt.comm().size();
-  out["backend"] = rt.ops().name();
-  out["settle_ms"] = std::max(0.0, step_ms - draft_ms);
-  out["draft_ms"] = draft_ms;
+  const nlohmann::json out = {{"tokens", results[0].tokens}, {"probs", results[0].probs}, {"anchor", o.anchor},
+                              {"anchor_position", p.taps.n}, {"architecture", rt.config().arch_name},
+                              {"tp", rt.comm().size()}, {"backend", rt.ops().name()},
+                              {"settle_ms", std::max(0.0, step_ms - draft_ms)}, {"draft_ms", draft_ms}};
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
 }
