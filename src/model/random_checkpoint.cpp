@@ -310,11 +310,9 @@ void write_files(const DrafterConfig& cfg, const fs::path& root, const RandomChe
   write_tensors(random_drafter_tensors(cfg, opt, report("drafter")), (drafter / "model.safetensors").string());
   write_json(cfg.to_json(), (drafter / "config.json").string());
   write_tensors(random_target_tensors(cfg, opt, report("target")), (target / "model.safetensors").string());
-  nlohmann::json tj;
-  tj["hidden_size"] = cfg.hidden;
-  tj["vocab_size"] = target_rows(cfg, opt);
-  tj["tie_word_embeddings"] = opt.tie_embeddings;
-  write_json(tj, (target / "config.json").string());
+  write_json({{"hidden_size", cfg.hidden}, {"vocab_size", target_rows(cfg, opt)},
+              {"tie_word_embeddings", opt.tie_embeddings}},
+             (target / "config.json").string());
   if (taps_rows > 0) {
     const std::vector<float> taps = random_taps(cfg, taps_rows, opt.seed);
     SafetensorsWriter w;
