@@ -15,6 +15,7 @@
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "engine/engine.h"
 #include "model/runtime.h"
 #include "serve/group.h"
@@ -42,7 +43,7 @@ std::string temp_dir() {
 // Replica g's endpoint when there are several: ipc paths get ".g", a fixed tcp port g more.
 std::string replica_endpoint(const std::string& listen, int g, int replicas) {
   if (replicas == 1) return listen;
-  if (listen.rfind("ipc://", 0) == 0) return listen + "." + std::to_string(g);
+  if (starts_with(listen, "ipc://")) return listen + "." + std::to_string(g);
   const size_t colon = listen.rfind(':');
   TPDRAFT_CHECK(colon != std::string::npos && colon + 1 < listen.size(), "--listen {}: no port", listen);
   const std::string port = listen.substr(colon + 1);
