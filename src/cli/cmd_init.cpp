@@ -5,7 +5,6 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
-#include "core/error.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 

@@ -6,7 +6,6 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
-#include "core/error.h"
 #include "model/quantize.h"
 
 namespace tpdraft::cli {
