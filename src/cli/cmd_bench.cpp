@@ -38,8 +38,7 @@ struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
   int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
   uint64_t seed = 0;
-  bool json = false;
-  bool gather_logits = false;
+  bool json = false, gather_logits = false;
   RankOptions ranks;
   std::string graphs = "auto";
 };

@@ -27,11 +27,8 @@ namespace {
 
 struct ServeOpts {
   std::string drafter, target, listen, address_file;
-  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096;
-  double idle_timeout = 300;
-  double spin_us = 2000;
-  double gather_us = 2000;
-  int64_t max_memory = 0;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
+  double idle_timeout = 300, spin_us = 2000, gather_us = 2000;
   RankOptions ranks;
 };
 
@@ -57,9 +54,8 @@ std::string replica_endpoint(const std::string& listen, int g, int replicas) {
 
 int64_t available_memory() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
+  std::string key, unit;
   int64_t kib = 0;
-  std::string unit;
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
