@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -136,9 +137,8 @@ void check_fits_in_memory(const Specs& specs, const DrafterConfig& cfg, const Ra
   }
   const uint64_t memory = machine_memory();
   if (memory == 0 || static_cast<uint64_t>(total) <= memory) return;
-  auto largest = parts.begin();
-  for (auto it = parts.begin(); it != parts.end(); ++it)
-    if (it->second > largest->second) largest = it;
+  const auto largest = std::max_element(parts.begin(), parts.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
   TPDRAFT_FAIL("random {} weights for this config take {} bytes ({:.1f} GiB), more than this machine's memory of {} "
                "bytes ({:.1f} GiB); the largest part is {} ({} bytes)",
                dtype_name(opt.dtype), total, gib(static_cast<uint64_t>(total)), memory, gib(memory), largest->first,
