@@ -114,14 +114,10 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   TPDRAFT_CHECK(archs && archs->is_array() && !archs->empty() && (*archs)[0].is_string(),
                 "{}: key 'architectures' must be a non-empty list of strings", source);
   c.arch_name = (*archs)[0].get<std::string>();
-  if (c.arch_name == "DFlashDraftModel") {
-    c.arch = Arch::DFlash;
-  } else if (c.arch_name == "DFlash2DraftModel") {
-    c.arch = Arch::DFlash2;
-  } else {
-    TPDRAFT_FAIL("{}: key 'architectures' names '{}', expected 'DFlashDraftModel' or 'DFlash2DraftModel'",
-                 source, c.arch_name);
-  }
+  TPDRAFT_CHECK(c.arch_name == "DFlashDraftModel" || c.arch_name == "DFlash2DraftModel",
+                "{}: key 'architectures' names '{}', expected 'DFlashDraftModel' or 'DFlash2DraftModel'", source,
+                c.arch_name);
+  c.arch = c.arch_name == "DFlash2DraftModel" ? Arch::DFlash2 : Arch::DFlash;
 
   c.hidden = require_size(j, "hidden_size", source);
   c.layers = require_size(j, "num_hidden_layers", source);
@@ -143,10 +139,9 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
     if (!obj || !obj->is_object()) return;
     for (const char* key : {"rope_type", "type"}) {
       auto it = obj->find(key);
-      if (it != obj->end() && it->is_string() && it->get<std::string>() != "default") {
+      if (it != obj->end() && it->is_string() && it->get<std::string>() != "default")
         TPDRAFT_FAIL("{}: key '{}.{}' is '{}'; only 'default' RoPE is supported", source, where, key,
                      it->get<std::string>());
-      }
     }
   };
   check_rope_type(find_key(j, "rope_parameters"), "rope_parameters");
@@ -189,12 +184,10 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
       const json& e = (*lt)[l];
       TPDRAFT_CHECK(e.is_string(), "{}: key 'layer_types[{}]' must be a string", source, l);
       const std::string kind = e.get<std::string>();
-      if (kind == "sliding_attention") {
-        c.sliding[l] = true;
-      } else if (kind != "full_attention") {
-        TPDRAFT_FAIL("{}: key 'layer_types[{}]' is '{}', expected 'full_attention' or 'sliding_attention'", source,
-                     l, kind);
-      }
+      TPDRAFT_CHECK(kind == "full_attention" || kind == "sliding_attention",
+                    "{}: key 'layer_types[{}]' is '{}', expected 'full_attention' or 'sliding_attention'", source, l,
+                    kind);
+      c.sliding[l] = kind == "sliding_attention";
     }
   }
   if (find_key(j, "sliding_window")) c.window = require_size(j, "sliding_window", source);
