@@ -175,11 +175,8 @@ const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
   for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
     if (ends_with(name, "_codebook")) continue;
     const QuantScheme scheme = cfg_.quant.scheme_for(name);
-    if (stored_quantized && scheme.quantized()) {
-      check_quantized_tensor(*drafter_, name, shape, scheme);
-    } else {
-      drafter_->require(name, shape);
-    }
+    if (stored_quantized && scheme.quantized()) check_quantized_tensor(*drafter_, name, shape, scheme);
+    else drafter_->require(name, shape);
   }
   if (cfg_.is_dflash2()) {
     pred_ = &codebook("candidate_selector.predecessor_codebook");
