@@ -214,8 +214,7 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
     const DType dense = src.store ? src.head_dtype : src.assumed;
     draft.weight_bytes = model::draft_weight_bytes(cfg, plan, dense, src.head_dtype);
   }
-  model::SamplingParams sampled;
-  sampled.temperature = 1.0;
+  const model::SamplingParams sampled{1.0};  // temperature 1, no top-k / top-p
   return {
       {"rank", r},
       {"plan", {{"q_heads", range_json(plan.q_heads)}, {"kv_heads", range_json(plan.kv_heads)},
