@@ -198,8 +198,10 @@ void add_draft(CLI::App& app) {
       ->required()
       ->check(whole_number(0));
   cmd->add_option("--temperature", o->sampling.temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
-  cmd->add_option("--top-k", o->sampling.top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
-  cmd->add_option("--top-p", o->sampling.top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(kept_mass());
+  cmd->add_option("--top-k", o->sampling.top_k, "Keep the k best tokens before sampling (DFlash only)")
+      ->check(whole_number(0));
+  cmd->add_option("--top-p", o->sampling.top_p, "Nucleus mass to keep before sampling (DFlash only)")
+      ->check(kept_mass());
   cmd->add_option("--seed", o->sampling.seed, "Seed of the sampling noise")->check(seed_number());
   add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
