@@ -33,9 +33,7 @@ namespace {
 struct DraftOpts {
   std::string drafter, target, taps, dump;
   int64_t anchor = 0;
-  double temperature = 0, top_p = 1;
-  int64_t top_k = 0;
-  uint64_t seed = 0;
+  model::SamplingParams sampling;  // --temperature, --top-k, --top-p, --seed
   RankOptions ranks;
 };
 
@@ -134,7 +132,7 @@ void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   e.n_new = p->taps.n;
   e.taps = {p->taps.rows, DType::F32, false, nullptr};
   e.anchor = o.anchor;
-  e.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
+  e.sampling = o.sampling;
   p->engine->check({e});
 }
 
@@ -178,16 +176,10 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const model::Session& session = p.engine->session_state(p.entry.session);
   if (!o.dump.empty()) write_dump(o, ctx, rt, session, dump, results[0]);
   if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
-  nlohmann::json out;
-  out["tokens"] = results[0].tokens;
-  out["probs"] = results[0].probs;
-  out["anchor"] = o.anchor;
-  out["anchor_position"] = p.taps.n;
-  out["architecture"] = rt.config().arch_name;
-  out["tp"] = rt.comm().size();
-  out["backend"] = rt.ops().name();
-  out["settle_ms"] = std::max(0.0, step_ms - draft_ms);
-  out["draft_ms"] = draft_ms;
+  const nlohmann::json out = {{"tokens", results[0].tokens}, {"probs", results[0].probs}, {"anchor", o.anchor},
+                              {"anchor_position", p.taps.n}, {"architecture", rt.config().arch_name},
+                              {"tp", rt.comm().size()}, {"backend", rt.ops().name()},
+                              {"settle_ms", std::max(0.0, step_ms - draft_ms)}, {"draft_ms", draft_ms}};
   std::printf("%s\n", out.dump().c_str());
   std::fflush(stdout);
 }
@@ -205,10 +197,12 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")
       ->required()
       ->check(whole_number(0));
-  cmd->add_option("--temperature", o->temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
-  cmd->add_option("--top-k", o->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
-  cmd->add_option("--top-p", o->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(kept_mass());
-  cmd->add_option("--seed", o->seed, "Seed of the sampling noise")->check(seed_number());
+  cmd->add_option("--temperature", o->sampling.temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
+  cmd->add_option("--top-k", o->sampling.top_k, "Keep the k best tokens before sampling (DFlash only)")
+      ->check(whole_number(0));
+  cmd->add_option("--top-p", o->sampling.top_p, "Nucleus mass to keep before sampling (DFlash only)")
+      ->check(kept_mass());
+  cmd->add_option("--seed", o->sampling.seed, "Seed of the sampling noise")->check(seed_number());
   add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");
   cmd->callback([o] { run_ranks(o->ranks, [&](const RankContext& ctx) { run_draft_on_rank(*o, ctx); }); });

@@ -2,7 +2,6 @@
 // parameters, memory, tensors; with --tp, what each rank holds; with --json, one object with
 // the cost model's bytes, work and collectives per rank (bench/scaling reads it).
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,8 +29,7 @@ struct InfoOpts {
   std::string drafter, config, target, dtype = "bf16", quant;
   int tp = 1;
   int64_t sessions = 1, ctx = 1024;
-  bool tensors = false;
-  bool json = false;
+  bool tensors = false, json = false;
 };
 
 // What the numbers are computed from: a checkpoint's tensors, or a config's expected shapes
@@ -216,8 +214,7 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
     const DType dense = src.store ? src.head_dtype : src.assumed;
     draft.weight_bytes = model::draft_weight_bytes(cfg, plan, dense, src.head_dtype);
   }
-  model::SamplingParams sampled;
-  sampled.temperature = 1.0;
+  const model::SamplingParams sampled{1.0};  // temperature 1, no top-k / top-p
   return {
       {"rank", r},
       {"plan", {{"q_heads", range_json(plan.q_heads)}, {"kv_heads", range_json(plan.kv_heads)},

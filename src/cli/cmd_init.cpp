@@ -5,7 +5,6 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
-#include "core/error.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 
@@ -14,9 +13,8 @@ namespace tpdraft::cli {
 void add_init(CLI::App& app) {
   struct Opts {
     std::string config, out, dtype = "bf16";
-    uint64_t seed = 0;
-    int64_t taps = 0, target_vocab = 0;
-    bool tie = false;
+    int64_t taps = 0;
+    model::RandomCheckpointOptions random;  // --seed, --target-vocab and --tie; dtype from --dtype
   };
   auto opts = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -30,25 +28,21 @@ void add_init(CLI::App& app) {
                   "one is replaced only when empty or holding an earlier checkpoint (drafter/, target/ with "
                   "config.json and *.safetensors, taps.safetensors; nothing else); anything else is refused")
       ->required();
-  cmd->add_option("--seed", opts->seed, "Seed; the same seed gives the same bytes")
+  cmd->add_option("--seed", opts->random.seed, "Seed; the same seed gives the same bytes")
       ->capture_default_str()
       ->check(seed_number());
   cmd->add_option("--dtype", opts->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   cmd->add_option("--taps", opts->taps, "Also write N random tap rows [N, T*H] to OUT/taps.safetensors")
       ->check(whole_number(0));
-  cmd->add_option("--target-vocab", opts->target_vocab,
+  cmd->add_option("--target-vocab", opts->random.target_vocab,
                   "Rows of the target tables (>= vocab_size, at most the vocab_size bound; 0: vocab_size)")
       ->check(whole_number(0, model::size_limit("vocab_size")));
-  cmd->add_flag("--tie", opts->tie, "Tie the target head to its embedding (no lm_head.weight)");
+  cmd->add_flag("--tie", opts->random.tie_embeddings, "Tie the target head to its embedding (no lm_head.weight)");
   cmd->callback([opts] {
     run_alone([&] {
       const model::DrafterConfig cfg = model::DrafterConfig::from_file(opts->config);
-      model::RandomCheckpointOptions o;
-      o.seed = opts->seed;
-      o.dtype = weight_dtype(opts->dtype);
-      o.target_vocab = opts->target_vocab;
-      o.tie_embeddings = opts->tie;
-      model::write_random_checkpoint(cfg, opts->out, o, opts->taps);
+      opts->random.dtype = weight_dtype(opts->dtype);
+      model::write_random_checkpoint(cfg, opts->out, opts->random, opts->taps);
     });
   });
 }

@@ -6,17 +6,14 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
-#include "core/error.h"
 #include "model/quantize.h"
 
 namespace tpdraft::cli {
 
 void add_quantize(CLI::App& app) {
   struct Opts {
-    std::string drafter, out, only = "all";
-    int bits = 4;
-    int64_t group = 128;
-    bool include_fc = false;
+    std::string drafter, out;
+    model::QuantRequest request;  // its defaults are the options' defaults
   };
   auto opts = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -26,24 +23,19 @@ void add_quantize(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--out", opts->out, "Output directory (created; must not hold a model.safetensors)")->required();
-  cmd->add_option("--bits", opts->bits, "Bits per weight")->check(CLI::IsMember({4, 8}))->capture_default_str();
-  cmd->add_option("--group", opts->group,
+  cmd->add_option("--bits", opts->request.bits, "Bits per weight")->check(CLI::IsMember({4, 8}))->capture_default_str();
+  cmd->add_option("--group", opts->request.group,
                   "Columns per scale (0: one scale per row); a matrix whose columns it does not divide gets one "
                   "scale per row")
       ->check(whole_number(0))
       ->capture_default_str();
-  cmd->add_option("--only", opts->only, "Which layer matrices: all, mlp (gate, up, down) or attn (q, k, v, o)")
+  cmd->add_option("--only", opts->request.only, "Which layer matrices: all, mlp (gate, up, down) or attn (q, k, v, o)")
       ->check(CLI::IsMember({"all", "mlp", "attn"}))
       ->capture_default_str();
-  cmd->add_flag("--include-fc", opts->include_fc, "Quantize fc too");
+  cmd->add_flag("--include-fc", opts->request.include_fc, "Quantize fc too");
   cmd->callback([opts] {
     run_alone([&] {
-      model::QuantRequest r;
-      r.bits = opts->bits;
-      r.group = opts->group;
-      r.only = opts->only;
-      r.include_fc = opts->include_fc;
-      const model::QuantizeSummary s = model::quantize_checkpoint(opts->drafter, opts->out, r);
+      const model::QuantizeSummary s = model::quantize_checkpoint(opts->drafter, opts->out, opts->request);
       std::printf("%s: %zu of %zu tensors quantized, %.2f MiB -> %.2f MiB\n", opts->out.c_str(), s.quantized,
                   s.tensors, static_cast<double>(s.bytes_before) / (1 << 20),
                   static_cast<double>(s.bytes_after) / (1 << 20));

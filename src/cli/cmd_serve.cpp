@@ -15,6 +15,7 @@
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "engine/engine.h"
 #include "model/runtime.h"
 #include "serve/group.h"
@@ -26,11 +27,8 @@ namespace {
 
 struct ServeOpts {
   std::string drafter, target, listen, address_file;
-  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096;
-  double idle_timeout = 300;
-  double spin_us = 2000;
-  double gather_us = 2000;
-  int64_t max_memory = 0;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
+  double idle_timeout = 300, spin_us = 2000, gather_us = 2000;
   RankOptions ranks;
 };
 
@@ -42,7 +40,7 @@ std::string temp_dir() {
 // Replica g's endpoint when there are several: ipc paths get ".g", a fixed tcp port g more.
 std::string replica_endpoint(const std::string& listen, int g, int replicas) {
   if (replicas == 1) return listen;
-  if (listen.rfind("ipc://", 0) == 0) return listen + "." + std::to_string(g);
+  if (starts_with(listen, "ipc://")) return listen + "." + std::to_string(g);
   const size_t colon = listen.rfind(':');
   TPDRAFT_CHECK(colon != std::string::npos && colon + 1 < listen.size(), "--listen {}: no port", listen);
   const std::string port = listen.substr(colon + 1);
@@ -56,9 +54,8 @@ std::string replica_endpoint(const std::string& listen, int g, int replicas) {
 
 int64_t available_memory() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
+  std::string key, unit;
   int64_t kib = 0;
-  std::string unit;
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "parallel/mpi_comm.h"
 
 namespace tpdraft::cli {
@@ -111,7 +112,7 @@ void check_same_arguments(int argc, char** argv) {
       if (i == 0) {
         what += " (the command)";
       } else if (i < here.size() && i < there.size() && here[i - 1] == there[i - 1] &&
-                 here[i - 1].rfind("--", 0) == 0 && here[i].rfind("--", 0) != 0) {
+                 starts_with(here[i - 1], "--") && !starts_with(here[i], "--")) {
         what += fmt::format(" (the value of {})", here[i - 1]);
       }
       TPDRAFT_CHECK(a == b,

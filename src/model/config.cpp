@@ -114,14 +114,10 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
   TPDRAFT_CHECK(archs && archs->is_array() && !archs->empty() && (*archs)[0].is_string(),
                 "{}: key 'architectures' must be a non-empty list of strings", source);
   c.arch_name = (*archs)[0].get<std::string>();
-  if (c.arch_name == "DFlashDraftModel") {
-    c.arch = Arch::DFlash;
-  } else if (c.arch_name == "DFlash2DraftModel") {
-    c.arch = Arch::DFlash2;
-  } else {
-    TPDRAFT_FAIL("{}: key 'architectures' names '{}', expected 'DFlashDraftModel' or 'DFlash2DraftModel'",
-                 source, c.arch_name);
-  }
+  TPDRAFT_CHECK(c.arch_name == "DFlashDraftModel" || c.arch_name == "DFlash2DraftModel",
+                "{}: key 'architectures' names '{}', expected 'DFlashDraftModel' or 'DFlash2DraftModel'", source,
+                c.arch_name);
+  c.arch = c.arch_name == "DFlash2DraftModel" ? Arch::DFlash2 : Arch::DFlash;
 
   c.hidden = require_size(j, "hidden_size", source);
   c.layers = require_size(j, "num_hidden_layers", source);
@@ -143,10 +139,9 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
     if (!obj || !obj->is_object()) return;
     for (const char* key : {"rope_type", "type"}) {
       auto it = obj->find(key);
-      if (it != obj->end() && it->is_string() && it->get<std::string>() != "default") {
+      if (it != obj->end() && it->is_string() && it->get<std::string>() != "default")
         TPDRAFT_FAIL("{}: key '{}.{}' is '{}'; only 'default' RoPE is supported", source, where, key,
                      it->get<std::string>());
-      }
     }
   };
   check_rope_type(find_key(j, "rope_parameters"), "rope_parameters");
@@ -189,12 +184,10 @@ DrafterConfig DrafterConfig::from_json(const json& j, const std::string& source)
       const json& e = (*lt)[l];
       TPDRAFT_CHECK(e.is_string(), "{}: key 'layer_types[{}]' must be a string", source, l);
       const std::string kind = e.get<std::string>();
-      if (kind == "sliding_attention") {
-        c.sliding[l] = true;
-      } else if (kind != "full_attention") {
-        TPDRAFT_FAIL("{}: key 'layer_types[{}]' is '{}', expected 'full_attention' or 'sliding_attention'", source,
-                     l, kind);
-      }
+      TPDRAFT_CHECK(kind == "full_attention" || kind == "sliding_attention",
+                    "{}: key 'layer_types[{}]' is '{}', expected 'full_attention' or 'sliding_attention'", source, l,
+                    kind);
+      c.sliding[l] = kind == "sliding_attention";
     }
   }
   if (find_key(j, "sliding_window")) c.window = require_size(j, "sliding_window", source);
@@ -223,13 +216,10 @@ void DrafterConfig::validate(const std::string& source) const {
     TPDRAFT_CHECK(v > 0, "{}: key '{}' must be positive, got {}", source, key, v);
     check_limit(v, key, source);
   };
-  positive(hidden, "hidden_size");
-  positive(layers, "num_hidden_layers");
-  positive(n_q, "num_attention_heads");
-  positive(n_kv, "num_key_value_heads");
-  positive(head_dim, "head_dim");
-  positive(ffn, "intermediate_size");
-  positive(vocab, "vocab_size");
+  for (const auto& [v, key] : {std::pair{hidden, "hidden_size"}, {layers, "num_hidden_layers"},
+                               {n_q, "num_attention_heads"}, {n_kv, "num_key_value_heads"}, {head_dim, "head_dim"},
+                               {ffn, "intermediate_size"}, {vocab, "vocab_size"}})
+    positive(v, key);
   TPDRAFT_CHECK(block >= 2, "{}: key 'block_size' must be at least 2 (1 anchor + drafts), got {}", source, block);
   check_limit(block, "block_size", source);
   check_limit(window, "sliding_window", source);
@@ -271,31 +261,19 @@ DrafterConfig DrafterConfig::from_file(const std::string& path) {
 }
 
 json DrafterConfig::to_json() const {
-  json j;
-  j["architectures"] = json::array({arch_name.empty() ? (arch == Arch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel")
-                                                       : arch_name});
-  j["hidden_size"] = hidden;
-  j["num_hidden_layers"] = layers;
-  j["num_attention_heads"] = n_q;
-  j["num_key_value_heads"] = n_kv;
-  j["head_dim"] = head_dim;
-  j["intermediate_size"] = ffn;
-  j["vocab_size"] = vocab;
-  j["rms_norm_eps"] = eps;
-  j["rope_theta"] = rope_theta;
-  j["attention_bias"] = bias;
-  json lt = json::array();
-  for (bool s : sliding) lt.push_back(s ? "sliding_attention" : "full_attention");
-  j["layer_types"] = lt;
+  const std::string name = arch_name.empty() ? (arch == Arch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel")
+                                              : arch_name;
+  json j = {{"architectures", json::array({name})}, {"hidden_size", hidden}, {"num_hidden_layers", layers},
+            {"num_attention_heads", n_q}, {"num_key_value_heads", n_kv}, {"head_dim", head_dim},
+            {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", eps}, {"rope_theta", rope_theta},
+            {"attention_bias", bias}, {"layer_types", json::array()}};
+  for (bool s : sliding) j["layer_types"].push_back(s ? "sliding_attention" : "full_attention");
   if (window > 0) j["sliding_window"] = window;
   // Written explicitly only when it differs from the per-layer default (causal == sliding).
   const bool all_same =
       std::adjacent_find(causal.begin(), causal.end(), std::not_equal_to<>()) == causal.end();
   if (causal != sliding && all_same) j["is_causal"] = causal.front();
-  json dc;
-  dc["block_size"] = block;
-  dc["target_layer_ids"] = taps;
-  dc["mask_token_id"] = mask_token;
+  json dc = {{"block_size", block}, {"target_layer_ids", taps}, {"mask_token_id", mask_token}};
   if (in_scale != 1.0) dc["input_embedding_scale"] = in_scale;
   if (out_scale != 1.0) dc["output_multiplier"] = out_scale;
   if (softcap > 0) dc["final_logit_softcapping"] = softcap;

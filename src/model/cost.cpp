@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/strings.h"
 #include "model/quant_tensors.h"
 #include "model/sharded_head.h"
 #include "model/weights.h"
@@ -61,7 +62,7 @@ double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtyp
   for (const auto& [name, shape] : expected_drafter_tensors(c)) {
     // What a draft's forward streams: the layer matrices and the selector's projection (fc works
     // in settle only; norms and biases are noise).
-    const bool layer_matrix = name.rfind("layers.", 0) == 0 && quantizable_tensor(name);
+    const bool layer_matrix = starts_with(name, "layers.") && quantizable_tensor(name);
     if (!layer_matrix && name != "candidate_selector.hidden_projection.weight") continue;
     bytes += share_bytes(tensor_share(c, p, name, shape), c.quant.scheme_for(name), dtype);
   }

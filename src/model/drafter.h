@@ -111,9 +111,9 @@ class Drafter {
   void check_requests(const std::vector<DraftRequest>& requests) const;
   int64_t layer_capacity(int64_t layer) const;
   VocabSlice vocab_slice() const;
+  void check_workspace_fits() const;
   // Writes the step table (positions, anchors, context views, block input rows) for the requests
   // to the backend, in one copy.
-  void check_workspace_fits() const;
   void upload_step(const std::vector<DraftRequest>& requests);
   // The block forward for S sessions from the step table's rows into draft_rows_, one layer at a
   // time; the recorder replays it from a graph when it can.

@@ -1,6 +1,7 @@
 // quantization_config (compressed-tensors) parsing and matching, and quantization plans.
 #include "model/quant_config.h"
 
+#include <algorithm>
 #include <regex>
 
 #include <fmt/format.h>
@@ -265,24 +266,14 @@ QuantConfig plan_quantization(const QuantRequest& r,
   c.file = "the quantization plan";
   for (const auto& [name, shape] : tensors) {
     if (!quantizable_tensor(name) || shape.size() != 2) continue;
-    int bits = 0;
-    if (is_attn(name) || is_mlp(name)) {
-      if (r.only == "all" || (r.only == "mlp" && is_mlp(name)) || (r.only == "attn" && is_attn(name))) bits = r.bits;
-    } else if (name == "fc.weight" && r.include_fc) {
-      bits = r.bits;
-    } else {
-      bits = r.aux_bits;
-    }
+    const bool layer = is_attn(name) || is_mlp(name);
+    const bool selected = r.only == "all" || (r.only == "mlp" && is_mlp(name)) || (r.only == "attn" && is_attn(name));
+    const int bits = layer ? (selected ? r.bits : 0) : name == "fc.weight" && r.include_fc ? r.bits : r.aux_bits;
     if (bits == 0) continue;
     const QuantScheme s = r.scheme(bits, shape[1]);
     const std::string module = name.substr(0, name.size() - std::string(".weight").size());
-    QuantConfig::Group* g = nullptr;
-    for (auto& existing : c.groups)
-      if (existing.weights == s) g = &existing;
-    if (g == nullptr) {
-      c.groups.push_back({fmt::format("group_{}", c.groups.size()), {}, s});
-      g = &c.groups.back();
-    }
+    auto g = std::find_if(c.groups.begin(), c.groups.end(), [&](const auto& e) { return e.weights == s; });
+    if (g == c.groups.end()) g = c.groups.insert(g, {fmt::format("group_{}", c.groups.size()), {}, s});
     g->targets.push_back(module);
   }
   if (c.groups.empty()) c.source = QuantConfig::Source::None;

@@ -247,11 +247,8 @@ QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows,
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t src_row = rows.begin + r;
     const TensorInfo one = row_view(t, src_row, 1);
-    if (whole_row) {
-      copy_rows(one, 0, 1, DType::F32, row.data());
-    } else {
-      copy_cols(one, cols.begin, cols.size(), DType::F32, row.data());
-    }
+    if (whole_row) copy_rows(one, 0, 1, DType::F32, row.data());
+    else copy_cols(one, cols.begin, cols.size(), DType::F32, row.data());
     const int64_t bad = find_non_finite(DType::F32, row.data(), row.size());
     TPDRAFT_CHECK(bad < 0, "{}: tensor '{}' holds a non-finite value (NaN or Inf) at row {}; weights must be finite",
                   t.file, t.name, src_row);

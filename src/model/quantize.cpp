@@ -32,7 +32,7 @@ QuantizeSummary quantize_checkpoint(const std::string& drafter_dir, const std::s
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   TPDRAFT_CHECK(!ec, "{}: cannot create the output directory ({})", out_dir, ec.message());
-  TPDRAFT_CHECK(fs::equivalent(drafter_dir, out_dir, ec) == false, "quantize: --out must differ from --drafter ({})",
+  TPDRAFT_CHECK(!fs::equivalent(drafter_dir, out_dir, ec), "quantize: --out must differ from --drafter ({})",
                 out_dir);
   const std::string out_model = (fs::path(out_dir) / "model.safetensors").string();
   TPDRAFT_CHECK(!fs::exists(out_model, ec), "{}: exists already; quantize into an empty directory", out_model);

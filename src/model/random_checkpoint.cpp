@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -136,9 +137,8 @@ void check_fits_in_memory(const Specs& specs, const DrafterConfig& cfg, const Ra
   }
   const uint64_t memory = machine_memory();
   if (memory == 0 || static_cast<uint64_t>(total) <= memory) return;
-  auto largest = parts.begin();
-  for (auto it = parts.begin(); it != parts.end(); ++it)
-    if (it->second > largest->second) largest = it;
+  const auto largest = std::max_element(parts.begin(), parts.end(),
+                                        [](const auto& a, const auto& b) { return a.second < b.second; });
   TPDRAFT_FAIL("random {} weights for this config take {} bytes ({:.1f} GiB), more than this machine's memory of {} "
                "bytes ({:.1f} GiB); the largest part is {} ({} bytes)",
                dtype_name(opt.dtype), total, gib(static_cast<uint64_t>(total)), memory, gib(memory), largest->first,
@@ -310,11 +310,9 @@ void write_files(const DrafterConfig& cfg, const fs::path& root, const RandomChe
   write_tensors(random_drafter_tensors(cfg, opt, report("drafter")), (drafter / "model.safetensors").string());
   write_json(cfg.to_json(), (drafter / "config.json").string());
   write_tensors(random_target_tensors(cfg, opt, report("target")), (target / "model.safetensors").string());
-  nlohmann::json tj;
-  tj["hidden_size"] = cfg.hidden;
-  tj["vocab_size"] = target_rows(cfg, opt);
-  tj["tie_word_embeddings"] = opt.tie_embeddings;
-  write_json(tj, (target / "config.json").string());
+  write_json({{"hidden_size", cfg.hidden}, {"vocab_size", target_rows(cfg, opt)},
+              {"tie_word_embeddings", opt.tie_embeddings}},
+             (target / "config.json").string());
   if (taps_rows > 0) {
     const std::vector<float> taps = random_taps(cfg, taps_rows, opt.seed);
     SafetensorsWriter w;

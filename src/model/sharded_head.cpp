@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 
-#include "core/error.h"
 
 namespace tpdraft::model {
 

@@ -143,11 +143,8 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   for (int64_t l = 0; l < cfg.layers; ++l) {
     LayerWeights& w = layers[static_cast<size_t>(l)];
     for (const LayerTensor& t : per_layer) {
-      if (t.matrix != nullptr) {
-        w.*t.matrix = load_matrix(d, layer_name(l, t.name), t.shape);
-      } else {
-        w.*t.vector = load_vector(d, layer_name(l, t.name), t.shape);
-      }
+      if (t.matrix != nullptr) w.*t.matrix = load_matrix(d, layer_name(l, t.name), t.shape);
+      else w.*t.vector = load_vector(d, layer_name(l, t.name), t.shape);
     }
   }
 
@@ -178,11 +175,8 @@ const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
   for (const auto& [name, shape] : expected_drafter_tensors(cfg_)) {
     if (ends_with(name, "_codebook")) continue;
     const QuantScheme scheme = cfg_.quant.scheme_for(name);
-    if (stored_quantized && scheme.quantized()) {
-      check_quantized_tensor(*drafter_, name, shape, scheme);
-    } else {
-      drafter_->require(name, shape);
-    }
+    if (stored_quantized && scheme.quantized()) check_quantized_tensor(*drafter_, name, shape, scheme);
+    else drafter_->require(name, shape);
   }
   if (cfg_.is_dflash2()) {
     pred_ = &codebook("candidate_selector.predecessor_codebook");
@@ -267,11 +261,8 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
   for (int64_t r = 0; r < m.rows; r += chunk) {
     const int64_t n = std::min(chunk, m.rows - r);
     const TensorInfo src = row_view(info, rows.begin + r, n);
-    if (cols.begin == 0 && cols.end == full_cols) {
-      copy_rows(src, 0, n, info.dtype, stage.data());
-    } else {
-      copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
-    }
+    if (cols.begin == 0 && cols.end == full_cols) copy_rows(src, 0, n, info.dtype, stage.data());
+    else copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
     check_finite(info, stage.data(), n, m.cols, rows.begin + r, cols.begin);
     // The source pages are done with: drop them so a rank's resident memory stays its share
     // (a tied head's table stays mapped for embedding lookups).
