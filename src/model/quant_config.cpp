@@ -266,9 +266,12 @@ QuantConfig plan_quantization(const QuantRequest& r,
   c.file = "the quantization plan";
   for (const auto& [name, shape] : tensors) {
     if (!quantizable_tensor(name) || shape.size() != 2) continue;
-    const bool layer = is_attn(name) || is_mlp(name);
-    const bool selected = r.only == "all" || (r.only == "mlp" && is_mlp(name)) || (r.only == "attn" && is_attn(name));
-    const int bits = layer ? (selected ? r.bits : 0) : name == "fc.weight" && r.include_fc ? r.bits : r.aux_bits;
+    // Layer matrices as `only` picks them, fc.weight with include_fc, every other matrix at aux_bits.
+    int bits = r.aux_bits;
+    if (is_attn(name) || is_mlp(name))
+      bits = r.only == "all" || (r.only == "mlp" && is_mlp(name)) || (r.only == "attn" && is_attn(name)) ? r.bits : 0;
+    else if (name == "fc.weight" && r.include_fc)
+      bits = r.bits;
     if (bits == 0) continue;
     const QuantScheme s = r.scheme(bits, shape[1]);
     const std::string module = name.substr(0, name.size() - std::string(".weight").size());
