@@ -228,32 +228,56 @@ void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t 
 
 nlohmann::json to_json(const BenchResult& r) {
   const parallel::CommStats& c = r.comm;
-  nlohmann::json j = {
-      {"config", r.config}, {"architecture", r.architecture}, {"backend", r.backend}, {"threads", r.threads},
-      {"tp", r.tp}, {"gather_logits", r.gather_logits}, {"graphs", r.graphs}, {"replayed_drafts", r.replayed},
-      {"graph_nodes", r.graph_nodes}, {"replicas", r.replicas}, {"communicator", r.communicator},
-      {"comm_ms", r.comm_mean * 1e3}, {"comm_ms_median", r.comm_median * 1e3},
-      {"compute_ms", r.compute * 1e3},  // outside collectives
-      {"all_reduce_calls", r.per_draft(c.all_reduce_calls)}, {"all_reduce_bytes", r.per_draft(c.all_reduce_bytes)},
-      {"all_gather_calls", r.per_draft(c.all_gather_calls)}, {"all_gather_bytes", r.per_draft(c.all_gather_bytes)},
-      {"broadcast_calls", r.per_draft(c.broadcast_calls)}, {"broadcast_bytes", r.per_draft(c.broadcast_bytes)},
-      {"weights_bytes_per_rank", r.weights_bytes}, {"context_bytes_per_rank", r.context_bytes},
-      {"sessions", r.sessions}, {"context", r.context}, {"dtype", r.dtype},
-      {"draft_ms", r.draft.median * 1e3}, {"draft_ms_min", r.draft.min * 1e3}, {"draft_ms_max", r.draft.max * 1e3},
-      {"draft_ms_p10", r.draft.p10 * 1e3}, {"draft_ms_p90", r.draft.p90 * 1e3},
-      {"layers_ms", r.layers * 1e3}, {"head_ms", r.head * 1e3}, {"select_ms", r.select * 1e3},
-      {"settle_rows_per_s", r.settle_rows_per_s()}, {"settle_gflops", r.settle_gflops()},
-      {"draft_gflop", r.work.flops / 1e9}, {"draft_gbytes", r.work.bytes() / 1e9},
-      {"draft_weight_gbytes", r.work.weight_bytes / 1e9},
-      {"achieved_gflops", r.achieved_gflops()}, {"achieved_gbps", r.achieved_gbps()},
-      {"machine_read_gbps", r.read_gbps},
-      {"machine_memory_ceiling", r.gpu ? "device copy (read + write)" : "host read"},
-      {"machine_gemm_gflops", r.gemm_gflops}, {"tokens", r.tokens}};
+  nlohmann::json j;
+  j["config"] = r.config;
+  j["architecture"] = r.architecture;
+  j["backend"] = r.backend;
+  j["threads"] = r.threads;
+  j["tp"] = r.tp;
+  j["gather_logits"] = r.gather_logits;
+  j["graphs"] = r.graphs;
+  j["replayed_drafts"] = r.replayed;
+  j["graph_nodes"] = r.graph_nodes;
+  j["replicas"] = r.replicas;
+  j["communicator"] = r.communicator;
+  j["comm_ms"] = r.comm_mean * 1e3;
+  j["comm_ms_median"] = r.comm_median * 1e3;
+  j["compute_ms"] = r.compute * 1e3;  // outside collectives
+  j["all_reduce_calls"] = r.per_draft(c.all_reduce_calls);
+  j["all_reduce_bytes"] = r.per_draft(c.all_reduce_bytes);
+  j["all_gather_calls"] = r.per_draft(c.all_gather_calls);
+  j["all_gather_bytes"] = r.per_draft(c.all_gather_bytes);
+  j["broadcast_calls"] = r.per_draft(c.broadcast_calls);
+  j["broadcast_bytes"] = r.per_draft(c.broadcast_bytes);
+  j["weights_bytes_per_rank"] = r.weights_bytes;
+  j["context_bytes_per_rank"] = r.context_bytes;
+  j["sessions"] = r.sessions;
+  j["context"] = r.context;
+  j["dtype"] = r.dtype;
+  j["draft_ms"] = r.draft.median * 1e3;
+  j["draft_ms_min"] = r.draft.min * 1e3;
+  j["draft_ms_max"] = r.draft.max * 1e3;
+  j["draft_ms_p10"] = r.draft.p10 * 1e3;
+  j["draft_ms_p90"] = r.draft.p90 * 1e3;
+  j["layers_ms"] = r.layers * 1e3;
+  j["head_ms"] = r.head * 1e3;
+  j["select_ms"] = r.select * 1e3;
+  j["settle_rows_per_s"] = r.settle_rows_per_s();
+  j["settle_gflops"] = r.settle_gflops();
+  j["draft_gflop"] = r.work.flops / 1e9;
+  j["draft_gbytes"] = r.work.bytes() / 1e9;
+  j["draft_weight_gbytes"] = r.work.weight_bytes / 1e9;
+  j["achieved_gflops"] = r.achieved_gflops();
+  j["achieved_gbps"] = r.achieved_gbps();
+  j["machine_read_gbps"] = r.read_gbps;
+  j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
+  j["machine_gemm_gflops"] = r.gemm_gflops;
   if (r.blas_peak_gflops > 0) {
     j["cublas_gemm_gflops_settle_shape"] = r.blas_settle_gflops;
     j["cublas_gemm_gflops_peak"] = r.blas_peak_gflops;
     j["settle_fraction_of_cublas"] = r.settle_gflops() / r.blas_peak_gflops;
   }
+  j["tokens"] = r.tokens;
   return j;
 }
 
