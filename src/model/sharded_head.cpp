@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 
-
 namespace tpdraft::model {
 
 namespace {
