@@ -257,10 +257,4 @@ void run_ranks(int n, const std::function<void(Communicator&)>& fn) {
   }
 }
 
-void run_group(int n, const std::function<void(Communicator&)>& fn) {
-  if (n != 1) return run_ranks(n, fn);
-  const auto single = make_single_rank();
-  fn(*single);
-}
-
 }  // namespace tpdraft::parallel

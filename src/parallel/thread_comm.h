@@ -22,8 +22,4 @@ std::vector<std::unique_ptr<Communicator>> make_thread_group(int n);
 // joined, the first failure is rethrown as tpdraft::Error("rank R: <what>").
 void run_ranks(int n, const std::function<void(Communicator&)>& fn);
 
-// fn on a group of n ranks as a run of that size has it: at n = 1 on the single-rank communicator
-// (which, unlike the in-process one, a captured graph can hold), else through run_ranks.
-void run_group(int n, const std::function<void(Communicator&)>& fn);
-
 }  // namespace tpdraft::parallel

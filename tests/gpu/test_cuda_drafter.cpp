@@ -186,7 +186,7 @@ TEST(CudaDrafter, GraphReplaysEqualDirectOpsAndTheCpu) {
     for (int tp : {1, 2}) {
       const std::string what = std::string(file) + " tp " + std::to_string(tp);
       std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-      parallel::run_group(tp, [&](parallel::Communicator& comm) {
+      testing::run_group(tp, [&](parallel::Communicator& comm) {
         eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false);
         graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true);
       });
@@ -329,7 +329,7 @@ void check_nccl_graph_rounds(int tp) {
     testing::TempDir dir;
     const std::string ckpt = write_checkpoint(dir, cfg);
     std::vector<std::vector<testing::DraftRound>> eager(static_cast<size_t>(tp)), graphs(static_cast<size_t>(tp));
-    parallel::run_group(tp, [&](parallel::Communicator& comm) {
+    testing::run_group(tp, [&](parallel::Communicator& comm) {
       eager[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, false, true);
       graphs[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cuda", ckpt, cfg, true, true);
     });

@@ -35,7 +35,7 @@ using RankCounts = std::vector<parallel::CommStats>;
 std::vector<RankCounts> count_drafts(const std::string& ckpt, const DrafterConfig& cfg, int tp,
                                      const std::vector<DraftCase>& cases) {
   std::vector<RankCounts> out(static_cast<size_t>(tp));
-  parallel::run_group(tp, [&](parallel::Communicator& comm) {
+  testing::run_group(tp, [&](parallel::Communicator& comm) {
     model::RuntimeOptions ro = testing::backend("cpu");
     ro.limits.max_sessions = 3;
     ro.limits.max_context = 64;

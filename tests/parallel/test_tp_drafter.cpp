@@ -122,7 +122,7 @@ TEST(TensorParallel, WireCarriesNoVocabularySizedData) {
 std::vector<std::vector<testing::DraftRound>> run_rounds(const std::string& ckpt, const DrafterConfig& cfg, int tp,
                                                          bool graphs) {
   std::vector<std::vector<testing::DraftRound>> out(static_cast<size_t>(tp));
-  parallel::run_group(tp, [&](parallel::Communicator& comm) {
+  testing::run_group(tp, [&](parallel::Communicator& comm) {
     out[static_cast<size_t>(comm.rank())] = testing::run_draft_rounds(comm, "cpu", ckpt, cfg, graphs);
   });
   return out;

@@ -3,9 +3,16 @@
 #include <vector>
 
 #include "model/random_checkpoint.h"
+#include "parallel/thread_comm.h"
 #include "support/test_support.h"
 
 namespace tpdraft::testing {
+
+void run_group(int n, const std::function<void(parallel::Communicator&)>& fn) {
+  if (n != 1) return parallel::run_ranks(n, fn);
+  const auto single = parallel::make_single_rank();
+  fn(*single);
+}
 
 model::RuntimeOptions backend(const std::string& name, int threads) {
   model::RuntimeOptions o;

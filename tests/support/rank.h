@@ -3,6 +3,7 @@
 // and the multi-head geometry the tensor-parallel tests share.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,10 @@ model::RuntimeOptions backend(const std::string& name, int threads = 1);
 std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, const std::string& ckpt,
                                               const model::DrafterConfig& cfg,
                                               const model::RuntimeOptions& options = backend("cpu"));
+
+// fn on a group of n ranks as a run of that size has it: at n = 1 on the single-rank communicator
+// (which, unlike the in-process one, a captured graph can hold), else on n in-process ranks.
+void run_group(int n, const std::function<void(parallel::Communicator&)>& fn);
 
 // configs/FILE of the source tree (e.g. "tiny-dflash.json").
 model::DrafterConfig shipped_config(const std::string& file);
