@@ -67,7 +67,7 @@ Isa force_isa(Isa isa) {
 
 CpuOps::CpuOps(int threads) : pool_(threads) { workers_.resize(static_cast<size_t>(pool_.size())); }
 
-CpuOps::~CpuOps() { abort_capture(); }
+CpuOps::~CpuOps() { free_deferred(); }
 
 void* CpuOps::alloc(size_t bytes) {
   check_not_capturing("alloc");
@@ -122,12 +122,16 @@ void CpuOps::begin_capture() {
 std::unique_ptr<OpGraph> CpuOps::end_capture() {
   TPDRAFT_CHECK(tape_, "cpu backend: end_capture without begin_capture");
   std::unique_ptr<OpGraph> graph = std::move(tape_);
-  abort_capture();  // the tape is moved out: this frees only what was released during the capture
+  free_deferred();
   return graph;
 }
 
 void CpuOps::abort_capture() noexcept {
   tape_.reset();
+  free_deferred();
+}
+
+void CpuOps::free_deferred() noexcept {
   for (void* p : deferred_free_) std::free(p);
   deferred_free_.clear();
 }

@@ -225,6 +225,8 @@ class CpuOps final : public Ops {
     std::vector<Pick> picks;
   };
 
+  void free_deferred() noexcept;  // frees what was released during the capture
+
   ThreadPool pool_;
   std::vector<Worker> workers_;
   std::unique_ptr<CpuGraph> tape_;  // the capture in progress, if any
