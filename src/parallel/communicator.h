@@ -21,20 +21,19 @@ struct CommStats {
   double seconds = 0;  // wall time spent inside collectives
   uint64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + broadcast_bytes; }
   // The counts of `b` added (or taken away); seconds too.
-  CommStats& operator+=(const CommStats& b) {
-    all_reduce_calls += b.all_reduce_calls, all_reduce_bytes += b.all_reduce_bytes;
-    all_gather_calls += b.all_gather_calls, all_gather_bytes += b.all_gather_bytes;
-    broadcast_calls += b.broadcast_calls, broadcast_bytes += b.broadcast_bytes;
-    barrier_calls += b.barrier_calls;
-    seconds += b.seconds;
-    return *this;
-  }
-  CommStats& operator-=(const CommStats& b) {
-    all_reduce_calls -= b.all_reduce_calls, all_reduce_bytes -= b.all_reduce_bytes;
-    all_gather_calls -= b.all_gather_calls, all_gather_bytes -= b.all_gather_bytes;
-    broadcast_calls -= b.broadcast_calls, broadcast_bytes -= b.broadcast_bytes;
-    barrier_calls -= b.barrier_calls;
-    seconds -= b.seconds;
+  CommStats& operator+=(const CommStats& b) { return combine(b, [](auto& x, auto y) { x += y; }); }
+  CommStats& operator-=(const CommStats& b) { return combine(b, [](auto& x, auto y) { x -= y; }); }
+  // op(field, b's field) for every counter and the seconds: the one list both operators walk.
+  template <typename Op>
+  CommStats& combine(const CommStats& b, Op op) {
+    op(all_reduce_calls, b.all_reduce_calls);
+    op(all_reduce_bytes, b.all_reduce_bytes);
+    op(all_gather_calls, b.all_gather_calls);
+    op(all_gather_bytes, b.all_gather_bytes);
+    op(broadcast_calls, b.broadcast_calls);
+    op(broadcast_bytes, b.broadcast_bytes);
+    op(barrier_calls, b.barrier_calls);
+    op(seconds, b.seconds);
     return *this;
   }
 };
