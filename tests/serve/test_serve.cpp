@@ -23,7 +23,6 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
-#include "model/random_checkpoint.h"
 #include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
@@ -150,16 +149,14 @@ void many_clients_match_the_library(const std::string& dir, const std::string& a
 // Each test's own temp dir, a random checkpoint in it, and the server started on that.
 class Serve : public ::testing::Test {
  protected:
-  // Writes a random checkpoint of configs/`config` (seed 7) and starts `[launcher] tpdraft serve
-  // args` on it, listening on ipc://DIR/s.sock unless `args` name a --listen of their own; asserts
-  // that it wrote its address (call it through ASSERT_NO_FATAL_FAILURE).
+  // Writes a random checkpoint of configs/`config` (testing::write_checkpoint) and starts
+  // `[launcher] tpdraft serve args` on it, listening on ipc://DIR/s.sock unless `args` name a
+  // --listen of their own; asserts that it wrote its address (call it through
+  // ASSERT_NO_FATAL_FAILURE).
   void start(std::vector<std::string> args, const std::vector<std::string>& launcher = {},
              const std::vector<std::string>& env = {},
              const std::string& config = "tiny-dflash2.json") {
-    model::RandomCheckpointOptions o;
-    o.seed = 7;
-    o.threads = 1;
-    model::write_random_checkpoint(testing::shipped_config(config), dir.path(), o, 0);
+    testing::write_checkpoint(dir, testing::shipped_config(config));
     if (std::find(args.begin(), args.end(), "--listen") == args.end())
       args.insert(args.end(), {"--listen", "ipc://" + dir.file("s.sock")});
     server.emplace(dir.path(), args, launcher, env);
