@@ -14,9 +14,15 @@ namespace tpdraft::model {
 
 enum class Arch { DFlash, DFlash2 };
 
+// How the checkpoint is laid out (docs/checkpoint.md): z-lab's DFlash / DFlash 2 layout, whose
+// embedding and head are the target's, or the speculators DFlash layout (speculators_model_type
+// "dflash"), which may ship its own embedding and a reduced head with its d2t map.
+enum class Layout { ZLab, Speculators };
+
 struct DrafterConfig {
   Arch arch = Arch::DFlash;
   std::string arch_name;  // architectures[0] as written
+  Layout layout = Layout::ZLab;
 
   int64_t hidden = 0;        // H
   int64_t layers = 0;        // L
@@ -25,6 +31,9 @@ struct DrafterConfig {
   int64_t head_dim = 0;      // D
   int64_t ffn = 0;           // F
   int64_t vocab = 0;         // V: rows tokens may take
+  // N: the draft vocabulary the head scores (docs/model.md); 0: none, the head scores all V.
+  // Set by a speculators checkpoint's draft_vocab_size or by a token map applied at load.
+  int64_t draft_vocab = 0;
   int64_t block = 16;        // B
   int64_t mask_token = -1;
   double eps = 1e-6;
@@ -54,11 +63,15 @@ struct DrafterConfig {
   int64_t n_taps() const { return static_cast<int64_t>(taps.size()); }
   int64_t conv_groups() const { return conv_group > 0 ? hidden / conv_group : 0; }  // G
   bool is_dflash2() const { return arch == Arch::DFlash2; }
+  // Rows of the head a draft scores: N with a draft vocabulary, else V.
+  int64_t head_vocab() const { return draft_vocab > 0 ? draft_vocab : vocab; }
 
-  // Parses and validates; `source` names the file in every message.
+  // Parses and validates either layout (a speculators_model_type key selects the speculators
+  // one); `source` names the file in every message.
   static DrafterConfig from_json(const nlohmann::json& j, const std::string& source);
   static DrafterConfig from_file(const std::string& path);
-  // An HF-style config.json that from_json reads back to the same config.
+  // A config.json of the config's layout that from_json reads back to the same config (a draft
+  // vocabulary from a token map is not part of a z-lab config and is left out).
   nlohmann::json to_json() const;
   // Re-checks the constraints of docs/checkpoint.md (called by from_json; public for programmatic configs).
   void validate(const std::string& source) const;

@@ -51,7 +51,7 @@ double share_bytes(const TensorShare& share, const QuantScheme& q, DType dtype) 
 
 // The head's vocabulary slice on this rank: quantized by a +head preset, else in its dtype.
 double head_bytes(const DrafterConfig& c, const ShardPlan& p, DType head_dtype) {
-  const TensorShare share = tensor_share(c, p, "lm_head.weight", {c.vocab, c.hidden});
+  const TensorShare share = tensor_share(c, p, "lm_head.weight", {c.head_vocab(), c.hidden});
   return share_bytes(share, c.quant.head, head_dtype);
 }
 
@@ -103,7 +103,7 @@ namespace {
 DraftCollectives sampling_exchanges(const DrafterConfig& c, int tp, const SamplingParams& s) {
   const uint64_t rows = static_cast<uint64_t>(c.block - 1);
   const bool filtered = s.top_k > 0 || s.top_p < 1.0;
-  const int64_t pool = s.top_k > 0 ? std::min(s.top_k, c.vocab) : std::min(kTopPPool, c.vocab);
+  const int64_t pool = std::min(s.top_k > 0 ? s.top_k : kTopPPool, c.head_vocab());
   DraftCollectives d;
   if (tp > 1) d.all_gather += {1, rows * static_cast<uint64_t>(filtered ? pool : 1) * kCandidateWireBytes};
   if (s.top_k == 0) d.all_reduce += {1, rows * sizeof(float)};

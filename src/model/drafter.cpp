@@ -398,13 +398,16 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
     dump->hidden.resize(static_cast<size_t>(S * B * H));
     ops_.to_host(dump->hidden.data(), final_normed_.get(), dump->hidden.size() * sizeof(float));
     dump->logits = gather_logits(head.logits.data(), S * (B - 1), vocab_slice(), comm_);
+    if (const DraftVocab* dv = weights_->draft_vocab()) dump->logit_ids = dv->ids;
   }
   return results;
 }
 
 VocabSlice Drafter::vocab_slice() const {
   const ShardPlan& plan = weights_->plan();
-  return {plan.vocab.begin, plan.vocab.size(), plan.vocab_padded / plan.tp, cfg_.vocab};
+  const DraftVocab* dv = weights_->draft_vocab();
+  return {plan.vocab.begin, plan.vocab.size(), plan.vocab_padded / plan.tp, cfg_.head_vocab(),
+          dv != nullptr ? dv->ids.data() : nullptr, cfg_.vocab};
 }
 
 Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& requests, bool dump) {
@@ -435,7 +438,7 @@ Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& request
     out.logits.resize(static_cast<size_t>(Md * vl));
     ops_.to_host(out.logits.data(), logits_.get(), out.logits.size() * sizeof(float));
     if (greedy)
-      for (int64_t m = 0; m < Md; ++m) local[static_cast<size_t>(m)] = local_top(out.logits.data() + m * vl, vl, slice.id_base, k);
+      for (int64_t m = 0; m < Md; ++m) local[static_cast<size_t>(m)] = local_top(out.logits.data() + m * vl, slice, k);
   } else {
     ops_.head_topk(hp, static_cast<int>(k), slice.id_base, top_values_.f32(), static_cast<int64_t*>(top_ids_.get()));
     std::vector<float> values(static_cast<size_t>(Md * k));
@@ -445,7 +448,7 @@ Drafter::HeadOutput Drafter::candidates(const std::vector<DraftRequest>& request
     const int64_t kk = std::min(k, vl);
     for (int64_t m = 0; m < Md; ++m)
       for (int64_t j = 0; j < kk; ++j)
-        local[static_cast<size_t>(m)].push_back({values[static_cast<size_t>(m * k + j)], ids[static_cast<size_t>(m * k + j)]});
+        local[static_cast<size_t>(m)].push_back({values[static_cast<size_t>(m * k + j)], slice.id(ids[static_cast<size_t>(m * k + j)])});
   }
   // Rows drafted by sampling take their own exchanges; the merge is for greedy and selector rows.
   if (greedy) {

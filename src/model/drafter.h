@@ -45,10 +45,11 @@ struct DraftResult {
   std::vector<RowDistribution> dists;  // B-1 rows when asked (rank 0's are the ones to report)
 };
 
-// What `--dump` and the tests read: the block's final-normed rows and the full logits.
+// What `--dump` and the tests read: the block's final-normed rows and every logit of the head.
 struct DraftDump {
   std::vector<float> hidden;  // [S, B, H]
-  std::vector<float> logits;  // [S, B-1, V]
+  std::vector<float> logits;  // [S, B-1, V], or [S, B-1, N] over a draft vocabulary
+  std::vector<int64_t> logit_ids;  // a draft vocabulary's [N] target ids, one per logits column; else empty
 };
 
 // Time spent per phase of the last draft (seconds, host wall clock after a backend sync), and

@@ -227,7 +227,8 @@ std::vector<float> read_fp8_share(const TensorStore& store, const std::string& w
   return out;
 }
 
-QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows, Range cols) {
+QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows, Range cols,
+                          const std::vector<int64_t>* row_map) {
   TPDRAFT_CHECK(s.kind == QuantScheme::Kind::Int && (s.bits == 4 || s.bits == 8) &&
                     s.strategy != QuantScheme::Strategy::Tensor,
                 "quantizing '{}': only int4 / int8 per group or per channel", t.name);
@@ -237,7 +238,8 @@ QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows,
     TPDRAFT_CHECK(t.shape.size() == 2 && t.shape[1] % s.group == 0,
                   "{}: tensor '{}' has {} columns, which groups of {} do not divide", t.file, t.name, t.cols(),
                   s.group);
-  check_share(t.name, t.shape, s, rows, cols);
+  check_share(t.name, row_map ? std::vector<int64_t>{static_cast<int64_t>(row_map->size()), t.cols()} : t.shape, s,
+              rows, cols);
   QuantShare q = empty_share(s, rows, cols);
   const int64_t k = t.shape[1];
   const bool whole_row = s.strategy == QuantScheme::Strategy::Channel;
@@ -245,7 +247,9 @@ QuantShare quantize_share(const TensorInfo& t, const QuantScheme& s, Range rows,
   std::vector<float> row(static_cast<size_t>(whole_row ? k : cols.size()));
   const int64_t gpr = q.cols / q.group;
   for (int64_t r = 0; r < q.rows; ++r) {
-    const int64_t src_row = rows.begin + r;
+    const int64_t src_row = row_map ? (*row_map)[static_cast<size_t>(rows.begin + r)] : rows.begin + r;
+    TPDRAFT_CHECK(src_row >= 0 && src_row < t.rows(), "tensor '{}': row {} outside its {} rows", t.name, src_row,
+                  t.rows());
     const TensorInfo one = row_view(t, src_row, 1);
     if (whole_row) copy_rows(one, 0, 1, DType::F32, row.data());
     else copy_cols(one, cols.begin, cols.size(), DType::F32, row.data());

@@ -50,8 +50,10 @@ std::vector<float> read_fp8_share(const TensorStore& store, const std::string& w
 
 // Round to nearest, symmetric: per row and group (Group) or per row (Channel, over the whole row,
 // even for a share of its columns), scale = max |w| / (2^(bits-1) - 1) rounded to the tensor's
-// own dtype (the dtype `tpdraft quantize` stores it in), q = clamp(round(w / scale)).
-QuantShare quantize_share(const TensorInfo& t, const QuantScheme& scheme, Range rows, Range cols);
+// own dtype (the dtype `tpdraft quantize` stores it in), q = clamp(round(w / scale)). With
+// `row_map`, share row r is the tensor's row (*row_map)[rows.begin + r] (a draft vocabulary's head).
+QuantShare quantize_share(const TensorInfo& t, const QuantScheme& scheme, Range rows, Range cols,
+                          const std::vector<int64_t>* row_map = nullptr);
 
 // compressed-tensors packing of q [rows, cols] into int32 words [rows, ceil(cols * bits / 32)].
 std::vector<int32_t> pack_words(const int8_t* q, int64_t rows, int64_t cols, int bits);

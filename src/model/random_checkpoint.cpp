@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,6 +24,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "core/thread_pool.h"
+#include "model/draft_vocab.h"
 #include "model/safetensors.h"
 #include "model/selection.h"
 #include "model/weights.h"
@@ -118,6 +120,8 @@ std::string sized_by(const std::string& name, const DrafterConfig& c, int64_t vt
     return fmt::format("fc.weight: hidden_size = {} x {} target_layer_ids x hidden_size", c.hidden, c.n_taps());
   if (ends_with(name, "_codebook"))
     return fmt::format("the selector codebooks: vocab_size = {} x selector_rank = {}", c.vocab, c.selector_rank);
+  if (starts_with(name, "drafter ")) return fmt::format("the drafter's own embedding and head: vocab_size = {} x "
+                                                       "hidden_size = {}", c.vocab, c.hidden);
   if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight"))
     return fmt::format("the target embedding and head: {} = {} x hidden_size = {}",
                        vt == c.vocab ? "vocab_size" : "target vocab", vt, c.hidden);
@@ -167,6 +171,16 @@ Specs target_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt)
   return specs;
 }
 
+// A speculators drafter's own float tables: its embedding (unless the options leave it out) and,
+// with a draft vocabulary, its reduced head.
+Specs own_table_specs(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
+  Specs specs;
+  if (cfg.layout != Layout::Speculators) return specs;
+  if (opt.own_embedding) specs.push_back({"embed_tokens.weight", {cfg.vocab, cfg.hidden}});
+  if (cfg.draft_vocab > 0) specs.push_back({"lm_head.weight", {cfg.draft_vocab, cfg.hidden}});
+  return specs;
+}
+
 // Validates the config (it may have been made in code) and the options, then the memory all of
 // the random tensors will take; throws before anything is allocated.
 void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOptions& opt) {
@@ -175,6 +189,7 @@ void check_random_weights(const DrafterConfig& cfg, const RandomCheckpointOption
                 dtype_name(opt.dtype));
   TPDRAFT_CHECK(opt.threads >= 0, "random weights: thread count must be >= 0, got {}", opt.threads);
   Specs all = expected_drafter_tensors(cfg);
+  for (auto& [name, shape] : own_table_specs(cfg, opt)) all.push_back({"drafter " + name, shape});
   for (auto& spec : target_specs(cfg, opt)) all.push_back(std::move(spec));
   check_fits_in_memory(all, cfg, opt);
 }
@@ -197,7 +212,27 @@ void write_json(const nlohmann::json& j, const std::string& path) {
 std::vector<OwnedTensor> random_drafter_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,
                                                 const std::function<void(size_t, size_t)>& progress) {
   check_random_weights(cfg, opt);
-  return generate_all(expected_drafter_tensors(cfg), cfg, opt, progress);
+  Specs specs = expected_drafter_tensors(cfg);
+  for (auto& spec : own_table_specs(cfg, opt)) specs.push_back(std::move(spec));
+  std::vector<OwnedTensor> out = generate_all(specs, cfg, opt, progress);
+  if (cfg.layout == Layout::Speculators && cfg.draft_vocab > 0) {
+    // The map: draft row i scores target id ids[i] = i + d2t[i]; t2d marks those ids.
+    const std::vector<int64_t> ids = random_draft_ids(cfg, opt.seed);
+    OwnedTensor d2t{"d2t", DType::I64, {cfg.draft_vocab}, std::vector<std::byte>(ids.size() * sizeof(int64_t))};
+    OwnedTensor t2d{"t2d", DType::BOOL, {cfg.vocab}, std::vector<std::byte>(static_cast<size_t>(cfg.vocab))};
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t offset = ids[i] - static_cast<int64_t>(i);
+      std::memcpy(d2t.bytes.data() + i * sizeof(int64_t), &offset, sizeof(int64_t));
+      t2d.bytes[static_cast<size_t>(ids[i])] = std::byte{1};
+    }
+    out.push_back(std::move(d2t));
+    out.push_back(std::move(t2d));
+  }
+  return out;
+}
+
+std::vector<int64_t> random_draft_ids(const DrafterConfig& cfg, uint64_t seed) {
+  return random_token_ids(cfg.vocab, cfg.draft_vocab, splitmix64(seed ^ name_hash("d2t")));
 }
 
 std::vector<OwnedTensor> random_target_tensors(const DrafterConfig& cfg, const RandomCheckpointOptions& opt,

@@ -8,11 +8,38 @@
 namespace tpdraft::model {
 
 ModelSource ModelSource::open(const std::string& drafter_dir, const std::string& target_dir) {
-  ModelSource s;
-  s.config = DrafterConfig::from_file(drafter_dir + "/config.json");
-  s.drafter = TensorStore::open(drafter_dir);
-  s.target = TensorStore::open(target_dir);
+  DrafterConfig config = DrafterConfig::from_file(drafter_dir + "/config.json");
+  return from(std::move(config), TensorStore::open(drafter_dir), TensorStore::open(target_dir));
+}
+
+ModelSource ModelSource::from(DrafterConfig config, std::shared_ptr<const TensorStore> drafter,
+                              std::shared_ptr<const TensorStore> target) {
+  ModelSource s{std::move(config), std::move(drafter), std::move(target), nullptr};
+  if (s.config.draft_vocab > 0) {
+    // The speculators layout: draft row i scores target id i + d2t[i], from the drafter's own
+    // reduced head, or, when it ships none, from the target head's rows of those ids.
+    const std::vector<int64_t> ids = read_d2t(*s.drafter, s.config.draft_vocab, s.config.vocab);
+    std::vector<int64_t> rows(ids.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = s.drafter->find("lm_head.weight") ? static_cast<int64_t>(i) : ids[i];
+    s.vocab = std::make_shared<DraftVocab>(make_draft_vocab(ids, rows, s.drafter->source() + " (d2t)", s.config.vocab));
+  }
   return s;
+}
+
+void apply_token_map(ModelSource& source, const std::string& path) {
+  apply_token_map(source, read_token_map(path, source.config.vocab), path);
+}
+
+void apply_token_map(ModelSource& source, const std::vector<int64_t>& ids, const std::string& label) {
+  TPDRAFT_CHECK(source.config.draft_vocab == 0,
+                "{}: the checkpoint has a draft vocabulary of its own ({} tokens); a token map restricts a full head",
+                label, source.config.draft_vocab);
+  // Rows of the full head: the target's, or a speculators drafter's own [V, H] head.
+  source.vocab = std::make_shared<DraftVocab>(make_draft_vocab(ids, ids, label, source.config.vocab));
+  DrafterConfig cfg = source.config;
+  cfg.draft_vocab = source.vocab->size();
+  cfg.validate(label);  // e.g. a DFlash 2 selector's top-k beyond the map
+  source.config = cfg;
 }
 
 RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& group, const RuntimeOptions& options) {
@@ -22,7 +49,7 @@ RankRuntime::RankRuntime(const ModelSource& source, parallel::Communicator& grou
   // Everything that can fail on the input (the plan, the tensors) comes before the device
   // communicator, whose start is a collective: a rank that fails here leaves none waiting in it.
   const ShardPlan plan = ShardPlan::make(source.config, group.rank(), group.size());
-  weights_ = std::make_shared<DrafterWeights>(source.config, source.drafter, source.target, plan, *ops_);
+  weights_ = std::make_shared<DrafterWeights>(source.config, source.drafter, source.target, plan, *ops_, source.vocab);
   device_comm_ = parallel::make_backend_comm(group, *ops_, options.nccl);
   comm_ = device_comm_ ? device_comm_.get() : &group;
   DrafterLimits limits = options.limits;

@@ -9,6 +9,7 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/draft_vocab.h"
 #include "model/drafter.h"
 #include "model/safetensors.h"
 #include "model/shard_plan.h"
@@ -23,10 +24,20 @@ struct ModelSource {
   DrafterConfig config;
   std::shared_ptr<const TensorStore> drafter;
   std::shared_ptr<const TensorStore> target;
+  // The draft vocabulary (config.draft_vocab ids), or null: the head scores every id below V.
+  std::shared_ptr<const DraftVocab> vocab;
 
+  // A config and its tensors, with a speculators checkpoint's draft vocabulary read from d2t.
+  static ModelSource from(DrafterConfig config, std::shared_ptr<const TensorStore> drafter,
+                          std::shared_ptr<const TensorStore> target);
   // DRAFTER/config.json and the tensors of both directories.
   static ModelSource open(const std::string& drafter_dir, const std::string& target_dir);
 };
+
+// Restricts the head to the target ids of `token_map` (draft_vocab.h), read from `path` (a
+// token map file) or given; refuses a checkpoint that has a draft vocabulary already.
+void apply_token_map(ModelSource& source, const std::string& path);
+void apply_token_map(ModelSource& source, const std::vector<int64_t>& ids, const std::string& label);
 
 // The plan of --quant `mode` (QuantRequest::preset: "q8", "q4", "q8+head", "q4+head") for the float
 // checkpoint of `config`, the `+head` presets' head scheme included; refuses a checkpoint that is

@@ -1,6 +1,6 @@
 // Shard plan rules: heads and FFN split evenly, kv heads replicated when tp > Nk (each rank takes
-// kv head floor(rank * Nk / tp)), vocabulary split over V padded to a multiple of tp; and the
-// share of every checkpoint tensor that follows from them.
+// kv head floor(rank * Nk / tp)), the head's rows (V, or a draft vocabulary's N) split over that
+// count padded to a multiple of tp; and the share of every checkpoint tensor that follows from them.
 #include "model/shard_plan.h"
 
 #include <algorithm>
@@ -48,9 +48,11 @@ ShardPlan ShardPlan::make(const DrafterConfig& cfg, int rank, int tp) {
   }
   const int64_t f = cfg.ffn / tp;
   p.ffn = {rank * f, (rank + 1) * f};
-  p.vocab_padded = (cfg.vocab + tp - 1) / tp * tp;
+  // The head's rows: the vocabulary, or the draft vocabulary (docs/model.md).
+  const int64_t rows = cfg.head_vocab();
+  p.vocab_padded = (rows + tp - 1) / tp * tp;
   const int64_t vs = p.vocab_padded / tp;
-  p.vocab = {std::min(cfg.vocab, rank * vs), std::min(cfg.vocab, (rank + 1) * vs)};
+  p.vocab = {std::min(rows, rank * vs), std::min(rows, (rank + 1) * vs)};
   return p;
 }
 

@@ -25,8 +25,8 @@ struct ShardPlan {
   Range q_heads;   // query heads held
   Range kv_heads;  // kv heads held (one replicated head when tp > Nk)
   Range ffn;       // rows of gate/up, columns of down
-  Range vocab;     // rows of the target head (within the first V rows; may be empty for padding)
-  int64_t vocab_padded = 0;  // V rounded up to a multiple of tp
+  Range vocab;     // rows of the head: of the first V, or of a draft vocabulary's N (may be empty for padding)
+  int64_t vocab_padded = 0;  // V (or N) rounded up to a multiple of tp
 
   // Checks the divisibility rules and builds the plan; errors name the field and tp.
   static ShardPlan make(const DrafterConfig& cfg, int rank, int tp);

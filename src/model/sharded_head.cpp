@@ -40,6 +40,12 @@ std::vector<Candidate> local_top(const float* logits, int64_t width, int64_t id_
   return all;
 }
 
+std::vector<Candidate> local_top(const float* logits, const VocabSlice& slice, int64_t k) {
+  std::vector<Candidate> top = local_top(logits, slice.width, slice.id_base, k);
+  for (Candidate& c : top) c.id = slice.id(c.id);
+  return top;
+}
+
 std::vector<std::vector<Candidate>> merge_candidates(const std::vector<std::vector<Candidate>>& local, int64_t k,
                                                      parallel::Communicator& comm) {
   const int tp = comm.size();
@@ -101,7 +107,7 @@ SampledRows exchange_pools(const float* local, int64_t rows, const VocabSlice& s
   const double inv_t = 1.0 / s.temperature;
   const int64_t w = slice.width;
   std::vector<std::vector<Candidate>> tops(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) tops[static_cast<size_t>(r)] = local_top(local + r * w, w, slice.id_base, pool);
+  for (int64_t r = 0; r < rows; ++r) tops[static_cast<size_t>(r)] = local_top(local + r * w, slice, pool);
   SampledRows out{merge_candidates(tops, pool, comm), std::vector<float>(static_cast<size_t>(rows), 0.0f)};
   if (s.top_k > 0) return out;
   for (int64_t r = 0; r < rows; ++r) {
@@ -125,8 +131,9 @@ std::vector<Pick> draw_unfiltered(const float* local, int64_t rows, int64_t firs
     const uint64_t row = static_cast<uint64_t>(first_row + r);
     WireDraw& d = mine[static_cast<size_t>(r)];
     for (int64_t v = 0; v < w; ++v) {
-      const double key = local[r * w + v] * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(slice.id_base + v));
-      if (!d.valid || key > d.key) d = {key, slice.id_base + v, local[r * w + v], 1};
+      const int64_t id = slice.id(slice.id_base + v);
+      const double key = local[r * w + v] * inv_t + gumbel_noise(s.seed, row, static_cast<uint64_t>(id));
+      if (!d.valid || key > d.key) d = {key, id, local[r * w + v], 1};
     }
   }
   std::vector<WireDraw> all(mine.size() * static_cast<size_t>(comm.size()));
@@ -223,26 +230,36 @@ std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first
     }
   }
   // Rows whose nucleus is wider than the pool, and whole distributions asked for, read the full
-  // logits: every rank sees the same rows and the same request, so all of them gather.
+  // logits: every rank sees the same rows and the same request, so all of them gather. A draft
+  // vocabulary's columns are spread over the target ids, -inf elsewhere.
   const bool overflow = filtered && std::count(keep.begin(), keep.end(), size_t{0}) > 0;
+  const int64_t Vt = slice.id_range();
   std::vector<float> full;
-  if (overflow || (want && dist_width == kFullDistribution)) full = gather_logits(local, rows, slice, comm);
+  if (overflow || (want && dist_width == kFullDistribution)) {
+    full = gather_logits(local, rows, slice, comm);
+    if (slice.ids != nullptr) {
+      std::vector<float> by_id(static_cast<size_t>(rows * Vt), -std::numeric_limits<float>::infinity());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < V; ++c) by_id[static_cast<size_t>(r * Vt + slice.ids[c])] = full[static_cast<size_t>(r * V + c)];
+      full = std::move(by_id);
+    }
+  }
   for (int64_t r = 0; r < rows && overflow; ++r)
-    if (keep[static_cast<size_t>(r)] == 0) picks[static_cast<size_t>(r)] = sample_from_logits(full.data() + r * V, V, first_row + r, s);
+    if (keep[static_cast<size_t>(r)] == 0) picks[static_cast<size_t>(r)] = sample_from_logits(full.data() + r * Vt, Vt, first_row + r, s);
   if (!want) return picks;
   dists->clear();
   for (int64_t r = 0; r < rows; ++r) {
     const auto& cand = x.pool[static_cast<size_t>(r)];
     Support support;
     if (!full.empty() && (dist_width == kFullDistribution || (filtered && keep[static_cast<size_t>(r)] == 0))) {
-      support = support_from_logits(full.data() + r * V, V, s);
+      support = support_from_logits(full.data() + r * Vt, Vt, s);
     } else if (filtered) {
       support = pool_support(cand, keep[static_cast<size_t>(r)], inv_t);
     } else {
       const double mx = cand.front().value * inv_t, z = x.sums[static_cast<size_t>(r)];
       for (const Candidate& c : cand) support.push_back({c.id, std::exp(c.value * inv_t - mx) / z});
     }
-    dists->push_back(shape_distribution(std::move(support), dist_width, V));
+    dists->push_back(shape_distribution(std::move(support), dist_width, Vt));
   }
   return picks;
 }

@@ -106,11 +106,16 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tenso
 }
 
 DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const TensorStore> drafter,
-                               std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops)
-    : cfg_(cfg), plan_(plan), ops_(ops), drafter_(std::move(drafter)), target_(std::move(target)) {
+                               std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops,
+                               std::shared_ptr<const DraftVocab> vocab)
+    : cfg_(cfg), plan_(plan), ops_(ops), drafter_(std::move(drafter)), target_(std::move(target)),
+      vocab_(std::move(vocab)) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t H = cfg.hidden, T = cfg.n_taps();
   const TensorStore& d = *drafter_;
+  TPDRAFT_CHECK(cfg.draft_vocab == (vocab_ ? vocab_->size() : 0),
+                "the config's draft vocabulary ({} tokens) and the map given ({} ids) differ", cfg.draft_vocab,
+                vocab_ ? vocab_->size() : 0);
 
   // Unknown tensors are reported, never silently used or ignored.
   std::set<std::string> known;
@@ -120,6 +125,9 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
     if (cfg.quant.scheme_for(name).quantized())
       for (const char* part : {"packed", "scale", "shape", "zero_point", "g_idx"}) known.insert(quant_part(name, part));
   }
+  // A speculators checkpoint's own tables and its draft vocabulary map.
+  if (cfg.layout == Layout::Speculators)
+    for (const char* name : {"embed_tokens.weight", "lm_head.weight", "d2t", "t2d"}) known.insert(name);
   std::vector<std::string> unknown;
   for (const auto& n : d.names())
     if (!known.count(n) && !(ends_with(n, ".weight") && known.count(n.substr(0, n.size() - 7))))
@@ -148,17 +156,14 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
     }
   }
 
-  // Target tables: embedding always host-mapped; the head's vocab slice copied in.
-  // A tied head is read from the embedding table, with the head's share.
+  // The embedding stays host-mapped; the head's vocabulary slice is copied in. A tied head is
+  // read from the embedding table, with the head's share.
   const TensorShare head_share = tensor_share(cfg, plan, "lm_head.weight", head_info.shape);
   head_dtype = head_info.dtype;
-  if (cfg.quant.head.quantized()) {
+  if (cfg.quant.head.quantized())
     TPDRAFT_CHECK(ops.quantized_head(), "{}: --quant with +head: backend '{}' has no kernels for a quantized head "
-                  "(use --quant without +head)", target_->source(), ops.name());
-    head = load_quantized(*target_, head_name, head_info.shape, head_share, cfg.quant.head);
-  } else {
-    head = load_matrix(*target_, head_name, head_info.shape, head_share);
-  }
+                  "(use --quant without +head)", head_store_->source(), ops.name());
+  head = load_head(head_name, head_info, head_share);
 
   if (cfg.is_dflash2())
     selector_proj = load_matrix(d, "candidate_selector.hidden_projection.weight", {cfg.selector_rank, H});
@@ -186,22 +191,53 @@ const TensorInfo& DrafterWeights::check_tensors(std::string* head_name) {
 }
 
 const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
-  const TensorStore& t = *target_;
-  const int64_t H = cfg_.hidden;
-  // A table of >= vocab rows of `hidden` floats; `shown` and `name` name it in the messages.
-  auto check_table = [&](const TensorInfo& table, const char* shown, const std::string& name) {
-    TPDRAFT_CHECK(table.shape.size() == 2 && table.shape[1] == H && table.shape[0] >= cfg_.vocab,
-                  "{}: target tensor '{}' has shape {}, expected [Vt >= vocab_size {}, hidden {}]",
-                  table.file, shown, table.shape_str(), cfg_.vocab, H);
-    TPDRAFT_CHECK(is_float_weight(table.dtype),
-                  "{}: target tensor '{}' has dtype {}, expected F32, F16 or BF16", table.file, name,
-                  dtype_name(table.dtype));
+  const int64_t H = cfg_.hidden, V = cfg_.vocab;
+  // A table of `hidden` floats and at least `rows` rows (exactly, when `exact`); `shown` and
+  // `name` name it in the messages.
+  auto check_table = [&](const TensorInfo& table, const char* whose, const std::string& shown, const std::string& name,
+                         int64_t rows, bool exact) {
+    TPDRAFT_CHECK(table.shape.size() == 2 && table.shape[1] == H && (exact ? table.shape[0] == rows : table.shape[0] >= rows),
+                  "{}: {} tensor '{}' has shape {}, expected [{}{}, hidden {}]", table.file, whose, shown,
+                  table.shape_str(), exact ? "" : "Vt >= vocab_size ", rows, H);
+    TPDRAFT_CHECK(is_float_weight(table.dtype), "{}: {} tensor '{}' has dtype {}, expected F32, F16 or BF16",
+                  table.file, whose, name, dtype_name(table.dtype));
   };
-  embed_ = t.find("embed_tokens.weight");
-  TPDRAFT_CHECK(embed_ != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
-                t.source(), cfg_.vocab, H);
-  check_table(*embed_, "model.embed_tokens.weight", "model.embed_tokens.weight");
-  target_vocab_ = embed_->shape[0];
+  // A speculators drafter may ship its own embedding [V, H] and head ([N, H] for a draft
+  // vocabulary, else [V, H]); what it does not ship comes from the target.
+  const bool spec = cfg_.layout == Layout::Speculators;
+  const TensorInfo* own_embed = spec ? drafter_->find("embed_tokens.weight") : nullptr;
+  const TensorInfo* own_head = spec ? drafter_->find("lm_head.weight") : nullptr;
+  TPDRAFT_CHECK(!spec || drafter_->find("lm_head.weight_packed") == nullptr,
+                "{}: the drafter's head 'lm_head' is stored quantized; tpdraft reads a float draft head (quantize it "
+                "while loading with --quant q8+head instead)", drafter_->source());
+  if (own_embed != nullptr) {
+    check_table(*own_embed, "drafter", "embed_tokens.weight", "embed_tokens.weight", V, false);
+    embed_ = own_embed;
+    embed_store_ = drafter_.get();
+  }
+  if (own_head != nullptr) {
+    const int64_t rows = cfg_.draft_vocab > 0 ? cfg_.draft_vocab : V;
+    check_table(*own_head, "drafter", "lm_head.weight", "lm_head.weight", rows, cfg_.draft_vocab > 0);
+    head_store_ = drafter_.get();
+    *head_name = "lm_head.weight";
+  }
+  if (embed_ != nullptr && own_head != nullptr) {
+    target_vocab_ = embed_->shape[0];
+    return *own_head;
+  }
+
+  const TensorStore& t = *target_;
+  const TensorInfo* target_embed = t.find("embed_tokens.weight");
+  TPDRAFT_CHECK(target_embed != nullptr, "{}: target tensor 'model.embed_tokens.weight' is missing (expected [>= {}, {}])",
+                t.source(), V, H);
+  check_table(*target_embed, "target", "model.embed_tokens.weight", "model.embed_tokens.weight", V, false);
+  if (embed_ == nullptr) {
+    embed_ = target_embed;
+    embed_store_ = target_.get();
+  }
+  target_vocab_ = target_embed->shape[0];
+  if (own_head != nullptr) return *own_head;
+
   const TargetConfig tcfg = TargetConfig::from_dir(t.source());
   const TensorInfo* head_info = t.find("lm_head.weight");
   *head_name = "lm_head.weight";
@@ -212,10 +248,11 @@ const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
                 "(the head is not the embedding); is the download complete?",
                 t.source());
   if (tcfg.tie_word_embeddings || head_info == nullptr) {
-    head_info = embed_;
+    head_info = target_embed;
     *head_name = "embed_tokens.weight";
   }
-  check_table(*head_info, "lm_head.weight", *head_name);
+  check_table(*head_info, "target", "lm_head.weight", *head_name, V, false);
+  head_store_ = target_.get();
   return *head_info;
 }
 
@@ -274,6 +311,36 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
   return m;
 }
 
+kernels::Matrix DrafterWeights::load_head(const std::string& name, const TensorInfo& info, const TensorShare& share) {
+  // Row j of the share is head row src(j): the vocabulary row itself, or the draft vocabulary's.
+  const std::vector<int64_t>* rows = vocab_ ? &vocab_->head_rows : nullptr;
+  auto src = [&](int64_t j) { return rows ? (*rows)[static_cast<size_t>(share.rows.begin + j)] : share.rows.begin + j; };
+  if (cfg_.quant.head.quantized())
+    return keep_quantized(quantize_share(info, cfg_.quant.head, share.rows, share.cols, rows), name, cfg_.quant.head);
+  TPDRAFT_CHECK(share.cols.begin == 0 && share.cols.end == info.cols(), "the head is split by rows only");
+  const size_t row_bytes = static_cast<size_t>(info.cols()) * dtype_size(info.dtype);
+  kernels::Matrix m{info.dtype, share.rows.size(), info.cols(), nullptr};
+  kernels::Buffer buf(ops_, static_cast<size_t>(m.rows) * row_bytes);
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / std::max<size_t>(1, row_bytes)));
+  std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * row_bytes);
+  for (int64_t r = 0; r < m.rows; r += chunk) {
+    const int64_t n = std::min(chunk, m.rows - r);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t row = src(r + j);
+      TPDRAFT_CHECK(row >= 0 && row < info.rows(), "{}: head row {} outside tensor '{}' ({} rows)", info.file, row,
+                    info.name, info.rows());
+      const TensorInfo one = row_view(info, row, 1);
+      copy_rows(one, 0, 1, info.dtype, stage.data() + static_cast<size_t>(j) * row_bytes);
+      check_finite(info, stage.data() + static_cast<size_t>(j) * row_bytes, 1, m.cols, row, 0);
+      if (&info != embed_) release_pages(one);
+    }
+    ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * row_bytes, stage.data(),
+                   static_cast<size_t>(n) * row_bytes);
+  }
+  m.data = keep(std::move(buf));
+  return m;
+}
+
 kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const std::string& name,
                                                const std::vector<int64_t>& shape, const TensorShare& share,
                                                const QuantScheme& scheme) {
@@ -285,8 +352,13 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
     ops_.to_device(buf.get(), w.data(), buf.bytes());
     return {DType::F32, share.rows.size(), share.cols.size(), keep(std::move(buf))};
   }
-  const QuantShare q = stored ? read_packed_share(store, name, shape, scheme, share.rows, share.cols)
-                              : quantize_share(store.require(name, shape), scheme, share.rows, share.cols);
+  return keep_quantized(stored ? read_packed_share(store, name, shape, scheme, share.rows, share.cols)
+                               : quantize_share(store.require(name, shape), scheme, share.rows, share.cols),
+                        name, scheme);
+}
+
+kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::string& name,
+                                               const QuantScheme& scheme) {
   const kernels::WeightFormat format = q.bits == 4 ? kernels::WeightFormat::Int4 : kernels::WeightFormat::Int8;
   const size_t bytes = ops_.quantized_bytes(format, q.rows, q.cols, q.group);
   TPDRAFT_CHECK(bytes > 0, "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend "
@@ -320,7 +392,7 @@ void* DrafterWeights::keep(kernels::Buffer buf) {
 
 void DrafterWeights::embedding_row(int64_t token, float* out) const {
   TPDRAFT_CHECK(token >= 0 && token < cfg_.vocab, "token id {} outside [0, vocab_size = {})", token, cfg_.vocab);
-  row_to_f32(*embed_, token, out, "target embedding");
+  row_to_f32(*embed_, token, out, embed_store_ == drafter_.get() ? "drafter embedding" : "target embedding");
 }
 void DrafterWeights::predecessor_row(int64_t token, float* out) const {
   row_to_f32(*pred_, token, out, "predecessor codebook");

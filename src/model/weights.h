@@ -11,6 +11,8 @@
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/draft_vocab.h"
+#include "model/quant_tensors.h"
 #include "model/safetensors.h"
 #include "model/shard_plan.h"
 
@@ -35,8 +37,10 @@ struct LayerWeights {
 class DrafterWeights {
  public:
   // Loads this rank's share. `drafter` and `target` stay referenced for the host-mapped tables.
+  // With `vocab` (cfg.draft_vocab ids) the head holds the rank's rows of the draft vocabulary.
   DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const TensorStore> drafter,
-                 std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops);
+                 std::shared_ptr<const TensorStore> target, const ShardPlan& plan, kernels::Ops& ops,
+                 std::shared_ptr<const DraftVocab> vocab = nullptr);
 
   const DrafterConfig& config() const { return cfg_; }
   const ShardPlan& plan() const { return plan_; }
@@ -45,8 +49,10 @@ class DrafterWeights {
   const float* hidden_norm = nullptr;
   const float* final_norm = nullptr;
   std::vector<LayerWeights> layers;
-  kernels::Matrix head;              // local vocab rows [plan.vocab.size(), H]
-  DType head_dtype = DType::BF16;    // the head's dtype in the target checkpoint (also when quantized)
+  // Local vocabulary rows [plan.vocab.size(), H]: head row j scores target id j, or, with a draft
+  // vocabulary, draft_vocab()->ids[j] (rows taken from the target head or a speculators drafter's own).
+  kernels::Matrix head;
+  DType head_dtype = DType::BF16;    // the head's dtype in its checkpoint (also when quantized)
   kernels::Matrix selector_proj;     // [R, H] (DFlash 2)
 
   // Host lookups (f32 out): target embedding row, selector codebook rows.
@@ -56,6 +62,11 @@ class DrafterWeights {
 
   size_t backend_bytes() const { return backend_bytes_; }  // everything this rank copied in
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
+  // The draft vocabulary the head scores, or null (every id below V).
+  const DraftVocab* draft_vocab() const { return vocab_.get(); }
+  // Where the embedding and the head were read: "drafter" (a speculators checkpoint's own) or "target".
+  const char* embedding_origin() const { return embed_store_ == drafter_.get() ? "drafter" : "target"; }
+  const char* head_origin() const { return head_store_ == drafter_.get() ? "drafter" : "target"; }
 
  private:
   // The rank's share of a tensor (tensor_share of `name`, or the one given), checked against `shape`.
@@ -67,11 +78,17 @@ class DrafterWeights {
   const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
   // Holds a loaded buffer for the weights' lifetime (counted in backend_bytes); returns its data.
   void* keep(kernels::Buffer buf);
+  // The rank's share of the head `info` (named `name` in messages): its vocabulary rows, gathered
+  // through the draft vocabulary when there is one, quantized for a +head preset.
+  kernels::Matrix load_head(const std::string& name, const TensorInfo& info, const TensorShare& share);
+  // Uploads a quantized share and holds it.
+  kernels::Matrix keep_quantized(const QuantShare& q, const std::string& name, const QuantScheme& scheme);
   const TensorInfo& codebook(const std::string& base) const;
   // Checks every drafter tensor and finds the codebooks and the target tables, before anything
   // is allocated; returns the target's head and its name in the store.
   const TensorInfo& check_tensors(std::string* head_name);
-  // Finds and checks the target's embedding and head (sets embed_, target_vocab_).
+  // Finds and checks the embedding and the head, the target's or a speculators drafter's own
+  // (sets embed_, embed_store_, head_store_, target_vocab_).
   const TensorInfo& target_tables(std::string* head_name);
 
   DrafterConfig cfg_;
@@ -79,6 +96,9 @@ class DrafterWeights {
   kernels::Ops& ops_;
   std::shared_ptr<const TensorStore> drafter_;
   std::shared_ptr<const TensorStore> target_;
+  std::shared_ptr<const DraftVocab> vocab_;
+  const TensorStore* embed_store_ = nullptr;
+  const TensorStore* head_store_ = nullptr;
   std::vector<kernels::Buffer> buffers_;
   size_t backend_bytes_ = 0;
   const TensorInfo* embed_ = nullptr;

@@ -188,7 +188,7 @@ std::vector<double> dequantize(const model::TensorStore& store, const std::strin
 
 }  // namespace
 
-RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir) {
+RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir, const std::vector<int64_t>& token_map) {
   cfg_ = model::DrafterConfig::from_file(drafter_dir + "/config.json");
   const model::DrafterConfig& c = cfg_;
   const int64_t H = c.hidden, D = c.head_dim, Nq = c.n_q, Nk = c.n_kv, F = c.ffn, V = c.vocab;
@@ -239,23 +239,49 @@ RefModel::RefModel(const std::string& drafter_dir, const std::string& target_dir
     }
   }
 
-  // The target's embedding and head: only their first V rows, widened exactly via f32.
+  // The embedding and the head, widened exactly via f32: the target's first V rows, or those a
+  // speculators drafter ships (its own embedding [V, H]; its reduced head [N, H] with d2t).
   auto target = model::TensorStore::open(target_dir);
   const model::TargetConfig tcfg = model::TargetConfig::from_dir(target_dir);
-  auto first_rows = [&](const std::string& name) {
-    const model::TensorInfo* info = target->find(name);
-    TPDRAFT_CHECK(info != nullptr, "{}: target tensor '{}' not found", target_dir, name);
-    TPDRAFT_CHECK(info->shape.size() == 2 && info->shape[1] == H && info->shape[0] >= V,
-                  "{}: target tensor '{}' has shape {}, expected [Vt >= {}, {}]", target_dir, name,
-                  info->shape_str(), V, H);
-    const model::TensorInfo& t = target->require(name, info->shape);  // also rejects non-float dtypes
-    std::vector<float> rows(static_cast<size_t>(V * H));
-    model::copy_rows(t, 0, V, DType::F32, rows.data());
-    return Vec(rows.begin(), rows.end());
+  auto first_rows = [&](const model::TensorStore& from, const std::string& name, int64_t rows) {
+    const model::TensorInfo* info = from.find(name);
+    TPDRAFT_CHECK(info != nullptr, "{}: tensor '{}' not found", from.source(), name);
+    TPDRAFT_CHECK(info->shape.size() == 2 && info->shape[1] == H && info->shape[0] >= rows,
+                  "{}: tensor '{}' has shape {}, expected [>= {}, {}]", from.source(), name, info->shape_str(), rows, H);
+    const model::TensorInfo& t = from.require(name, info->shape);  // also rejects non-float dtypes
+    std::vector<float> out(static_cast<size_t>(rows * H));
+    model::copy_rows(t, 0, rows, DType::F32, out.data());
+    return Vec(out.begin(), out.end());
   };
-  embed_ = first_rows("embed_tokens.weight");
+  const bool spec = c.layout == model::Layout::Speculators;
+  const bool own_embed = spec && store->find("embed_tokens.weight") != nullptr;
+  const bool own_head = spec && store->find("lm_head.weight") != nullptr;
+  embed_ = own_embed ? first_rows(*store, "embed_tokens.weight", V) : first_rows(*target, "embed_tokens.weight", V);
   const bool tied = tcfg.tie_word_embeddings || target->find("lm_head.weight") == nullptr;
-  head_ = tied ? embed_ : first_rows("lm_head.weight");
+  const std::string target_head = tied ? "embed_tokens.weight" : "lm_head.weight";
+  head_row_.assign(static_cast<size_t>(V), -1);
+  if (spec && c.draft_vocab > 0) {
+    // d2t: draft row i scores target id i + d2t[i]; the head is the drafter's [N, H] or the
+    // target's rows of those ids.
+    const model::TensorInfo* d2t = store->find("d2t");
+    TPDRAFT_CHECK(d2t != nullptr && d2t->dtype == DType::I64 && d2t->numel() == c.draft_vocab,
+                  "reference: {} needs d2t I64 [{}]", drafter_dir, c.draft_vocab);
+    for (int64_t i = 0; i < c.draft_vocab; ++i) {
+      int64_t offset = 0;
+      std::memcpy(&offset, d2t->data + i * 8, 8);
+      head_row_[static_cast<size_t>(i + offset)] = own_head ? i : i + offset;
+    }
+    head_ = own_head ? first_rows(*store, "lm_head.weight", c.draft_vocab) : first_rows(*target, target_head, V);
+  } else {
+    for (int64_t t = 0; t < V; ++t) head_row_[static_cast<size_t>(t)] = t;
+    head_ = own_head ? first_rows(*store, "lm_head.weight", V) : first_rows(*target, target_head, V);
+  }
+  if (!token_map.empty()) {
+    TPDRAFT_CHECK(c.draft_vocab == 0, "reference: a token map applies to a full head");
+    std::vector<int64_t> kept(static_cast<size_t>(V), -1);
+    for (int64_t t : token_map) kept[static_cast<size_t>(t)] = head_row_[static_cast<size_t>(t)];
+    head_row_ = kept;
+  }
 }
 
 const RefModel::Tensor& RefModel::w(const std::string& name) const {
@@ -416,12 +442,14 @@ RefDraft RefModel::draft(const RefContext& ctx, int64_t anchor_token, const RefS
     const Vec g = rms_norm(h[r].data(), H, w("norm.weight").data, c.eps);
     d.hidden.insert(d.hidden.end(), g.begin(), g.end());
   }
-  d.logits.assign(static_cast<size_t>((B - 1) * V), 0.0);
+  d.logits.assign(static_cast<size_t>((B - 1) * V), -std::numeric_limits<double>::infinity());
   for (int64_t r = 1; r < B; ++r) {
     const double* g = d.hidden.data() + r * H;
     for (int64_t t = 0; t < V; ++t) {
+      const int64_t row = head_row_[static_cast<size_t>(t)];
+      if (row < 0) continue;  // outside the draft vocabulary
       double acc = 0.0;
-      for (int64_t i = 0; i < H; ++i) acc += head_[t * H + i] * g[i];
+      for (int64_t i = 0; i < H; ++i) acc += head_[row * H + i] * g[i];
       double logit = c.out_scale * acc;
       if (c.softcap > 0) logit = c.softcap * std::tanh(logit / c.softcap);
       d.logits[(r - 1) * V + t] = logit;

@@ -21,7 +21,7 @@ struct RefSampling {
 
 struct RefDraft {
   std::vector<double> hidden;  // [B, H]: final-normed rows of the block, row 0 included
-  std::vector<double> logits;  // [B-1, V]: after m_out and soft cap
+  std::vector<double> logits;  // [B-1, V]: after m_out and soft cap; -inf outside a draft vocabulary
   std::vector<int64_t> tokens; // [B-1]
   std::vector<double> probs;   // [B-1]: q_r(d_r) (1 for greedy)
 };
@@ -35,8 +35,12 @@ struct RefContext {
 
 class RefModel {
  public:
-  // drafter_dir holds config.json + safetensors; target_dir the target's embedding and head.
-  RefModel(const std::string& drafter_dir, const std::string& target_dir);
+  // drafter_dir holds config.json + safetensors; target_dir the target's embedding and head. A
+  // speculators checkpoint's own embedding and head are read from drafter_dir, its draft
+  // vocabulary from d2t. With `token_map`, only those target ids are drafted (docs/model.md):
+  // every other logit is -inf.
+  RefModel(const std::string& drafter_dir, const std::string& target_dir,
+           const std::vector<int64_t>& token_map = {});
 
   const model::DrafterConfig& config() const { return cfg_; }
 
@@ -64,8 +68,9 @@ class RefModel {
   // Fills tokens and probs from logits and hidden (docs/sampling.md).
   void choose(RefDraft& d, int64_t anchor, const RefSampling& s) const;
   std::vector<std::pair<std::string, Tensor>> weights_;
-  std::vector<double> embed_;  // [V, H] first V rows of the target embedding
-  std::vector<double> head_;   // [V, H] first V rows of the target head
+  std::vector<double> embed_;  // [V, H] first V rows of the embedding (the target's, or a speculators drafter's)
+  std::vector<double> head_;   // [rows, H]: the head's rows
+  std::vector<int64_t> head_row_;  // [V]: the row of head_ that scores each target id, -1 for none (logit -inf)
 };
 
 // The splitmix64 finaliser, the hash behind ref_uniform.

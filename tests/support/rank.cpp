@@ -23,8 +23,8 @@ model::RuntimeOptions backend(const std::string& name, int threads) {
 
 std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, const std::string& ckpt,
                                               const model::DrafterConfig& cfg, const model::RuntimeOptions& options) {
-  const model::ModelSource source{cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                  model::TensorStore::open(ckpt + "/target")};
+  const model::ModelSource source = model::ModelSource::from(cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                                             model::TensorStore::open(ckpt + "/target"));
   return std::make_unique<model::RankRuntime>(source, group, options);
 }
 

@@ -1,0 +1,172 @@
+// Reading and checking draft vocabularies: token map files (JSON lists, safetensors token_ids),
+// the speculators d2t / t2d tensors, and sorted (target id, head row) pairs.
+#include "model/draft_vocab.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checked.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/strings.h"
+#include "model/safetensors.h"
+#include "model/selection.h"
+
+namespace tpdraft::model {
+
+namespace {
+
+// The integers of a 1-D integer tensor (I64 or I32).
+std::vector<int64_t> integer_tensor(const TensorInfo& t, const char* what) {
+  TPDRAFT_CHECK(t.shape.size() == 1, "{}: tensor '{}' has shape {}, expected a 1-D list of {}", t.file, t.name,
+                t.shape_str(), what);
+  TPDRAFT_CHECK(t.dtype == DType::I64 || t.dtype == DType::I32, "{}: tensor '{}' has dtype {}, expected I64", t.file,
+                t.name, dtype_name(t.dtype));
+  std::vector<int64_t> out(static_cast<size_t>(t.shape[0]));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == DType::I64) {
+      std::memcpy(&out[i], t.data + i * sizeof(int64_t), sizeof(int64_t));
+    } else {
+      int32_t v;
+      std::memcpy(&v, t.data + i * sizeof(int32_t), sizeof(int32_t));
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
+bool is_pytorch_file(const std::string& path) {
+  if (ends_with(path, ".pt") || ends_with(path, ".pth")) return true;
+  std::ifstream f(path, std::ios::binary);
+  char magic[4] = {};
+  f.read(magic, 4);
+  return f.gcount() == 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0;  // torch.save writes a zip
+}
+
+}  // namespace
+
+DraftVocab make_draft_vocab(const std::vector<int64_t>& target_ids, const std::vector<int64_t>& head_rows,
+                            const std::string& source, int64_t vocab) {
+  TPDRAFT_CHECK(target_ids.size() == head_rows.size(), "{}: {} target ids for {} head rows", source, target_ids.size(),
+                head_rows.size());
+  TPDRAFT_CHECK(!target_ids.empty(), "{}: the draft vocabulary is empty", source);
+  std::vector<size_t> order(target_ids.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return target_ids[a] < target_ids[b]; });
+  DraftVocab v;
+  v.source = source;
+  for (size_t i : order) {
+    const int64_t id = target_ids[i];
+    TPDRAFT_CHECK(id >= 0 && id < vocab, "{}: draft row {} maps to target id {}, outside the vocabulary [0, {})", source,
+                  i, id, vocab);
+    TPDRAFT_CHECK(v.ids.empty() || v.ids.back() != id, "{}: target id {} is mapped twice", source, id);
+    v.ids.push_back(id);
+    v.head_rows.push_back(head_rows[i]);
+  }
+  return v;
+}
+
+std::vector<int64_t> read_token_map(const std::string& path, int64_t vocab) {
+  TPDRAFT_CHECK(!is_pytorch_file(path),
+                "{}: a PyTorch file (SGLang's token map); convert it to a JSON list first: python3 -c \"import json, "
+                "sys, torch; json.dump(torch.load(sys.argv[1]).tolist(), open(sys.argv[1] + '.json', 'w'))\" {}",
+                path, path);
+  std::vector<int64_t> ids;
+  if (ends_with(path, ".safetensors")) {
+    const auto store = TensorStore::open(path);
+    const TensorInfo* t = store->find("token_ids");
+    TPDRAFT_CHECK(t != nullptr, "{}: no tensor 'token_ids' (expected I64 [N], the target ids of the map)", path);
+    ids = integer_tensor(*t, "target ids");
+  } else {
+    const std::string text = read_regular_file(path, "token map");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      TPDRAFT_FAIL("{}: not valid JSON ({}); a token map is a JSON list of target ids or a safetensors file with "
+                   "tensor 'token_ids'", path, e.what());
+    }
+    TPDRAFT_CHECK(j.is_array(), "{}: a token map is a JSON list of target ids, got {}", path, j.type_name());
+    ids.reserve(j.size());
+    for (size_t i = 0; i < j.size(); ++i) {
+      TPDRAFT_CHECK(j[i].is_number_integer() || j[i].is_number_unsigned(),
+                    "{}: entry {} is {}, expected an integer target id", path, i, j[i].dump());
+      TPDRAFT_CHECK(!j[i].is_number_unsigned() || j[i].get<uint64_t>() <= static_cast<uint64_t>(vocab),
+                    "{}: entry {} is the target id {}, outside the vocabulary [0, {})", path, i, j[i].dump(), vocab);
+      ids.push_back(j[i].get<int64_t>());
+    }
+  }
+  TPDRAFT_CHECK(!ids.empty(), "{}: the token map lists no token", path);
+  for (size_t i = 0; i < ids.size(); ++i)
+    TPDRAFT_CHECK(ids[i] >= 0 && ids[i] < vocab, "{}: entry {} is the target id {}, outside the vocabulary [0, {})",
+                  path, i, ids[i], vocab);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+void write_token_map(const std::string& path, const std::vector<int64_t>& ids) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    TPDRAFT_CHECK(f.good(), "{}: cannot write the token map", path);
+    f << nlohmann::json(ids).dump() << "\n";
+    f.close();
+    if (!f.good()) {
+      std::remove(tmp.c_str());
+      TPDRAFT_FAIL("{}: writing the token map failed", path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    TPDRAFT_FAIL("{}: cannot move the token map into place", path);
+  }
+}
+
+std::vector<int64_t> read_d2t(const TensorStore& store, int64_t draft_vocab, int64_t vocab) {
+  const TensorInfo* d2t = store.find("d2t");
+  TPDRAFT_CHECK(d2t != nullptr, "{}: tensor 'd2t' is missing: a draft vocabulary of {} < {} tokens needs its map "
+                "(I64 [{}], target id = i + d2t[i])", store.source(), draft_vocab, vocab, draft_vocab);
+  std::vector<int64_t> ids = integer_tensor(*d2t, "offsets");
+  TPDRAFT_CHECK(static_cast<int64_t>(ids.size()) == draft_vocab, "{}: tensor 'd2t' has {} entries, expected "
+                "draft_vocab_size = {}", d2t->file, ids.size(), draft_vocab);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = checked_add(static_cast<int64_t>(i), ids[i], "{}: d2t[{}]", d2t->file, i);
+    TPDRAFT_CHECK(ids[i] >= 0 && ids[i] < vocab, "{}: tensor 'd2t' maps draft id {} to target id {}, outside [0, {})",
+                  d2t->file, i, ids[i], vocab);
+  }
+  if (const TensorInfo* t2d = store.find("t2d")) {
+    TPDRAFT_CHECK(t2d->shape == std::vector<int64_t>{vocab} && (t2d->dtype == DType::BOOL || t2d->dtype == DType::U8),
+                  "{}: tensor 't2d' has shape {} and dtype {}, expected BOOL [{}]", t2d->file, t2d->shape_str(),
+                  dtype_name(t2d->dtype), vocab);
+    std::vector<bool> mapped(static_cast<size_t>(vocab), false);
+    for (int64_t id : ids) mapped[static_cast<size_t>(id)] = true;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const bool marked = t2d->data[t] != std::byte{0};
+      TPDRAFT_CHECK(marked == mapped[static_cast<size_t>(t)],
+                    "{}: tensors 't2d' and 'd2t' disagree on target id {} (t2d says {}, d2t {})", t2d->file, t,
+                    marked ? "drafted" : "not drafted", mapped[static_cast<size_t>(t)] ? "drafted" : "not drafted");
+    }
+  }
+  return ids;
+}
+
+std::vector<int64_t> random_token_ids(int64_t vocab, int64_t n, uint64_t seed) {
+  TPDRAFT_CHECK(n >= 1 && n <= vocab, "a random token map of {} ids needs 1 <= n <= vocab = {}", n, vocab);
+  // Keyed ranks: the n ids of smallest hash, so the map is the same for a seed on every machine.
+  std::vector<std::pair<uint64_t, int64_t>> keyed(static_cast<size_t>(vocab));
+  for (int64_t t = 0; t < vocab; ++t) keyed[static_cast<size_t>(t)] = {splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(t)), t};
+  std::nth_element(keyed.begin(), keyed.begin() + (n - 1), keyed.end());
+  std::vector<int64_t> ids;
+  ids.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids.push_back(keyed[static_cast<size_t>(i)].second);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace tpdraft::model
