@@ -48,7 +48,7 @@ void call_unlocked(F&& call) {
 struct Caps {
   std::string architecture, backend;
   int block_size = 0, tp = 0, max_sessions = 0, max_open_sessions = 0;
-  int64_t taps_width = 0, hidden_size = 0, vocab_size = 0, mask_token_id = 0, max_context = 0;
+  int64_t taps_width = 0, hidden_size = 0, vocab_size = 0, mask_token_id = 0, max_context = 0, draft_vocab_size = 0;
   std::vector<int64_t> target_layer_ids;
 };
 
@@ -158,7 +158,7 @@ class Endpoint {
     tpdraft_caps c{sizeof c};
     raise_for(Api::caps(handle_, &c));
     caps_ = {c.architecture, c.backend, c.block_size, c.tp, c.max_sessions, c.max_open_sessions,
-             c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context,
+             c.taps_width, c.hidden_size, c.vocab_size, c.mask_token_id, c.max_context, c.draft_vocab_size,
              std::vector<int64_t>(c.target_layer_ids, c.target_layer_ids + c.n_target_layers)};
   }
   Handle* live() const {
@@ -231,10 +231,27 @@ class Endpoint {
   double last_step_seconds_ = 0;
 };
 
+// A token map given as ids: a 1-D sequence or array of integers (not bools, not floats).
+py::array_t<int64_t> token_ids(const py::object& ids) {
+  py::array a;
+  try {
+    a = py::module_::import("numpy").attr("asarray")(ids);
+  } catch (const py::error_already_set&) {
+    throw py::type_error("token_map must be a path or a sequence of integer target ids");
+  }
+  if (a.size() == 0) throw py::value_error("token_map is empty: give at least one target id");
+  const char kind = a.dtype().kind();
+  if (a.ndim() != 1 || (kind != 'i' && kind != 'u'))
+    throw py::type_error("token_map must be a path or a 1-D sequence of integer target ids, got an array of dtype " +
+                         py::str(a.dtype()).cast<std::string>() + " and " + std::to_string(a.ndim()) + " dimension(s)");
+  return py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+}
+
 class Drafter : public Endpoint<InProcess> {
  public:
   Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
-          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs, py::object quant) {
+          int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs, py::object quant,
+          py::object token_map) {
     tpdraft_options o;
     tpdraft_options_init(&o);
     o.backend = backend.c_str();
@@ -246,6 +263,19 @@ class Drafter : public Endpoint<InProcess> {
     o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
     const std::string quant_name = quant.is_none() ? std::string() : quant.cast<std::string>();
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
+    // A path (str or os.PathLike) to a token map file, or the target ids themselves.
+    std::string map_path;
+    py::array_t<int64_t> map_ids;
+    if (!token_map.is_none()) {
+      if (py::isinstance<py::str>(token_map) || py::hasattr(token_map, "__fspath__")) {
+        map_path = py::module_::import("os").attr("fspath")(token_map).cast<std::string>();
+        o.token_map = map_path.c_str();
+      } else {
+        map_ids = token_ids(token_map);
+        o.token_ids = map_ids.data();
+        o.n_token_ids = map_ids.size();
+      }
+    }
     tpdraft_drafter* h = nullptr;
     call_unlocked([&] { return tpdraft_open(drafter_dir.c_str(), target_dir.c_str(), &o, &h); });
     set_handle(h);
@@ -317,6 +347,7 @@ PYBIND11_MODULE(tpdraft, m) {
       .def_readonly("taps_width", &Caps::taps_width)
       .def_readonly("hidden_size", &Caps::hidden_size)
       .def_readonly("vocab_size", &Caps::vocab_size)
+      .def_readonly("draft_vocab_size", &Caps::draft_vocab_size)
       .def_readonly("mask_token_id", &Caps::mask_token_id)
       .def_readonly("target_layer_ids", &Caps::target_layer_ids)
       .def_readonly("max_sessions", &Caps::max_sessions)
@@ -325,14 +356,16 @@ PYBIND11_MODULE(tpdraft, m) {
 
   py::class_<Drafter> drafter(m, "Drafter",
                               "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None); quant: None, 'q8', "
-                              "'q4', 'q8+head' or 'q4+head' (quantize a float checkpoint while loading; +head: the "
-                              "target's head too)");
+                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None, token_map=None); quant: "
+                              "None, 'q8', 'q4', 'q8+head' or 'q4+head' (quantize a float checkpoint while loading; "
+                              "+head: the target's head too); token_map: a token map file (JSON list of target ids, or "
+                              "safetensors with 'token_ids') or a sequence of target ids: draft over those ids only");
   drafter.def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int,
-                       py::object, py::object>(),
+                       py::object, py::object, py::object>(),
               py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
               py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
-              py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none());
+              py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none(),
+              py::arg("token_map") = py::none());
   def_endpoint(drafter,
                "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
                "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict "

@@ -68,6 +68,13 @@ typedef struct tpdraft_options {
                                 loading (q8: every matrix int8; q4: layer matrices int4, fc and the
                                 projections int8; cpu backend; docs/quantization.md); "q8+head",
                                 "q4+head": the target's head int8 as well */
+  const char* token_map;     /* NULL: the head scores every token; else a token map file (a JSON list of
+                                target ids, or safetensors with an I64 'token_ids'; docs/checkpoint.md):
+                                draft over those ids only, the head cut to their rows at load */
+  const int64_t* token_ids;  /* the same map held in memory: n_token_ids target ids, any order (repeats
+                                are dropped); read during tpdraft_open only. At most one of token_map
+                                and token_ids */
+  int64_t n_token_ids;
 } tpdraft_options;
 
 /* Fills the defaults; call it, then change what you need. */
@@ -96,6 +103,9 @@ typedef struct tpdraft_caps {
   int32_t max_sessions;
   int32_t max_open_sessions;
   int64_t max_context;
+  int64_t draft_vocab_size;         /* N: the target ids the head scores (a draft vocabulary: a token map
+                                       or a speculators checkpoint's d2t); V when it scores all. Drafts
+                                       and distributions are in target ids either way */
 } tpdraft_caps;
 
 /* The strings and arrays stay valid while the drafter is open. */

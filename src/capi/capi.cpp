@@ -75,6 +75,12 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   const auto& presets = model::quant_presets();
   TPDRAFT_CHECK(o.quant == nullptr || std::find(presets.begin(), presets.end(), o.quant) != presets.end(),
                 "options.quant is '{}', expected NULL, {}", o.quant, model::quant_preset_list());
+  TPDRAFT_CHECK(o.token_map == nullptr || o.token_ids == nullptr, "options.token_map and options.token_ids are both "
+                "set; give the map one way");
+  TPDRAFT_CHECK(o.token_ids == nullptr ? o.n_token_ids == 0
+                                       : o.n_token_ids >= 1 && o.n_token_ids <= model::size_limit("vocab_size"),
+                "options.n_token_ids is {}, expected 1..{} with token_ids (0 without)", o.n_token_ids,
+                model::size_limit("vocab_size"));
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
   // threads 0: the machine's cores shared among the ranks of this process, as the header says.
@@ -176,6 +182,10 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
     const model::RuntimeOptions ro = runtime_options(o);
     auto d = std::make_unique<tpdraft_drafter>();
     model::ModelSource source = model::ModelSource::open(drafter_dir, target_dir);
+    if (o.token_map != nullptr) model::apply_token_map(source, o.token_map);
+    if (o.token_ids != nullptr)
+      model::apply_token_map(source, std::vector<int64_t>(o.token_ids, o.token_ids + o.n_token_ids),
+                             "options.token_ids");
     if (o.quant != nullptr) model::quantize_on_load(source, o.quant);
     d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);
     d->caps = d->group->leader().caps();

@@ -29,6 +29,7 @@ tpdraft_status fill_caps(const char* where, const Caps& c, const std::string& ba
   out->max_sessions = static_cast<int32_t>(c.max_sessions);
   out->max_open_sessions = static_cast<int32_t>(c.max_open_sessions);
   out->max_context = c.max_context;
+  out->draft_vocab_size = c.draft_vocab;
   return ok();
 }
 

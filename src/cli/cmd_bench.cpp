@@ -22,6 +22,7 @@
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
 #include "model/cost.h"
+#include "model/draft_vocab.h"
 #include "model/random_checkpoint.h"
 #include "model/runtime.h"
 #include "model/safetensors.h"
@@ -37,6 +38,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
   int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
+  int64_t token_map_size = 0;  // a random draft vocabulary of this many ids (timing)
   uint64_t seed = 0;
   bool json = false, gather_logits = false;
   RankOptions ranks;
@@ -112,17 +114,16 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
 // the geometry is known to shard at this tp (generating a large one takes a while).
 model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DType dtype) {
   if (!o.drafter.empty()) return model::ModelSource::open(o.drafter, o.target);
-  model::ModelSource s;
-  s.config = model::DrafterConfig::from_file(o.config);
-  model::ShardPlan::make(s.config, ctx.comm.rank(), ctx.comm.size());
+  const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.config);
+  model::ShardPlan::make(cfg, ctx.comm.rank(), ctx.comm.size());
   model::RandomCheckpointOptions ro;
   ro.seed = o.seed;
   ro.dtype = dtype;
   ro.threads = ctx.threads;
   if (ctx.leader()) TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
-  s.drafter = model::TensorStore::from_memory(o.config, model::random_drafter_tensors(s.config, ro));
-  s.target = model::TensorStore::from_memory(o.config + " (target)", model::random_target_tensors(s.config, ro));
-  return s;
+  return model::ModelSource::from(cfg, model::TensorStore::from_memory(o.config, model::random_drafter_tensors(cfg, ro)),
+                                  model::TensorStore::from_memory(o.config + " (target)",
+                                                                  model::random_target_tensors(cfg, ro)));
 }
 
 // What one bench run measured: the JSON and the table are both written from it.
@@ -130,6 +131,7 @@ struct BenchResult {
   std::string config, architecture, backend, communicator, dtype;
   int threads = 0, tp = 1, replicas = 1;
   int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
+  int64_t vocab = 0, draft_vocab = 0;  // V, and the draft vocabulary's N (0: none)
   size_t graph_nodes = 0;  // nodes of the captured forward (0: not captured)
   bool gather_logits = false, graphs = false, gpu = false;
   Stats draft;                                          // seconds
@@ -251,6 +253,8 @@ nlohmann::json to_json(const BenchResult& r) {
   j["broadcast_bytes"] = r.per_draft(c.broadcast_bytes);
   j["weights_bytes_per_rank"] = r.weights_bytes;
   j["context_bytes_per_rank"] = r.context_bytes;
+  j["vocab"] = r.vocab;
+  j["draft_vocab"] = r.draft_vocab;
   j["sessions"] = r.sessions;
   j["context"] = r.context;
   j["dtype"] = r.dtype;
@@ -293,6 +297,9 @@ void print_table(const BenchResult& r) {
               "context rows\n",
               r.architecture.c_str(), r.dtype.c_str(), r.backend.c_str(), r.tp, r.communicator.c_str(), r.threads,
               static_cast<long long>(r.sessions), static_cast<long long>(r.context));
+  if (r.draft_vocab > 0)
+    std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n", static_cast<long long>(r.draft_vocab),
+                static_cast<long long>(r.vocab));
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
               r.draft.median * 1e3, r.draft.min * 1e3, r.draft.max * 1e3, r.draft.p10 * 1e3, r.draft.p90 * 1e3,
               static_cast<long long>(r.repeat));
@@ -320,7 +327,10 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   std::unique_ptr<model::RankRuntime> runtime;
   agree_on(ctx.world, kExitInput, [&] {
     model::ModelSource source = bench_source(o, ctx, dtype);
-    model::quantize_on_load(source, o.ranks.quant);
+    if (o.token_map_size > 0)
+      model::apply_token_map(source, model::random_token_ids(source.config.vocab, o.token_map_size, o.seed),
+                             fmt::format("--token-map-size {}", o.token_map_size));
+    apply_load_options(source, o.ranks);
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.batch;
     ro.limits.max_context = std::max<int64_t>(1, o.ctx);
@@ -361,6 +371,8 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   r.replicas = ctx.replicas;
   r.sessions = o.batch;
   r.context = o.ctx;
+  r.vocab = cfg.vocab;
+  r.draft_vocab = cfg.draft_vocab;
   r.gather_logits = o.gather_logits;
   r.graphs = rt.drafter().graphs();
   r.graph_nodes = rt.drafter().graph_nodes(o.batch);
@@ -395,6 +407,10 @@ void add_bench(CLI::App& app) {
                 "Also gather the full logits [rows, V] on every rank each draft (what a caller wanting whole "
                 "distributions pays; the default exchanges only the top candidates)");
   add_rank_options(cmd, &o->ranks);
+  cmd->add_option("--token-map-size", o->token_map_size,
+                  "Draft over a random draft vocabulary of N target ids (drawn by --seed): what a token map of that "
+                  "size costs, for timing")
+      ->check(whole_number(1, model::size_limit("vocab_size")));
   cmd->add_option("--graphs", o->graphs,
                   "Capture the block forward once and replay it (CUDA graphs; a call tape on the CPU): on, off, or "
                   "auto (on for cuda)")
@@ -403,6 +419,8 @@ void add_bench(CLI::App& app) {
   cmd->callback([o] {
     if (o->drafter.empty() == o->config.empty() || o->drafter.empty() != o->target.empty())
       throw CLI::ValidationError("bench", "give either --config FILE (random weights) or --drafter DIR and --target DIR");
+    if (o->token_map_size > 0 && !o->ranks.token_map.empty())
+      throw CLI::ValidationError("bench", "give --token-map FILE or --token-map-size N, not both");
     run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); });
   });
 }

@@ -118,7 +118,7 @@ struct Prepared {
 void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
   p->source = model::ModelSource::open(o.drafter, o.target);
-  model::quantize_on_load(p->source, o.ranks.quant);
+  apply_load_options(p->source, o.ranks);
   p->taps = read_taps(o.taps, p->source.config);
   fault_point(ctx, "load");
   model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
@@ -144,10 +144,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 void write_dump(const DraftOpts& o, const RankContext& ctx, model::RankRuntime& rt, const model::Session& session,
                 const model::DraftDump& dump, const model::DraftResult& result) {
   const model::DrafterConfig& cfg = rt.config();
-  const int64_t B = cfg.block, H = cfg.hidden, V = cfg.vocab, n = session.length();
+  const int64_t B = cfg.block, H = cfg.hidden, N = cfg.head_vocab(), n = session.length();
   model::SafetensorsWriter w;
   w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
-  w.add("logits", DType::F32, {B - 1, V}, dump.logits.data(), dump.logits.size() * sizeof(float));
+  // Over a draft vocabulary: its N columns in ascending target id, and those ids.
+  w.add("logits", DType::F32, {B - 1, N}, dump.logits.data(), dump.logits.size() * sizeof(float));
+  if (!dump.logit_ids.empty())
+    w.add("logit_ids", DType::I64, {N}, dump.logit_ids.data(), dump.logit_ids.size() * sizeof(int64_t));
   w.add("tokens", DType::I64, {B - 1}, result.tokens.data(), result.tokens.size() * sizeof(int64_t));
   std::vector<float> k, v;
   for (int64_t l = 0; l < cfg.layers; ++l) {

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/cost.h"
+#include "model/draft_vocab.h"
 #include "model/quant_tensors.h"
 #include "model/runtime.h"
 #include "model/safetensors.h"
@@ -26,9 +27,9 @@ namespace tpdraft::cli {
 namespace {
 
 struct InfoOpts {
-  std::string drafter, config, target, dtype = "bf16", quant;
+  std::string drafter, config, target, dtype = "bf16", quant, token_map;
   int tp = 1;
-  int64_t sessions = 1, ctx = 1024;
+  int64_t sessions = 1, ctx = 1024, token_map_size = 0;
   bool tensors = false, json = false;
 };
 
@@ -40,8 +41,9 @@ struct Source {
   std::shared_ptr<model::TensorStore> store;  // null for a bare config
   DType assumed = DType::BF16;
   DType head_dtype = DType::BF16;
-  bool head_from_target = false;
+  bool head_from_target = false;  // head_dtype is a file's (the target's, or the drafter's own head)
   std::string target_line;  // what the target holds, for the text output
+  std::string vocab_line;   // where a draft vocabulary comes from, for the text output
 
   DType dtype_of(const std::string& name) const {
     if (!store) return assumed;
@@ -95,8 +97,28 @@ Source open_source(const InfoOpts& o) {
     src.path = o.config;
     src.cfg = model::DrafterConfig::from_file(o.config);
   }
-  if (!o.quant.empty()) src.cfg.quant = model::quantization_on_load(src.cfg, o.quant, src.path);
   if (!o.target.empty()) read_target(o.target, &src);
+  // A speculators drafter's own head is the one it drafts with.
+  if (const model::TensorInfo* own = src.store && src.cfg.layout == model::Layout::Speculators
+                                         ? src.store->find("lm_head.weight")
+                                         : nullptr) {
+    src.head_dtype = own->dtype;
+    src.head_from_target = true;
+    if (!src.target_line.empty()) src.target_line += "; the drafter's own head replaces this one";
+  }
+  TPDRAFT_CHECK(o.token_map.empty() || o.token_map_size == 0, "info: give --token-map FILE or --token-map-size N, not "
+                "both");
+  if (src.cfg.draft_vocab > 0) src.vocab_line = fmt::format("{} (speculators d2t)", src.path);
+  if (!o.token_map.empty() || o.token_map_size > 0) {
+    TPDRAFT_CHECK(src.cfg.draft_vocab == 0, "{}: the checkpoint has a draft vocabulary of its own ({} tokens); a token "
+                  "map restricts a full head", src.path, src.cfg.draft_vocab);
+    const int64_t n = o.token_map.empty() ? o.token_map_size
+                                          : static_cast<int64_t>(model::read_token_map(o.token_map, src.cfg.vocab).size());
+    src.cfg.draft_vocab = n;
+    src.cfg.validate(o.token_map.empty() ? fmt::format("--token-map-size {}", n) : o.token_map);
+    src.vocab_line = o.token_map.empty() ? "--token-map-size" : "token map " + o.token_map;
+  }
+  if (!o.quant.empty()) src.cfg.quant = model::quantization_on_load(src.cfg, o.quant, src.path);
   return src;
 }
 
@@ -127,6 +149,10 @@ void print_geometry(const Source& src) {
                                     cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk).c_str());
   std::printf("head        m_in %g, m_out %g, soft cap %g, mask token %lld, bias %s\n", cfg.in_scale, cfg.out_scale,
               cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
+  if (cfg.draft_vocab > 0)
+    std::printf("%s\n", fmt::format("draft vocab {} of the {} target ids ({:.1f}%; {}): the head holds {} rows", cfg.draft_vocab,
+                                    cfg.vocab, 100.0 * static_cast<double>(cfg.draft_vocab) / static_cast<double>(cfg.vocab),
+                                    src.vocab_line, cfg.draft_vocab).c_str());
 }
 
 // Parameters and bytes of every drafter tensor: the checkpoint's, or the expected ones.
@@ -150,7 +176,7 @@ void print_parameters(const Source& src) {
   std::printf("parameters  %.3f M in %zu tensors, %s", params / 1e6, count, human_bytes(bytes).c_str());
   for (const auto& [d, b] : by_dtype) std::printf("  [%s %s]", d.c_str(), human_bytes(b).c_str());
   std::printf("\n");
-  if (src.head_from_target) std::printf("target      %s\n", src.target_line.c_str());
+  if (!src.target_line.empty()) std::printf("target      %s\n", src.target_line.c_str());
 }
 
 // Every drafter tensor a rank loads into backend memory: its format and the bytes each rank holds.
@@ -233,7 +259,8 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
 
 nlohmann::json geometry_json(const model::DrafterConfig& c) {
   return {{"hidden", c.hidden}, {"layers", c.layers}, {"q_heads", c.n_q}, {"kv_heads", c.n_kv},
-          {"head_dim", c.head_dim}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"block", c.block}, {"taps", c.taps},
+          {"head_dim", c.head_dim}, {"ffn", c.ffn}, {"vocab", c.vocab}, {"draft_vocab", c.draft_vocab},
+          {"head_rows", c.head_vocab()}, {"block", c.block}, {"taps", c.taps},
           {"sliding", c.sliding}, {"causal", c.causal}, {"window", c.window}, {"conv_kernel", c.conv_kernel},
           {"conv_group", c.conv_group}, {"selector_rank", c.selector_rank}, {"selector_top_k", c.selector_topk}};
 }
@@ -242,6 +269,7 @@ void print_json(const Source& src, const InfoOpts& o) {
   const auto plan0 = model::ShardPlan::make(src.cfg, 0, o.tp);  // checks tp before anything is printed
   nlohmann::json j = {
       {"source", src.store ? "checkpoint" : "config"}, {"path", src.path}, {"architecture", src.cfg.arch_name},
+      {"layout", src.cfg.layout == model::Layout::Speculators ? "speculators" : "dflash"},
       {"dflash2", src.cfg.is_dflash2()}, {"geometry", geometry_json(src.cfg)}, {"tp", o.tp},
       {"vocab_padded", plan0.vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
       {"weight_dtype", src.format_of("layers.0.self_attn.q_proj.weight")},
@@ -299,6 +327,11 @@ void add_info(CLI::App& app) {
   cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4|q8+head|q4+head would hold them (a float "
                   "checkpoint)")
       ->check(CLI::IsMember(model::quant_presets()));
+  cmd->add_option("--token-map", o->token_map, "Count the head as this token map cuts it (a JSON list of target ids "
+                  "or a safetensors file with 'token_ids')")->check(CLI::ExistingFile);
+  cmd->add_option("--token-map-size", o->token_map_size, "Count the head as a draft vocabulary of N target ids would "
+                  "hold it (no file needed)")
+      ->check(whole_number(1, model::size_limit("vocab_size")));
   cmd->add_flag("--tensors", o->tensors, "List every drafter tensor: its format, shape and the bytes each rank holds");
   cmd->add_flag("--json", o->json, "Print one JSON object: geometry, and per rank the bytes held, the work per draft "
                                    "and per settled row, and the collectives per draft");

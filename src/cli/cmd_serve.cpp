@@ -98,7 +98,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
   const bool leader = ctx.comm.rank() == 0;
   agree_on(ctx.world, kExitInput, [&] {
     source = model::ModelSource::open(o.drafter, o.target);
-    model::quantize_on_load(source, o.ranks.quant);
+    apply_load_options(source, o.ranks);
     fault_point(ctx, "load");
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.max_sessions;

@@ -11,5 +11,6 @@ void add_draft(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_quantize(CLI::App& app);
+void add_vocab(CLI::App& app);
 
 }  // namespace tpdraft::cli

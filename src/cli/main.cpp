@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   add_bench(app);
   add_serve(app);
   add_quantize(app);
+  add_vocab(app);
   int status = kExitOk;
   try {
     init_launch(&argc, &argv);

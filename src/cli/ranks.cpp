@@ -65,6 +65,10 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
                   "and the projections int8); groups of 128 columns where they divide, else per channel; q8+head "
                   "or q4+head: the target's head int8 too")
       ->check(CLI::IsMember(model::quant_presets()));
+  cmd->add_option("--token-map", o->token_map,
+                  "Draft over these target ids only (a JSON list of ids, or a safetensors file with an I64 tensor "
+                  "'token_ids'; tpdraft vocab writes one): the head is cut to their rows at load")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
@@ -78,6 +82,11 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
                   "stopped or gone); 0: wait forever")
       ->check(real_number(0, 86400))
       ->capture_default_str();
+}
+
+void apply_load_options(model::ModelSource& source, const RankOptions& o) {
+  if (!o.token_map.empty()) model::apply_token_map(source, o.token_map);
+  model::quantize_on_load(source, o.quant);
 }
 
 model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx) {

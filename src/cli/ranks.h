@@ -20,8 +20,11 @@ struct RankOptions {
   int threads = 0;               // --threads: CPU threads per rank (0: the cores shared out)
   double comm_timeout = 0;       // --comm-timeout: seconds a collective may wait (0: forever)
   std::string quant;             // --quant q8|q4[+head]: quantize a float checkpoint while loading
+  std::string token_map;         // --token-map FILE: restrict the head to a draft vocabulary
 };
 void add_rank_options(CLI::App* cmd, RankOptions* options);
+// What the options change in the model as it loads: the token map, then --quant.
+void apply_load_options(model::ModelSource& source, const RankOptions& options);
 
 struct RankContext {
   parallel::Communicator& comm;   // the tensor-parallel group

@@ -19,6 +19,7 @@ Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, 
   caps_.taps_width = cfg.n_taps() * cfg.hidden;
   caps_.hidden = cfg.hidden;
   caps_.vocab = cfg.vocab;
+  caps_.draft_vocab = cfg.head_vocab();
   caps_.mask_token = cfg.mask_token;
   caps_.target_layers = cfg.taps;
   caps_.tp = rt_->comm().size();

@@ -27,6 +27,7 @@ struct Caps {
   int64_t taps_width = 0;  // T * H floats per tap row
   int64_t hidden = 0;      // H
   int64_t vocab = 0;       // V
+  int64_t draft_vocab = 0; // N: target ids the head scores (a draft vocabulary), V when it scores all
   int64_t mask_token = 0;
   std::vector<int64_t> target_layers;  // the target layers whose outputs make a tap row, in order
   int tp = 1;

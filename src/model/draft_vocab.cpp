@@ -2,10 +2,13 @@
 // the speculators d2t / t2d tensors, and sorted (target id, head row) pairs.
 #include "model/draft_vocab.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -153,6 +156,109 @@ std::vector<int64_t> read_d2t(const TensorStore& store, int64_t draft_vocab, int
                     marked ? "drafted" : "not drafted", mapped[static_cast<size_t>(t)] ? "drafted" : "not drafted");
     }
   }
+  return ids;
+}
+
+namespace {
+
+// Counts the ids of an integer tensor.
+uint64_t count_tensor(const TensorInfo& t, std::vector<uint64_t>& counts) {
+  const int64_t vocab = static_cast<int64_t>(counts.size());
+  const size_t n = static_cast<size_t>(t.numel()), esize = dtype_size(t.dtype);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t id = 0;
+    switch (t.dtype) {
+      case DType::I64: std::memcpy(&id, t.data + i * esize, 8); break;
+      case DType::I32: { int32_t v; std::memcpy(&v, t.data + i * esize, 4); id = v; break; }
+      case DType::I16: { int16_t v; std::memcpy(&v, t.data + i * esize, 2); id = v; break; }
+      case DType::U8: id = static_cast<int64_t>(std::to_integer<uint8_t>(t.data[i])); break;
+      default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not token ids", t.file, t.name, dtype_name(t.dtype));
+    }
+    TPDRAFT_CHECK(id >= 0 && id < vocab, "{}: tensor '{}' holds the token id {} at element {}, outside the vocabulary "
+                  "[0, {})", t.file, t.name, id, i, vocab);
+    ++counts[static_cast<size_t>(id)];
+  }
+  return n;
+}
+
+}  // namespace
+
+uint64_t count_corpus_tokens(const std::string& path, std::vector<uint64_t>& counts,
+                             const std::function<void(uint64_t)>& progress) {
+  const int64_t vocab = static_cast<int64_t>(counts.size());
+  uint64_t total = 0;
+  if (ends_with(path, ".safetensors")) {
+    const auto store = TensorStore::open(path);
+    bool any = false;
+    for (const std::string& name : store->names()) {
+      const TensorInfo& t = *store->find(name);
+      if (t.dtype != DType::I64 && t.dtype != DType::I32 && t.dtype != DType::I16 && t.dtype != DType::U8) continue;
+      any = true;
+      total += count_tensor(t, counts);
+      if (progress) progress(total);
+    }
+    TPDRAFT_CHECK(any, "{}: no integer tensor (token ids are I64, I32, I16 or U8)", path);
+    return total;
+  }
+  const int fd = open_regular_file(path, "corpus");
+  std::ifstream in(path, std::ios::binary);
+  close(fd);
+  TPDRAFT_CHECK(in.good(), "{}: cannot read the corpus", path);
+  std::vector<char> buf(size_t{1} << 20);
+  int64_t value = 0, line = 1;
+  bool in_number = false, overflow = false;
+  auto end_number = [&] {
+    if (!in_number) return;
+    TPDRAFT_CHECK(!overflow && value < vocab, "{}: line {}: the token id {}{} lies outside the vocabulary [0, {})",
+                  path, line, value, overflow ? "..." : "", vocab);
+    ++counts[static_cast<size_t>(value)];
+    if (++total % (uint64_t{1} << 24) == 0 && progress) progress(total);
+    in_number = overflow = false;
+    value = 0;
+  };
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize got = in.gcount();
+    for (std::streamsize i = 0; i < got; ++i) {
+      const char c = buf[static_cast<size_t>(i)];
+      if (c >= '0' && c <= '9') {
+        in_number = true;
+        overflow = overflow || value > (std::numeric_limits<int64_t>::max() - 9) / 10;
+        if (!overflow) value = value * 10 + (c - '0');
+      } else if (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',' || c == '[' || c == ']') {
+        end_number();
+        if (c == '\n') ++line;
+      } else {
+        TPDRAFT_FAIL("{}: line {}: '{}' is not a token id; a text corpus holds integer ids separated by whitespace, "
+                     "commas or brackets (a safetensors file holds integer tensors)", path, line,
+                     std::string(1, c));
+      }
+    }
+  }
+  end_number();
+  return total;
+}
+
+std::vector<int64_t> most_frequent(const std::vector<uint64_t>& counts, int64_t n, const std::vector<int64_t>& keep) {
+  const int64_t vocab = static_cast<int64_t>(counts.size());
+  std::vector<bool> in_map(counts.size(), false);
+  std::vector<int64_t> ids;
+  for (int64_t id : keep) {
+    TPDRAFT_CHECK(id >= 0 && id < vocab, "--keep {}: outside the vocabulary [0, {})", id, vocab);
+    if (!in_map[static_cast<size_t>(id)]) ids.push_back(id);
+    in_map[static_cast<size_t>(id)] = true;
+  }
+  TPDRAFT_CHECK(static_cast<int64_t>(ids.size()) <= n, "--keep lists {} ids, more than the map's size {}", ids.size(), n);
+  std::vector<int64_t> seen;
+  for (int64_t id = 0; id < vocab; ++id)
+    if (counts[static_cast<size_t>(id)] > 0 && !in_map[static_cast<size_t>(id)]) seen.push_back(id);
+  const size_t room = std::min(seen.size(), static_cast<size_t>(n) - ids.size());
+  std::partial_sort(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(room), seen.end(), [&](int64_t a, int64_t b) {
+    return counts[static_cast<size_t>(a)] > counts[static_cast<size_t>(b)] ||
+           (counts[static_cast<size_t>(a)] == counts[static_cast<size_t>(b)] && a < b);
+  });
+  ids.insert(ids.end(), seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(room));
+  std::sort(ids.begin(), ids.end());
   return ids;
 }
 

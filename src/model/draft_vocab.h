@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,19 @@ void write_token_map(const std::string& path, const std::vector<int64_t>& ids);
 // The target id of each draft row of a speculators checkpoint: i + d2t[i] (d2t I64 [N]); t2d
 // (BOOL [V]), when present, must mark exactly those ids. Errors name the file and the tensor.
 std::vector<int64_t> read_d2t(const TensorStore& store, int64_t draft_vocab, int64_t vocab);
+
+// Adds the token ids of a tokenized corpus file to counts[id] (counts holds the vocabulary):
+// a safetensors file (every integer tensor in it, any shape), or text with integers separated
+// by whitespace, commas or brackets (one document per line, or JSON lists). An id outside
+// [0, counts.size()) or a word that is not an integer is refused, naming the file and where.
+// Returns the tokens read; `progress(tokens)` is called every few million.
+uint64_t count_corpus_tokens(const std::string& path, std::vector<uint64_t>& counts,
+                             const std::function<void(uint64_t)>& progress = {});
+
+// The token map of a corpus: every id of `keep`, then the most frequent others (ties to the
+// lower id) up to n ids in all, ascending. Ids never seen are not listed, so the map may be
+// shorter than n; a keep list longer than n is refused.
+std::vector<int64_t> most_frequent(const std::vector<uint64_t>& counts, int64_t n, const std::vector<int64_t>& keep);
 
 // n distinct ids of [0, vocab), ascending, drawn by `seed` (bench --token-map-size: for timing).
 std::vector<int64_t> random_token_ids(int64_t vocab, int64_t n, uint64_t seed);

@@ -1,6 +1,8 @@
 // Building a rank: ops -> shard plan -> weights -> device communicator -> drafter.
 #include "model/runtime.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "parallel/nccl_comm.h"
@@ -34,8 +36,12 @@ void apply_token_map(ModelSource& source, const std::vector<int64_t>& ids, const
   TPDRAFT_CHECK(source.config.draft_vocab == 0,
                 "{}: the checkpoint has a draft vocabulary of its own ({} tokens); a token map restricts a full head",
                 label, source.config.draft_vocab);
-  // Rows of the full head: the target's, or a speculators drafter's own [V, H] head.
-  source.vocab = std::make_shared<DraftVocab>(make_draft_vocab(ids, ids, label, source.config.vocab));
+  // Rows of the full head: the target's, or a speculators drafter's own [V, H] head. Repeats are
+  // dropped, as a map file's are.
+  std::vector<int64_t> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  source.vocab = std::make_shared<DraftVocab>(make_draft_vocab(sorted, sorted, label, source.config.vocab));
   DrafterConfig cfg = source.config;
   cfg.draft_vocab = source.vocab->size();
   cfg.validate(label);  // e.g. a DFlash 2 selector's top-k beyond the map

@@ -35,7 +35,7 @@ void caps_numbers(C& c, F&& f) {
   f(c.block, "caps.block_size"); f(c.tp, "caps.tp"); f(c.taps_width, "caps.taps_width");
   f(c.hidden, "caps.hidden_size"); f(c.vocab, "caps.vocab_size"); f(c.mask_token, "caps.mask_token_id");
   f(c.max_sessions, "caps.max_sessions"); f(c.max_open_sessions, "caps.max_open_sessions");
-  f(c.max_context, "caps.max_context");
+  f(c.max_context, "caps.max_context"); f(c.draft_vocab, "caps.draft_vocab_size");
 }
 
 template <typename S, typename F>

@@ -18,7 +18,7 @@
 namespace tpdraft::serve {
 
 constexpr uint32_t kMagic = 0x31445054;  // the bytes "TPD1"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kHeaderBytes = 24;
 constexpr size_t kEntryBytes = 104;  // one STEP entry on the wire
 
@@ -164,7 +164,7 @@ std::string error_reply(const Header& request, uint32_t status, const std::strin
 // The caps as HELLO's reply carries them.
 struct WireCaps {
   std::string architecture, backend;
-  int64_t block = 0, tp = 0, taps_width = 0, hidden = 0, vocab = 0, mask_token = 0;
+  int64_t block = 0, tp = 0, taps_width = 0, hidden = 0, vocab = 0, draft_vocab = 0, mask_token = 0;
   int64_t max_sessions = 0, max_open_sessions = 0, max_context = 0;
   std::vector<int64_t> target_layers;
 };

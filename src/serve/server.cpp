@@ -195,7 +195,8 @@ struct Server::Impl {
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
     const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
-                      k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context, k.target_layers};
+                      k.draft_vocab, k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context,
+                      k.target_layers};
     reply(rid, h, [&](Writer& w) {
       put_caps(w, wc);
       w.put<double>(options.idle_timeout);

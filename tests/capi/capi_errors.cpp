@@ -219,8 +219,13 @@ void expect_open_refused(const Checkpoint& ck, const tpdraft_options& o, tpdraft
   EXPECT_EQ(d, nullptr);
 }
 
+// Target ids for the option checks: a good pair, and a list whose third lies beyond V = 257.
+const int64_t kIds[] = {3, 9};
+const int64_t kBadIds[] = {1, 2, 257};
+
 TEST(CapiOpenErrors, BadOptionsNameTheField) {
   const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
+  const std::string missing_map = ck.dir.file("no-such-map.json");
   const tpdraft_options good = cpu_options();
   tpdraft_options o = good;
   o.struct_size = 0;
@@ -239,6 +244,31 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
       {[](tpdraft_options& x) { x.backend = "tpu"; }, "backend 'tpu'"},
       {[](tpdraft_options& x) { x.tp = 3; }, "tp = 3"},
       {[](tpdraft_options& x) { x.quant = "q5"; }, "options.quant is 'q5'"},
+      // The draft vocabulary: one way at a time, a count that matches, ids inside the vocabulary.
+      {[&](tpdraft_options& x) {
+         x.token_map = "map.json";
+         x.token_ids = kIds;
+         x.n_token_ids = 2;
+       }, "options.token_map and options.token_ids are both set"},
+      {[&](tpdraft_options& x) { x.token_ids = kIds; }, "options.n_token_ids is 0"},
+      {[&](tpdraft_options& x) {
+         x.token_ids = kIds;
+         x.n_token_ids = -5;
+       }, "options.n_token_ids is -5"},
+      {[](tpdraft_options& x) { x.n_token_ids = 3; }, "options.n_token_ids is 3"},
+      {[&](tpdraft_options& x) {
+         x.token_ids = kIds;
+         x.n_token_ids = int64_t{1} << 40;
+       }, "options.n_token_ids is 1099511627776"},
+      {[&](tpdraft_options& x) {
+         x.token_ids = kBadIds;
+         x.n_token_ids = 3;
+       }, "options.token_ids: draft row 2 maps to target id 257"},
+      {[&](tpdraft_options& x) {
+         x.token_ids = kBadIds;
+         x.n_token_ids = 1;
+       }, "selector_top_k (4) exceeds the draft vocabulary (1)"},
+      {[&](tpdraft_options& x) { x.token_map = missing_map.c_str(); }, "no-such-map.json"},
   };
   for (const auto& [spoil, needle] : fields) {
     o = good;

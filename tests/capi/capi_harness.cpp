@@ -8,12 +8,12 @@
 
 namespace tpdraft::capi_test {
 
-Checkpoint::Checkpoint(const model::DrafterConfig& config) : cfg(config) {
+Checkpoint::Checkpoint(const model::DrafterConfig& config, const std::vector<int64_t>& token_map) : cfg(config) {
   model::RandomCheckpointOptions o;
   o.seed = 7;
   o.threads = 2;
   model::write_random_checkpoint(cfg, dir.path(), o, 0);
-  ref = std::make_unique<reference::RefModel>(drafter_dir(), target_dir());
+  ref = std::make_unique<reference::RefModel>(drafter_dir(), target_dir(), token_map);
 }
 
 tpdraft_options cpu_options(int tp) {

@@ -16,13 +16,14 @@
 
 namespace tpdraft::capi_test {
 
-// A checkpoint of `cfg` (bf16 weights, seed 7) in its own temp dir, and the reference over it.
+// A checkpoint of `cfg` (bf16 weights, seed 7) in its own temp dir, and the reference over it
+// (drafting over `token_map` when one is given).
 struct Checkpoint {
   testing::TempDir dir;
   model::DrafterConfig cfg;
   std::unique_ptr<reference::RefModel> ref;
 
-  explicit Checkpoint(const model::DrafterConfig& config);
+  explicit Checkpoint(const model::DrafterConfig& config, const std::vector<int64_t>& token_map = {});
   std::string drafter_dir() const { return dir.file("drafter"); }
   std::string target_dir() const { return dir.file("target"); }
 };

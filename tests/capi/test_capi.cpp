@@ -281,6 +281,101 @@ TEST(CapiDistributions, DFlash2SampledListsTheSelectorCandidates) {
   }
 }
 
+// ---- draft vocabularies ------------------------------------------------------------------------
+
+// Every third id and the last: the map of the C ABI tests.
+std::vector<int64_t> every_third(int64_t vocab) {
+  std::vector<int64_t> ids;
+  for (int64_t t = 0; t < vocab; t += 3) ids.push_back(t);
+  ids.push_back(vocab - 1);
+  return ids;
+}
+
+// The loop of run_loop through a token map given as a file or as ids, and a speculators
+// checkpoint's own draft vocabulary: every step against the reference over the same map, tokens
+// inside it, tp 1 and 2 alike, and the caps saying how many ids the head scores.
+TEST(CapiDraftVocab, TokenMapFileOrIdsDraftWhatTheReferenceDrafts) {
+  const model::DrafterConfig cfg = testing::shipped_config("tiny-dflash.json");
+  const std::vector<int64_t> ids = every_third(cfg.vocab);
+  const Checkpoint ck(cfg, ids);
+  std::string json = "[";
+  for (size_t i = ids.size(); i-- > 0;) json += std::to_string(ids[i]) + (i ? ", " : "]");  // any order
+  testing::write_text(ck.dir.file("map.json"), json);
+  std::vector<int64_t> repeated = ids;
+  repeated.insert(repeated.end(), ids.begin(), ids.begin() + 5);  // repeats are dropped
+  for (const tpdraft_sampling& s : {greedy(), sampled(0.9, 3), tpdraft_sampling{1.1, 9, 0.8, 6}}) {
+    for (int tp : {1, 2}) {
+      for (bool as_file : {true, false}) {
+        tpdraft_options o = cpu_options(tp);
+        const std::string path = ck.dir.file("map.json");
+        if (as_file) {
+          o.token_map = path.c_str();
+        } else {
+          o.token_ids = repeated.data();
+          o.n_token_ids = static_cast<int64_t>(repeated.size());
+        }
+        Handle h(ck, o);
+        tpdraft_caps caps{sizeof caps};
+        ASSERT_EQ(tpdraft_caps_get(h.get(), &caps), TPDRAFT_OK) << tpdraft_last_error();
+        EXPECT_EQ(caps.draft_vocab_size, static_cast<int64_t>(ids.size()));
+        EXPECT_EQ(caps.vocab_size, cfg.vocab);
+        Lane lane(h, ck);
+        int n = 0;
+        for (const StepSpec& spec : loop_steps(s)) {
+          step_ok(h, {lane.plan(spec)});
+          lane.check("tp " + std::to_string(tp) + (as_file ? " file" : " ids") + " step " + std::to_string(++n));
+          for (int64_t t : lane.tokens()) EXPECT_EQ(t % 3 == 0 || t == cfg.vocab - 1, true) << "token " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(CapiDraftVocab, SpeculatorsCheckpointDraftsWithItsOwnTables) {
+  model::DrafterConfig cfg = testing::shipped_config("tiny-dflash.json");
+  cfg.layout = model::Layout::Speculators;
+  cfg.arch_name = "DFlashSpeculator";
+  cfg.draft_vocab = 61;
+  const Checkpoint ck(cfg);
+  for (const tpdraft_sampling& s : {greedy(), sampled(0.8, 11)}) {
+    const auto tp1 = run_loop(ck, 1, s);
+    EXPECT_EQ(tp1, run_loop(ck, 2, s));
+  }
+  Handle h(ck, cpu_options());
+  tpdraft_caps caps{sizeof caps};
+  ASSERT_EQ(tpdraft_caps_get(h.get(), &caps), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_STREQ(caps.architecture, "DFlashSpeculator");
+  EXPECT_EQ(caps.draft_vocab_size, 61);
+}
+
+// The full distribution of a sampled draft over a map: the reference's softmax over the mapped
+// ids, exactly zero elsewhere (what rejection sampling needs).
+TEST(CapiDraftVocab, TheFullDistributionIsZeroOutsideTheMap) {
+  const model::DrafterConfig cfg = testing::shipped_config("tiny-dflash.json");
+  const std::vector<int64_t> ids = every_third(cfg.vocab);
+  const Checkpoint ck(cfg, ids);
+  tpdraft_options o = cpu_options(2);
+  o.token_ids = ids.data();
+  o.n_token_ids = static_cast<int64_t>(ids.size());
+  Handle h(ck, o);
+  const size_t rows = static_cast<size_t>(cfg.block - 1), V = static_cast<size_t>(cfg.vocab);
+  const tpdraft_sampling s = sampled(0.8, 12);
+  const DistRun full(ck, h, s, TPDRAFT_DIST_FULL, V);
+  for (size_t r = 0; r < rows; ++r) {
+    const std::vector<double> p = softmax_row(full.want.logits, r, V, s.temperature);
+    double inside = 0;
+    for (size_t v = 0; v < V; ++v) {
+      const bool mapped = v % 3 == 0 || v == V - 1;
+      EXPECT_NEAR(full.out.probs[r * V + v], p[v], 2e-4) << "row " << r << " token " << v;
+      if (!mapped) {
+        EXPECT_EQ(full.out.probs[r * V + v], 0.0f) << "row " << r << " token " << v;
+      }
+      inside += mapped ? full.out.probs[r * V + v] : 0.0;
+    }
+    EXPECT_NEAR(inside, 1.0, 1e-4) << "row " << r;
+  }
+}
+
 // ---- caps --------------------------------------------------------------------------------------
 
 TEST(CapiCaps, EqualTheConfigAndTheOptions) {
