@@ -75,6 +75,7 @@ DraftVocab make_draft_vocab(const std::vector<int64_t>& target_ids, const std::v
 }
 
 std::vector<int64_t> read_token_map(const std::string& path, int64_t vocab) {
+  close(open_regular_file(path, "token map"));  // a FIFO or a directory is refused, never waited on
   TPDRAFT_CHECK(!is_pytorch_file(path),
                 "{}: a PyTorch file (SGLang's token map); convert it to a JSON list first: python3 -c \"import json, "
                 "sys, torch; json.dump(torch.load(sys.argv[1]).tolist(), open(sys.argv[1] + '.json', 'w'))\" {}",

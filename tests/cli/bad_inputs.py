@@ -345,6 +345,171 @@ def checkpoint_cases(ck):
     return cases
 
 
+def draft_vocab_cases(ck, sck):
+    """Token maps, tpdraft vocab, init --layout and speculators checkpoints ({sck}: tiny-dflash in
+    the speculators layout with a draft vocabulary of 100 ids), each bad one way."""
+    cases = []
+    bench = ["bench", "--config", "{repo}/configs/tiny-dflash2.json", "--ctx", "4", "--repeat", "1", "--warmup", "0"]
+    serve = ["serve", "--drafter", "{ck}/drafter", "--target", "{ck}/target", "--listen", "ipc://{tmp}/s.sock"]
+    token_ids = struct.pack("<3q", 1, 2, 3)
+    maps = [  # file name, content (text, or a safetensors header and body), what the error names
+        ("range.json", "[1, 2, 257]", ["range.json", "257"]),
+        ("negative.json", "[4, -1]", ["negative.json", "-1"]),
+        ("float.json", "[1.5, 2]", ["float.json", "1.5"]),
+        ("object.json", '{"ids": [1]}', ["object.json", "list"]),
+        ("empty.json", "[]", ["empty.json", "no token"]),
+        ("broken.json", "[1, 2", ["broken.json", "JSON"]),
+        ("two.json", "[5, 6]", ["two.json", "selector_top_k"]),  # DFlash 2 draws among 4 candidates
+        ("map.pt", "PK\x03\x04 a torch.save zip", ["map.pt", "torch.load"]),
+        ("noids.safetensors", ({"ids": {"dtype": "I64", "shape": [3], "data_offsets": [0, 24]}}, token_ids),
+         ["noids.safetensors", "token_ids"]),
+        ("f32.safetensors", ({"token_ids": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, token_ids[:8]),
+         ["f32.safetensors", "token_ids"]),
+        ("2d.safetensors", ({"token_ids": {"dtype": "I64", "shape": [1, 3], "data_offsets": [0, 24]}}, token_ids),
+         ["2d.safetensors", "token_ids"]),
+    ]
+
+    def map_file(fname, content):
+        def prepare(tmp):
+            if isinstance(content, tuple):
+                write_st(os.path.join(tmp, fname), *content)
+            else:
+                with open(os.path.join(tmp, fname), "w") as f:
+                    f.write(content)
+        return prepare
+    for base in (DRAFT, bench, ["info", "--drafter", "{ck}/drafter"], serve):
+        for fname, content, names in maps:
+            cases.append(Case(f"{base[0]} --token-map", fname, base + ["--token-map", "{tmp}/" + fname], names,
+                              prepare=map_file(fname, content)))
+        for where in ("{tmp}/none.json", "{tmp}", "{tmp}/fifo"):
+            cases.append(Case(f"{base[0]} --token-map", where, base + ["--token-map", where], ["--token-map", "{tmp}"]))
+    cases.append(Case("draft --token-map", "over a draft vocabulary of its own",
+                      [a.replace("{ck}", "{sck}") for a in DRAFT] + ["--token-map", "{tmp}/m.json"],
+                      ["draft vocabulary of its own"], prepare=writing("m.json", "[1, 2, 3]")))
+    for v in ("0", "-1", "258", "x"):
+        cases.append(Case("bench --token-map-size", v, bench + ["--token-map-size", v], ["--token-map-size", v]))
+    cases.append(Case("bench --token-map-size", "with --token-map", bench + ["--token-map-size", "9", "--token-map",
+                                                                             "{repo}/configs/tiny-dflash.json"],
+                      ["--token-map"]))
+    cases.append(Case("info --token-map-size", "2 under a selector of 4",
+                      ["info", "--drafter", "{ck}/drafter", "--token-map-size", "2"], ["selector_top_k"]))
+
+    vocab = ["vocab", "--vocab-size", "257", "--size", "10", "--out", "{tmp}/out.json"]
+    corpora = [("words.txt", "1 2 three\n", ["words.txt", "line 1"]),
+               ("range.txt", "1 2\n3 257\n", ["range.txt", "line 2", "257"]),
+               ("huge.txt", "1 99999999999999999999999\n", ["huge.txt", "line 1"]),
+               ("empty.txt", "", ["no token"]),
+               ("floats.safetensors", ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, token_ids[:8]),
+                ["floats.safetensors", "integer"]),
+               ("range.safetensors", ({"x": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}},
+                                      struct.pack("<q", 300)), ["range.safetensors", "300"])]
+    for fname, content, names in corpora:
+        cases.append(Case("vocab --corpus", fname, vocab + ["--corpus", "{tmp}/" + fname], names,
+                          prepare=map_file(fname, content)))
+    for where in ("{tmp}/none.txt", "{tmp}", "{tmp}/fifo"):
+        cases.append(Case("vocab --corpus", where, vocab + ["--corpus", where], ["--corpus", "{tmp}"]))
+    good = ["vocab", "--corpus", "{tmp}/c.txt"]
+    for argv, names in [(["--vocab-size", "257", "--size", "0"], ["--size"]),
+                        (["--vocab-size", "257", "--size", "x"], ["--size"]),
+                        (["--vocab-size", "257", "--size", "300"], ["--size 300"]),
+                        (["--vocab-size", "0", "--size", "3"], ["--vocab-size"]),
+                        (["--size", "3"], ["--vocab-size"]),
+                        (["--vocab-size", "257", "--drafter", "{ck}/drafter", "--size", "3"], ["--drafter"]),
+                        (["--vocab-size", "257", "--size", "3", "--keep", "-1"], ["--keep"]),
+                        (["--vocab-size", "257", "--size", "3", "--keep", "257"], ["--keep 257"]),
+                        (["--vocab-size", "257", "--size", "1", "--keep", "3,4"], ["--keep"]),
+                        (["--vocab-size", "257", "--size", "3", "--out", "{tmp}/nodir/m.json"], ["m.json"]),
+                        (["--vocab-size", "257", "--size", "3", "--out", "{tmp}"], ["{tmp}"])]:
+        out = [] if "--out" in argv else ["--out", "{tmp}/out.json"]
+        cases.append(Case("vocab options", " ".join(argv), good + argv + out, names,
+                          prepare=writing("c.txt", "1 2 3\n")))
+
+    init = ["init", "--out", "{tmp}/new"]
+    for argv, names in [(["--config", "{repo}/configs/tiny-dflash.json", "--layout", "bogus"], ["--layout"]),
+                        (["--config", "{repo}/configs/tiny-dflash2.json", "--layout", "speculators"], ["DFlash 2"]),
+                        (["--config", "{repo}/configs/tiny-dflash.json", "--draft-vocab", "10"], ["--draft-vocab"]),
+                        (["--config", "{repo}/configs/tiny-dflash.json", "--layout", "speculators", "--draft-vocab",
+                          "300"], ["--draft-vocab 300"]),
+                        (["--config", "{repo}/configs/tiny-dflash.json", "--layout", "speculators", "--draft-vocab",
+                          "0"], ["--draft-vocab"]),
+                        (["--config", "{repo}/configs/tiny-dflash.json", "--target-embedding"],
+                         ["--target-embedding"])]:
+        cases.append(Case("init --layout", " ".join(argv[2:]), init + argv, names))
+
+    # The speculators checkpoint altered one way at a time.
+    draft = [a.replace("{ck}", "{tmp}/sck") for a in DRAFT]
+    dfile, dconfig = "drafter/model.safetensors", "drafter/config.json"
+
+    def add(name, change, names):
+        def prepare(tmp):
+            shutil.copytree(sck, os.path.join(tmp, "sck"), symlinks=True)
+            change(os.path.join(tmp, "sck"))
+        cases.append(Case("speculators checkpoint", name, draft, names, prepare=prepare))
+
+    def header_change(fn):
+        def change(d):
+            path = os.path.join(d, dfile)
+            header, body = read_st(path)
+            write_st(path, fn(header), body)
+        return change
+
+    def config_edit(fn):
+        def change(d):
+            path = os.path.join(d, dconfig)
+            c = json.load(open(path))
+            fn(c)
+            json.dump(c, open(path, "w"))
+        return change
+    header = read_st(os.path.join(sck, dfile))[0]
+    d2t_at, t2d_at = header["d2t"]["data_offsets"], header["t2d"]["data_offsets"]
+    for tensor in ("d2t", "lm_head.weight"):
+        add(f"{tensor} missing" if tensor == "d2t" else "lm_head.weight shorter than the draft vocabulary",
+            header_change(lambda h, tensor=tensor: {k: v for k, v in h.items() if k != tensor}
+                          if tensor == "d2t" else dict(h, **{tensor: dict(h[tensor], shape=[99, 64],
+                                                             data_offsets=[h[tensor]["data_offsets"][0],
+                                                                           h[tensor]["data_offsets"][1] - 128])})),
+            [tensor])
+    add("d2t as F32", header_change(lambda h: dict(h, d2t=dict(h["d2t"], dtype="F32", shape=[200]))), ["d2t", "F32"])
+    add("d2t one entry short", header_change(lambda h: dict(h, d2t=dict(h["d2t"], shape=[99],
+                                                                         data_offsets=[d2t_at[0], d2t_at[1] - 8]))),
+        ["d2t", "99"])
+
+    def d2t_value(index, value):
+        def change(d):
+            path = os.path.join(d, dfile)
+            h, body = read_st(path)
+            at = h["d2t"]["data_offsets"][0] + 8 * index
+            write_st(path, h, body[:at] + struct.pack("<q", value) + body[at + 8:])
+        return change
+    add("d2t maps past the vocabulary", d2t_value(99, 10 ** 6), ["d2t", "outside"])
+    add("d2t maps two rows to one id", d2t_value(1, -1), ["mapped twice", "d2t"])
+
+    def t2d_flip(d):
+        path = os.path.join(d, dfile)
+        h, body = read_st(path)
+        at = h["t2d"]["data_offsets"][0]
+        flipped = bytes([1 - body[at + i] for i in range(t2d_at[1] - t2d_at[0])])
+        write_st(path, h, body[:at] + flipped + body[at + len(flipped):])
+    add("t2d disagrees with d2t", t2d_flip, ["t2d", "d2t", "disagree"])
+    for key, value, names in [("speculators_model_type", "eagle3", ["speculators_model_type", "eagle3"]),
+                              ("projector_type", "domino", ["projector_type", "domino"]),
+                              ("sample_from_anchor", True, ["sample_from_anchor"]),
+                              ("target_hidden_size", 128, ["target_hidden_size"]),
+                              ("aux_hidden_state_layer_ids", [0, 3], ["aux_hidden_state_layer_ids"]),
+                              ("aux_hidden_state_layer_ids", [2, 4, 6], ["fc", "taps"]),
+                              ("draft_vocab_size", 301, ["draft_vocab_size"]),
+                              ("draft_vocab_size", 50, ["d2t", "50"]),
+                              ("mask_token_id", 300, ["mask_token_id"]),
+                              ("transformer_layer_config", "x", ["transformer_layer_config"])]:
+        add(f"config {key} = {json.dumps(value)}", config_edit(lambda c, key=key, value=value: c.update({key: value})),
+            names)
+    add("config transformer_layer_config.hidden_act gelu",
+        config_edit(lambda c: c["transformer_layer_config"].update(hidden_act="gelu")), ["hidden_act", "gelu"])
+    add("config without block_size or speculative tokens",
+        config_edit(lambda c: (c.pop("block_size"), c.pop("speculators_config"))), ["block_size"])
+    return cases
+
+
 def mpi_cases():
     """Two ranks given different arguments: an error naming the argument, never a hang."""
     cases = []
@@ -375,7 +540,7 @@ def run_case(binary, ck, case):
         open(os.path.join(tmp, "empty"), "w").close()
         open(os.path.join(tmp, "text"), "w").write("not a safetensors file\n")
         os.symlink(os.path.join(tmp, "text"), os.path.join(tmp, "link"))
-        where = {"tmp": tmp, "ck": ck, "repo": REPO}
+        where = {"tmp": tmp, "ck": ck, "sck": ck + "-speculators", "repo": REPO}
         if case.prepare:
             case.prepare(tmp)
         env = dict(os.environ, **case.env)
@@ -418,16 +583,23 @@ def main(argv):
         ck = os.path.join(work, "ck")
         subprocess.run([binary, "init", "--config", config, "--out", ck, "--taps", "6"], check=True,
                        capture_output=True)
-        cases = config_cases(config) + option_cases() + checkpoint_cases(ck) + (mpi_cases() if with_mpi else [])
+        sck = ck + "-speculators"
+        subprocess.run([binary, "init", "--config", os.path.join(REPO, "configs", "tiny-dflash.json"), "--out", sck,
+                        "--taps", "6", "--layout", "speculators", "--draft-vocab", "100"], check=True,
+                       capture_output=True)
+        cases = (config_cases(config) + option_cases() + checkpoint_cases(ck) + draft_vocab_cases(ck, sck) +
+                 (mpi_cases() if with_mpi else []))
         if "--list" in argv:
             for c in cases:
                 print(f"{c.group}: {c.name}")
             return 0
         # The unaltered inputs must work, or every "error" below would prove nothing.
-        good = subprocess.run([binary] + [fill(a, {"ck": ck}) for a in DRAFT], capture_output=True, text=True)
-        if good.returncode != 0:
-            print("the unaltered checkpoint does not draft:\n" + good.stdout + good.stderr)
-            return 1
+        for checkpoint in (ck, sck):
+            good = subprocess.run([binary] + [fill(a, {"ck": checkpoint}) for a in DRAFT], capture_output=True,
+                                  text=True)
+            if good.returncode != 0:
+                print(f"the unaltered checkpoint {checkpoint} does not draft:\n" + good.stdout + good.stderr)
+                return 1
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(lambda c: run_case(binary, ck, c), cases))
     kinds = ["clear error", "unclear", "crash", "hang", "silent"]
