@@ -37,6 +37,8 @@ that was not idle are marked in the reports. The reports take bytes, work and co
   --layouts LIST     projected layouts NODESxGPUS (default: 1x1,1x2,1x4,1x8,2x8)
   --quant LIST       --quant presets projected beside the float weights (default:
                      q8,q4,q8+head,q4+head; "none" skips them)
+  --draft-vocab LIST draft vocabulary sizes projected beside the full head (default: 32000; "none"
+                     skips them; sizes not below a config's vocab_size are left out)
   --span-nodes       project one tp group across the nodes of a layout (default: replicas per node)
   --bin PATH         the tpdraft binary (default: build/tpdraft of this repository)
   --timeout S        give up on one run after S seconds (default: 1800)
@@ -54,12 +56,12 @@ USAGE
 here=$(cd "$(dirname "$0")/.." && pwd)
 out="" configs="$here/configs/bench-dflash2-2048.json" tps="" ctxs=1024 batches=1 weak=1 threads=1
 repeat="" warmup="" quick=0 backend=auto vocab="151936,202048,248320" vocab_base="$here/configs/bench-dflash2-2048.json"
-vocab_tps="" params="" layouts="" quants="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
+vocab_tps="" params="" layouts="" quants="" draft_vocab="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
 # The options that take a value, and the variable each sets.
 declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--batch]=batches
   [--threads]=threads [--repeat]=repeat [--warmup]=warmup [--backend]=backend [--vocab]=vocab
   [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
-  [--quant]=quants [--bin]=bin [--timeout]=timeout_s)
+  [--quant]=quants [--draft-vocab]=draft_vocab [--bin]=bin [--timeout]=timeout_s)
 while (($#)); do
   case "$1" in
     --no-weak) weak=0 ;;
@@ -224,7 +226,7 @@ ensure_gnuplot
 popts=(--bin "$bin" ${params:+--params "$params"})
 # The projection first: the report plots it beside the measurements.
 proj=(--records "$records" --out "$out" "${popts[@]}" ${layouts:+--layouts "$layouts"}
-      ${quants:+--quant "$quants"})
+      ${quants:+--quant "$quants"} ${draft_vocab:+--draft-vocab "$draft_vocab"})
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
 "$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null

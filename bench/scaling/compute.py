@@ -91,12 +91,14 @@ def _estimate_from(cands, info, config, tp, sessions, context, machine):
     return None
 
 
-def estimate_compute_on(machine, runs, info, config, tp, sessions, context, dtype="bf16", quant=""):
+def estimate_compute_on(machine, runs, info, config, tp, sessions, context, dtype="bf16", quant="", draft_vocab=0):
     """(ms, label, kind) of one rank's compute on another machine (a GPU). The nearest CPU run's
     efficiency against its own roofline is carried over: T = roofline_target(tp) / (roofline_cpu(run)
     / T_cpu(run)). Without any run: the ideal roofline (a lower bound). With `quant` (a --quant
-    preset) the target's roofline counts the quantized weights' bytes, at the float run's efficiency."""
-    ideal = roofline_s(geometry.work(info.query(config, tp, sessions, context, dtype, quant)), machine) * 1e3
+    preset) the target's roofline counts the quantized weights' bytes, and with `draft_vocab` N the
+    head of a draft vocabulary of N ids, at the full float run's efficiency."""
+    ideal = roofline_s(geometry.work(info.query(config, tp, sessions, context, dtype, quant, draft_vocab)),
+                       machine) * 1e3
     cands = compute_candidates(runs, geometry.config_name(config), context, "cpu")
     if not cands:
         return ideal, f"ideal {machine.label} roofline (no measurement; a lower bound)", "ideal"

@@ -20,15 +20,16 @@ class NotShardable(Exception):
 
 class Info:
     """Answers of `tpdraft info --config FILE --json`, cached per (config, tp, sessions, context, dtype,
-    quant): quant is a --quant preset ("q8", "q4+head", ...) or "" for the weights as they are."""
+    quant, draft_vocab): quant is a --quant preset ("q8", "q4+head", ...) or "" for the weights as they
+    are; draft_vocab N > 0 counts the head as a draft vocabulary of N ids (--token-map-size N)."""
 
     def __init__(self, binary=None):
         self.binary = binary or os.environ.get("TPDRAFT_BIN") or DEFAULT_BIN
         self._answers = {}
 
-    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant=""):
+    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant="", draft_vocab=0):
         """The info object of `config` at tp ranks; raises NotShardable when tp cannot shard it."""
-        key = (os.path.abspath(config), tp, sessions, context, info_dtype(dtype), quant)
+        key = (os.path.abspath(config), tp, sessions, context, info_dtype(dtype), quant, draft_vocab)
         if key not in self._answers:
             self._answers[key] = self._ask(*key)
         answer = self._answers[key]
@@ -44,11 +45,12 @@ class Info:
         except NotShardable as e:
             return str(e)
 
-    def _ask(self, config, tp, sessions, context, dtype, quant):
+    def _ask(self, config, tp, sessions, context, dtype, quant, draft_vocab):
         if not os.access(self.binary, os.X_OK):
             raise SystemExit(f"{self.binary} is not built: cmake --build build --target tpdraft_cli (or pass --bin)")
         args = [self.binary, "info", "--config", config, "--tp", str(tp), "--sessions", str(sessions),
                 "--ctx", str(context), "--dtype", dtype, "--json"] + (["--quant", quant] if quant else [])
+        args += ["--token-map-size", str(draft_vocab)] if draft_vocab else []
         res = subprocess.run(args, capture_output=True, text=True)
         if res.returncode == 0:
             return json.loads(res.stdout.strip().splitlines()[-1])
@@ -117,6 +119,11 @@ def rank(answer):
 
 def block(answer):
     return answer["geometry"]["block"]
+
+
+def vocab(answer):
+    """V, the target's vocabulary (an answer without the field: none known, 0)."""
+    return answer["geometry"].get("vocab", 0)
 
 
 def draft_rows(answer):

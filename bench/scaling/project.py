@@ -38,6 +38,8 @@ def parse_args(argv):
     p.add_argument("--bin", help="the tpdraft binary that answers `info --json` (default: build/tpdraft)")
     p.add_argument("--quant", default="q8,q4,q8+head,q4+head",
                    help="comma list of --quant presets projected beside the float weights ('none': skip)")
+    p.add_argument("--draft-vocab", default="32000",
+                   help="comma list of draft vocabulary sizes N projected beside the full head ('none': skip)")
     return p.parse_args(argv)
 
 
@@ -133,6 +135,31 @@ def project_quant(s, config, ctx, sessions, rows, quants):
             for r in rows if "skipped" not in r]
 
 
+def project_draft_vocab(s, config, ctx, sessions, rows, sizes):
+    """Per projected GPU layout, the total with a draft vocabulary of each size N: the compute at the
+    GPU roofline of the N-row head (`tpdraft info --json --token-map-size N`), carried at the full
+    run's CPU efficiency, and the collectives of that draft (those of the full head for a greedy
+    draft: only the candidates cross the wire)."""
+    def total(r, n):
+        comp, _, _ = compute.estimate_compute_on(s.machine, s.runs, s.info, config, r["tp"], sessions, ctx,
+                                                 s.dtype, draft_vocab=n)
+        colls = geometry.collectives(s.info.query(config, r["tp"], sessions, ctx, s.dtype, draft_vocab=n))
+        return comp + cm.comm_time(colls, r["tp"], s.intra["value"], s.inter["value"], r["tp_nodes"]) * 1e3
+
+    return [{"layout": r["layout"], "tp": r["tp"],
+             "total_ms": {"full": r["total_ms"], **{str(n): total(r, n) for n in sizes}}}
+            for r in rows if "skipped" not in r]
+
+
+def draft_vocab_table(points, sizes):
+    header = ["layout", "tp", "full head ms"] + [f"draft vocabulary {n} ms" for n in sizes]
+    body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["full"])]
+            + [f"{tb.fmt_ms(p['total_ms'][str(n)])} ({p['total_ms']['full'] / p['total_ms'][str(n)]:.2f}x)"
+               for n in sizes]
+            for p in points]
+    return tb.md_table(header, body)
+
+
 def quant_table(points, quants):
     header = ["layout", "tp", "float weights ms"] + [f"{q} ms" for q in quants]
     body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["bf16"])]
@@ -215,6 +242,7 @@ def main(argv=None):
                 geometry.info_dtype(d.get("weight_bytes", 2)))
     layouts = a.layouts.split(",") if a.layouts else d["layouts"]
     quants = [] if a.quant == "none" else [q for q in a.quant.split(",") if q]
+    vocab_sizes = [] if a.draft_vocab == "none" else tb.ints(a.draft_vocab)
     cpu_fab = cm.cpu_fabric(runs, params)
     paths = [geometry.resolve_config(c) for c in a.config] or sorted({geometry.resolve_config(r.config_file) for r in runs})
     if not paths:
@@ -222,7 +250,7 @@ def main(argv=None):
     md = header_lines(a, params, machine, cpu_fab)
     out = {"params": a.params, "gpu": machine.label, "span_nodes": a.span_nodes,
            "cpu_fabric": {"alpha_us": cpu_fab.alpha["all_reduce"] * 1e6, "bw_GBps": cpu_fab.bw / 1e9, "source": cpu_fab.source},
-           "gpu_points": [], "cpu_points": [], "quant_points": []}
+           "gpu_points": [], "cpu_points": [], "quant_points": [], "draft_vocab_points": []}
     for path in paths:
         name = geometry.config_name(path)
         mine = [r for r in runs if r.config_name == name]
@@ -242,6 +270,15 @@ def main(argv=None):
                            "at the float run's efficiency, collectives unchanged; in brackets the speed against the "
                            "float weights.", "", quant_table(qpoints, quants), ""]
                     out["quant_points"] += [{**where, **p} for p in qpoints]
+                sizes = [n for n in vocab_sizes if n < geometry.vocab(s.info.query(path, 1, b, ctx, s.dtype))]
+                if sizes:
+                    vpoints = project_draft_vocab(s, path, ctx, b, rows, sizes)
+                    md += [f"### Projected on {machine.label} nodes with a draft vocabulary (PROJECTED)", "",
+                           "The head cut to N of the V target ids (a token map or a speculators checkpoint; "
+                           "`tpdraft info --json --token-map-size N`): compute at the roofline of that head at the "
+                           "full head's efficiency, collectives of that draft; in brackets the speed against the "
+                           "full head.", "", draft_vocab_table(vpoints, sizes), ""]
+                    out["draft_vocab_points"] += [{**where, **p} for p in vpoints]
                 crow = project_cpu(s, path, ctx, b, a.cpu_tp, cpu_fab, clegend)
                 if crow:
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",

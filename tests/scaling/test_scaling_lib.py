@@ -154,13 +154,18 @@ def answer(tp, sessions=2, flops=1e9, weight_bytes=4e8, context_bytes=1e8, dflas
 class FakeInfo:
     """Answers at any tp from answer(); tp = 3 cannot shard, and tp = 8 cuts the groups of quantized weights."""
 
-    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant=""):
+    def query(self, config, tp, sessions=1, context=1024, dtype="bf16", quant="", draft_vocab=0):
         if tp == 3 or (quant and tp == 8):
             raise geometry.NotShardable(f"tp = {tp}")
         a = answer(tp, sessions)
         if quant:  # quantized weights: a quarter of the bytes, as int4 would hold them
             for rank in a["ranks"]:
                 rank["draft"] = dict(rank["draft"], weight_bytes=rank["draft"]["weight_bytes"] / 4)
+        if draft_vocab:  # a draft vocabulary: half the weight bytes and FLOPs are the head's, cut to a tenth
+            a["ranks"] = [dict(rank) for rank in a["ranks"]]  # answer() repeats one rank object
+            for rank in a["ranks"]:
+                d = rank["draft"]
+                rank["draft"] = dict(d, weight_bytes=d["weight_bytes"] * 0.55, flops=d["flops"] * 0.55)
         return a
 
     def problem(self, config, tp):
@@ -265,6 +270,24 @@ class QuantizedProjection(unittest.TestCase):
         points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
         self.assertEqual(points[0]["total_ms"], {"bf16": 1.0, "q4": None})
         self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |", project.quant_table(points, ["q4"]))
+
+
+class DraftVocabularyProjection(unittest.TestCase):
+    def test_a_draft_vocabulary_changes_the_compute_at_the_full_runs_efficiency(self):
+        gpu = compute.Machine("G", 1e15, 1e12)  # bound by bytes
+        fabric = {"value": cm.Fabric("nv", {"all_reduce": 0.0, "all_gather": 0.0, "broadcast": 0.0}, 1e30, "test")}
+        s = project.Setting({}, [], FakeInfo(), gpu, fabric, fabric, {}, False, "bf16")
+        rows = [{"layout": "1x2", "tp": 2, "tp_nodes": 1, "total_ms": 1.0, "comm_ms": 0.1},
+                {"layout": "1x3", "tp": 3, "skipped": "tp = 3"}]
+        points = project.project_draft_vocab(s, "x.json", 256, 2, rows, [32000])
+        self.assertEqual([p["layout"] for p in points], ["1x2"])
+        full = compute.roofline_s(geometry.work(answer(2, 2)), gpu) * 1e3
+        mapped = compute.roofline_s(geometry.work(FakeInfo().query("x.json", 2, 2, draft_vocab=32000)), gpu) * 1e3
+        # Weight bytes 0.55x, context bytes unchanged: (0.55 * 2e8 + 5e7) / (2e8 + 5e7) of the full roofline.
+        self.assertAlmostEqual(mapped / full, (0.55 * 2e8 + 5e7) / 2.5e8)
+        self.assertAlmostEqual(points[0]["total_ms"]["32000"], mapped)  # no comm on this fabric
+        self.assertEqual(points[0]["total_ms"]["full"], 1.0)
+        self.assertIn("| 1x2 | 2 | 1 | ", project.draft_vocab_table(points, [32000]))
 
 
 class VocabularyStudy(unittest.TestCase):
