@@ -123,6 +123,44 @@ TEST(CudaDrafter, SamplingRollbackAndDtypes) {
     check_single_gpu(tiny("tiny-dflash2.json"), {}, std::string("dflash2 ") + dtype_name(dt), dt);
 }
 
+// Draft vocabularies on the GPU: a speculators checkpoint's own reduced head (gathered rows of
+// its d2t) and a token map over a DFlash 2 target head, greedy and sampled, against the CPU.
+TEST(CudaDrafter, DraftVocabulariesDraftAsTheCpu) {
+  REQUIRE_GPUS(1);
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    DrafterConfig cfg = tiny(file);
+    std::vector<int64_t> map;
+    if (cfg.is_dflash2()) {
+      for (int64_t t = 0; t < cfg.vocab; t += 3) map.push_back(t);
+    } else {
+      cfg.layout = model::Layout::Speculators;
+      cfg.arch_name = "DFlashSpeculator";
+      cfg.draft_vocab = 90;
+    }
+    testing::TempDir dir;
+    const std::string ckpt = write_checkpoint(dir, cfg);
+    auto draft_on = [&](const std::string& backend) {
+      model::ModelSource source = model::ModelSource::open(ckpt + "/drafter", ckpt + "/target");
+      if (!map.empty()) model::apply_token_map(source, map, "test map");
+      auto single = parallel::make_single_rank();
+      model::RuntimeOptions ro = testing::backend(backend, 2);
+      ro.limits.max_sessions = 2;
+      ro.graphs = model::GraphMode::Off;
+      model::RankRuntime rt(source, *single, ro);
+      auto a = rt.drafter().new_session(), b = rt.drafter().new_session();
+      const auto taps = model::random_taps(source.config, 50, 7);
+      rt.drafter().settle(*a, 0, taps.data(), 50);
+      rt.drafter().settle(*b, 0, taps.data(), 20);
+      RankOutput o;
+      o.results = rt.drafter().draft({{a.get(), 4, {}}, {b.get(), 9, {0.9, 0, 1.0, 13}}}, &o.dump);
+      return o;
+    };
+    const RankOutput want = draft_on("cpu"), got = draft_on("cuda");
+    expect_same(want, got, file);
+    EXPECT_EQ(got.dump.logit_ids, want.dump.logit_ids) << file;
+  }
+}
+
 TEST(CudaDrafter, WiderGeometryLongerContext) {
   REQUIRE_GPUS(1);
   DrafterConfig cfg = tiny("tiny-dflash2.json");
