@@ -1,7 +1,10 @@
 """Speculative decoding with a tpdraft drafter and a small PyTorch target (qwen3_target.py): each
 round the drafter proposes B-1 tokens, the target checks them in one forward (exact match when
 greedy, rejection sampling otherwise), so the output is distributed exactly as the target's own.
-Prints each round's timings and acceptance, then tokens/s and the mean acceptance length."""
+Prints each round's timings and acceptance, then tokens/s and the mean acceptance length. With
+--token-map the drafter drafts over a draft vocabulary: its q is zero outside the map, so a refused
+draft's residual max(p - q, 0) gives every other token the target's own probability, and the loop
+stays lossless."""
 
 import argparse
 import json
@@ -301,7 +304,9 @@ def run(args, scratch):
     with tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1) as first:
         caps = first.caps
     target, target_dir = build_target(args, caps, target_dir, scratch)
-    drafter = tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=args.threads, tp=args.tp)
+    drafter = tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=args.threads, tp=args.tp,
+                              token_map=args.token_map)
+    draft_vocab = drafter.caps.draft_vocab_size
     sampling = Sampling(args.temperature, args.top_k)
     decoder = SpeculativeDecoder(target, drafter, drafter_dir, sampling)
     ordinary = [t for t in range(caps.vocab_size) if t != caps.mask_token_id]
@@ -312,7 +317,8 @@ def run(args, scratch):
                                     on_round=lambda r, a: (reports.append(r), print_round(r, a)))
     elapsed = time.perf_counter() - start
     accepted = [a for _, a in rounds[0]]
-    print(f"{caps.architecture}, B = {caps.block_size}, tp {args.tp}: {args.tokens} tokens in {len(accepted)} rounds, "
+    print(f"{caps.architecture}, B = {caps.block_size}, tp {args.tp}, drafting over {draft_vocab} of "
+          f"{caps.vocab_size} tokens: {args.tokens} tokens in {len(accepted)} rounds, "
           f"{args.tokens / elapsed:.1f} tokens/s")
     print(f"mean acceptance length {np.mean(accepted) + 1:.2f} tokens per target forward "
           f"({np.mean(accepted):.2f} drafts accepted of {caps.block_size - 1})")
@@ -338,6 +344,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--agree", action="store_true", help="a target and drafter made to agree (long accepted runs)")
+    p.add_argument("--token-map", help="a draft vocabulary: a token map file (a JSON list of target ids, or "
+                   "safetensors with an I64 tensor 'token_ids'; `tpdraft vocab` writes one); the drafter drafts "
+                   "those ids only")
     args = p.parse_args(argv)
     if args.drafter and not args.target:
         p.error("--drafter needs --target")

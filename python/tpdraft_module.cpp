@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -233,6 +234,10 @@ class Endpoint {
 
 // A token map given as ids: a 1-D sequence or array of integers (not bools, not floats).
 py::array_t<int64_t> token_ids(const py::object& ids) {
+  // numpy would take True in a list of ints as the id 1.
+  if (py::isinstance<py::list>(ids) || py::isinstance<py::tuple>(ids))
+    for (const py::handle item : ids)
+      if (py::isinstance<py::bool_>(item)) throw py::type_error("token_map holds a bool; give integer target ids");
   py::array a;
   try {
     a = py::module_::import("numpy").attr("asarray")(ids);
@@ -244,6 +249,13 @@ py::array_t<int64_t> token_ids(const py::object& ids) {
   if (a.ndim() != 1 || (kind != 'i' && kind != 'u'))
     throw py::type_error("token_map must be a path or a 1-D sequence of integer target ids, got an array of dtype " +
                          py::str(a.dtype()).cast<std::string>() + " and " + std::to_string(a.ndim()) + " dimension(s)");
+  // An unsigned id beyond int64 would wrap to a negative one in the cast below: name it as given.
+  if (kind == 'u') {
+    const py::object top = a.attr("max")();
+    if (top.cast<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw py::value_error("token_map holds the target id " + py::str(top).cast<std::string>() +
+                            ", beyond any vocabulary");
+  }
   return py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
 }
 

@@ -22,19 +22,31 @@ def _bin():
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    """make(config, taps=N, seed=S) -> directory with drafter/, target/ and taps.safetensors; config
-    names a file of configs/ or is a dict, written beside the checkpoint."""
+    """make(config, taps=N, seed=S, layout=L, draft_vocab=N, target_embedding=B) -> directory with
+    drafter/, target/ and taps.safetensors; config names a file of configs/ or is a dict, written
+    beside the checkpoint. layout "speculators" writes the speculators format (with draft_vocab:
+    its own reduced head and d2t map; with target_embedding: no embedding of its own), into a
+    directory of its own beside the default layout's."""
 
-    def make(config="tiny-dflash2.json", taps=0, seed=3):
+    def make(config="tiny-dflash2.json", taps=0, seed=3, layout=None, draft_vocab=0, target_embedding=False):
         if isinstance(config, dict):
             path, out = tmp_path / "config.json", tmp_path / "checkpoint"
             path.write_text(json.dumps(config))
         else:
             path, out = os.path.join(REPO, "configs", config), tmp_path / config.replace(".json", "")
-        cmd = [_bin(), "init", "--config", str(path), "--out", str(out), "--seed", str(seed)]
+        cmd = [_bin(), "init", "--config", str(path), "--seed", str(seed)]
         if taps:
             cmd += ["--taps", str(taps)]
-        subprocess.run(cmd, check=True, capture_output=True)
+        if layout:
+            cmd += ["--layout", layout]
+            out = out.with_name(out.name + "-" + layout)
+        if draft_vocab:
+            cmd += ["--draft-vocab", str(draft_vocab)]
+            out = out.with_name(out.name + f"-{draft_vocab}")
+        if target_embedding:
+            cmd += ["--target-embedding"]
+            out = out.with_name(out.name + "-target-embedding")
+        subprocess.run(cmd + ["--out", str(out)], check=True, capture_output=True)
         return out
 
     return make

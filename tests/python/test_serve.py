@@ -1,12 +1,15 @@
 """The speculative loop of examples/spec_decode.py against `tpdraft serve` through tpdraft.Client:
 several clients at once, greedy output token for token the target's and every round's drafts
 the in-process library's; sampled output the same draws as in process (so distributed as the
-target's, which a chi-square test checks again). The server runs in process (`serve --tp 2`), or
+target's, which a chi-square test checks again); both again over a draft vocabulary (`serve
+--token-map`, or a speculators checkpoint with its own), as tpdraft.Drafter(token_map=...) drafts.
+The server runs in process (`serve --tp 2`), or
 under mpirun (`mpirun -np 2 tpdraft serve --tp 2`) when TPDRAFT_SERVE_MPIRUN names the launcher
 (CTest's python_serve_mpi)."""
 
 import concurrent.futures
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -18,9 +21,10 @@ import pytest
 pytest.importorskip("torch", reason="the example's target model needs PyTorch")
 import tpdraft  # noqa: E402
 
-from test_spec_decode import (GREEDY, PROMPT, SMALL, SMALL_DFLASH2, DRAFT, Sampling,  # noqa: E402
-                              SpeculativeDecoder, chi_square, exact_pair_distribution,
-                              init, make_target, open_drafter, sampled_pair_counts, target_decode)
+from test_spec_decode import (GREEDY, PROMPT, SMALL, SMALL_DFLASH2, DRAFT, DRAFT_VOCABS, Sampling,  # noqa: E402
+                              SpeculativeDecoder, assert_drafts_in, chi_square, exact_pair_distribution,
+                              init, init_draft_vocab, make_target, open_drafter, sampled_pair_counts,
+                              target_decode)
 
 MPIRUN = os.environ.get("TPDRAFT_SERVE_MPIRUN", "")
 TIMEOUT = 60.0  # seconds a client call may wait: a server that died fails the test, never hangs it
@@ -158,3 +162,86 @@ def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path, checkpoint):
         with pytest.raises(tpdraft.UnavailableError):
             client.open_session()
         client.close()
+
+
+@pytest.mark.parametrize("config,kind", DRAFT_VOCABS)
+def test_greedy_loop_over_a_draft_vocabulary_through_the_server_drafts_as_in_process(tmp_path, checkpoint, config,
+                                                                                    kind):
+    # `serve --token-map FILE` (or a speculators checkpoint's own draft vocabulary): each client's
+    # rounds are those of tpdraft.Drafter(token_map=FILE) in process, drafting ids of the map only,
+    # and its output the target's own.
+    drafter_dir, target_dir, caps, token_map, ids = init_draft_vocab(tmp_path, checkpoint, config, kind)
+    n = 64
+    with open_drafter(drafter_dir, target_dir, tp=2, token_map=token_map) as d:
+        local = [SpeculativeDecoder(make_target(caps, target_dir), d, drafter_dir, GREEDY).decode([p], n, None)
+                 for p in PROMPTS]
+    with Server(tmp_path, drafter_dir, target_dir, *(["--token-map", token_map] if token_map else [])) as server:
+
+        def one_client(prompt):
+            with server.client() as client:
+                assert (client.caps.draft_vocab_size, client.caps.vocab_size) == (len(ids), caps.vocab_size)
+                return SpeculativeDecoder(make_target(caps, target_dir), client, drafter_dir, GREEDY).decode(
+                    [prompt], n, None)
+
+        served = in_threads(one_client, PROMPTS)
+    target = make_target(caps, target_dir)
+    for prompt, (tokens, rounds), (local_tokens, local_rounds) in zip(PROMPTS, served, local):
+        assert tokens[0] == target_decode(target, caps.target_layer_ids, [prompt], n, GREEDY, None)[0]
+        assert (tokens, rounds) == (local_tokens, local_rounds)
+        assert_drafts_in(rounds, ids)
+
+
+@pytest.mark.parametrize("config,kind", [(SMALL, "map"), (SMALL_DFLASH2, "map"), (SMALL, "speculators")],
+                         ids=["dflash-map", "dflash2-map", "speculators"])
+def test_sampled_loop_over_a_draft_vocabulary_through_the_server_draws_as_in_process(tmp_path, checkpoint, config,
+                                                                                    kind):
+    drafter_dir, target_dir, caps, token_map, ids = init_draft_vocab(tmp_path, checkpoint, config, kind)
+    sampling = Sampling(temperature=1.0, top_k=12)
+    clients, batches, batch = 2, 2, 512
+
+    def pair_counts(handle, seed):
+        decoder = SpeculativeDecoder(make_target(caps, target_dir), handle, drafter_dir, sampling,
+                                     DRAFT[caps.architecture])
+        return sampled_pair_counts(decoder, seed, batches * batch, batch)[0]
+
+    limits = dict(max_sessions=batch, max_open_sessions=clients * batch, max_context=32)
+    with open_drafter(drafter_dir, target_dir, tp=2, token_map=token_map, **limits) as d:
+        local = [pair_counts(d, seed) for seed in range(clients)]
+    mapped = ["--token-map", token_map] if token_map else []
+    with Server(tmp_path, drafter_dir, target_dir, "--max-sessions", str(batch), "--max-open-sessions",
+                str(clients * batch), "--max-context", "32", *mapped) as server:
+
+        def one_client(seed):
+            with server.client() as client:
+                assert client.caps.draft_vocab_size == len(ids)
+                return pair_counts(client, seed)
+
+        served = in_threads(one_client, range(clients))
+    for mine, theirs in zip(served, local):
+        np.testing.assert_array_equal(mine, theirs)
+    want = exact_pair_distribution(make_target(caps, target_dir), caps.target_layer_ids, sampling)
+    statistic, dof, p = chi_square(sum(served), want)
+    assert p > 1e-3, (statistic, dof, p)
+
+
+def test_a_server_refuses_a_token_map_it_cannot_use(tmp_path, checkpoint):
+    # A missing map (a usage error, status 2, as every missing FILE of the command line), an id
+    # outside the vocabulary, a map over a checkpoint with a draft vocabulary of its own (input
+    # errors, status 3): each named, before any address is written.
+    drafter_dir, target_dir, _ = init(checkpoint, "tiny-dflash.json")
+    speculators_dir, speculators_target, _ = init(checkpoint, "tiny-dflash.json", layout="speculators",
+                                                  draft_vocab=50)
+    (tmp_path / "far.json").write_text("[1, 2, 300]")
+    (tmp_path / "map.json").write_text("[1, 2, 3]")
+    cases = [(drafter_dir, target_dir, "missing.json", 2, "--token-map: File does not exist: .*missing.json"),
+             (drafter_dir, target_dir, "far.json", 3, r"far.json: entry 2 is the target id 300, outside"),
+             (speculators_dir, speculators_target, "map.json", 3, r"a draft vocabulary of its own \(50 tokens\)")]
+    for drafter, target, name, status, needle in cases:
+        address_file = tmp_path / "server.address"
+        out = subprocess.run([os.environ["TPDRAFT_BIN"], "serve", "--drafter", drafter, "--target", target, "--tp", "2",
+                              "--threads", "1", "--backend", "cpu", "--listen", f"ipc://{tmp_path}/s.sock",
+                              "--address-file", str(address_file), "--token-map", str(tmp_path / name)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == status, out.stderr
+        assert re.search(needle, out.stderr), out.stderr
+        assert not address_file.exists()

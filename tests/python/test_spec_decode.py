@@ -1,7 +1,9 @@
 """examples/spec_decode.py against its target alone: greedy output token for token (DFlash and
 DFlash 2, tp 1 and 2, a random and an agreeing drafter), and sampled output distributed as the
-target's own by a chi-square test on a small vocabulary, which the same loop fails with a wrong q."""
+target's own by a chi-square test on a small vocabulary, which the same loop fails with a wrong q;
+both again with a drafter over a draft vocabulary (a token map, a speculators checkpoint's own)."""
 
+import json
 import os
 import sys
 
@@ -20,10 +22,10 @@ GREEDY = Sampling()
 PROMPT = [11, 3, 7, 2, 9, 4]
 
 
-def init(checkpoint, config):
-    """`tpdraft init` of config (a file of configs/ or a dict) by the checkpoint fixture ->
-    (drafter_dir, target_dir, the drafter's caps)."""
-    out = checkpoint(config, seed=5)
+def init(checkpoint, config, **options):
+    """`tpdraft init` of config (a file of configs/ or a dict) by the checkpoint fixture, with its
+    options (layout, draft_vocab, ...) -> (drafter_dir, target_dir, the drafter's caps)."""
+    out = checkpoint(config, seed=5, **options)
     drafter_dir, target_dir = str(out / "drafter"), str(out / "target")
     with open_drafter(drafter_dir, target_dir) as d:
         return drafter_dir, target_dir, d.caps
@@ -142,7 +144,8 @@ SMALL_DFLASH2 = dict(SMALL, architectures=["DFlash2DraftModel"],
 RUNS, BATCH, SHORT_PROMPT = 4096, 512, [11, 3, 7]
 # The drafters draw at a lower temperature than the target, so that q is far from flat and a
 # verifier taking sqrt(q) for it errs visibly.
-DRAFT = {"DFlashDraftModel": Sampling(0.5, top_k=8), "DFlash2DraftModel": Sampling(0.5)}
+DRAFT = {"DFlashDraftModel": Sampling(0.5, top_k=8), "DFlash2DraftModel": Sampling(0.5),
+         "DFlashSpeculator": Sampling(0.5, top_k=8)}  # a DFlash drafter in the speculators format
 
 
 def exact_pair_distribution(target, tap_layers, sampling):
@@ -206,3 +209,131 @@ def test_sampled_output_is_distributed_as_the_targets(checkpoint, config):
                 assert 0.1 < np.mean(accepted > 0) < 0.9
     assert results["q"][2] > 1e-3
     assert results["sqrt(q)"][2] < 1e-6 and results["uniform"][2] < 1e-6
+
+
+# ---- draft vocabularies: the drafter drafts over N of the target's V ids ------------------------
+# "map": a token map file over a full head (tpdraft.Drafter's token_map); "speculators": a
+# speculators checkpoint with a reduced head of its own (init --layout speculators --draft-vocab).
+
+PROMPTS = [PROMPT, [5, 1, 8, 2], [13, 13, 4, 9, 1, 6, 2, 7]]
+# Draft vocabularies of the small drafters (V = 16): 7 ids, fewer than the DFlash draft's top_k of
+# 8 and more than DFlash 2's 6 selector candidates; the target's top 12 always reach outside them.
+SMALL_MAP = [13, 0, 5, 2, 8, 11, 3]
+
+
+def d2t_ids(drafter_dir):
+    """The target ids of a speculators checkpoint's draft rows: i + d2t[i] (I64 [N])."""
+    with open(os.path.join(drafter_dir, "model.safetensors"), "rb") as f:
+        raw = f.read()
+    size = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + size])["d2t"]["data_offsets"]
+    d2t = np.frombuffer(raw[8 + size + begin:8 + size + end], dtype=np.int64)
+    return sorted((np.arange(len(d2t)) + d2t).tolist())
+
+
+def init_draft_vocab(tmp_path, checkpoint, config, kind, size=40):
+    """(drafter_dir, target_dir, caps, token_map, ids): a checkpoint drafting over the target ids
+    `ids` (sorted) of a token map file, `token_map` (a path, given to tpdraft.Drafter; None for a
+    speculators checkpoint, whose own head holds them). caps are those of the draft vocabulary's
+    drafter. A dict config (V = 16) takes SMALL_MAP, or as many ids for a speculators one."""
+    small = isinstance(config, dict)
+    if kind == "speculators":
+        drafter_dir, target_dir, caps = init(checkpoint, config, layout="speculators",
+                                             draft_vocab=len(SMALL_MAP) if small else size)
+        ids, token_map = d2t_ids(drafter_dir), None
+    else:
+        drafter_dir, target_dir, caps = init(checkpoint, config)
+        ids = SMALL_MAP if small else np.random.default_rng(1).choice(caps.vocab_size, size, replace=False).tolist()
+        token_map = str(tmp_path / "map.json")
+        with open(token_map, "w") as f:
+            json.dump(ids, f)
+        with open_drafter(drafter_dir, target_dir, token_map=token_map) as d:
+            caps = d.caps
+        ids = sorted(ids)
+    assert caps.draft_vocab_size == len(ids) < caps.vocab_size
+    return drafter_dir, target_dir, caps, token_map, ids
+
+
+def assert_drafts_in(rounds, ids):
+    drafted = {t for sequence in rounds for drafts, _ in sequence for t in drafts}
+    assert drafted and drafted <= set(ids), sorted(drafted - set(ids))
+
+
+DRAFT_VOCABS = [("tiny-dflash.json", "map"), ("tiny-dflash2.json", "map"), ("tiny-dflash.json", "speculators")]
+
+
+@pytest.mark.parametrize("config,kind", DRAFT_VOCABS)
+def test_greedy_output_with_a_draft_vocabulary_is_the_targets(tmp_path, checkpoint, config, kind):
+    # Every prompt of a batch decodes as the target alone does, from drafts that are all ids of the
+    # draft vocabulary, alike at tp 1 and 2.
+    drafter_dir, target_dir, caps, token_map, ids = init_draft_vocab(tmp_path, checkpoint, config, kind)
+    target = make_target(caps, target_dir)
+    n = 96
+    want = [target_decode(target, caps.target_layer_ids, [p], n, GREEDY, None)[0] for p in PROMPTS]
+    runs = []
+    for tp in (1, 2):
+        with open_drafter(drafter_dir, target_dir, tp=tp, token_map=token_map) as d:
+            got, rounds = SpeculativeDecoder(target, d, drafter_dir, GREEDY).decode(PROMPTS, n, None)
+        assert got == want
+        assert_drafts_in(rounds, ids)
+        runs.append(rounds)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("config,kind", [(SMALL, "map"), (SMALL_DFLASH2, "map"), (SMALL, "speculators")],
+                         ids=["dflash-map", "dflash2-map", "speculators"])
+def test_sampled_output_with_a_draft_vocabulary_is_distributed_as_the_targets(tmp_path, checkpoint, config, kind):
+    # The drafts hold 7 of 16 ids, the target samples among its top 12, so every pair the target
+    # makes with a token outside the map comes from a refusal's residual max(p - q, 0). A verifier
+    # given q, distributed as the target; one given sqrt(q), or q with part of its mass spread over
+    # the whole vocabulary (as if the drafter could propose any token), visibly not.
+    drafter_dir, target_dir, caps, token_map, ids = init_draft_vocab(tmp_path, checkpoint, config, kind)
+    target = make_target(caps, target_dir)
+    sampling = Sampling(temperature=1.0, top_k=12)
+    want = exact_pair_distribution(target, caps.target_layer_ids, sampling)
+    outside = np.ones(caps.vocab_size, bool)
+    outside[ids] = False
+    assert want[outside].sum() > 0.2  # pairs whose first token the drafter never proposes
+
+    def checked(q):  # every row the decoder verifies with: zero outside the draft vocabulary, summing to 1
+        assert not q[:, outside].any()
+        np.testing.assert_allclose(q.sum(axis=-1), 1, rtol=1e-5)
+        return q
+
+    verifiers = {"q": checked, "sqrt(q)": lambda q: normalized(np.sqrt(q)),
+                 "q spread over V": lambda q: 0.6 * q + 0.4 / caps.vocab_size}
+    results = {}
+    with open_drafter(drafter_dir, target_dir, max_sessions=BATCH, max_open_sessions=BATCH, max_context=32,
+                      token_map=token_map) as d:
+        for seed, (name, verify_q) in enumerate(verifiers.items()):
+            decoder = SpeculativeDecoder(target, d, drafter_dir, sampling, DRAFT[caps.architecture], verify_q)
+            counts, accepted = sampled_pair_counts(decoder, seed)
+            results[name] = chi_square(counts, want)
+            print(f"{caps.architecture} over {len(ids)} ids, {name}: chi2 {results[name][0]:.1f}, dof "
+                  f"{results[name][1]}, p {results[name][2]:.3g}, first-round acceptance "
+                  f"{np.bincount(accepted).tolist()}")
+            if name == "q":  # drafts both taken and refused, so both branches count
+                assert 0.1 < np.mean(accepted > 0) < 0.9
+    assert results["q"][2] > 1e-3
+    assert results["sqrt(q)"][2] < 1e-6 and results["q spread over V"][2] < 1e-6
+
+
+@pytest.mark.parametrize("holds_the_agreed_token", [True, False], ids=["map-with-5", "map-without-5"])
+def test_the_example_with_a_token_map_drafts_only_its_ids_and_matches_the_target(tmp_path, capsys,
+                                                                                holds_the_agreed_token):
+    # --agree makes every draft of the full head the token 5 (AGREE_TOKEN). Over a map holding 5 the
+    # drafts are still 5, accepted in long runs; over one without it, never accepted in a run: the
+    # output is the target's own either way.
+    ids = [1, 4, 9, 16, 25, 36, 49, 64, 81, 100] + ([spec_decode.AGREE_TOKEN] if holds_the_agreed_token else [])
+    (tmp_path / "map.json").write_text(json.dumps(ids))
+    config = os.path.join(spec_decode.REPO, "configs", "tiny-dflash2.json")
+    assert spec_decode.main(["--drafter-config", config, "--tokens", "60", "--agree", "--tp", "2",
+                             "--token-map", str(tmp_path / "map.json")]) == 0
+    out = capsys.readouterr().out
+    assert "identical to the target's own greedy decode: yes" in out
+    assert f"drafting over {len(ids)} of 257 tokens" in out
+    mean = float(out.split("mean acceptance length ")[1].split()[0])
+    if holds_the_agreed_token:
+        assert mean > 4 and out.count("accepted 7/7") >= 4
+    else:
+        assert mean < 1.5 and "accepted 7/7" not in out
