@@ -212,40 +212,59 @@ def option_cases():
     return cases
 
 
-def checkpoint_cases(ck):
-    """The drafter's and the target's safetensors and config, altered one way at a time."""
+def header_change(fn, file):
+    """A change to a checkpoint copy: the header of its safetensors `file` replaced by fn(header),
+    a dict or raw bytes; the data stays."""
+    def change(d):
+        p = os.path.join(d, file)
+        header, body = read_st(p)
+        write_st(p, fn(header), body)
+    return change
+
+
+def config_edit(fn, file="drafter/config.json"):
+    """A change to a checkpoint copy: its config.json passed through fn (which edits it in place)."""
+    def change(d):
+        p = os.path.join(d, file)
+        c = json.load(open(p))
+        fn(c)
+        json.dump(c, open(p, "w"))
+    return change
+
+
+def altered(group, argv, ck, copy_name):
+    """add(name, change, names): a case of `group` running argv over {tmp}/copy_name, a copy of the
+    checkpoint ck that change(copy) alters."""
     cases = []
-    draft = [a.replace("{ck}", "{tmp}/ck") for a in DRAFT]  # over the altered copy in {tmp}/ck
-    dfile = "drafter/model.safetensors"
-    tfile = "target/model.safetensors"
-    dconfig = "drafter/config.json"
 
     def add(name, change, names):
         def prepare(tmp):
-            shutil.copytree(ck, os.path.join(tmp, "ck"), symlinks=True)
-            change(os.path.join(tmp, "ck"))
-        cases.append(Case("checkpoint", name, draft, names, prepare=prepare))
+            shutil.copytree(ck, os.path.join(tmp, copy_name), symlinks=True)
+            change(os.path.join(tmp, copy_name))
+        cases.append(Case(group, name, argv, names, prepare=prepare))
+    return cases, add
+
+
+def checkpoint_cases(ck):
+    """The drafter's and the target's safetensors and config, altered one way at a time."""
+    draft = [a.replace("{ck}", "{tmp}/ck") for a in DRAFT]  # over the altered copy in {tmp}/ck
+    cases, add = altered("checkpoint", draft, ck, "ck")
+    dfile = "drafter/model.safetensors"
+    tfile = "target/model.safetensors"
+    dconfig = "drafter/config.json"
 
     size = os.path.getsize(os.path.join(ck, dfile))
     for cut in [0, 4, 8, 9, 100, size // 2, size - 1]:
         add(f"drafter safetensors truncated to {cut} bytes",
             lambda d, cut=cut: os.truncate(os.path.join(d, dfile), cut), ["model.safetensors"])
 
-    def header_change(fn, file=dfile):
-        """Replaces the header of file by fn(header), a dict or raw bytes; the data stays."""
-        def change(d):
-            p = os.path.join(d, file)
-            header, body = read_st(p)
-            write_st(p, fn(header), body)
-        return change
-
     def set_len(d, n):
         with open(os.path.join(d, dfile), "r+b") as f:
             f.write(struct.pack("<Q", n))
     add("header length 2^63", lambda d: set_len(d, 2 ** 63), ["model.safetensors"])
     add("header length past the end", lambda d: set_len(d, size), ["model.safetensors"])
-    add("header not JSON", header_change(lambda h: b"{not json"), ["model.safetensors"])
-    add("header a JSON array", header_change(lambda h: b"[1, 2, 3]"), ["model.safetensors"])
+    add("header not JSON", header_change(lambda h: b"{not json", dfile), ["model.safetensors"])
+    add("header a JSON array", header_change(lambda h: b"[1, 2, 3]", dfile), ["model.safetensors"])
     names = tensor_names(os.path.join(ck, dfile))
     first = sorted(names)[0]
     fc = next(n for n in names if n.startswith("fc"))
@@ -262,23 +281,23 @@ def checkpoint_cases(ck):
                          ("offsets reversed", {"data_offsets": [8, 0]}), ("dtype Q4", {"dtype": "Q4"}),
                          ("dtype I32", {"dtype": "I32"}), ("negative shape", {"shape": [-1, 64]}),
                          ("shape product overflows", {"shape": [2 ** 40, 2 ** 40]})]:
-        add(f"{first}: {what}", header_change(edit(first, **fields)), [first])
+        add(f"{first}: {what}", header_change(edit(first, **fields), dfile), [first])
     qt = read_st(os.path.join(ck, dfile))[0][q]
     (rows, cols), (begin, end) = qt["shape"], qt["data_offsets"]
-    add(f"{q}: shape transposed", header_change(edit(q, shape=[cols, rows])), [q])
+    add(f"{q}: shape transposed", header_change(edit(q, shape=[cols, rows]), dfile), [q])
     add(f"{q}: one row short",
-        header_change(edit(q, shape=[rows - 1, cols], data_offsets=[begin, end - 2 * cols])), [q])
+        header_change(edit(q, shape=[rows - 1, cols], data_offsets=[begin, end - 2 * cols]), dfile), [q])
 
     def drop(tensor):
         return lambda h: {k: v for k, v in h.items() if k != tensor}
-    add(f"{fc} missing", header_change(drop(fc)), [fc])
-    add(f"{norm} missing", header_change(drop(norm)), [norm])
+    add(f"{fc} missing", header_change(drop(fc), dfile), [fc])
+    add(f"{norm} missing", header_change(drop(norm), dfile), [norm])
 
     def duplicate(h):
         text = json.dumps(h)
         entry = json.dumps({first: h[first]})[1:-1]
         return ("{" + entry + ", " + text[1:]).encode()
-    add(f"{first} listed twice", header_change(duplicate), [first])
+    add(f"{first} listed twice", header_change(duplicate, dfile), [first])
     for tensor in (fc, down, norm, q):
         for value in (float("nan"), float("inf")):
             add(f"{tensor}: {value} in the weights",
@@ -297,13 +316,6 @@ def checkpoint_cases(ck):
         lambda d: (os.remove(os.path.join(d, dconfig)), os.mkdir(os.path.join(d, dconfig))), ["config.json"])
     add("drafter config.json not JSON", lambda d: open(os.path.join(d, dconfig), "w").write("{"), ["config.json"])
 
-    def config_edit(fn):
-        def change(d):
-            p = os.path.join(d, dconfig)
-            c = json.load(open(p))
-            fn(c)
-            json.dump(c, open(p, "w"))
-        return change
     # The config no longer matches the tensors: the shapes must disagree loudly.
     add("config hidden_size 32 against 64-wide tensors", config_edit(lambda c: c.update(hidden_size=32)),
         ["hidden_size", "shape", "expected"])
@@ -437,29 +449,8 @@ def draft_vocab_cases(ck, sck):
         cases.append(Case("init --layout", " ".join(argv[2:]), init + argv, names))
 
     # The speculators checkpoint altered one way at a time.
-    draft = [a.replace("{ck}", "{tmp}/sck") for a in DRAFT]
-    dfile, dconfig = "drafter/model.safetensors", "drafter/config.json"
-
-    def add(name, change, names):
-        def prepare(tmp):
-            shutil.copytree(sck, os.path.join(tmp, "sck"), symlinks=True)
-            change(os.path.join(tmp, "sck"))
-        cases.append(Case("speculators checkpoint", name, draft, names, prepare=prepare))
-
-    def header_change(fn):
-        def change(d):
-            path = os.path.join(d, dfile)
-            header, body = read_st(path)
-            write_st(path, fn(header), body)
-        return change
-
-    def config_edit(fn):
-        def change(d):
-            path = os.path.join(d, dconfig)
-            c = json.load(open(path))
-            fn(c)
-            json.dump(c, open(path, "w"))
-        return change
+    dfile = "drafter/model.safetensors"
+    altered_cases, add = altered("speculators checkpoint", [a.replace("{ck}", "{tmp}/sck") for a in DRAFT], sck, "sck")
     header = read_st(os.path.join(sck, dfile))[0]
     d2t_at, t2d_at = header["d2t"]["data_offsets"], header["t2d"]["data_offsets"]
     for tensor in ("d2t", "lm_head.weight"):
@@ -467,12 +458,14 @@ def draft_vocab_cases(ck, sck):
             header_change(lambda h, tensor=tensor: {k: v for k, v in h.items() if k != tensor}
                           if tensor == "d2t" else dict(h, **{tensor: dict(h[tensor], shape=[99, 64],
                                                              data_offsets=[h[tensor]["data_offsets"][0],
-                                                                           h[tensor]["data_offsets"][1] - 128])})),
+                                                                           h[tensor]["data_offsets"][1] - 128])}),
+                          dfile),
             [tensor])
-    add("d2t as F32", header_change(lambda h: dict(h, d2t=dict(h["d2t"], dtype="F32", shape=[200]))), ["d2t", "F32"])
+    add("d2t as F32", header_change(lambda h: dict(h, d2t=dict(h["d2t"], dtype="F32", shape=[200])), dfile),
+        ["d2t", "F32"])
     add("d2t one entry short", header_change(lambda h: dict(h, d2t=dict(h["d2t"], shape=[99],
-                                                                         data_offsets=[d2t_at[0], d2t_at[1] - 8]))),
-        ["d2t", "99"])
+                                                                         data_offsets=[d2t_at[0], d2t_at[1] - 8])),
+                                             dfile), ["d2t", "99"])
 
     def d2t_value(index, value):
         def change(d):
@@ -507,7 +500,7 @@ def draft_vocab_cases(ck, sck):
         config_edit(lambda c: c["transformer_layer_config"].update(hidden_act="gelu")), ["hidden_act", "gelu"])
     add("config without block_size or speculative tokens",
         config_edit(lambda c: (c.pop("block_size"), c.pop("speculators_config"))), ["block_size"])
-    return cases
+    return cases + altered_cases
 
 
 def mpi_cases():

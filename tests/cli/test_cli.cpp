@@ -31,14 +31,7 @@ Result run_prefixed(const std::string& prefix, const std::string& args) {
 
 Result run(const std::string& args) { return run_prefixed("", args); }
 
-// The JSON result line among the log lines (logs go to stderr, captured here too).
-std::string json_line(const std::string& s) {
-  std::istringstream lines(s);
-  std::string found;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && line.front() == '{') found = line;
-  return found;
-}
+using testing::json_line;
 
 // A dumped tensor's relative error to the reference's values.
 double rel_error(const model::TensorInfo& dumped, const std::vector<double>& want) {

@@ -28,13 +28,7 @@ using Result = testing::CommandResult;
 
 Result run(const std::string& args) { return testing::run_command(std::string(TPDRAFT_BIN) + " " + args); }
 
-std::string json_line(const std::string& s) {
-  std::istringstream lines(s);
-  std::string found;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && line.front() == '{') found = line;
-  return found;
-}
+using testing::json_line;
 
 std::string config(const std::string& name) { return testing::source_path("configs/" + name); }
 

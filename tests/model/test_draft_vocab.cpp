@@ -209,28 +209,18 @@ TEST(DraftVocabParity, TheTargetsTablesWouldDraftOtherwise) {
   EXPECT_GT(testing::relative_error(got.dump.logits, target_logits), 0.1) << "the drafter's head is the target's";
 }
 
-TEST(DraftVocabParity, TokenMapOverDFlash) {
-  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash.json");
-  testing::TempDir dir;
-  const std::string ckpt = write_ckpt(dir, cfg);
-  const std::vector<int64_t> ids = sample_map(cfg.vocab);
-  check_against_reference(ckpt, cfg, ids, ids, "token map dflash");
-}
-
-TEST(DraftVocabParity, TokenMapOverDFlash2Selector) {
-  const DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash2.json");
-  testing::TempDir dir;
-  const std::string ckpt = write_ckpt(dir, cfg);
-  const std::vector<int64_t> ids = sample_map(cfg.vocab);
-  check_against_reference(ckpt, cfg, ids, ids, "token map dflash2");
-}
-
-TEST(DraftVocabParity, TokenMapOverASpeculatorsDrafter) {
-  DrafterConfig cfg = speculators("tiny-dflash.json", 0);
-  testing::TempDir dir;
-  const std::string ckpt = write_ckpt(dir, cfg);
-  const std::vector<int64_t> ids = sample_map(cfg.vocab);
-  check_against_reference(ckpt, cfg, ids, ids, "token map over a speculators drafter's own embedding");
+// A token map over a DFlash head, a DFlash 2 head (the selector's candidates come from the map),
+// and a speculators drafter without a draft vocabulary (its own embedding, the target's head).
+TEST(DraftVocabParity, TokenMaps) {
+  const std::pair<const char*, DrafterConfig> cases[] = {
+      {"token map dflash", testing::eight_heads_over_two("tiny-dflash.json")},
+      {"token map dflash2", testing::eight_heads_over_two("tiny-dflash2.json")},
+      {"token map over a speculators drafter", speculators("tiny-dflash.json", 0)}};
+  for (const auto& [what, cfg] : cases) {
+    testing::TempDir dir;
+    const std::vector<int64_t> ids = sample_map(cfg.vocab);
+    check_against_reference(write_ckpt(dir, cfg), cfg, ids, ids, what);
+  }
 }
 
 // A q8 draft head quantizes each row alone, so the mapped head's logits are the full quantized

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -111,6 +112,14 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
     return;
   }
   ADD_FAILURE() << "expected a tpdraft::Error mentioning '" << (parts.empty() ? "" : parts[0]) << "'";
+}
+
+std::string json_line(const std::string& output) {
+  std::istringstream lines(output);
+  std::string found;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line.front() == '{') found = line;
+  return found;
 }
 
 size_t count_of(const std::string& text, const std::string& needle) {

@@ -112,6 +112,9 @@ std::vector<double> softmax_over(const std::vector<T>& logits, const std::vector
   return q;
 }
 
+// The last line of a command's output that starts with '{': its JSON result among the log lines.
+std::string json_line(const std::string& output);
+
 // How many times `needle` occurs in `text`.
 size_t count_of(const std::string& text, const std::string& needle);
 // Every tensor of the safetensors file at `path`, copied out of it, in the file's order.
