@@ -89,7 +89,8 @@ TPDRAFT_API void tpdraft_close(tpdraft_drafter* drafter);
 
 typedef struct tpdraft_caps {
   uint32_t struct_size;             /* set it to sizeof(tpdraft_caps) before the call */
-  const char* architecture;         /* "DFlashDraftModel" or "DFlash2DraftModel" */
+  const char* architecture;         /* the config's architectures[0]: "DFlashDraftModel", "DFlash2DraftModel",
+                                       or a speculators checkpoint's ("DFlashSpeculator") */
   const char* backend;              /* "cpu" or "cuda" */
   int32_t block_size;               /* B: a step drafts B - 1 tokens per entry */
   int32_t tp;
