@@ -321,6 +321,10 @@ struct Server::Impl {
         case kHello:
           // It may replace the ring this request came through: only through the socket.
           if (route.ring) throw ProtocolError("HELLO must come through the socket, not the ring");
+          // Nor while queued STEPs of this client read taps (or came) through its ring.
+          if (c.pending > 0)
+            throw Refusal{fmt::format("HELLO while {} STEP request(s) of {} are in flight; wait for their replies",
+                                      c.pending, c.name)};
           on_hello(rid, c, h, r);
           break;
         case kOpen: {

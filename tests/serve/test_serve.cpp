@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -437,6 +438,67 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   replay(d, trace, "the good client");
   tpdraft_close(d);
   EXPECT_TRUE(server->running()) << server->log();
+}
+
+// A client whose STEP reads its taps from its ring, and which then says HELLO without a ring
+// before that STEP ran: the HELLO is refused (the ring stays mapped for the queued step), the STEP
+// is answered, and the server lives on. The server is stopped while both are sent, so that it
+// reads them in one go.
+TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
+  ASSERT_NO_FATAL_FAILURE(start({"--max-sessions", "2"}));
+  Client probe(address);
+  const tpdraft_caps caps = client_caps(probe.c);
+  const std::string ring_name = "/tpdraft-test-hello-" + std::to_string(getpid());
+  const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 65536), 0);
+  void* mapped = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mapped, MAP_FAILED);
+  RawSocket raw(address);
+  std::string ring_hello, plain_hello;
+  serve::Writer(&ring_hello).str(ring_name);
+  serve::Writer(&ring_hello).put<uint64_t>(65536);
+  serve::Writer(&plain_hello).str("");
+  serve::Writer(&plain_hello).put<uint64_t>(0);
+  ASSERT_EQ(raw.ask({frame(serve::kHello, 0, ring_hello)}).first, 0u);
+  shm_unlink(ring_name.c_str());
+  const std::string open = frame(serve::kOpen, 0, "");
+  zmq_send(raw.sock, open.data(), open.size(), 0);
+  serve::Message opened;
+  ASSERT_GE(zmq_msg_recv(&opened.msg, raw.sock, 0), 0);
+  serve::Reader opened_reply(opened.data(), opened.size());
+  ASSERT_EQ(opened_reply.header().status, 0u);
+  const std::vector<float> rows(static_cast<size_t>(2 * caps.taps_width), 0.5f);
+  std::memcpy(static_cast<char*>(mapped) + 4096, rows.data(), rows.size() * sizeof(float));
+  serve::WireEntry e;
+  e.session = opened_reply.get<int64_t>("session");
+  e.n_new = 2;
+  e.anchor = 3;
+  e.taps_where = serve::kTapsRing;
+  e.taps_offset = 4096;
+  e.taps_bytes = rows.size() * sizeof(float);
+  const std::string step = frame(serve::kStep, 1, entry_bytes(e)), hello = frame(serve::kHello, 0, plain_hello);
+  server->signal(SIGSTOP);
+  zmq_send(raw.sock, step.data(), step.size(), 0);
+  zmq_send(raw.sock, hello.data(), hello.size(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server->signal(SIGCONT);
+  std::map<uint16_t, std::pair<uint32_t, std::string>> replies;  // by request kind
+  for (int i = 0; i < 2; ++i) {
+    serve::Message m;
+    ASSERT_GE(zmq_msg_recv(&m.msg, raw.sock, 0), 0) << "no reply " << i << ": " << server->log();
+    serve::Reader r(m.data(), m.size());
+    replies[static_cast<uint16_t>(r.header().kind & ~serve::kReply)] = status_of(m.data(), m.size());
+  }
+  EXPECT_EQ(replies[serve::kStep].first, 0u) << replies[serve::kStep].second;
+  EXPECT_EQ(replies[serve::kHello].first, serve::kArgument);
+  EXPECT_NE(replies[serve::kHello].second.find("HELLO while 1 STEP request(s)"), std::string::npos)
+      << replies[serve::kHello].second;
+  EXPECT_TRUE(server->running()) << server->log();
+  // Once its steps are answered the client may say HELLO again.
+  EXPECT_EQ(raw.ask({hello}).first, 0u);
+  munmap(mapped, 65536);
 }
 
 TEST_F(Serve, LimitsAnswerWithErrors) {
