@@ -160,7 +160,8 @@ TPDRAFT_API void tpdraft_step_entry_init(tpdraft_step_entry* entry);
  * entries in one batched forward. Every entry is checked first (an unknown or repeated session,
  * taps missing or holding NaN, keep or p0 beyond what the session holds, an anchor outside the
  * vocabulary, bad sampling, a missing output buffer): a bad entry fails the whole step with
- * TPDRAFT_ERROR_ARGUMENT naming it, and no session changes. */
+ * TPDRAFT_ERROR_ARGUMENT naming it, and no session changes. count must lie in 1..max_sessions;
+ * it is checked before any entry is read. */
 TPDRAFT_API tpdraft_status tpdraft_step(tpdraft_drafter* drafter, tpdraft_step_entry* entries, size_t count);
 
 /* Where the last successful tpdraft_step on this handle spent its time, in seconds (rank 0's). */
@@ -176,7 +177,8 @@ TPDRAFT_API tpdraft_status tpdraft_last_step_times(tpdraft_drafter* drafter, tpd
  * two by the line that opens the handle. Every call waits at most timeout_seconds for the server;
  * one that gets no answer (the server stopped, a rank failed, the connection is gone) returns
  * TPDRAFT_ERROR_UNAVAILABLE and closes the client for good: it "fails closed". A failed
- * tpdraft_client_step leaves no drafts: every entry's tokens are -1 and its q 0, so an engine
+ * tpdraft_client_step leaves no drafts: every entry it checked (all of them, unless the count or
+ * an entry was refused: then those before the refused one) has tokens -1 and q 0, so an engine
  * that decodes on without the drafter accepts nothing from it. Over ipc:// the client writes the
  * taps into a shared-memory ring the server maps (no copy through the socket); over tcp:// they
  * travel inside the request. Calls on one client are serialised; use one client per thread for

@@ -250,6 +250,10 @@ tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, siz
   const auto started = std::chrono::steady_clock::now();
   if (d == nullptr) return refuse("tpdraft_step: drafter is NULL");
   if (entries == nullptr && count > 0) return refuse("tpdraft_step: entries is NULL");
+  // The count first: no entry past what the caller may hold is read.
+  if (count == 0 || count > static_cast<size_t>(d->caps.max_sessions))
+    return refuse(fmt::format("tpdraft_step: a step takes 1 to {} entries (max sessions), got {}", d->caps.max_sessions,
+                              count));
   std::lock_guard<std::mutex> lock(d->mutex);
   tpdraft_status st = guarded("tpdraft_step", TPDRAFT_ERROR_ARGUMENT, [&] {
     d->entries.clear();

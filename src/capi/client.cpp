@@ -452,6 +452,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
   if (entries == nullptr && count > 0) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: entries is NULL");
   std::lock_guard<std::mutex> lock(c->mutex);
   const int64_t rows = c->caps.block - 1;
+  size_t validated = 0;  // entries known to be the caller's, with their buffers: what a failure may write to
   const tpdraft_status st = guarded(c, "tpdraft_client_step", [&]() -> tpdraft_status {
     if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
     if (count == 0 || count > static_cast<size_t>(c->caps.max_sessions))
@@ -467,6 +468,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
       const tpdraft_step_entry& e = entries[i];
       const std::string bad = check_entry(e, i, c->caps);
       if (!bad.empty()) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
+      validated = i + 1;
       serve::WireEntry& x = wire[i];
       serve::fields_to_wire(e, &x);
       x.taps_dtype = static_cast<uint32_t>(e.taps_dtype);
@@ -525,7 +527,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
     c->times = {settle, draft, std::chrono::duration<double>(Clock::now() - started).count()};
     return ok();
   });
-  if (st != TPDRAFT_OK) no_drafts(entries, count, rows);
+  if (st != TPDRAFT_OK) no_drafts(entries, validated, rows);
   return st;
 }
 

@@ -177,6 +177,10 @@ TEST_F(CapiStepErrors, BadCountsAndNullHandles) {
   three[2].session = 12345;
   expect_refusal(tpdraft_step(h_.get(), three.data(), 3), {"1 to 2 entries", "got 3"});
   expect_refusal(tpdraft_step(h_.get(), three.data(), 0), {"got 0"});
+  // A count past the array is refused before any entry is read (the sanitizer build would report
+  // a read past `one`).
+  tpdraft_step_entry one = good_on_b();
+  expect_refusal(tpdraft_step(h_.get(), &one, 9), {"tpdraft_step", "1 to 2 entries", "got 9"});
   expect_refusal(tpdraft_step(h_.get(), nullptr, 1), {"tpdraft_step", "entries is NULL"});
   expect_refusal(tpdraft_step(nullptr, three.data(), 1), {"tpdraft_step", "drafter is NULL"});
   int64_t n = 0;

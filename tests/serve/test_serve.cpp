@@ -523,7 +523,18 @@ TEST_F(Serve, LimitsAnswerWithErrors) {
   for (size_t i = 0; i < 3; ++i) fill_entry(specs[i], ids[i], caps.block_size, &outs[i], &e[i]);
   EXPECT_EQ(tpdraft_client_step(a.c, e.data(), 3), TPDRAFT_ERROR_ARGUMENT);
   EXPECT_NE(std::string(tpdraft_last_error()).find("1 to 2 entries"), std::string::npos) << tpdraft_last_error();
+  // A count beyond the limit is refused before any entry is read or written: the entries, all
+  // three of the caller's here, keep what they held (a count past the array must not be written
+  // through).
+  const std::vector<int64_t> untouched(static_cast<size_t>(caps.block_size - 1), -7);
+  for (const Out& o : outs) EXPECT_EQ(o.tokens, untouched);
+  // An entry refused by the client: the ones before it, which it checked, say "no drafts".
+  e[1].tokens = nullptr;
+  EXPECT_EQ(tpdraft_client_step(a.c, e.data(), 2), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("entry 1"), std::string::npos) << tpdraft_last_error();
   EXPECT_EQ(outs[0].tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));  // no drafts
+  EXPECT_EQ(outs[1].tokens, untouched);
+  e[1].tokens = outs[1].tokens.data();
   // A step of `rows` new rows (all 0.5) on s1, the rest as the first spec asks.
   auto step_rows = [&](int64_t rows) {
     Spec big = specs[0];
