@@ -14,6 +14,7 @@
 
 #include "capi/caps.h"
 #include "capi/last_error.h"
+#include "core/bounds.h"
 #include "core/error.h"
 #include "engine/local_group.h"
 #include "model/runtime.h"
@@ -58,19 +59,19 @@ tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexc
 
 tpdraft_status refuse(const std::string& why) { return fail(TPDRAFT_ERROR_ARGUMENT, why); }
 
-// Refuses an option field below its least value, naming the field.
-void check_at_least(const char* field, int64_t value, int64_t least) {
-  TPDRAFT_CHECK(value >= least, "options.{} is {}, expected >= {}", field, value, least);
+// Refuses an option field outside [least, most] (core/bounds.h: the program's bounds), naming it.
+void check_range(const char* field, int64_t value, int64_t least, int64_t most) {
+  TPDRAFT_CHECK(value >= least && value <= most, "options.{} is {}, expected {}..{}", field, value, least, most);
 }
 
 model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   TPDRAFT_CHECK(o.struct_size >= sizeof(tpdraft_options), "options.struct_size is {}, expected {}: "
                 "initialise the options with tpdraft_options_init", o.struct_size, sizeof(tpdraft_options));
-  check_at_least("threads", o.threads, 0);
-  check_at_least("tp", o.tp, 0);
-  check_at_least("max_sessions", o.max_sessions, 1);
-  check_at_least("max_context", o.max_context, 1);
-  check_at_least("max_open_sessions", o.max_open_sessions, 1);
+  check_range("threads", o.threads, 0, tpdraft::max_threads_per_rank());
+  check_range("tp", o.tp, 0, tpdraft::kMaxInProcessRanks);
+  check_range("max_sessions", o.max_sessions, 1, tpdraft::kMaxStepEntries);
+  check_range("max_context", o.max_context, 1, tpdraft::kMaxContext);
+  check_range("max_open_sessions", o.max_open_sessions, 1, tpdraft::kMaxOpenSessions);
   TPDRAFT_CHECK(o.graphs >= -1 && o.graphs <= 1, "options.graphs is {}, expected -1 (auto), 0 or 1", o.graphs);
   const auto& presets = model::quant_presets();
   TPDRAFT_CHECK(o.quant == nullptr || std::find(presets.begin(), presets.end(), o.quant) != presets.end(),

@@ -22,6 +22,7 @@
 
 #include "capi/caps.h"
 #include "capi/last_error.h"
+#include "core/bounds.h"
 #include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
@@ -353,8 +354,8 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
   if (o.shared_memory == 1 && !ipc)
     return refused("shared memory needs an ipc:// address (the server on this machine), got " + addr);
   const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
-  if (want_ring && o.ring_bytes < 4096)
-    return refused(fmt::format("options.ring_bytes is {}, expected at least 4096", o.ring_bytes));
+  if (want_ring && (o.ring_bytes < tpdraft::kMinRingBytes || o.ring_bytes > tpdraft::kMaxRingBytes))
+    return refused(fmt::format("options.ring_bytes is {}, expected {}..{}", o.ring_bytes, tpdraft::kMinRingBytes, tpdraft::kMaxRingBytes));
   auto* c = new (std::nothrow) tpdraft_client();
   if (c == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "out of memory");
   c->address = addr;

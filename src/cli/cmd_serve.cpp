@@ -13,6 +13,7 @@
 #include "cli/job.h"
 #include "cli/options.h"
 #include "cli/ranks.h"
+#include "core/bounds.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
@@ -170,11 +171,11 @@ void add_serve(CLI::App& app) {
                   "mpirun replica g listens on PATH.g or PORT+g");
   cmd->add_option("--address-file", o->address_file, "Write the address(es), one line per replica, to this file once listening; removed on exit");
   cmd->add_option("--max-sessions", o->max_sessions, "Entries one forward may hold (STEPs of many clients are batched up to this)")
-      ->check(whole_number(1, 4096))->capture_default_str();
+      ->check(whole_number(1, kMaxStepEntries))->capture_default_str();
   cmd->add_option("--max-open-sessions", o->max_open_sessions, "Sessions open at once, over every client")
-      ->check(whole_number(1, 1 << 20))->capture_default_str();
+      ->check(whole_number(1, kMaxOpenSessions))->capture_default_str();
   cmd->add_option("--max-context", o->max_context, "Positions one session may hold")
-      ->check(whole_number(1, int64_t{1} << 31))->capture_default_str();
+      ->check(whole_number(1, kMaxContext))->capture_default_str();
   cmd->add_option("--idle-timeout", o->idle_timeout, "Close the sessions of a client silent this many seconds (0: never)")
       ->check(real_number(0, 1e7))->capture_default_str();
   cmd->add_option("--spin-us", o->spin_us,

@@ -12,6 +12,7 @@
 #include "cli/job.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/bounds.h"
 #include "core/log.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/thread_comm.h"
@@ -20,12 +21,11 @@
 namespace tpdraft::cli {
 
 namespace {
-int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int cores() { return machine_cores(); }
 
-// Ranks and threads beyond these are surely a typo: each in-process rank and each CPU thread is an
-// OS thread, and tens of thousands of them exhaust the machine's process table.
-constexpr int kMaxInProcessRanks = 256;
-int max_threads() { return 8 * cores(); }
+// Ranks and threads beyond these (core/bounds.h) are surely a typo: each in-process rank and each
+// CPU thread is an OS thread, and tens of thousands of them exhaust the machine's process table.
+int max_threads() { return max_threads_per_rank(); }
 
 // One rank's body: the watchdog over its group's collectives while fn runs.
 void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {

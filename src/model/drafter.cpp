@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -34,8 +35,10 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
                  DrafterLimits limits)
     : weights_(std::move(weights)), cfg_(weights_->config()), ops_(ops), comm_(comm), limits_(limits),
       recorder_(ops, comm, limits.graphs) {
-  TPDRAFT_CHECK(limits_.max_sessions >= 1, "max sessions must be at least 1, got {}", limits_.max_sessions);
-  TPDRAFT_CHECK(limits_.max_context >= 1, "max context must be at least 1, got {}", limits_.max_context);
+  TPDRAFT_CHECK(limits_.max_sessions >= 1 && limits_.max_sessions <= kMaxStepEntries,
+                "max sessions must lie in 1..{}, got {}", kMaxStepEntries, limits_.max_sessions);
+  TPDRAFT_CHECK(limits_.max_context >= 1 && limits_.max_context <= kMaxContext, "max context must lie in 1..{}, got {}",
+                kMaxContext, limits_.max_context);
   TPDRAFT_CHECK(limits_.settle_chunk >= 1, "settle chunk must be at least 1, got {}", limits_.settle_chunk);
   const ShardPlan& plan = weights_->plan();
   TPDRAFT_CHECK(plan.tp == comm_.size() && plan.rank == comm_.rank(),
@@ -99,17 +102,20 @@ std::unique_ptr<Session> Drafter::new_session() {
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     auto& lc = s->layers_[static_cast<size_t>(l)];
     lc.capacity = layer_capacity(l);
-    lc.k = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
-    lc.v = kernels::Buffer(ops_, row * static_cast<size_t>(lc.capacity));
+    const auto bytes = static_cast<size_t>(checked_mul(static_cast<int64_t>(row), lc.capacity,
+                                                       "a session's context of layer {}", l));
+    lc.k = kernels::Buffer(ops_, bytes);
+    lc.v = kernels::Buffer(ops_, bytes);
   }
   return s;
 }
 
 size_t Drafter::session_bytes() const {
-  const size_t row = f32_bytes(nkv_local_ * cfg_.head_dim);
-  size_t total = 0;
-  for (int64_t l = 0; l < cfg_.layers; ++l) total += 2 * row * static_cast<size_t>(layer_capacity(l));
-  return total;
+  const auto row = static_cast<int64_t>(f32_bytes(nkv_local_ * cfg_.head_dim));
+  int64_t total = 0;
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    total = checked_add(total, checked_mul(2 * row, layer_capacity(l), "a session's context"), "a session's context");
+  return static_cast<size_t>(total);
 }
 
 int64_t Drafter::layer_capacity(int64_t layer) const {

@@ -240,9 +240,15 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
       {[](tpdraft_options& x) { x.tp = -2; }, "options.tp is -2"},
       {[](tpdraft_options& x) { x.max_sessions = 0; }, "options.max_sessions is 0"},
       {[](tpdraft_options& x) { x.max_sessions = -3; }, "options.max_sessions is -3"},
-      // Workspaces beyond the machine's memory: refused by size, not by the allocator.
-      {[](tpdraft_options& x) { x.max_sessions = 2000000000; }, "max sessions 2000000000"},
+      // Sizes beyond the program's bounds (core/bounds.h): refused by value, before a buffer size
+      // is computed from them (2^58 positions wrapped the context's size to a NULL buffer).
+      {[](tpdraft_options& x) { x.max_sessions = 2000000000; }, "options.max_sessions is 2000000000, expected 1..4096"},
       {[](tpdraft_options& x) { x.max_context = 0; }, "options.max_context is 0"},
+      {[](tpdraft_options& x) { x.max_context = int64_t{1} << 58; }, "options.max_context is 288230376151711744"},
+      {[](tpdraft_options& x) { x.max_context = INT64_MAX; }, "expected 1..2147483648"},
+      {[](tpdraft_options& x) { x.max_open_sessions = 1 << 21; }, "options.max_open_sessions is 2097152"},
+      {[](tpdraft_options& x) { x.tp = 300; }, "options.tp is 300, expected 0..256"},
+      {[](tpdraft_options& x) { x.threads = 10000000; }, "options.threads is 10000000"},
       {[](tpdraft_options& x) { x.max_open_sessions = -1; }, "options.max_open_sessions is -1"},
       {[](tpdraft_options& x) { x.graphs = 2; }, "options.graphs is 2"},
       {[](tpdraft_options& x) { x.backend = "tpu"; }, "backend 'tpu'"},

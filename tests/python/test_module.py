@@ -124,6 +124,15 @@ def test_errors_name_the_problem_and_change_nothing(checkpoint):
             d.step([{"session": s, "taps": rows[:, :5], "anchor": 1}])
     with pytest.raises(tpdraft.InputError, match="no-such-dir"):
         tpdraft.Drafter(str(ck / "no-such-dir"), str(ck / "target"))
+    # Sizes past the program's bounds are refused by value (2**58 positions once wrapped the
+    # context's byte count and crashed the first step).
+    for option, value, needle in [("max_context", 2 ** 58, "options.max_context is 288230376151711744"),
+                                  ("max_context", 2 ** 63 - 1, "expected 1..2147483648"),
+                                  ("max_sessions", 5000, "options.max_sessions is 5000"),
+                                  ("max_open_sessions", 2 ** 21, "options.max_open_sessions is 2097152"),
+                                  ("tp", 300, "options.tp is 300")]:
+        with pytest.raises(tpdraft.InputError, match=needle):
+            tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), backend="cpu", **{option: value})
 
 
 def test_a_closed_drafter_refuses_calls(checkpoint):

@@ -616,6 +616,12 @@ TEST_F(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
   tpdraft_client* none = nullptr;
   EXPECT_EQ(tpdraft_client_open(("ipc://" + dir.file("nobody.sock")).c_str(), &o, &none), TPDRAFT_ERROR_UNAVAILABLE);
   EXPECT_EQ(none, nullptr);
+  // A ring past the bound of core/bounds.h is refused by value, before anything is mapped.
+  o.ring_bytes = int64_t{1} << 50;
+  EXPECT_EQ(tpdraft_client_open(address.c_str(), &o, &none), TPDRAFT_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(tpdraft_last_error()).find("options.ring_bytes is 1125899906842624, expected 4096.."),
+            std::string::npos) << tpdraft_last_error();
+  EXPECT_EQ(none, nullptr);
 }
 
 TEST_F(Serve, ARankThatFailsEndsTheGroupAndTheClientGetsAnError) {

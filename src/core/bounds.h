@@ -1,0 +1,21 @@
+// The bounds of the size options a caller gives a drafter: the same for the program's options,
+// the C ABI's tpdraft_options and tpdraft_client_options, and the Python keyword arguments, so
+// that no size reaches an allocation or a product unchecked.
+#pragma once
+
+#include <cstdint>
+
+namespace tpdraft {
+
+constexpr int64_t kMaxStepEntries = 4096;           // max_sessions: entries in one step, sessions in one forward
+constexpr int64_t kMaxOpenSessions = int64_t{1} << 20;  // max_open_sessions
+constexpr int64_t kMaxContext = int64_t{1} << 31;   // max_context: positions one session holds
+constexpr int kMaxInProcessRanks = 256;             // tp: ranks as threads of one process
+constexpr int64_t kMinRingBytes = 4096;             // a client's shared-memory ring
+constexpr int64_t kMaxRingBytes = int64_t{1} << 40;
+
+// This machine's cores (at least 1), and the CPU threads one rank may be given: 8 per core.
+int machine_cores();
+int max_threads_per_rank();
+
+}  // namespace tpdraft
