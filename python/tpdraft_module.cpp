@@ -7,8 +7,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,9 +62,63 @@ struct Staged {
   py::array_t<float> q, dist_probs, dist_rest;
 };
 
+// The keys a step entry may hold.
+const char* const kEntryKeys[] = {"session", "anchor", "taps", "taps_dtype", "keep", "p0",
+                                  "temperature", "top_k", "top_p", "seed", "dist"};
+
+// Edit distance, for naming the key a misspelt one was meant to be.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Refuses a key no entry holds, naming the nearest one a caller may have meant.
+void check_entry_keys(const py::dict& e) {
+  for (const auto& item : e) {
+    if (!py::isinstance<py::str>(item.first))
+      throw py::type_error("an entry's keys are strings, got " + py::repr(item.first).cast<std::string>());
+    const std::string key = item.first.cast<std::string>();
+    const char* nearest = kEntryKeys[0];
+    for (const char* k : kEntryKeys) {
+      if (key == k) nearest = nullptr;
+      if (nearest == nullptr) break;
+      if (edit_distance(key, k) < edit_distance(key, nearest)) nearest = k;
+    }
+    if (nearest != nullptr)
+      throw py::key_error("unknown entry key '" + key + "' (did you mean '" + nearest + "'?)");
+  }
+}
+
+const char* kind_of(const int64_t*) { return "an integer"; }
+const char* kind_of(const uint64_t*) { return "a non-negative integer"; }
+const char* kind_of(const double*) { return "a number"; }
+const char* kind_of(const std::string*) { return "a string"; }
+
+// d[key] as a T (fallback when absent); a value of another type (a bool for a number too) is a
+// TypeError naming the key.
 template <typename T>
 T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) ? d[key].cast<T>() : fallback;
+  if (!d.contains(key)) return fallback;
+  const py::object v = d[key];
+  const bool number = !std::is_same_v<T, std::string>;
+  if (!(number && py::isinstance<py::bool_>(v))) {
+    try {
+      return v.cast<T>();
+    } catch (const py::cast_error&) {
+    }
+  }
+  throw py::type_error(std::string("entry '") + key + "' must be " + kind_of(static_cast<const T*>(nullptr)) +
+                       ", got " + py::repr(v).cast<std::string>());
 }
 
 // The calls of an in-process drafter and of a client of a served one: the same shape, so that one
@@ -130,7 +186,12 @@ class Endpoint {
   py::list step(const py::list& entries) {
     std::vector<Staged> staged(entries.size());
     std::vector<tpdraft_step_entry> raw(entries.size());
-    for (size_t i = 0; i < entries.size(); ++i) stage(entries[i].cast<py::dict>(), raw[i], &staged[i]);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (!py::isinstance<py::dict>(entries[i]))
+        throw py::type_error("entry " + std::to_string(i) + " must be a dict, got " +
+                             py::repr(entries[i]).cast<std::string>());
+      stage(entries[i].cast<py::dict>(), raw[i], &staged[i]);
+    }
     call_unlocked([&, h = live()] {
       const auto t0 = std::chrono::steady_clock::now();
       const tpdraft_status st = Api::step(h, raw.data(), raw.size());
@@ -171,10 +232,21 @@ class Endpoint {
   // Taps: C-contiguous f32 / f16 / bf16 (uint16) are read in place; anything else is converted
   // to C-contiguous f32 once.
   void stage_taps(const py::dict& e, tpdraft_step_entry& t, Staged* s) {
-    if (!e.contains("taps") || e["taps"].is_none()) return;
+    const std::string label = get<std::string>(e, "taps_dtype", "");
+    if (!label.empty() && label != "bf16")
+      throw py::value_error("taps_dtype is '" + label + "'; the only label is 'bf16' (uint16 arrays holding bf16 bits): "
+                            "f32 and f16 arrays say their dtype themselves");
+    if (!e.contains("taps") || e["taps"].is_none()) {
+      if (!label.empty()) throw py::value_error("taps_dtype given without taps");
+      return;
+    }
     py::array a = py::array::ensure(e["taps"]);
     if (!a) throw py::type_error("entry 'taps' must be an array [n_new, taps_width]");
-    const std::string label = get<std::string>(e, "taps_dtype", "");
+    // Only real floating-point values are hidden states; anything else would be cast silently.
+    const char kind = a.dtype().kind();
+    if (label.empty() && kind != 'f')
+      throw py::type_error("entry 'taps' must hold floats (f32, f16; bf16 bits as uint16 with taps_dtype='bf16'), got "
+                           "dtype " + py::str(a.dtype()).cast<std::string>());
     const bool contiguous = (a.flags() & py::array::c_style) != 0;
     if (label == "bf16") {
       if (!a.dtype().is(py::dtype::of<uint16_t>()) || !contiguous)
@@ -186,6 +258,7 @@ class Endpoint {
       t.taps_dtype = TPDRAFT_F16;
     } else {
       a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+      if (!a) throw py::type_error("entry 'taps' cannot be read as f32");
       t.taps_dtype = TPDRAFT_F32;
     }
     if (a.ndim() != 2 || a.shape(1) != caps_.taps_width)
@@ -196,17 +269,22 @@ class Endpoint {
   }
 
   void stage(const py::dict& e, tpdraft_step_entry& t, Staged* s) {
+    check_entry_keys(e);
     if (!e.contains("session") || !e.contains("anchor")) throw py::key_error("an entry needs 'session' and 'anchor'");
-    t.session = e["session"].cast<int64_t>();
-    t.anchor = e["anchor"].cast<int64_t>();
+    t.session = get<int64_t>(e, "session", -1);
+    t.anchor = get<int64_t>(e, "anchor", -1);
     t.keep = get<int64_t>(e, "keep", -1);
     t.p0 = get<int64_t>(e, "p0", -1);
     t.sampling = {get<double>(e, "temperature", 0.0), get<int64_t>(e, "top_k", 0), get<double>(e, "top_p", 1.0),
                   get<uint64_t>(e, "seed", 0)};
     stage_taps(e, t, s);
-    const py::object dist = e.contains("dist") ? py::object(e["dist"]) : py::object(py::int_(0));
-    t.dist_width = py::isinstance<py::str>(dist) && dist.cast<std::string>() == "full" ? TPDRAFT_DIST_FULL
-                                                                                      : dist.cast<int64_t>();
+    if (e.contains("dist") && py::isinstance<py::str>(e["dist"])) {
+      const std::string dist = e["dist"].cast<std::string>();
+      if (dist != "full") throw py::value_error("entry 'dist' is '" + dist + "': a width (an integer) or 'full'");
+      t.dist_width = TPDRAFT_DIST_FULL;
+    } else {
+      t.dist_width = get<int64_t>(e, "dist", 0);
+    }
     const py::ssize_t rows = caps_.block_size - 1;
     s->tokens = py::array_t<int64_t>(rows);
     s->q = py::array_t<float>(rows);

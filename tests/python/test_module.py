@@ -135,6 +135,50 @@ def test_errors_name_the_problem_and_change_nothing(checkpoint):
             tpdraft.Drafter(str(ck / "drafter"), str(ck / "target"), backend="cpu", **{option: value})
 
 
+def test_entries_of_the_wrong_kind_raise_naming_the_key_and_change_nothing(checkpoint):
+    # Taps that are not floats (a string once segfaulted the interpreter; uint16 bits, integers
+    # and complex values were cast silently), a taps_dtype label other than 'bf16', a misspelt key
+    # (a 'temprature' drafted greedily), values of the wrong type: each raises, no session moves.
+    ck = checkpoint("tiny-dflash.json", taps=8)
+    with open_drafter(ck) as d:
+        rows = taps_of(ck)
+        s = d.open_session()
+        want = d.step([{"session": s, "taps": rows, "anchor": 1}])[0]["tokens"].tolist()
+        width = d.caps.taps_width
+        cases = [({"taps": "abc"}, TypeError, "must hold floats"),
+                 ({"taps": b"abc"}, TypeError, "must hold floats"),
+                 ({"taps": {"a": 1}}, TypeError, "must hold floats"),
+                 ({"taps": np.array([["x"] * width])}, TypeError, "must hold floats"),
+                 ({"taps": np.array([[object()] * width])}, TypeError, "must hold floats"),
+                 ({"taps": np.ones((1, width), np.complex64)}, TypeError, "complex64"),
+                 ({"taps": np.ones((1, width), np.int64)}, TypeError, "int64"),
+                 ({"taps": np.ones((1, width), np.uint16)}, TypeError, "taps_dtype='bf16'"),
+                 ({"taps": np.ones((1, width), np.float16), "taps_dtype": "f16"}, ValueError, "taps_dtype is 'f16'"),
+                 ({"taps": np.ones((1, width), np.uint16), "taps_dtype": "BF16"}, ValueError, "taps_dtype is 'BF16'"),
+                 ({"taps_dtype": "bf16"}, ValueError, "taps_dtype given without taps"),
+                 ({"temprature": 0.9}, KeyError, "unknown entry key 'temprature' .did you mean 'temperature'"),
+                 ({"top-k": 3}, KeyError, "did you mean 'top_k'"),
+                 ({1: 2}, TypeError, "keys are strings"),
+                 ({"temperature": "0.9"}, TypeError, "entry 'temperature' must be a number, got '0.9'"),
+                 ({"temperature": True}, TypeError, "entry 'temperature' must be a number"),
+                 ({"top_k": 2.5}, TypeError, "entry 'top_k' must be an integer"),
+                 ({"seed": -1}, TypeError, "entry 'seed' must be a non-negative integer"),
+                 ({"keep": "all"}, TypeError, "entry 'keep' must be an integer"),
+                 ({"dist": "all"}, ValueError, "entry 'dist' is 'all'"),
+                 ({"dist": 1.5}, TypeError, "entry 'dist' must be an integer")]
+        for change, error, needle in cases:
+            entry = {"session": s, "anchor": 1, **change}
+            with pytest.raises(error, match=needle):
+                d.step([entry])
+            assert d.session_length(s) == 8
+        with pytest.raises(TypeError, match="entry 1 must be a dict"):
+            d.step([{"session": s, "anchor": 1}, [s, 1]])
+        with pytest.raises(TypeError, match="entry 'anchor' must be an integer"):
+            d.step([{"session": s, "anchor": "1"}])
+        assert d.session_length(s) == 8
+        assert d.step([{"session": s, "keep": 0, "taps": rows, "anchor": 1}])[0]["tokens"].tolist() == want
+
+
 def test_a_closed_drafter_refuses_calls(checkpoint):
     ck = checkpoint("tiny-dflash.json")
     d = open_drafter(ck)
