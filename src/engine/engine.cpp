@@ -88,9 +88,11 @@ void Engine::check_entry(const StepEntry& e, std::set<int64_t>* seen) const {
   const int64_t kept = e.keep < 0 ? s.length() : e.keep;
   TPDRAFT_CHECK(e.p0 >= -1 && e.p0 <= kept, "p0 {} outside 0..{} (the length after keep)", e.p0, kept);
   const int64_t p0 = e.p0 < 0 ? kept : e.p0;
-  rt_->drafter().check_rollback(s, p0);  // keep >= p0: a roll-back there is possible too
   TPDRAFT_CHECK(e.n_new >= 0 && e.n_new <= caps_.max_context - p0,
                 "{} new rows at position {} do not fit the max context {}", e.n_new, p0, caps_.max_context);
+  // The session is cut to p0 (keep >= p0) and the new rows settled there: what the draft then
+  // reads below p0 must still be held.
+  rt_->drafter().check_rollback(s, p0, e.n_new);
   check_taps(e, p0);
   model::Drafter::check_request(rt_->config(), e.anchor, e.sampling);
   TPDRAFT_CHECK(e.dist_width >= model::kFullDistribution && e.dist_width <= caps_.vocab,
@@ -124,8 +126,8 @@ std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entr
   const auto t0 = Clock::now();
   for (const StepEntry& e : entries) {
     model::Session& s = session(e.session);
-    if (e.keep >= 0) d.rollback(s, e.keep);
-    const int64_t p0 = e.p0 < 0 ? s.length() : e.p0;
+    // Settling cuts the session to p0 first, so keep (>= p0) needs no roll-back of its own.
+    const int64_t p0 = e.p0 >= 0 ? e.p0 : e.keep >= 0 ? e.keep : s.length();
     d.settle(s, p0, taps_f32(e), e.n_new);
     requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
   }

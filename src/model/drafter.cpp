@@ -126,17 +126,26 @@ int64_t Drafter::layer_capacity(int64_t layer) const {
                  : limits_.max_context;
 }
 
-void Drafter::check_rollback(const Session& s, int64_t length) const {
+void Drafter::check_rollback(const Session& s, int64_t length, int64_t rows_after) const {
   TPDRAFT_CHECK(length >= 0 && length <= s.end_, "cannot roll back a session of length {} to {}: expected 0..{}",
                 s.end_, length, s.end_);
+  const int64_t end = checked_add(length, rows_after, "the length after the new rows");
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const auto& lc = s.layers_[static_cast<size_t>(l)];
-    const int64_t needed = cfg_.sliding[static_cast<size_t>(l)] ? std::max<int64_t>(0, length - cfg_.window + 1) : 0;
-    TPDRAFT_CHECK(lc.begin <= needed,
-                  "cannot roll back to length {}: layer {} keeps positions from {} on (window {} + block {}), "
+    // The oldest position a draft at `end` reads; the kept ones, below `length`, must be held.
+    const int64_t needed = cfg_.sliding[static_cast<size_t>(l)] ? std::max<int64_t>(0, end - cfg_.window + 1) : 0;
+    TPDRAFT_CHECK(needed >= length || lc.begin <= needed,
+                  "cannot roll back to length {}{}: layer {} keeps positions from {} on (window {} + block {}), "
                   "but a draft there needs position {}",
-                  length, l, lc.begin, cfg_.window, cfg_.block, needed);
+                  length, rows_after > 0 ? fmt::format(" and settle {} rows", rows_after) : std::string(), l,
+                  lc.begin, cfg_.window, cfg_.block, needed);
   }
+}
+
+void Drafter::cut(Session& s, int64_t length) {
+  s.end_ = length;
+  // Below a ring's oldest position nothing is held; a cut beneath it leaves the ring empty.
+  for (auto& lc : s.layers_) lc.begin = std::min(lc.begin, length);
 }
 
 void Drafter::read_context(const Session& s, int64_t layer, std::vector<float>* k, std::vector<float>* v) const {
@@ -152,7 +161,7 @@ void Drafter::read_context(const Session& s, int64_t layer, std::vector<float>* 
 
 void Drafter::rollback(Session& session, int64_t length) {
   check_rollback(session, length);
-  session.end_ = length;
+  cut(session, length);
 }
 
 void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
@@ -163,7 +172,8 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
   TPDRAFT_CHECK(n <= s.max_context_ - p0, "settle of {} rows at position {} exceeds the session's max context {}", n,
                 p0, s.max_context_);
   TPDRAFT_CHECK(n == 0 || taps != nullptr, "settle: no tap rows given");
-  check_rollback(s, p0);
+  check_rollback(s, p0, n);
+  cut(s, p0);
 
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, TH = cfg_.n_taps() * H, kvw = nkv_local_ * D;
   const float eps = static_cast<float>(cfg_.eps);

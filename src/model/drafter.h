@@ -79,9 +79,11 @@ class Drafter {
   void settle(Session& session, int64_t p0, const float* taps, int64_t n);
   // Drops positions >= length.
   void rollback(Session& session, int64_t length);
-  // Throws, naming what is missing, when the session cannot roll back to `length` (a sliding
-  // layer's ring may no longer hold a position a draft from there needs); changes nothing.
-  void check_rollback(const Session& session, int64_t length) const;
+  // Throws, naming what is missing, when the session cannot be cut to `length` and then, after
+  // `rows_after` new rows settled at `length`, draft: a sliding layer's ring may no longer hold a
+  // position below `length` that the draft reads. Cutting to 0, or to where the new rows cover
+  // the whole window, is always possible. Changes nothing.
+  void check_rollback(const Session& session, int64_t length, int64_t rows_after = 0) const;
   // One batched draft; requests name distinct sessions.
   std::vector<DraftResult> draft(const std::vector<DraftRequest>& requests, DraftDump* dump = nullptr);
 
@@ -110,6 +112,8 @@ class Drafter {
   };
 
   void check_requests(const std::vector<DraftRequest>& requests) const;
+  // Drops positions >= length (checked by the caller).
+  void cut(Session& session, int64_t length);
   int64_t layer_capacity(int64_t layer) const;
   VocabSlice vocab_slice() const;
   void check_workspace_fits() const;

@@ -258,6 +258,47 @@ TEST(DrafterErrors, BadRequestsAreRefusedWithoutChangingTheSession) {
   EXPECT_EQ(s->length(), 32);
 }
 
+// Restarting a session of a drafter with sliding layers (an engine that recomputes a preempted
+// request sends keep 0 and every row again) is always possible, and so is a cut to where the new
+// rows cover the window; both draft what a fresh session of the same rows drafts (and the
+// reference). A cut whose draft would read dropped rows is still refused, changing nothing.
+TEST(DrafterParity, RestartingASlidingSessionDraftsAsAFreshOne) {
+  const Case c{"restart", shipped_config("tiny-dflash2.json")};  // window 6 + block 8: a ring of 14
+  Fixture f(c, 1, 64);
+  const auto old_rows = model::random_taps(c.cfg, 30, 3), new_rows = model::random_taps(c.cfg, 5, 4);
+  auto draft = [&](model::Session* s, model::DraftDump* dump) { return f.drafter->draft({{s, 9, {}}}, dump)[0]; };
+  // Cut to 0: five new rows, as a fresh session.
+  auto s = f.drafter->new_session(), fresh = f.drafter->new_session();
+  f.drafter->settle(*s, 0, old_rows.data(), 30);  // the sliding ring holds positions 16..29
+  f.drafter->settle(*s, 0, new_rows.data(), 5);
+  f.drafter->settle(*fresh, 0, new_rows.data(), 5);
+  EXPECT_EQ(s->length(), 5);
+  model::DraftDump restarted_dump, fresh_dump;
+  const model::DraftResult restarted = draft(s.get(), &restarted_dump), want = draft(fresh.get(), &fresh_dump);
+  EXPECT_EQ(restarted.tokens, want.tokens);
+  EXPECT_LT(testing::relative_error(restarted_dump.logits, widen(fresh_dump.logits)), 1e-6);
+  reference::RefContext rctx;
+  f.ref->settle(rctx, 0, widen(new_rows), 5);
+  expect_match(restarted, restarted_dump, 0, f.ref->draft(rctx, 9, {}), c.cfg, "restarted at 0");
+  // Cut to 3 and five rows: the sliding layer reads 3..7, all new; the full layer the old 0..2.
+  auto t = f.drafter->new_session(), fresh2 = f.drafter->new_session();
+  f.drafter->settle(*t, 0, old_rows.data(), 30);
+  expect_error([&] { f.drafter->rollback(*t, 3); }, {"cannot roll back to length 3", "needs position 0"});
+  EXPECT_EQ(t->length(), 30);
+  f.drafter->settle(*t, 3, new_rows.data(), 5);
+  f.drafter->settle(*fresh2, 0, old_rows.data(), 3);
+  f.drafter->settle(*fresh2, 3, new_rows.data(), 5);
+  model::DraftDump cut_dump, fresh2_dump;
+  EXPECT_EQ(draft(t.get(), &cut_dump).tokens, draft(fresh2.get(), &fresh2_dump).tokens);
+  EXPECT_LT(testing::relative_error(cut_dump.logits, widen(fresh2_dump.logits)), 1e-6);
+  // Cut to 3 and two rows: the draft at 5 reads positions 0..2 of the sliding layer, dropped.
+  auto u = f.drafter->new_session();
+  f.drafter->settle(*u, 0, old_rows.data(), 30);
+  expect_error([&] { f.drafter->settle(*u, 3, new_rows.data(), 2); },
+               {"cannot roll back to length 3 and settle 2 rows", "needs position 0"});
+  EXPECT_EQ(u->length(), 30);
+}
+
 // A NaN or Inf that reaches the logits fails the draft naming the row, on every selection path;
 // no token (least of all -1) is returned.
 TEST(DrafterErrors, NonFiniteTapsFailTheDraftInsteadOfReturningAToken) {

@@ -179,6 +179,26 @@ def test_entries_of_the_wrong_kind_raise_naming_the_key_and_change_nothing(check
         assert d.step([{"session": s, "keep": 0, "taps": rows, "anchor": 1}])[0]["tokens"].tolist() == want
 
 
+def test_a_preempted_request_restarts_with_keep_0_on_a_sliding_drafter(checkpoint):
+    # An engine that recomputes a preempted request sends keep 0 and every row again: after the
+    # sliding ring has dropped its first rows, that is a fresh session's draft, not a refusal.
+    ck = checkpoint("tiny-dflash2.json", taps=24)  # window 6 + block 8: the ring keeps 14 positions
+    rows = taps_of(ck)
+    with open_drafter(ck, tp=2) as d:
+        s, fresh = d.open_session(), d.open_session()
+        d.step([{"session": s, "taps": rows[:20], "anchor": 1}])
+        got = d.step([{"session": s, "keep": 0, "taps": rows[20:], "anchor": 4, "temperature": 0.8, "seed": 2}])[0]
+        want = d.step([{"session": fresh, "taps": rows[20:], "anchor": 4, "temperature": 0.8, "seed": 2}])[0]
+        assert d.session_length(s) == 4
+        assert got["tokens"].tolist() == want["tokens"].tolist()
+        np.testing.assert_allclose(got["q"], want["q"], rtol=1e-6)
+        # keep 3 with one row: the draft at 4 would read positions 0..2 of the sliding layer, dropped.
+        d.step([{"session": s, "taps": rows[:20], "anchor": 1}])
+        with pytest.raises(tpdraft.ArgumentError, match="cannot roll back to length 3 and settle 1 rows"):
+            d.step([{"session": s, "keep": 3, "taps": rows[:1], "anchor": 1}])
+        assert d.session_length(s) == 24
+
+
 def test_a_closed_drafter_refuses_calls(checkpoint):
     ck = checkpoint("tiny-dflash.json")
     d = open_drafter(ck)
