@@ -14,6 +14,12 @@ constexpr int kMaxInProcessRanks = 256;             // tp: ranks as threads of o
 constexpr int64_t kMinRingBytes = 4096;             // a client's shared-memory ring
 constexpr int64_t kMaxRingBytes = int64_t{1} << 40;
 
+// The values a step may carry: tap rows within ±2^30 (hidden states are far smaller; 2^30 times a
+// checkpoint's weights stays inside f32 through fc and the norms), and a sampling temperature of
+// 0 (greedy) or at least 1e-6 (1 / T must not overflow the logits' scale).
+constexpr int kTapLog2Bound = 30;
+constexpr double kMinTemperature = 1e-6;
+
 // This machine's cores (at least 1), and the CPU threads one rank may be given: 8 per core.
 int machine_cores();
 int max_threads_per_rank();

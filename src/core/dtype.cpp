@@ -160,39 +160,62 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n) {
 }
 
 namespace {
-// A float is NaN or infinite exactly when its exponent bits are all ones.
+// Whether a float's biased exponent (its bits under `mask`) is at least `least`: all ones (the
+// mask itself) is NaN or infinity; a smaller threshold also takes every magnitude from a power of 2.
 template <typename Bits>
-bool all_ones_exponent(const std::byte* p, size_t i, Bits exponent) {
-  return (load<Bits>(p, i) & exponent) == exponent;
+bool exponent_at_least(const std::byte* p, size_t i, Bits mask, Bits least) {
+  return (load<Bits>(p, i) & mask) >= least;
 }
 
 // Blocks are scanned without a branch per element, which the compiler vectorises (taps are
 // checked on every step: 40k floats of a large drafter took ~10 us element by element); only a
 // block holding a hit is searched for the first one.
 template <typename Bits>
-int64_t first_all_ones_exponent(const std::byte* p, size_t n, Bits exponent) {
+int64_t first_exponent_at_least(const std::byte* p, size_t n, Bits mask, Bits least) {
   constexpr size_t kBlock = 512;
   for (size_t begin = 0; begin < n; begin += kBlock) {
     const size_t end = std::min(n, begin + kBlock);
     unsigned hits = 0;
-    for (size_t i = begin; i < end; ++i) hits |= all_ones_exponent(p, i, exponent) ? 1u : 0u;
+    for (size_t i = begin; i < end; ++i) hits |= exponent_at_least(p, i, mask, least) ? 1u : 0u;
     if (hits == 0) continue;
     for (size_t i = begin; i < end; ++i)
-      if (all_ones_exponent(p, i, exponent)) return static_cast<int64_t>(i);
+      if (exponent_at_least(p, i, mask, least)) return static_cast<int64_t>(i);
   }
   return -1;
+}
+
+// The biased exponent field of 2^log2 in a format with `bias` and the exponent at bit `shift`,
+// capped at the all-ones field `mask` (a bound past the format's range: only non-finite values).
+template <typename Bits>
+Bits exponent_field(int log2, int bias, int shift, Bits mask) {
+  const int64_t biased = static_cast<int64_t>(bias) + log2;
+  const int64_t all_ones = static_cast<int64_t>(mask >> shift);
+  return static_cast<Bits>(std::max<int64_t>(1, std::min(biased, all_ones)) << shift);
 }
 }  // namespace
 
 int64_t find_non_finite(DType t, const void* p, size_t n) {
   const auto* bytes = static_cast<const std::byte*>(p);
   switch (t) {
-    case DType::F64: return first_all_ones_exponent<uint64_t>(bytes, n, 0x7ff0000000000000ull);
-    case DType::F32: return first_all_ones_exponent<uint32_t>(bytes, n, 0x7f800000u);
-    case DType::F16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7c00u);
-    case DType::BF16: return first_all_ones_exponent<uint16_t>(bytes, n, 0x7f80u);
-    case DType::F8E4M3: return first_all_ones_exponent<uint8_t>(bytes, n, 0x7f);  // only NaN: no infinities
+    case DType::F64: return first_exponent_at_least<uint64_t>(bytes, n, 0x7ff0000000000000ull, 0x7ff0000000000000ull);
+    case DType::F32: return first_exponent_at_least<uint32_t>(bytes, n, 0x7f800000u, 0x7f800000u);
+    case DType::F16: return first_exponent_at_least<uint16_t>(bytes, n, 0x7c00u, 0x7c00u);
+    case DType::BF16: return first_exponent_at_least<uint16_t>(bytes, n, 0x7f80u, 0x7f80u);
+    case DType::F8E4M3: return first_exponent_at_least<uint8_t>(bytes, n, 0x7f, 0x7f);  // only NaN: no infinities
     default: return -1;
+  }
+}
+
+int64_t find_out_of_range(DType t, const void* p, size_t n, int log2_bound) {
+  const auto* bytes = static_cast<const std::byte*>(p);
+  switch (t) {
+    case DType::F32:
+      return first_exponent_at_least<uint32_t>(bytes, n, 0x7f800000u, exponent_field<uint32_t>(log2_bound, 127, 23, 0x7f800000u));
+    case DType::BF16:
+      return first_exponent_at_least<uint16_t>(bytes, n, 0x7f80u, exponent_field<uint16_t>(log2_bound, 127, 7, 0x7f80u));
+    case DType::F16:
+      return first_exponent_at_least<uint16_t>(bytes, n, 0x7c00u, exponent_field<uint16_t>(log2_bound, 15, 10, 0x7c00u));
+    default: return find_non_finite(t, p, n);
   }
 }
 

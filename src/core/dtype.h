@@ -51,5 +51,8 @@ void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n);
 // Index of the first NaN or infinity among n elements of type t at p (no alignment needed), or
 // -1 when every one is finite. Integer dtypes have none.
 int64_t find_non_finite(DType t, const void* p, size_t n);
+// The same, and also the first element of magnitude 2^log2_bound or more (F32, BF16, F16; other
+// dtypes: non-finite values only).
+int64_t find_out_of_range(DType t, const void* p, size_t n, int log2_bound);
 
 }  // namespace tpdraft

@@ -2,8 +2,10 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <cmath>
 #include <set>
 
+#include "core/bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
 
@@ -61,9 +63,16 @@ void Engine::check_taps(const StepEntry& e, int64_t p0) const {
     return;
   }
   const int64_t count = checked_mul(e.n_new, caps_.taps_width, "{} tap rows of {} floats", e.n_new, caps_.taps_width);
-  const int64_t bad = find_non_finite(e.taps.dtype, e.taps.data, static_cast<size_t>(count));
-  TPDRAFT_CHECK(bad < 0, "the taps of position {} (new row {}) hold NaN or Inf at column {}",
+  const int64_t bad = find_out_of_range(e.taps.dtype, e.taps.data, static_cast<size_t>(count), kTapLog2Bound);
+  if (bad < 0) return;
+  float value = 0;
+  convert_to_f32(e.taps.dtype, static_cast<const std::byte*>(e.taps.data) + static_cast<size_t>(bad) * dtype_size(e.taps.dtype),
+                 &value, 1);
+  TPDRAFT_CHECK(std::isfinite(value), "the taps of position {} (new row {}) hold NaN or Inf at column {}",
                 p0 + bad / caps_.taps_width, bad / caps_.taps_width, bad % caps_.taps_width);
+  TPDRAFT_FAIL("the taps of position {} (new row {}) hold {} at column {}, beyond the ±2^{} a hidden state may hold "
+               "(larger ones overflow the drafter's f32 arithmetic)", p0 + bad / caps_.taps_width,
+               bad / caps_.taps_width, value, bad % caps_.taps_width, kTapLog2Bound);
 }
 
 void Engine::check(const std::vector<StepEntry>& entries) const {

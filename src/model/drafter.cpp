@@ -375,8 +375,9 @@ void Drafter::check_requests(const std::vector<DraftRequest>& requests) const {
 void Drafter::check_request(const DrafterConfig& cfg, int64_t anchor_token, const SamplingParams& sp) {
   TPDRAFT_CHECK(anchor_token >= 0 && anchor_token < cfg.vocab, "draft: anchor token {} outside [0, {})", anchor_token,
                 cfg.vocab);
-  TPDRAFT_CHECK(sp.temperature >= 0 && std::isfinite(sp.temperature), "temperature must be >= 0, got {}",
-                sp.temperature);
+  TPDRAFT_CHECK(sp.temperature == 0 || (sp.temperature >= kMinTemperature && std::isfinite(sp.temperature)),
+                "temperature must be 0 (greedy) or a finite value of at least {} (1 / T scales the logits), got {}",
+                kMinTemperature, sp.temperature);
   TPDRAFT_CHECK(sp.top_p > 0 && sp.top_p <= 1, "top_p must lie in (0, 1], got {}", sp.top_p);
   TPDRAFT_CHECK(sp.top_k >= 0, "top_k must be >= 0, got {}", sp.top_k);
   TPDRAFT_CHECK(!cfg.is_dflash2() || (sp.top_k == 0 && sp.top_p == 1.0),

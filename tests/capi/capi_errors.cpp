@@ -129,6 +129,30 @@ TEST_F(CapiStepErrors, NonFiniteTaps) {
   expect_refused(e, {"NaN or Inf", "position 5"});
 }
 
+// Finite taps beyond ±2^30 overflow fc and the norms: refused before the forward, which they once
+// turned into NaN and a failed drafter (ending a server for all its clients).
+TEST_F(CapiStepErrors, TapsBeyondTheBound) {
+  const int64_t width = ck_.cfg.n_taps() * ck_.cfg.hidden;
+  std::vector<float> huge(taps_.size(), 3e38f);
+  tpdraft_step_entry e = good_on_b();
+  e.taps = huge.data();
+  expect_refused(e, {"position 4", "column 0", "beyond the ±2^30"});
+  std::vector<float> one = taps_;
+  one[static_cast<size_t>(width + 2)] = -2e9f;
+  e.taps = one.data();
+  expect_refused(e, {"position 5", "column 2", "-2000000000", "beyond the ±2^30"});
+  std::vector<uint16_t> bf16(one.size());
+  convert_from_f32(DType::BF16, one.data(), bf16.data(), one.size());
+  e.taps = bf16.data();
+  e.taps_dtype = TPDRAFT_BF16;
+  expect_refused(e, {"position 5", "column 2", "beyond the ±2^30"});
+  one[static_cast<size_t>(width + 2)] = 1e9f;  // just inside the bound: drafts
+  e = good_on_b();
+  e.taps = one.data();
+  std::vector<tpdraft_step_entry> entries = {e};
+  EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), 1), TPDRAFT_OK) << tpdraft_last_error();
+}
+
 TEST_F(CapiStepErrors, TapsMissingOrUnreadable) {
   expect_spoiled_refused([](Entry& e) { e.taps = nullptr; }, {"no taps"});
   expect_spoiled_refused([](Entry& e) { e.taps_dtype = 7; }, {"taps_dtype 7"});
@@ -149,6 +173,10 @@ TEST_F(CapiStepErrors, BadSampling) {
   expect_spoiled_refused([](Entry& e) { e.sampling = {-0.5, 0, 1.0, 1}; }, {"temperature", "-0.5"});
   expect_spoiled_refused([](Entry& e) { e.sampling = {0.5, 0, 0.0, 1}; }, {"top_p"});
   expect_spoiled_refused([](Entry& e) { e.sampling = {NAN, 0, 1.0, 1}; }, {"temperature"});
+  // 1 / T overflows below about 5.6e-309, and the logits' scale long before: refused below 1e-6.
+  expect_spoiled_refused([](Entry& e) { e.sampling = {1e-300, 0, 1.0, 1}; }, {"temperature", "at least 1e-06", "1e-300"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {5e-7, 0, 1.0, 1}; }, {"temperature", "at least 1e-06"});
+  expect_spoiled_refused([](Entry& e) { e.sampling = {INFINITY, 0, 1.0, 1}; }, {"temperature", "inf"});
 }
 
 TEST_F(CapiStepErrors, MissingOutputBuffers) {

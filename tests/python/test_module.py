@@ -113,7 +113,10 @@ def test_errors_name_the_problem_and_change_nothing(checkpoint):
                  ({"session": s, "keep": 9, "anchor": 1}, "keep 9"),
                  ({"session": s, "taps": bad, "anchor": 1}, "NaN"),
                  ({"session": s, "anchor": 10 ** 6}, "anchor token"),
-                 ({"session": s, "anchor": 1, "top_k": 3, "temperature": 0.5}, "selector candidates")]
+                 ({"session": s, "anchor": 1, "top_k": 3, "temperature": 0.5}, "selector candidates"),
+                 ({"session": s, "anchor": 1, "temperature": 1e-310}, "at least 1e-06"),
+                 ({"session": s, "taps": np.full((1, rows.shape[1]), 3e38, np.float32), "anchor": 1},
+                  r"beyond the ±2\^30")]
         for entry, needle in cases:
             with pytest.raises(tpdraft.ArgumentError, match=needle):
                 d.step([entry])

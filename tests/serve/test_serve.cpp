@@ -357,9 +357,15 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   no_ring.taps_where = serve::kTapsRing;
   other.session = gs;  // the good client's
   bad_where.taps_where = 9;
-  std::string nan_area = taps;
+  std::string nan_area = taps, huge_area = taps;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(&nan_area[4], &nan, 4);
+  // Finite taps that overflow the forward, and a temperature whose inverse does: refused, where
+  // they once passed every check and ended the server for every client.
+  const std::vector<float> huge(static_cast<size_t>(caps.taps_width), 3e38f);
+  std::memcpy(&huge_area[0], huge.data(), huge_area.size());
+  serve::WireEntry cold = fine;
+  cold.temperature = 1e-310;
   std::string bad_magic = frame(serve::kStats, 0, "");
   bad_magic[0] = 'X';
   const std::vector<Case> cases = {
@@ -378,6 +384,8 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
       {"another client's session", {frame(serve::kStep, 1, entry_bytes(other) + taps)}, serve::kArgument,
        "session " + std::to_string(gs) + " is not open for client"},
       {"NaN taps", {frame(serve::kStep, 1, entry_bytes(nan_taps) + nan_area)}, serve::kArgument, "NaN or Inf"},
+      {"huge taps", {frame(serve::kStep, 1, entry_bytes(fine) + huge_area)}, serve::kArgument, "beyond the ±2^30"},
+      {"tiny temperature", {frame(serve::kStep, 1, entry_bytes(cold) + taps)}, serve::kArgument, "at least 1e-06"},
       {"close unknown", {frame(serve::kClose, 0, std::string(8, '\x09'))}, serve::kArgument, "is not open for"},
   };
   for (const Case& c : cases) {
