@@ -130,8 +130,15 @@ tpdraft_status lost(tpdraft_client* c, const char* what) {
 }
 
 tpdraft_status too_late(tpdraft_client* c, const char* what) {
-  return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone); this "
+  return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone, or the "
+                                     "request was larger than it accepts, which it drops without a reply); this "
                                      "client is closed: open a new one", what, c->address, c->timeout));
+}
+
+// A call on a client that a failure closed: named as this call, with the failure that closed it.
+tpdraft_status closed(tpdraft_client* c, const char* what) {
+  return fail(TPDRAFT_ERROR_UNAVAILABLE, fmt::format("{}: this client is closed after an earlier failure: {}", what,
+                                                     c->broken));
 }
 
 // Starts `frame` with a request header.
@@ -194,7 +201,7 @@ tpdraft_status exchange_ring(tpdraft_client* c, const char* what, uint64_t id, s
 // through the ring when it holds the request and its reply, else through the socket. On an
 // error reply returns its status with the server's message.
 tpdraft_status exchange(tpdraft_client* c, const char* what) {
-  if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
+  if (!c->broken.empty()) return closed(c, what);
   const uint64_t id = ++c->next_id;
   std::memcpy(&c->frame[16], &id, sizeof(id));
   const size_t at = std::max<size_t>(c->ring_free, serve::kRingControlBytes);
@@ -455,7 +462,7 @@ tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entrie
   const int64_t rows = c->caps.block - 1;
   size_t validated = 0;  // entries known to be the caller's, with their buffers: what a failure may write to
   const tpdraft_status st = guarded(c, "tpdraft_client_step", [&]() -> tpdraft_status {
-    if (!c->broken.empty()) return fail(TPDRAFT_ERROR_UNAVAILABLE, c->broken);
+    if (!c->broken.empty()) return closed(c, "tpdraft_client_step");
     if (count == 0 || count > static_cast<size_t>(c->caps.max_sessions))
       return fail(TPDRAFT_ERROR_ARGUMENT, fmt::format("tpdraft_client_step: a step takes 1 to {} entries (the "
                                                       "server's max sessions), got {}", c->caps.max_sessions, count));

@@ -115,12 +115,15 @@ struct Prepared {
   engine::StepEntry entry;
 };
 
-void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
+void load(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
   p->source = model::ModelSource::open(o.drafter, o.target);
   apply_load_options(p->source, o.ranks);
   p->taps = read_taps(o.taps, p->source.config);
   fault_point(ctx, "load");
+}
+
+void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
   ro.limits.max_context = std::max<int64_t>(1, p->taps.n);
   ro.limits.keep_all_positions = !o.dump.empty();
@@ -165,6 +168,10 @@ void write_dump(const DraftOpts& o, const RankContext& ctx, model::RankRuntime& 
 
 void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   Prepared p;
+  agree_on(ctx.world, kExitInput, [&] { load(o, ctx, &p); });
+  // The sampling options against this checkpoint (top-k and top-p do not apply to a DFlash 2
+  // drafter): the command line's error, not the input's. (Token 0 is an anchor every drafter takes.)
+  agree_on(ctx.world, kExitUsage, [&] { model::Drafter::check_request(p.source.config, 0, o.sampling); });
   agree_on(ctx.world, kExitInput, [&] { prepare(o, ctx, &p); });
   model::RankRuntime& rt = p.engine->runtime();
   fault_point(ctx, "settle");

@@ -217,6 +217,12 @@ TEST(Cli, UserErrorsNameWhatIsWrong) {
     EXPECT_NE(r.status, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
   }
+  // Sampling options a checkpoint cannot take are the command line's error (2), not the input's:
+  // top-k and top-p on a DFlash 2 drafter.
+  const Result r = run("draft --drafter " + other + "/drafter --target " + other + "/target --taps " + other +
+                       "/taps.safetensors --anchor 1 --temperature 0.8 --top-k 20 --top-p 0.9");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("top_k / top_p apply to DFlash drafters"), std::string::npos) << r.out;
 }
 
 TEST(Cli, HugeVocabIsAnErrorNotACrash) {

@@ -613,9 +613,14 @@ TEST_F(Serve, AServerThatStopsAnsweringFailsTheCallClosedWithinItsTimeout) {
   EXPECT_NE(std::string(tpdraft_last_error()).find("no reply"), std::string::npos) << tpdraft_last_error();
   EXPECT_EQ(out.tokens, std::vector<int64_t>(static_cast<size_t>(caps.block_size - 1), -1));
   EXPECT_EQ(out.q, std::vector<float>(static_cast<size_t>(caps.block_size - 1), 0.0f));
-  // Closed for good: the next call fails at once, the same way.
+  EXPECT_NE(std::string(tpdraft_last_error()).find("larger than it accepts"), std::string::npos)
+      << tpdraft_last_error();
+  // Closed for good: the next call fails at once, the same way, naming itself and the failure.
   int64_t n = 0;
   EXPECT_EQ(tpdraft_client_session_length(c.c, s, &n), TPDRAFT_ERROR_UNAVAILABLE);
+  const std::string again = tpdraft_last_error();
+  EXPECT_EQ(again.find("tpdraft_client_session_length: this client is closed after an earlier failure: "
+                       "tpdraft_client_step: no reply"), 0u) << again;
   server->signal(SIGCONT);
   // No server at all: the open fails within its timeout too.
   tpdraft_client_options o;
