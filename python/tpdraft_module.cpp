@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -156,21 +158,26 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
   ~Endpoint() { close(); }
 
+  // No call starts once the handle is cleared (both under the GIL); the calls in flight on other
+  // threads finish before the library's close frees what they use.
   void close() {
     Handle* h = std::exchange(handle_, nullptr);
     if (h == nullptr) return;
     py::gil_scoped_release unlocked;
+    std::unique_lock<std::mutex> lock(calls_mutex_);
+    calls_done_.wait(lock, [&] { return in_flight_ == 0; });
+    lock.unlock();
     Api::close(h);
   }
   const Caps& caps() const { return caps_; }
 
   int64_t open_session() {
     tpdraft_session s = -1;
-    call_unlocked([&, h = live()] { return Api::open_session(h, &s); });
+    call([&](Handle* h) { return Api::open_session(h, &s); });
     return s;
   }
   void close_session(int64_t s) {
-    call_unlocked([&, h = live()] { return Api::close_session(h, s); });
+    call([&](Handle* h) { return Api::close_session(h, s); });
   }
   py::dict last_times() {
     tpdraft_step_times t{};
@@ -179,7 +186,7 @@ class Endpoint {
   }
   int64_t session_length(int64_t s) {
     int64_t n = 0;
-    call_unlocked([&, h = live()] { return Api::length(h, s, &n); });
+    call([&](Handle* h) { return Api::length(h, s, &n); });
     return n;
   }
 
@@ -192,7 +199,7 @@ class Endpoint {
                              py::repr(entries[i]).cast<std::string>());
       stage(entries[i].cast<py::dict>(), raw[i], &staged[i]);
     }
-    call_unlocked([&, h = live()] {
+    call([&](Handle* h) {
       const auto t0 = std::chrono::steady_clock::now();
       const tpdraft_status st = Api::step(h, raw.data(), raw.size());
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -226,6 +233,23 @@ class Endpoint {
   Handle* live() const {
     if (handle_ == nullptr) throw py::value_error(Api::closed);
     return handle_;
+  }
+  // Runs f(handle), a library call, without the GIL; close() waits for it. Raises its failure.
+  template <typename F>
+  void call(F&& f) {
+    Handle* h = live();  // with the GIL held, as close() clears the handle
+    {
+      std::lock_guard<std::mutex> lock(calls_mutex_);
+      ++in_flight_;
+    }
+    tpdraft_status st;
+    {
+      py::gil_scoped_release unlocked;
+      st = f(h);
+      std::lock_guard<std::mutex> lock(calls_mutex_);
+      if (--in_flight_ == 0) calls_done_.notify_all();
+    }
+    raise_for(st);
   }
 
  private:
@@ -303,6 +327,9 @@ class Endpoint {
 
   Handle* handle_ = nullptr;
   Caps caps_;
+  std::mutex calls_mutex_;
+  std::condition_variable calls_done_;
+  int in_flight_ = 0;  // library calls running on other threads
 
  public:
   // Seconds the last step spent inside the library's step call: a caller's wall time minus this
@@ -388,13 +415,13 @@ class Client : public Endpoint<Served> {
   bool shared_memory() const { return shared_memory_; }
   py::dict stats() {
     tpdraft_server_stats s{};
-    call_unlocked([&, h = live()] { return tpdraft_client_stats(h, &s); });
+    call([&](tpdraft_client* h) { return tpdraft_client_stats(h, &s); });
     return py::dict("clients"_a = s.clients, "open_sessions"_a = s.open_sessions, "forwards"_a = s.forwards,
                     "steps"_a = s.steps, "entries"_a = s.entries, "errors"_a = s.errors, "max_batch"_a = s.max_batch,
                     "clients_reaped"_a = s.clients_reaped, "uptime_seconds"_a = s.uptime_seconds);
   }
   void shutdown() {
-    call_unlocked([h = live()] { return tpdraft_client_shutdown(h); });
+    call([](tpdraft_client* h) { return tpdraft_client_shutdown(h); });
   }
 
  private:

@@ -84,7 +84,9 @@ TPDRAFT_API void tpdraft_options_init(tpdraft_options* options);
  * TARGET_DIR, every rank's share; *out is NULL on failure. options may be NULL (defaults). */
 TPDRAFT_API tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir,
                                         const tpdraft_options* options, tpdraft_drafter** out);
-/* Frees the drafter and every session it holds. NULL is allowed. */
+/* Frees the drafter and every session it holds. NULL is allowed. A call in flight on another
+ * thread finishes first (tpdraft_close waits for it); no call may begin once tpdraft_close has
+ * been called, nor use the handle after. */
 TPDRAFT_API void tpdraft_close(tpdraft_drafter* drafter);
 
 typedef struct tpdraft_caps {
@@ -198,7 +200,9 @@ TPDRAFT_API void tpdraft_client_options_init(tpdraft_client_options* options);
  * the server's caps (HELLO); *out is NULL on failure. options may be NULL (defaults). */
 TPDRAFT_API tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options,
                                                tpdraft_client** out);
-/* Closes the client's sessions on the server (a short wait) and frees it. NULL is allowed. */
+/* Closes the client's sessions on the server (a short wait) and frees it. NULL is allowed. As
+ * with tpdraft_close, a call in flight on another thread finishes first, and no call may begin
+ * once tpdraft_client_close has been called. */
 TPDRAFT_API void tpdraft_client_close(tpdraft_client* client);
 /* As tpdraft_caps_get; the strings and arrays stay valid while the client is open. */
 TPDRAFT_API tpdraft_status tpdraft_client_caps_get(const tpdraft_client* client, tpdraft_caps* out);

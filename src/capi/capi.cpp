@@ -196,6 +196,9 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
 }
 
 void tpdraft_close(tpdraft_drafter* drafter) {
+  if (drafter == nullptr) return;
+  // A call in flight on another thread holds the mutex: it finishes before anything is freed.
+  { std::lock_guard<std::mutex> wait_for_calls(drafter->mutex); }
   // Destructors do not throw; whatever a device reports on the way out is not the caller's to act on.
   delete drafter;
 }

@@ -7,6 +7,8 @@ full head's logits cut to the map's ids do (docs/sampling.md's rules, redone her
 import json
 import os
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -209,6 +211,38 @@ def test_a_closed_drafter_refuses_calls(checkpoint):
     d.close()  # twice is harmless
     with pytest.raises(ValueError, match="closed"):
         d.open_session()
+
+
+def test_closing_while_another_thread_steps_waits_for_the_call(checkpoint):
+    # close() on one thread while another is inside step() (a use-after-free that crashed the
+    # interpreter every time): the step in flight finishes with its drafts, every later call
+    # raises "closed", nothing crashes. Several rounds, at tp 1 and 2.
+    ck = checkpoint("tiny-dflash2.json", taps=64)
+    rows = taps_of(ck)
+    for round_ in range(6):
+        d = open_drafter(ck, tp=1 + round_ % 2, max_context=4096)
+        s = d.open_session()
+        outcome = {"steps": 0}
+
+        def keep_stepping():
+            try:
+                while True:
+                    got = d.step([{"session": s, "keep": 0, "taps": rows, "anchor": 3}])[0]
+                    assert len(got["tokens"]) == d.caps.block_size - 1
+                    outcome["steps"] += 1
+            except ValueError as e:
+                outcome["error"] = str(e)
+
+        worker = threading.Thread(target=keep_stepping)
+        worker.start()
+        while outcome["steps"] < 3:
+            time.sleep(0.001)
+        d.close()
+        worker.join(timeout=60)
+        assert not worker.is_alive()
+        assert outcome.get("error") == "the drafter is closed", outcome
+        with pytest.raises(ValueError, match="closed"):
+            d.session_length(s)
 
 
 @pytest.mark.parametrize("quant", ["q8", "q4", "q4+head"])
