@@ -272,7 +272,7 @@ tpdraft_status request(tpdraft_client* c, const char* what, uint16_t kind,
 
 bool make_ring(tpdraft_client* c, int64_t bytes, std::string* name) {
   static std::atomic<uint64_t> counter{0};
-  *name = fmt::format("/tpdraft-ring-{}-{}-{}", getpid(), counter++,
+  *name = fmt::format("{}{}-{}-{}", serve::kRingNamePrefix, getpid(), counter++,
                       std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
   const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return false;

@@ -17,6 +17,9 @@
 
 namespace tpdraft::serve {
 
+// Every client ring's POSIX shared-memory name starts with this; a server maps no other.
+constexpr const char* kRingNamePrefix = "/tpdraft-ring-";
+
 constexpr uint64_t kRingControlBytes = 4096;
 
 struct RingControl {

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 #include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
@@ -191,7 +192,12 @@ struct Server::Impl {
     const uint64_t ring_bytes = r.get<uint64_t>("hello.ring_bytes");
     expect_end(r, "HELLO");
     c.ring.unmap();
-    const std::string note = ring_name.empty() ? "" : map_ring(ring_name, ring_bytes, &c.ring);
+    // A ring is shared memory of this host: only a client over ipc:// can have made it.
+    const bool ipc = starts_with(options.listen, "ipc://");
+    const std::string note = ring_name.empty() ? ""
+                             : !ipc ? "a shared-memory ring serves clients over ipc:// only; this server listens on " +
+                                          options.listen
+                                    : map_ring(ring_name, ring_bytes, &c.ring);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
     const engine::Caps& k = caps();
     const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
@@ -205,15 +211,23 @@ struct Server::Impl {
     });
   }
 
-  // Maps a client's ring; returns why not ("" when mapped).
+  // Maps a client's ring; returns why not ("" when mapped). Only a segment a client of this
+  // server could have made is mapped: a tpdraft ring name, owned by this server's user, readable
+  // and writable by that user alone (as clients make them), never any other memory named to it.
   static std::string map_ring(const std::string& name, uint64_t bytes, Ring* ring) {
     if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos)
       return fmt::format("ring name '{}' is not a POSIX shared-memory name (/NAME)", name);
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (!starts_with(name, kRingNamePrefix))
+      return fmt::format("ring name '{}' does not start with {}: not a tpdraft client's ring", name, kRingNamePrefix);
+    const int fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0);
     if (fd < 0) return fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno));
     struct stat st {};
-    const bool sized =
-        fstat(fd, &st) == 0 && bytes > kRingControlBytes && static_cast<uint64_t>(st.st_size) >= bytes;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+      close(fd);
+      return fmt::format("shared memory {} is not this server user's alone (owner {}, mode {:o}); a client's ring is "
+                         "made by the same user with mode 600", name, st.st_uid, st.st_mode & 0777);
+    }
+    const bool sized = bytes > kRingControlBytes && static_cast<uint64_t>(st.st_size) >= bytes;
     if (!sized) {
       close(fd);
       return fmt::format("shared memory {} holds {} bytes, the client named {}", name, st.st_size, bytes);

@@ -5,6 +5,7 @@
 // docs/protocol.md says, without a hang: every client call carries a timeout.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -395,7 +396,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   }
   // A ring of its own, named in a HELLO: a request placed outside it is refused through the ring,
   // and one placed inside is answered there.
-  const std::string ring_name = "/tpdraft-test-ring-" + std::to_string(getpid());
+  const std::string ring_name = "/tpdraft-ring-test-" + std::to_string(getpid());
   const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 65536), 0);
@@ -456,7 +457,7 @@ TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
   ASSERT_NO_FATAL_FAILURE(start({"--max-sessions", "2"}));
   Client probe(address);
   const tpdraft_caps caps = client_caps(probe.c);
-  const std::string ring_name = "/tpdraft-test-hello-" + std::to_string(getpid());
+  const std::string ring_name = "/tpdraft-ring-test-hello-" + std::to_string(getpid());
   const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 65536), 0);
@@ -507,6 +508,70 @@ TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
   // Once its steps are answered the client may say HELLO again.
   EXPECT_EQ(raw.ask({hello}).first, 0u);
   munmap(mapped, 65536);
+}
+
+// The ring a HELLO names: its reply's "mapped" flag and why not.
+std::pair<uint32_t, std::string> hello_ring(RawSocket& raw, const std::string& name, uint64_t bytes) {
+  std::string body;
+  serve::Writer(&body).str(name);
+  serve::Writer(&body).put<uint64_t>(bytes);
+  const std::string request = frame(serve::kHello, 0, body);
+  zmq_send(raw.sock, request.data(), request.size(), 0);
+  serve::Message m;
+  if (zmq_msg_recv(&m.msg, raw.sock, 0) < 0) return {99, "TIMEOUT"};
+  serve::Reader r(m.data(), m.size());
+  if (r.header().status != 0) return {98, "refused"};
+  serve::get_caps(r);
+  r.get<double>("idle_timeout");
+  const uint32_t mapped = r.get<uint32_t>("mapped");
+  return {mapped, r.str("why not")};
+}
+
+// A shared-memory segment of `bytes` with `mode`, unlinked when the object dies.
+struct Segment {
+  std::string name;
+  Segment(std::string n, mode_t mode, size_t bytes = 65536) : name(std::move(n)) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, mode);
+    EXPECT_GE(fd, 0) << name;
+    EXPECT_EQ(fchmod(fd, mode), 0);  // past the umask
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    close(fd);
+  }
+  ~Segment() { shm_unlink(name.c_str()); }
+};
+
+// A server maps only a ring one of its own clients could have made: named as clients name them,
+// this user's alone; and none at all for a client over tcp, which could name any segment of the
+// server's host.
+TEST_F(Serve, OnlyAClientsOwnRingIsMapped) {
+  ASSERT_NO_FATAL_FAILURE(start({}));
+  const std::string pid = std::to_string(getpid());
+  const Segment good("/tpdraft-ring-test-own-" + pid, 0600), open_to_all("/tpdraft-ring-test-open-" + pid, 0644),
+      other("/tpdraft-test-other-" + pid, 0600);
+  RawSocket raw(address);
+  EXPECT_EQ(hello_ring(raw, good.name, 65536), std::make_pair(1u, std::string()));
+  const auto shared = hello_ring(raw, open_to_all.name, 65536);
+  EXPECT_EQ(shared.first, 0u);
+  EXPECT_NE(shared.second.find("is not this server user's alone"), std::string::npos) << shared.second;
+  const auto foreign = hello_ring(raw, other.name, 65536);
+  EXPECT_EQ(foreign.first, 0u);
+  EXPECT_NE(foreign.second.find("does not start with /tpdraft-ring-"), std::string::npos) << foreign.second;
+}
+
+TEST_F(Serve, ATcpClientNamesNoRing) {
+  ASSERT_NO_FATAL_FAILURE(start({"--listen", "tcp://127.0.0.1:*"}));
+  const Segment good("/tpdraft-ring-test-tcp-" + std::to_string(getpid()), 0600);
+  RawSocket raw(address);
+  const auto got = hello_ring(raw, good.name, 65536);
+  EXPECT_EQ(got.first, 0u);
+  EXPECT_NE(got.second.find("ipc:// only"), std::string::npos) << got.second;
+  // Its steps take their taps inline, and draft.
+  Client c(address);
+  EXPECT_FALSE(tpdraft_client_shared_memory(c.c));
+  std::mt19937_64 rng(2);
+  Out out;
+  EXPECT_EQ(random_step(c, c.open(), rng, &out), TPDRAFT_OK) << tpdraft_last_error();
+  EXPECT_NE(out.tokens[0], -1);
 }
 
 TEST_F(Serve, LimitsAnswerWithErrors) {
