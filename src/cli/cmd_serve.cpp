@@ -15,6 +15,7 @@
 #include "cli/ranks.h"
 #include "core/bounds.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "engine/engine.h"
@@ -85,11 +86,13 @@ void write_address_file(const std::string& path, const std::string& text) {
   TPDRAFT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--address-file {}: cannot rename {} to it", path, tmp);
 }
 
-// Removes the address file when the server ends, however it ends (but a kill).
+// Removes the address file when the server ends, however it ends (but a kill), while it is still
+// the one this server wrote (another server may have written its own there since).
 struct RemoveOnExit {
   std::string path;
+  FileIdentity written;
   ~RemoveOnExit() {
-    if (!path.empty()) std::remove(path.c_str());
+    if (!path.empty()) remove_if_same(path, written);
   }
 };
 
@@ -143,6 +146,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     }
     write_address_file(o.address_file, text);
     address_file.path = o.address_file;
+    address_file.written = file_identity(o.address_file);
   }
   if (!leader) {
     serve::follow(*engine, ctx.comm, *channel, hook);

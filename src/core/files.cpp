@@ -69,4 +69,16 @@ std::string read_regular_file(const std::string& path, const char* what, size_t 
   return text;
 }
 
+FileIdentity file_identity(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return {};
+  return {static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino), true};
+}
+
+bool remove_if_same(const std::string& path, const FileIdentity& id) {
+  const FileIdentity now = file_identity(path);
+  if (!id.valid || !now.valid || now.device != id.device || now.inode != id.inode) return false;
+  return unlink(path.c_str()) == 0;
+}
+
 }  // namespace tpdraft

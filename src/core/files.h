@@ -14,4 +14,14 @@ int open_regular_file(const std::string& path, const char* what);
 // The whole content of the regular file at `path` (JSON files), refused above `max_bytes`.
 std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes = size_t{256} << 20);
 
+// Which file a path named when it was taken (device and inode), so that a file this process made
+// is removed only while it is still the same one (another process may have replaced it).
+struct FileIdentity {
+  unsigned long long device = 0, inode = 0;
+  bool valid = false;
+};
+FileIdentity file_identity(const std::string& path);
+// Removes `path` when it is still the file `id` names; returns whether it did.
+bool remove_if_same(const std::string& path, const FileIdentity& id);
+
 }  // namespace tpdraft

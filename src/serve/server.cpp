@@ -7,7 +7,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <zmq.h>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "serve/message.h"
@@ -36,6 +39,20 @@ std::atomic<bool> g_stop_requested{false};
 namespace {
 
 extern "C" void on_stop_signal(int) { g_stop_requested = true; }
+
+// Whether a process accepts connections on the unix socket at `path` (a live server's), as
+// against a stale socket file or nothing.
+bool ipc_listener_at(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;  // ZeroMQ refuses such a path itself
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return live;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -113,7 +130,8 @@ struct Server::Impl {
   std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
   double last_forward_seconds = 0;
-  std::string ipc_path;  // the socket file this server made, removed when it closes
+  std::string ipc_path;  // the socket file this server made, removed when it closes (if still its own)
+  FileIdentity ipc_file;
   Route route;           // the route of the request being answered now
   Clock::time_point last_request = Clock::now();
 
@@ -124,7 +142,7 @@ struct Server::Impl {
     if (sock != nullptr) zmq_close(sock);
     if (ctx != nullptr) zmq_ctx_term(ctx);
     // libzmq leaves the file of a bound ipc:// endpoint behind.
-    if (!ipc_path.empty()) unlink(ipc_path.c_str());
+    if (!ipc_path.empty()) remove_if_same(ipc_path, ipc_file);
   }
 
   const engine::Caps& caps() const { return engine.caps(); }
@@ -583,13 +601,24 @@ std::string Server::bind() {
                          double(k.max_sessions) * double(k.max_context) * double(k.taps_width) * 4;
   const int64_t max_msg = largest > 9e18 ? -1 : static_cast<int64_t>(largest) + 4096;
   zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
+  // ZeroMQ would take over the path of a live server (which would then lose its socket, and later
+  // unlink ours): refuse it, as tcp refuses a port in use. A socket file nobody listens on is
+  // stale and is rebound.
+  if (starts_with(s.options.listen, "ipc://")) {
+    const std::string path = s.options.listen.substr(6);
+    TPDRAFT_CHECK(!ipc_listener_at(path), "--listen {}: a server is listening there already (address in use)",
+                  s.options.listen);
+  }
   TPDRAFT_CHECK(zmq_bind(s.sock, s.options.listen.c_str()) == 0, "--listen {}: cannot listen there: {}",
                 s.options.listen, zmq_strerror(zmq_errno()));
   char endpoint[1024] = {0};
   size_t size = sizeof(endpoint) - 1;
   zmq_getsockopt(s.sock, ZMQ_LAST_ENDPOINT, endpoint, &size);
   const std::string bound(endpoint);
-  if (bound.rfind("ipc://", 0) == 0) s.ipc_path = bound.substr(6);
+  if (bound.rfind("ipc://", 0) == 0) {
+    s.ipc_path = bound.substr(6);
+    s.ipc_file = file_identity(s.ipc_path);
+  }
   return bound;
 }
 

@@ -574,6 +574,43 @@ TEST_F(Serve, ATcpClientNamesNoRing) {
   EXPECT_NE(out.tokens[0], -1);
 }
 
+// A second server on the ipc path of a live one is refused, as tcp refuses a port in use; the
+// first keeps its socket and address file. A socket file nobody listens on (its server was
+// killed) is stale and taken over, and removed when that server ends.
+TEST_F(Serve, ASecondServerOnALiveIpcPathIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(start({}));
+  const std::string path = dir.file("s.sock");
+  {
+    ServerProcess second(dir.path(), {"--listen", "ipc://" + path});
+    EXPECT_EQ(second.wait_exit(20), 2) << second.log();  // --listen: the command line's error
+    EXPECT_NE(second.log().find("--listen ipc://" + path + ": a server is listening there already"), std::string::npos)
+        << second.log();
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_TRUE(std::filesystem::exists(server->address_file()));
+  {
+    Client c(address);
+    std::mt19937_64 rng(4);
+    Out out;
+    EXPECT_EQ(random_step(c, c.open(), rng, &out), TPDRAFT_OK) << tpdraft_last_error();
+  }
+  server->signal(SIGKILL);
+  server->wait_exit(30);
+  ASSERT_TRUE(std::filesystem::exists(path));  // left behind: stale
+  ServerProcess third(dir.path(), {"--listen", "ipc://" + path});
+  const std::string again = third.wait_address();
+  ASSERT_FALSE(again.empty()) << third.log();
+  {
+    Client c(again);
+    std::mt19937_64 rng(5);
+    Out out;
+    EXPECT_EQ(random_step(c, c.open(), rng, &out), TPDRAFT_OK) << tpdraft_last_error();
+  }
+  third.signal(SIGTERM);
+  EXPECT_EQ(third.wait_exit(30), 0) << third.log();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 TEST_F(Serve, LimitsAnswerWithErrors) {
   ASSERT_NO_FATAL_FAILURE(
       start({"--max-sessions", "2", "--max-open-sessions", "3", "--max-context", "16"}));
