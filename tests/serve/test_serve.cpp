@@ -311,6 +311,26 @@ std::string entry_bytes(const serve::WireEntry& e) {
   return out;
 }
 
+// A HELLO's body: the ring's name ("" for none) and its bytes.
+std::string hello_body(const std::string& ring_name, uint64_t bytes) {
+  std::string body;
+  serve::Writer(&body).str(ring_name);
+  serve::Writer(&body).put<uint64_t>(bytes);
+  return body;
+}
+
+// A client's ring of 64 KiB made as clients make them (mode 600) and mapped here; nullptr on failure.
+constexpr size_t kTestRingBytes = 65536;
+char* make_test_ring(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* mapped = ftruncate(fd, kTestRingBytes) == 0
+                     ? mmap(nullptr, kTestRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
+  close(fd);
+  return mapped == MAP_FAILED ? nullptr : static_cast<char*>(mapped);
+}
+
 TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothing) {
   ASSERT_NO_FATAL_FAILURE(start({"--max-sessions", "2", "--spin-us", "0"}));
   // A well-behaved client steps before and after; its drafts must equal the library's.
@@ -334,10 +354,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   RawSocket raw(address);
   const std::string taps(static_cast<size_t>(caps.taps_width) * 4, '\0');
   // Its own session, for the entries below.
-  std::string hello;
-  serve::Writer(&hello).str("");
-  serve::Writer(&hello).put<uint64_t>(0);
-  ASSERT_EQ(raw.ask({frame(serve::kHello, 0, hello)}).first, 0u);
+  ASSERT_EQ(raw.ask({frame(serve::kHello, 0, hello_body("", 0))}).first, 0u);
   ASSERT_EQ(raw.ask({frame(serve::kOpen, 0, "")}).first, 0u);
   const int64_t own = gs + 1;  // sessions are numbered in opening order
   serve::WireEntry fine;
@@ -397,19 +414,13 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   // A ring of its own, named in a HELLO: a request placed outside it is refused through the ring,
   // and one placed inside is answered there.
   const std::string ring_name = "/tpdraft-ring-test-" + std::to_string(getpid());
-  const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 65536), 0);
-  void* mapped = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
-  std::string ring_hello;
-  serve::Writer(&ring_hello).str(ring_name);
-  serve::Writer(&ring_hello).put<uint64_t>(65536);
+  char* mapped = make_test_ring(ring_name);
+  ASSERT_NE(mapped, nullptr);
+  const std::string ring_hello = hello_body(ring_name, kTestRingBytes);
   RawSocket ringed(address);
   EXPECT_EQ(ringed.ask({frame(serve::kHello, 0, ring_hello)}).first, 0u);
   shm_unlink(ring_name.c_str());
-  char* ring = static_cast<char*>(mapped);
+  char* ring = mapped;
   auto* ctl = reinterpret_cast<serve::RingControl*>(ring);
   auto ring_ask = [&](uint64_t at, const std::string& request, uint32_t seq) -> std::pair<uint32_t, std::string> {
     if (at + request.size() <= 65536) std::memcpy(ring + at, request.data(), request.size());
@@ -432,7 +443,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   EXPECT_NE(hello_in_ring.second.find("HELLO must come through the socket"), std::string::npos)
       << hello_in_ring.second;
   EXPECT_EQ(ring_ask(4096, frame(serve::kStats, 0, ""), 3).first, 0u);
-  munmap(mapped, 65536);
+  munmap(mapped, kTestRingBytes);
 
   // The same socket's well-formed step still works, and its session did not move.
   EXPECT_EQ(raw.ask({frame(serve::kStep, 1, entry_bytes(fine) + taps)}).first, 0u);
@@ -458,18 +469,10 @@ TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
   Client probe(address);
   const tpdraft_caps caps = client_caps(probe.c);
   const std::string ring_name = "/tpdraft-ring-test-hello-" + std::to_string(getpid());
-  const int fd = shm_open(ring_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 65536), 0);
-  void* mapped = mmap(nullptr, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
+  char* mapped = make_test_ring(ring_name);
+  ASSERT_NE(mapped, nullptr);
   RawSocket raw(address);
-  std::string ring_hello, plain_hello;
-  serve::Writer(&ring_hello).str(ring_name);
-  serve::Writer(&ring_hello).put<uint64_t>(65536);
-  serve::Writer(&plain_hello).str("");
-  serve::Writer(&plain_hello).put<uint64_t>(0);
+  const std::string ring_hello = hello_body(ring_name, kTestRingBytes), plain_hello = hello_body("", 0);
   ASSERT_EQ(raw.ask({frame(serve::kHello, 0, ring_hello)}).first, 0u);
   shm_unlink(ring_name.c_str());
   const std::string open = frame(serve::kOpen, 0, "");
@@ -479,7 +482,7 @@ TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
   serve::Reader opened_reply(opened.data(), opened.size());
   ASSERT_EQ(opened_reply.header().status, 0u);
   const std::vector<float> rows(static_cast<size_t>(2 * caps.taps_width), 0.5f);
-  std::memcpy(static_cast<char*>(mapped) + 4096, rows.data(), rows.size() * sizeof(float));
+  std::memcpy(mapped + 4096, rows.data(), rows.size() * sizeof(float));
   serve::WireEntry e;
   e.session = opened_reply.get<int64_t>("session");
   e.n_new = 2;
@@ -507,15 +510,12 @@ TEST_F(Serve, AHelloWhileItsStepsWaitIsRefusedAndTheirRingStaysMapped) {
   EXPECT_TRUE(server->running()) << server->log();
   // Once its steps are answered the client may say HELLO again.
   EXPECT_EQ(raw.ask({hello}).first, 0u);
-  munmap(mapped, 65536);
+  munmap(mapped, kTestRingBytes);
 }
 
 // The ring a HELLO names: its reply's "mapped" flag and why not.
 std::pair<uint32_t, std::string> hello_ring(RawSocket& raw, const std::string& name, uint64_t bytes) {
-  std::string body;
-  serve::Writer(&body).str(name);
-  serve::Writer(&body).put<uint64_t>(bytes);
-  const std::string request = frame(serve::kHello, 0, body);
+  const std::string request = frame(serve::kHello, 0, hello_body(name, bytes));
   zmq_send(raw.sock, request.data(), request.size(), 0);
   serve::Message m;
   if (zmq_msg_recv(&m.msg, raw.sock, 0) < 0) return {99, "TIMEOUT"};
