@@ -24,6 +24,26 @@ namespace tpdraft::model {
 
 namespace {
 
+// The dtypes token ids come in, and element i of such a tensor.
+bool holds_ids(DType t) { return t == DType::I64 || t == DType::I32 || t == DType::I16 || t == DType::U8; }
+
+template <typename T>
+int64_t element(const TensorInfo& t, size_t i) {
+  T v;
+  std::memcpy(&v, t.data + i * sizeof(T), sizeof(T));
+  return static_cast<int64_t>(v);
+}
+
+int64_t id_at(const TensorInfo& t, size_t i) {
+  switch (t.dtype) {
+    case DType::I64: return element<int64_t>(t, i);
+    case DType::I32: return element<int32_t>(t, i);
+    case DType::I16: return element<int16_t>(t, i);
+    case DType::U8: return element<uint8_t>(t, i);
+    default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not token ids", t.file, t.name, dtype_name(t.dtype));
+  }
+}
+
 // The integers of a 1-D integer tensor (I64 or I32).
 std::vector<int64_t> integer_tensor(const TensorInfo& t, const char* what) {
   TPDRAFT_CHECK(t.shape.size() == 1, "{}: tensor '{}' has shape {}, expected a 1-D list of {}", t.file, t.name,
@@ -31,15 +51,7 @@ std::vector<int64_t> integer_tensor(const TensorInfo& t, const char* what) {
   TPDRAFT_CHECK(t.dtype == DType::I64 || t.dtype == DType::I32, "{}: tensor '{}' has dtype {}, expected I64", t.file,
                 t.name, dtype_name(t.dtype));
   std::vector<int64_t> out(static_cast<size_t>(t.shape[0]));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (t.dtype == DType::I64) {
-      std::memcpy(&out[i], t.data + i * sizeof(int64_t), sizeof(int64_t));
-    } else {
-      int32_t v;
-      std::memcpy(&v, t.data + i * sizeof(int32_t), sizeof(int32_t));
-      out[i] = v;
-    }
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = id_at(t, i);
   return out;
 }
 
@@ -165,16 +177,9 @@ namespace {
 // Counts the ids of an integer tensor.
 uint64_t count_tensor(const TensorInfo& t, std::vector<uint64_t>& counts) {
   const int64_t vocab = static_cast<int64_t>(counts.size());
-  const size_t n = static_cast<size_t>(t.numel()), esize = dtype_size(t.dtype);
+  const size_t n = static_cast<size_t>(t.numel());
   for (size_t i = 0; i < n; ++i) {
-    int64_t id = 0;
-    switch (t.dtype) {
-      case DType::I64: std::memcpy(&id, t.data + i * esize, 8); break;
-      case DType::I32: { int32_t v; std::memcpy(&v, t.data + i * esize, 4); id = v; break; }
-      case DType::I16: { int16_t v; std::memcpy(&v, t.data + i * esize, 2); id = v; break; }
-      case DType::U8: id = static_cast<int64_t>(std::to_integer<uint8_t>(t.data[i])); break;
-      default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not token ids", t.file, t.name, dtype_name(t.dtype));
-    }
+    const int64_t id = id_at(t, i);
     TPDRAFT_CHECK(id >= 0 && id < vocab, "{}: tensor '{}' holds the token id {} at element {}, outside the vocabulary "
                   "[0, {})", t.file, t.name, id, i, vocab);
     ++counts[static_cast<size_t>(id)];
@@ -193,7 +198,7 @@ uint64_t count_corpus_tokens(const std::string& path, std::vector<uint64_t>& cou
     bool any = false;
     for (const std::string& name : store->names()) {
       const TensorInfo& t = *store->find(name);
-      if (t.dtype != DType::I64 && t.dtype != DType::I32 && t.dtype != DType::I16 && t.dtype != DType::U8) continue;
+      if (!holds_ids(t.dtype)) continue;
       any = true;
       total += count_tensor(t, counts);
       if (progress) progress(total);

@@ -21,8 +21,9 @@ ModelSource ModelSource::from(DrafterConfig config, std::shared_ptr<const Tensor
     // The speculators layout: draft row i scores target id i + d2t[i], from the drafter's own
     // reduced head, or, when it ships none, from the target head's rows of those ids.
     const std::vector<int64_t> ids = read_d2t(*s.drafter, s.config.draft_vocab, s.config.vocab);
+    const bool own_head = s.drafter->find("lm_head.weight") != nullptr;
     std::vector<int64_t> rows(ids.size());
-    for (size_t i = 0; i < rows.size(); ++i) rows[i] = s.drafter->find("lm_head.weight") ? static_cast<int64_t>(i) : ids[i];
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = own_head ? static_cast<int64_t>(i) : ids[i];
     s.vocab = std::make_shared<DraftVocab>(make_draft_vocab(ids, rows, s.drafter->source() + " (d2t)", s.config.vocab));
   }
   return s;

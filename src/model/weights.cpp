@@ -325,14 +325,17 @@ kernels::Matrix DrafterWeights::load_head(const std::string& name, const TensorI
   std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * row_bytes);
   for (int64_t r = 0; r < m.rows; r += chunk) {
     const int64_t n = std::min(chunk, m.rows - r);
-    for (int64_t j = 0; j < n; ++j) {
+    // Consecutive source rows are copied as one run: the whole chunk for a full head.
+    for (int64_t j = 0, run = 1; j < n; j += run) {
       const int64_t row = src(r + j);
-      TPDRAFT_CHECK(row >= 0 && row < info.rows(), "{}: head row {} outside tensor '{}' ({} rows)", info.file, row,
-                    info.name, info.rows());
-      const TensorInfo one = row_view(info, row, 1);
-      copy_rows(one, 0, 1, info.dtype, stage.data() + static_cast<size_t>(j) * row_bytes);
-      check_finite(info, stage.data() + static_cast<size_t>(j) * row_bytes, 1, m.cols, row, 0);
-      if (&info != embed_) release_pages(one);
+      for (run = 1; j + run < n && src(r + j + run) == row + run;) ++run;
+      TPDRAFT_CHECK(row >= 0 && row + run <= info.rows(), "{}: head rows [{}, {}) outside tensor '{}' ({} rows)",
+                    info.file, row, row + run, info.name, info.rows());
+      const TensorInfo part = row_view(info, row, run);
+      std::byte* at = stage.data() + static_cast<size_t>(j) * row_bytes;
+      copy_rows(part, 0, run, info.dtype, at);
+      check_finite(info, at, run, m.cols, row, 0);
+      if (&info != embed_) release_pages(part);
     }
     ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * row_bytes, stage.data(),
                    static_cast<size_t>(n) * row_bytes);
