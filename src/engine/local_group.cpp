@@ -2,6 +2,8 @@
 // reports; the caller runs rank 0 itself and then waits for the others.
 #include "engine/local_group.h"
 
+#include <system_error>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/thread_comm.h"
@@ -15,7 +17,17 @@ LocalGroup::LocalGroup(const model::ModelSource& source, const model::RuntimeOpt
   if (tp == 1) comms_.push_back(parallel::make_single_rank());
   engines_.resize(static_cast<size_t>(tp));
   errors_.resize(static_cast<size_t>(tp));
-  for (int r = 1; r < tp; ++r) threads_.emplace_back([this, r] { worker(r); });
+  threads_.reserve(static_cast<size_t>(tp - 1));
+  for (int r = 1; r < tp; ++r) {
+    try {
+      threads_.emplace_back([this, r] { worker(r); });
+    } catch (const std::system_error& e) {
+      stop_workers();  // joins the rank threads that did start
+      TPDRAFT_FAIL("cannot start the thread of rank {} of {}: {} (lower tp, or raise the process's memory or thread "
+                   "limits)",
+                   r, tp, e.what());
+    }
+  }
   try {
     run([&](int r) {
       engines_[static_cast<size_t>(r)] =

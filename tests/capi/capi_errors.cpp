@@ -2,6 +2,8 @@
 // header lists returns its documented status with a message naming the entry or field and moves
 // no session; the open-session limit; closing what is not open; two threads stepping one handle;
 // the last error per thread; threads = 0 sharing the cores among the ranks.
+#include <pthread.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -314,6 +316,29 @@ TEST(CapiOpenErrors, BadOptionsNameTheField) {
     SCOPED_TRACE(needle);
     expect_open_refused(ck, o, TPDRAFT_ERROR_INPUT, {"tpdraft_open", needle});
   }
+}
+
+// Threads that cannot start (a default stack larger than any mapping can be) fail tpdraft_open
+// with a message naming the thread, where they once ended the host through std::terminate: the
+// rank threads of tp = 2, and the CPU workers of one rank.
+TEST(CapiOpenErrors, ThreadsThatCannotStart) {
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
+  pthread_attr_t saved, huge;
+  ASSERT_EQ(pthread_getattr_default_np(&saved), 0);
+  ASSERT_EQ(pthread_attr_init(&huge), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&huge, size_t{1} << 46), 0);  // 64 TiB
+  ASSERT_EQ(pthread_setattr_default_np(&huge), 0);
+  tpdraft_options ranks = cpu_options(), workers = cpu_options();
+  ranks.tp = 2;
+  ranks.threads = 1;
+  workers.tp = 1;
+  workers.threads = 2;
+  expect_open_refused(ck, ranks, TPDRAFT_ERROR_INPUT, {"tpdraft_open", "cannot start the thread of rank 1 of 2"});
+  expect_open_refused(ck, workers, TPDRAFT_ERROR_INPUT, {"tpdraft_open", "cannot start CPU worker thread 2 of 2"});
+  pthread_setattr_default_np(&saved);
+  pthread_attr_destroy(&huge);
+  pthread_attr_destroy(&saved);
+  Handle after(ck, ranks);  // the defaults restored, the same options open
 }
 
 TEST(CapiOpenErrors, MissingCheckpointOrNullArguments) {

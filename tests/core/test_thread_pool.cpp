@@ -1,10 +1,12 @@
 // ThreadPool::parallel_for on its own: every index of [0, n) covered exactly once for many n,
 // grain and pool sizes, chunk boundaries on multiples of grain, worker indices in range and tied
-// to one thread, the inline single-chunk case, thousands of back-to-back regions and regions after
-// the workers fell asleep (a lost wake-up would hang into the CTest timeout), and exceptions.
+// to one thread, the inline single-chunk case, thousands of back-to-back regions, regions after
+// the workers fell asleep (a lost wake-up shows as a worker that never joins), exceptions, and a
+// pool whose threads cannot start.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -12,8 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include <pthread.h>
+
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 
 namespace tpdraft {
@@ -53,19 +58,38 @@ void expect_exact_cover(const std::vector<Chunk>& chunks, int64_t n) {
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "index " << i << " of " << n;
 }
 
-// Boundaries on multiples of grain (the end of the range excepted), at most one chunk per
-// worker, worker indices in [0, size), at most ceil(n / grain) chunks.
+// Boundaries on multiples of grain (the end of the range excepted), worker indices in
+// [0, size), at most min(size, ceil(n / grain)) chunks, the calling thread as worker 0.
 void expect_chunk_shape(const std::vector<Chunk>& chunks, int64_t n, int64_t grain, int pool_size) {
   const int64_t units = (n + grain - 1) / grain;
   EXPECT_LE(static_cast<int64_t>(chunks.size()), std::min<int64_t>(pool_size, units));
-  std::vector<int> seen(static_cast<size_t>(pool_size), 0);
   for (const Chunk& c : chunks) {
     EXPECT_EQ(c.begin % grain, 0) << "begin " << c.begin << " grain " << grain;
     EXPECT_TRUE(c.end % grain == 0 || c.end == n) << "end " << c.end << " grain " << grain << " n " << n;
     ASSERT_GE(c.worker, 0);
     ASSERT_LT(c.worker, pool_size);
-    EXPECT_EQ(++seen[static_cast<size_t>(c.worker)], 1) << "worker " << c.worker << " ran two chunks";
+    EXPECT_EQ(c.worker == 0, c.thread == std::this_thread::get_id()) << "worker " << c.worker;
   }
+}
+
+// The chunks of one region over [0, n) in which every chunk waits (up to a minute) until
+// `threads` distinct threads have run one: the region shows that many threads joined it however
+// slowly the scheduler brings them, and a worker that was never woken shows as a failure.
+std::vector<Chunk> record_chunks_of(ThreadPool& pool, int64_t n, size_t threads) {
+  std::mutex mu;
+  std::condition_variable joined;
+  std::vector<Chunk> chunks;
+  std::vector<std::thread::id> ids;
+  pool.parallel_for(n, [&](int64_t begin, int64_t end, int worker) {
+    std::unique_lock<std::mutex> lock(mu);
+    chunks.push_back({begin, end, worker, std::this_thread::get_id()});
+    if (std::find(ids.begin(), ids.end(), std::this_thread::get_id()) == ids.end()) ids.push_back(std::this_thread::get_id());
+    joined.notify_all();
+    joined.wait_for(lock, std::chrono::minutes(1), [&] { return ids.size() >= threads; });
+  });
+  EXPECT_GE(ids.size(), threads) << "threads that ran a chunk of the region";
+  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) { return a.begin < b.begin; });
+  return chunks;
 }
 
 TEST(ThreadPool, SizeCountsTheCallingThread) {
@@ -105,16 +129,13 @@ TEST(ThreadPool, GrainBelowOneActsAsOne) {
   }
 }
 
-TEST(ThreadPool, SpreadsWorkOverSeveralThreads) {
+// Every thread of the pool can take a chunk (the region waits for all four to show).
+TEST(ThreadPool, SpreadsWorkOverEveryThread) {
   ThreadPool pool(4);
-  const std::vector<Chunk> chunks = record_chunks(pool, 400, 1);
+  const std::vector<Chunk> chunks = record_chunks_of(pool, 400, 4);
   expect_exact_cover(chunks, 400);
-  std::vector<std::thread::id> threads;
-  for (const Chunk& c : chunks) threads.push_back(c.thread);
-  std::sort(threads.begin(), threads.end());
-  EXPECT_EQ(std::unique(threads.begin(), threads.end()) - threads.begin(), static_cast<std::ptrdiff_t>(chunks.size()))
-      << "two chunks of one region ran on the same thread";
-  EXPECT_GE(chunks.size(), 2u);
+  expect_chunk_shape(chunks, 400, 1, pool.size());
+  EXPECT_EQ(chunks.size(), 4u);
 }
 
 // A worker index names one thread for the pool's life (callers keep per-worker scratch).
@@ -177,7 +198,7 @@ TEST(ThreadPool, WakesWorkersThatFellAsleep) {
   ThreadPool pool(3);
   for (int call = 0; call < 20; ++call) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    const std::vector<Chunk> chunks = record_chunks(pool, 30, 1);
+    const std::vector<Chunk> chunks = record_chunks_of(pool, 30, 3);
     expect_exact_cover(chunks, 30);
     ASSERT_EQ(chunks.size(), 3u) << "call " << call;
   }
@@ -213,6 +234,29 @@ TEST(ThreadPool, ExceptionFromTheCallersChunkWaitsForTheWorkers) {
     }
     expect_exact_cover(record_chunks(pool, 40, 1), 40);
   }
+}
+
+// Threads that cannot start (here: a default stack larger than any mapping can be) make the
+// constructor throw a tpdraft::Error naming the thread, after joining those that started; they
+// once ended the process through std::terminate.
+TEST(ThreadPool, AThreadThatCannotStartIsAnErrorNotTheEnd) {
+  pthread_attr_t saved, huge;
+  ASSERT_EQ(pthread_getattr_default_np(&saved), 0);
+  ASSERT_EQ(pthread_attr_init(&huge), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&huge, size_t{1} << 46), 0);  // 64 TiB
+  ASSERT_EQ(pthread_setattr_default_np(&huge), 0);
+  std::string message;
+  try {
+    ThreadPool pool(4);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  pthread_setattr_default_np(&saved);
+  pthread_attr_destroy(&huge);
+  pthread_attr_destroy(&saved);
+  EXPECT_NE(message.find("cannot start CPU worker thread 2 of 4"), std::string::npos) << message;
+  ThreadPool after(3);  // the defaults restored, pools start again
+  expect_exact_cover(record_chunks(after, 30, 1), 30);
 }
 
 // Not tested: fn throwing on a worker thread. The exception leaves the std::thread's function,
