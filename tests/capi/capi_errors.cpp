@@ -155,6 +155,30 @@ TEST_F(CapiStepErrors, TapsBeyondTheBound) {
   EXPECT_EQ(tpdraft_step(h_.get(), entries.data(), 1), TPDRAFT_OK) << tpdraft_last_error();
 }
 
+// At tp 2 a step refused for one entry's data (taps past the bound, a temperature whose inverse
+// overflows) is refused before any rank works: both once failed inside the forward and left the
+// group refusing every later call. The handle goes on drafting what the reference drafts.
+TEST(CapiTp2Errors, AnEntryRefusedForItsDataLeavesTheGroupWorking) {
+  const Checkpoint ck(testing::shipped_config("tiny-dflash2.json"));
+  tpdraft_options o = cpu_options();
+  o.tp = 2;
+  o.threads = 1;
+  Handle h(ck, o);
+  Lane a(h, ck);
+  step_ok(h, {a.plan({-1, -1, 6, 3, greedy(), 1})});
+  a.check("first step");
+  const int64_t width = ck.cfg.n_taps() * ck.cfg.hidden;
+  std::vector<float> huge(static_cast<size_t>(2 * width), 3e38f), fine(static_cast<size_t>(2 * width), 0.5f);
+  std::vector<int64_t> tokens(16);
+  tpdraft_step_entry bad = entry(a.session(), 2, huge.data(), 4, greedy(), tokens.data());
+  expect_refusal(tpdraft_step(h.get(), &bad, 1), {"entry 0", "beyond the ±2^30"});
+  bad = entry(a.session(), 2, fine.data(), 4, sampled(1e-310, 7), tokens.data());
+  expect_refusal(tpdraft_step(h.get(), &bad, 1), {"entry 0", "at least 1e-06"});
+  EXPECT_EQ(h.length(a.session()), 6);
+  step_ok(h, {a.plan({-1, -1, 2, 5, greedy(), 2})});
+  a.check("a step after the refused ones");
+}
+
 TEST_F(CapiStepErrors, TapsMissingOrUnreadable) {
   expect_spoiled_refused([](Entry& e) { e.taps = nullptr; }, {"no taps"});
   expect_spoiled_refused([](Entry& e) { e.taps_dtype = 7; }, {"taps_dtype 7"});
