@@ -28,12 +28,14 @@ PyObject* g_error = nullptr;           // tpdraft.Error
 PyObject* g_argument_error = nullptr;  // tpdraft.ArgumentError(Error, ValueError)
 PyObject* g_input_error = nullptr;     // tpdraft.InputError(Error)
 PyObject* g_unavailable_error = nullptr;  // tpdraft.UnavailableError(Error): a served drafter is gone
+PyObject* g_busy_error = nullptr;  // tpdraft.BusyError(UnavailableError): the server's queue was full
 
 void raise_for(tpdraft_status status) {
   if (status == TPDRAFT_OK) return;
   PyObject* type = status == TPDRAFT_ERROR_ARGUMENT ? g_argument_error
                    : status == TPDRAFT_ERROR_INPUT  ? g_input_error
                    : status == TPDRAFT_ERROR_UNAVAILABLE ? g_unavailable_error
+                   : status == TPDRAFT_ERROR_BUSY ? g_busy_error
                                                     : g_error;
   PyErr_SetString(type, tpdraft_last_error());
   throw py::error_already_set();
@@ -364,11 +366,35 @@ py::array_t<int64_t> token_ids(const py::object& ids) {
   return py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
 }
 
+// An optional flag: None (the library decides), True or False; anything else is a TypeError.
+int32_t tri_state(const py::object& v, const char* name) {
+  if (v.is_none()) return -1;
+  if (!py::isinstance<py::bool_>(v))
+    throw py::type_error(std::string(name) + " must be None, True or False, got " + py::repr(v).cast<std::string>());
+  return v.cast<bool>() ? 1 : 0;
+}
+
+// A string the C library reads up to its first NUL: one holding a NUL would be read cut short.
+const std::string& whole_string(const std::string& s, const char* name) {
+  if (s.find('\0') != std::string::npos)
+    throw py::value_error(std::string(name) + " holds a NUL character: " + py::repr(py::str(s)).cast<std::string>());
+  return s;
+}
+
+std::string path_or_str(const py::object& v, const char* name) {
+  if (!py::isinstance<py::str>(v) && !py::hasattr(v, "__fspath__"))
+    throw py::type_error(std::string(name) + " must be a str or a path, got " + py::repr(v).cast<std::string>());
+  return whole_string(py::module_::import("os").attr("fspath")(v).cast<std::string>(), name);
+}
+
 class Drafter : public Endpoint<InProcess> {
  public:
   Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
           int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs, py::object quant,
           py::object token_map) {
+    whole_string(drafter_dir, "drafter_dir");
+    whole_string(target_dir, "target_dir");
+    whole_string(backend, "backend");
     tpdraft_options o;
     tpdraft_options_init(&o);
     o.backend = backend.c_str();
@@ -377,15 +403,18 @@ class Drafter : public Endpoint<InProcess> {
     o.max_sessions = max_sessions;
     o.max_context = max_context;
     o.max_open_sessions = max_open_sessions;
-    o.graphs = graphs.is_none() ? -1 : graphs.cast<bool>() ? 1 : 0;
-    const std::string quant_name = quant.is_none() ? std::string() : quant.cast<std::string>();
+    o.graphs = tri_state(graphs, "graphs");
+    if (!quant.is_none() && !py::isinstance<py::str>(quant))
+      throw py::type_error("quant must be None or one of 'q8', 'q4', 'q8+head', 'q4+head', got " +
+                           py::repr(quant).cast<std::string>());
+    const std::string quant_name = quant.is_none() ? std::string() : whole_string(quant.cast<std::string>(), "quant");
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
     // A path (str or os.PathLike) to a token map file, or the target ids themselves.
     std::string map_path;
     py::array_t<int64_t> map_ids;
     if (!token_map.is_none()) {
       if (py::isinstance<py::str>(token_map) || py::hasattr(token_map, "__fspath__")) {
-        map_path = py::module_::import("os").attr("fspath")(token_map).cast<std::string>();
+        map_path = path_or_str(token_map, "token_map");
         o.token_map = map_path.c_str();
       } else {
         map_ids = token_ids(token_map);
@@ -401,11 +430,23 @@ class Drafter : public Endpoint<InProcess> {
 
 class Client : public Endpoint<Served> {
  public:
-  Client(const std::string& address, double timeout, py::object shared_memory, int64_t ring_bytes) {
+  Client(const std::string& address, double timeout, py::object shared_memory, int64_t ring_bytes,
+         py::object server_key) {
     tpdraft_client_options o;
     tpdraft_client_options_init(&o);
+    whole_string(address, "address");
+    std::string key;
+    if (!server_key.is_none()) {
+      if (!py::isinstance<py::str>(server_key) && !py::hasattr(server_key, "__fspath__"))
+        throw py::type_error("server_key must be a str (the key, or the file holding it) or a path, got " +
+                             py::repr(server_key).cast<std::string>());
+      key = path_or_str(server_key, "server_key");
+      o.server_key = key.c_str();
+    }
     o.timeout_seconds = timeout;
-    o.shared_memory = shared_memory.is_none() ? -1 : shared_memory.cast<bool>() ? 1 : 0;
+    o.shared_memory = tri_state(shared_memory, "shared_memory");
+    if (ring_bytes < 0) throw py::value_error("ring_bytes is " + std::to_string(ring_bytes) + ", expected 0 (the "
+                                              "default size) or a size in bytes");
     if (ring_bytes > 0) o.ring_bytes = ring_bytes;
     tpdraft_client* h = nullptr;
     call_unlocked([&] { return tpdraft_client_open(address.c_str(), &o, &h); });
@@ -455,6 +496,9 @@ PYBIND11_MODULE(tpdraft, m) {
   g_argument_error = py::exception<void>(m, "ArgumentError", bases).release().ptr();
   g_input_error = py::exception<void>(m, "InputError", g_error).release().ptr();
   g_unavailable_error = py::exception<void>(m, "UnavailableError", g_error).release().ptr();
+  // Busy is unavailable for now (an engine decodes the step without drafts either way), but the
+  // client stays open.
+  g_busy_error = py::exception<void>(m, "BusyError", g_unavailable_error).release().ptr();
 
   py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
       .def_readonly("architecture", &Caps::architecture)
@@ -491,13 +535,17 @@ PYBIND11_MODULE(tpdraft, m) {
                "Where the last step's time went (seconds): settle, draft, total (inside the library)");
 
   py::class_<Client> client(m, "Client",
-                            "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0): a drafter served by "
-                            "`tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the calls of Drafter. A "
-                            "call the server does not answer within timeout seconds raises UnavailableError and closes "
-                            "the client. shared_memory: taps through a shared-memory ring (None: for ipc:// "
-                            "addresses).");
-  client.def(py::init<const std::string&, double, py::object, int64_t>(), py::arg("address"), py::kw_only(),
-             py::arg("timeout") = 10.0, py::arg("shared_memory") = py::none(), py::arg("ring_bytes") = 0)
+                            "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0, server_key=None): a "
+                            "drafter served by `tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the "
+                            "calls of Drafter. A call the server does not answer within timeout seconds raises "
+                            "UnavailableError and closes the client; a step the server's full queue did not take "
+                            "raises BusyError (an UnavailableError) and leaves it open. shared_memory: taps through a "
+                            "shared-memory ring (None: for ipc:// addresses). server_key: the public CURVE key of a "
+                            "server started with --curve-secret-key (the key, or the NAME.public file of tpdraft "
+                            "keys).");
+  client.def(py::init<const std::string&, double, py::object, int64_t, py::object>(), py::arg("address"),
+             py::kw_only(), py::arg("timeout") = 10.0, py::arg("shared_memory") = py::none(), py::arg("ring_bytes") = 0,
+             py::arg("server_key") = py::none())
       .def_property_readonly("shared_memory", &Client::shared_memory, "Whether taps go through the shared-memory ring")
       .def("stats", &Client::stats, "The server's counters (STATS)")
       .def("shutdown", &Client::shutdown, "Ask the server to stop after the forward in flight");

@@ -38,16 +38,19 @@ typedef enum tpdraft_status {
   TPDRAFT_ERROR_INPUT = 2,    /* tpdraft_open: the checkpoint or an option cannot be used */
   TPDRAFT_ERROR_RUNTIME = 3,  /* a failure while working (memory, a device, a rank): the handle
                                  may be unusable; tpdraft_close is always safe */
-  TPDRAFT_ERROR_UNAVAILABLE = 4 /* a client only: the server did not answer within the timeout, the
+  TPDRAFT_ERROR_UNAVAILABLE = 4, /* a client only: the server did not answer within the timeout, the
                                    connection is gone or the server is shutting down; the client
                                    is closed for good (every later call fails the same way) */
+  TPDRAFT_ERROR_BUSY = 5         /* a client only: the server's queue of steps was full and did not take
+                                   this one; nothing changed and the client stays open: step again
+                                   later, or decode this step without drafts */
 } tpdraft_status;
 
 /* The library's version, "MAJOR.MINOR.PATCH"; compare with TPDRAFT_VERSION_STRING. */
 TPDRAFT_API const char* tpdraft_version(void);
 /* The reason of the calling thread's last failed call ("" when none). */
 TPDRAFT_API const char* tpdraft_last_error(void);
-/* "ok", "argument", "input", "runtime" or "unavailable" ("unknown" for any other value). */
+/* "ok", "argument", "input", "runtime", "unavailable" or "busy" ("unknown" for any other value). */
 TPDRAFT_API const char* tpdraft_status_name(int status);
 
 typedef struct tpdraft_drafter tpdraft_drafter;
@@ -193,6 +196,10 @@ typedef struct tpdraft_client_options {
   int32_t shared_memory;    /* taps through a shared-memory ring: -1 auto (for ipc:// addresses), 0, 1 */
   int64_t ring_bytes;       /* the ring's size (default 64 MiB; a step whose taps do not fit sends
                                them inline) */
+  const char* server_key;   /* NULL, or the public CURVE key of a server started with
+                               --curve-secret-key: the 40-character key or the file holding it
+                               (NAME.public of tpdraft keys). The connection is then encrypted and
+                               reaches only the server that holds the matching secret key */
 } tpdraft_client_options;
 
 TPDRAFT_API void tpdraft_client_options_init(tpdraft_client_options* options);

@@ -144,8 +144,8 @@ const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
 const char* tpdraft_last_error(void) { return t_last_error.c_str(); }
 
 const char* tpdraft_status_name(int status) {
-  // By the statuses' values, TPDRAFT_OK = 0 to TPDRAFT_ERROR_UNAVAILABLE = 4.
-  static const char* const names[] = {"ok", "argument", "input", "runtime", "unavailable"};
+  // By the statuses' values, TPDRAFT_OK = 0 to TPDRAFT_ERROR_BUSY = 5.
+  static const char* const names[] = {"ok", "argument", "input", "runtime", "unavailable", "busy"};
   return status >= 0 && status < static_cast<int>(std::size(names)) ? names[status] : "unknown";
 }
 

@@ -23,6 +23,7 @@
 #include "capi/caps.h"
 #include "capi/last_error.h"
 #include "core/bounds.h"
+#include "serve/keys.h"
 #include "serve/message.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
@@ -51,6 +52,8 @@ struct tpdraft_client {
   std::vector<char> reply;           // the last reply
   tpdraft_step_times times{};
   bool connected_once = false;
+  bool curve = false;  // the connection is encrypted for a server key
+  bool handshake_done = false, handshake_failed = false;
 };
 
 namespace {
@@ -65,7 +68,8 @@ tpdraft_status status_of(uint32_t wire) {
     case serve::kArgument:
     case serve::kMalformed: return TPDRAFT_ERROR_ARGUMENT;
     case serve::kInput: return TPDRAFT_ERROR_INPUT;
-    case serve::kBusy: return TPDRAFT_ERROR_UNAVAILABLE;
+    case serve::kClosing: return TPDRAFT_ERROR_UNAVAILABLE;
+    case serve::kBusy: return TPDRAFT_ERROR_BUSY;
     default: return TPDRAFT_ERROR_RUNTIME;
   }
 }
@@ -84,6 +88,12 @@ bool lost_connection(tpdraft_client* c) {
       zmq_msg_recv(&addr.msg, c->monitor, 0);
     }
     if (event == ZMQ_EVENT_CONNECTED) c->connected_once = true;
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) c->handshake_done = true;
+    if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+      c->handshake_failed = true;
+      lost = true;
+    }
     if (event == ZMQ_EVENT_DISCONNECTED && c->connected_once) lost = true;
   }
 }
@@ -125,14 +135,23 @@ std::optional<tpdraft_status> take_reply(tpdraft_client* c, uint64_t id, const c
 }
 
 tpdraft_status lost(tpdraft_client* c, const char* what) {
+  if (c->handshake_failed && !c->handshake_done)  // never got through: a key that does not match
+    return break_client(c, fmt::format("{}: the server at {} refused the connection's handshake: {}; this client is "
+                                       "closed", what, c->address,
+                                       c->curve ? "it does not hold the secret key of options.server_key (or takes "
+                                                  "no CURVE keys)"
+                                                : "it takes only clients given its CURVE key (options.server_key)"));
   return break_client(c, fmt::format("{}: the connection to {} was lost (the server ended); its sessions are gone: "
                                      "this client is closed", what, c->address));
 }
 
 tpdraft_status too_late(tpdraft_client* c, const char* what) {
   return break_client(c, fmt::format("{}: no reply from {} within {} s (the server is stopped, busy or gone, or the "
-                                     "request was larger than it accepts, which it drops without a reply); this "
-                                     "client is closed: open a new one", what, c->address, c->timeout));
+                                     "request was larger than it accepts, which it drops without a reply{}); this "
+                                     "client is closed: open a new one", what, c->address, c->timeout,
+                                     c->curve ? ", or the server does not hold the secret key of options.server_key"
+                                              : ", or the server takes only clients given its CURVE key "
+                                                "(options.server_key)"));
 }
 
 // A call on a client that a failure closed: named as this call, with the failure that closed it.
@@ -363,6 +382,15 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
   const bool want_ring = o.shared_memory == 1 || (o.shared_memory == -1 && ipc);
   if (want_ring && (o.ring_bytes < tpdraft::kMinRingBytes || o.ring_bytes > tpdraft::kMaxRingBytes))
     return refused(fmt::format("options.ring_bytes is {}, expected {}..{}", o.ring_bytes, tpdraft::kMinRingBytes, tpdraft::kMaxRingBytes));
+  std::string server_key;
+  if (o.server_key != nullptr) {
+    try {
+      server_key = serve::server_key_from(o.server_key, "options.server_key");
+    } catch (const std::exception& e) {
+      return refused(e.what());
+    }
+    if (!serve::curve_available()) return refused("options.server_key: this ZeroMQ was built without CURVE (libsodium)");
+  }
   auto* c = new (std::nothrow) tpdraft_client();
   if (c == nullptr) return failed(TPDRAFT_ERROR_RUNTIME, "out of memory");
   c->address = addr;
@@ -375,12 +403,24 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     const int linger = 0;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof(linger));
     const std::string mon = fmt::format("inproc://tpdraft-client-monitor-{}", static_cast<const void*>(c));
-    if (zmq_socket_monitor(c->sock, mon.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+    const int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(c->sock, mon.c_str(), events) != 0)
       return failed(TPDRAFT_ERROR_RUNTIME, "cannot monitor the socket");
     c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
     zmq_setsockopt(c->monitor, ZMQ_LINGER, &linger, sizeof(linger));
     if (zmq_connect(c->monitor, mon.c_str()) != 0)
       return failed(TPDRAFT_ERROR_RUNTIME, "cannot read the socket's events");
+    if (!server_key.empty()) {  // a throwaway key pair of this client's own for the handshake
+      char pub[serve::kCurveKeyChars + 1] = {0}, sec[serve::kCurveKeyChars + 1] = {0};
+      if (zmq_curve_keypair(pub, sec) != 0 ||
+          zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, server_key.c_str(), serve::kCurveKeyChars) != 0 ||
+          zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, pub, serve::kCurveKeyChars) != 0 ||
+          zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, sec, serve::kCurveKeyChars) != 0)
+        return failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot set up CURVE: {}", zmq_strerror(zmq_errno())));
+      c->curve = true;
+    }
     if (zmq_connect(c->sock, address) != 0)
       return failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("cannot connect to {}: {}", addr, zmq_strerror(zmq_errno())));
     std::string ring_name;

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "model/runtime.h"
 #include "serve/group.h"
+#include "serve/keys.h"
 #include "serve/server.h"
 
 namespace tpdraft::cli {
@@ -28,8 +29,9 @@ namespace tpdraft::cli {
 namespace {
 
 struct ServeOpts {
-  std::string drafter, target, listen, address_file;
-  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
+  std::string drafter, target, listen, address_file, curve_key_file, curve_secret;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0, max_client_sessions = 0;
+  int64_t max_queued_bytes = int64_t{256} << 20;
   double idle_timeout = 300, spin_us = 2000, gather_us = 2000;
   RankOptions ranks;
 };
@@ -128,6 +130,9 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     so.max_open_sessions = o.max_open_sessions;
     so.spin_seconds = o.spin_us * 1e-6;
     so.gather_seconds = o.gather_us * 1e-6;
+    so.max_client_sessions = o.max_client_sessions;
+    so.max_queued_bytes = static_cast<uint64_t>(o.max_queued_bytes);
+    so.curve_secret_key = o.curve_secret;
     server = std::make_unique<serve::Server>(*group, so);
     endpoint = server->bind();
   });
@@ -190,6 +195,17 @@ void add_serve(CLI::App& app) {
                   "Microseconds queued STEPs may wait, at most (and never over a tenth of the last forward), for "
                   "the clients of the last forward to ask again, so that they share the next one (0: never wait)")
       ->check(real_number(0, 1e6))->capture_default_str();
+  cmd->add_option("--max-client-sessions", o->max_client_sessions,
+                  "Sessions one client may hold at once (0: --max-open-sessions)")
+      ->check(whole_number(0, kMaxOpenSessions))->capture_default_str();
+  cmd->add_option("--max-queued-bytes", o->max_queued_bytes,
+                  "Bytes of STEP requests (their inline taps) waiting for a forward, over every client; one client "
+                  "may hold a quarter. A request past the bound is answered 'busy' and may be sent again")
+      ->check(whole_number(int64_t{1} << 20, int64_t{1} << 40))->capture_default_str();
+  cmd->add_option("--curve-secret-key", o->curve_key_file,
+                  "Encrypt the connection and admit only clients given this server's public key (ZeroMQ CURVE): the "
+                  "file of the server's secret key, mode 600 (tpdraft keys --out NAME writes NAME.secret and "
+                  "NAME.public; clients take NAME.public)");
   cmd->add_option("--max-memory", o->max_memory,
                   "Bytes the sessions' context may take on this machine (0: what /proc/meminfo says is available)")
       ->check(whole_number(0));
@@ -197,10 +213,29 @@ void add_serve(CLI::App& app) {
   cmd->callback([o] {
     if (o->listen.empty())
       o->listen = "ipc://" + temp_dir() + "/tpdraft-serve-" + std::to_string(getpid()) + ".sock";
+    if (!o->curve_key_file.empty()) {
+      TPDRAFT_CHECK(serve::curve_available(), "--curve-secret-key: this ZeroMQ was built without CURVE (libsodium)");
+      o->curve_secret = serve::read_curve_key(o->curve_key_file, true, "--curve-secret-key");
+    }
     serve::install_stop_signals();
     std::unique_ptr<serve::Mailbox> mailbox;
     if (!under_mpi() && o->ranks.tp > 1) mailbox = std::make_unique<serve::Mailbox>(o->ranks.tp);
     run_ranks(o->ranks, [&](const RankContext& ctx) { serve_on_rank(*o, ctx, mailbox.get()); });
+  });
+}
+
+void add_keys(CLI::App& app) {
+  auto out = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand(
+      "keys", "Make a CURVE key pair for tpdraft serve --curve-secret-key: NAME.secret (mode 600, the server's) and "
+              "NAME.public (for clients: tpdraft_client_options.server_key, tpdraft.Client(server_key=...))");
+  cmd->add_option("--out", *out, "NAME: the files NAME.secret and NAME.public are written (never overwritten)")
+      ->required();
+  cmd->callback([out] {
+    const std::string pub = serve::write_curve_keys(*out);
+    std::printf("%s\n", pub.c_str());
+    TPDRAFT_LOG_INFO("wrote {}.secret (keep it to the server) and {}.public (give it to clients): public key {}", *out,
+                     *out, pub);
   });
 }
 

@@ -12,5 +12,6 @@ void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_quantize(CLI::App& app);
 void add_vocab(CLI::App& app);
+void add_keys(CLI::App& app);
 
 }  // namespace tpdraft::cli

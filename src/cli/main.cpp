@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   add_serve(app);
   add_quantize(app);
   add_vocab(app);
+  add_keys(app);
   int status = kExitOk;
   try {
     init_launch(&argc, &argv);

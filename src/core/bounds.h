@@ -11,7 +11,7 @@ constexpr int64_t kMaxStepEntries = 4096;           // max_sessions: entries in 
 constexpr int64_t kMaxOpenSessions = int64_t{1} << 20;  // max_open_sessions
 constexpr int64_t kMaxContext = int64_t{1} << 31;   // max_context: positions one session holds
 constexpr int kMaxInProcessRanks = 256;             // tp: ranks as threads of one process
-constexpr int64_t kMinRingBytes = 4096;             // a client's shared-memory ring
+constexpr int64_t kMinRingBytes = 8192;             // a client's shared-memory ring
 constexpr int64_t kMaxRingBytes = int64_t{1} << 40;
 
 // The values a step may carry: tap rows within ±2^30 (hidden states are far smaller; 2^30 times a

@@ -44,7 +44,8 @@ enum WireStatus : uint32_t {
   kInput = 2,      // reserved (the server's own inputs are checked at start)
   kRuntime = 3,    // the drafter failed while working; the server ends
   kMalformed = 4,  // the frame cannot be read (size, magic, version, a field)
-  kBusy = 5,       // the server is shutting down
+  kClosing = 5,    // the server is shutting down: the request was not run
+  kBusy = 6,       // the server's queue of STEPs is full: the request was not taken; ask again
 };
 
 // Where an entry's taps are.

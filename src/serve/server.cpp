@@ -14,9 +14,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csetjmp>
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <new>
@@ -29,6 +31,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "serve/message.h"
+#include "serve/keys.h"
 #include "serve/protocol.h"
 #include "serve/ring.h"
 
@@ -39,6 +42,61 @@ std::atomic<bool> g_stop_requested{false};
 namespace {
 
 extern "C" void on_stop_signal(int) { g_stop_requested = true; }
+
+// A client can shrink its ring under the server (ftruncate on its own descriptor): a read or write
+// past the segment's new end is then a SIGBUS. Every access to a ring goes through the fault-free
+// copies below, on the serving thread: the fault jumps back out of the copy, which fails, and the
+// server unmaps that ring. (The drafter never reads a ring: taps there are copied out first.)
+thread_local sigjmp_buf* t_ring_guard = nullptr;
+
+extern "C" void on_ring_fault(int sig) {
+  if (t_ring_guard != nullptr) siglongjmp(*t_ring_guard, 1);
+  std::signal(sig, SIG_DFL);  // a fault of anything else: what it always was
+  std::raise(sig);
+}
+
+void install_ring_fault_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_ring_fault;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
+bool fault_free_copy(void* dst, const void* src, size_t n) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) {
+    t_ring_guard = nullptr;
+    return false;
+  }
+  t_ring_guard = &env;
+  std::memcpy(dst, src, n);
+  t_ring_guard = nullptr;
+  return true;
+}
+
+bool fault_free_load(const uint32_t* word, uint32_t* out) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) {
+    t_ring_guard = nullptr;
+    return false;
+  }
+  t_ring_guard = &env;
+  *out = ring_load(word);
+  t_ring_guard = nullptr;
+  return true;
+}
+
+bool fault_free_store(uint32_t* word, uint32_t value) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) {
+    t_ring_guard = nullptr;
+    return false;
+  }
+  t_ring_guard = &env;
+  ring_store(word, value);
+  t_ring_guard = nullptr;
+  return true;
+}
 
 // Whether a process accepts connections on the unix socket at `path` (a live server's), as
 // against a stale socket file or nothing.
@@ -52,6 +110,33 @@ bool ipc_listener_at(const std::string& path) {
   const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
   return live;
+}
+
+// The process at the other end of the unix socket a message came through (0 when unknown: tcp,
+// or a process outside this pid namespace).
+pid_t ipc_peer(zmq_msg_t* msg) {
+  const int fd = zmq_msg_get(msg, ZMQ_SRCFD);
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
+  return cred.pid > 0 ? cred.pid : 0;
+}
+
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');  // the state follows the command name, which may hold spaces
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Whether the address is this host's loopback (or a unix socket): no other machine reaches it.
+bool local_only(const std::string& listen) {
+  if (!starts_with(listen, "tcp://")) return true;
+  const std::string host = listen.substr(6, listen.rfind(':') - 6);
+  return starts_with(host, "127.") || host == "localhost" || host == "[::1]" || host == "::1";
 }
 
 using Clock = std::chrono::steady_clock;
@@ -86,21 +171,31 @@ struct Client {
   std::set<int64_t> sessions;
   Clock::time_point last;
   Ring ring;
-  int pending = 0;  // STEP requests queued
+  int pending = 0;               // STEP requests queued
+  int64_t queued_entries = 0;    // their entries
+  uint64_t queued_bytes = 0;     // and the bytes of their frames the queue holds
+  pid_t pid = 0;                 // over ipc://, the client's process (0: unknown)
 };
 
 struct Pending {
   std::string rid;
   Header header;
-  // Kept alive while the entries read their taps from it; null for a request read from the client's ring.
+  // Kept alive while the entries read their taps from it: the frame, or for a request that came
+  // through the client's ring the copy taken from there.
   std::unique_ptr<Message> frame;
+  std::vector<uint64_t> ring_request;
   Route route;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
+  uint64_t bytes = 0;                         // the frame's size (0 for a request in the ring)
   Clock::time_point arrived;
 };
 
 struct Refusal {  // a request refused for its arguments or a limit (kArgument)
+  std::string message;
+};
+
+struct Busy {  // a STEP not taken because the queue is full (kBusy): the client may ask again
   std::string message;
 };
 
@@ -134,6 +229,10 @@ struct Server::Impl {
   FileIdentity ipc_file;
   Route route;           // the route of the request being answered now
   Clock::time_point last_request = Clock::now();
+  Clock::time_point last_peer_check = Clock::now();
+  std::vector<uint64_t> ring_request;  // the ring request being answered now, copied out of the ring
+  int64_t queued_entries = 0;  // over every client
+  uint64_t queued_bytes = 0;
 
   Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
 
@@ -152,24 +251,37 @@ struct Server::Impl {
       auto it = clients.find(rid);
       if (it == clients.end() || it->second.ring.base == nullptr) return;
       if (body.size() > via.reply_capacity) {
-        const std::string why = fmt::format("the reply of {} bytes does not fit the ring's reply area of {}",
-                                            body.size(), via.reply_capacity);
+        // An error reply instead, its message cut to fit (a reply area holds 64 bytes at least).
+        std::string why = fmt::format("the reply of {} bytes does not fit the ring's reply area of {}", body.size(),
+                                      via.reply_capacity);
+        why.resize(std::min<size_t>(why.size(), via.reply_capacity - kHeaderBytes - 4));
         Reader r(body.data(), body.size());
-        const std::string error = error_reply(r.header(), kArgument, why);
-        if (error.size() <= via.reply_capacity) send_to(rid, via, error);  // else the client will time out
+        send_to(rid, via, error_reply(r.header(), kArgument, why));
         return;
       }
-      Ring& ring = it->second.ring;
-      RingControl* ctl = ring.control();
-      std::memcpy(ring.base + via.reply_at, body.data(), body.size());
-      ctl->reply_bytes = body.size();
-      ring_store(&ctl->reply_seq, via.seq);
-      if (ring_load(&ctl->client_sleeping) != 0) ring_wake(&ctl->reply_seq);
+      Client& c = it->second;
+      RingControl* ctl = c.ring.control();
+      const uint64_t bytes = body.size();
+      uint32_t sleeping = 0;
+      if (!fault_free_copy(c.ring.base + via.reply_at, body.data(), body.size()) ||
+          !fault_free_copy(&ctl->reply_bytes, &bytes, sizeof(bytes)) || !fault_free_store(&ctl->reply_seq, via.seq) ||
+          !fault_free_load(&ctl->client_sleeping, &sleeping)) {
+        ring_faulted(c);
+        return;
+      }
+      if (sleeping != 0) ring_wake(&ctl->reply_seq);  // a futex on a page that is gone fails, it does not fault
       return;
     }
     // A client that has gone is dropped by the ROUTER socket: nothing to do about it here.
     if (zmq_send(sock, rid.data(), rid.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) return;
     zmq_send(sock, body.data(), body.size(), ZMQ_DONTWAIT);
+  }
+
+  // A ring access faulted: the client shrank or removed its ring. It is unmapped; the client's
+  // requests through the socket are still answered.
+  void ring_faulted(Client& c) {
+    TPDRAFT_LOG_WARN("{}: its shared-memory ring faulted (shrunk or removed by the client): unmapped", c.name);
+    c.ring.unmap();
   }
 
   void refuse(const std::string& rid, const Header& h, uint32_t status, const std::string& message) {
@@ -255,8 +367,11 @@ struct Server::Impl {
     if (p == MAP_FAILED) return fmt::format("cannot map shared memory {}: {}", name, std::strerror(errno));
     ring->base = static_cast<char*>(p);
     ring->bytes = bytes;
-    ring->seen = ring_load(&ring->control()->request_seq);
-    ring_store(&ring->control()->server_sleeping, 0);
+    if (!fault_free_load(&ring->control()->request_seq, &ring->seen) ||
+        !fault_free_store(&ring->control()->server_sleeping, 0)) {
+      ring->unmap();
+      return fmt::format("shared memory {} faulted as it was mapped (it was shrunk)", name);
+    }
     return "";
   }
 
@@ -267,10 +382,42 @@ struct Server::Impl {
     return s;
   }
 
+  // Refuses a STEP of `entries` entries and `bytes` frame bytes that would take the queue past
+  // its bounds: per client, two full forwards' entries (or two per session it holds) and a
+  // quarter of --max-queued-bytes (its first queued request excepted, however large); in all, two
+  // forwards' entries per open session allowed and --max-queued-bytes. An empty queue takes any
+  // valid request, so none waits forever; an engine that keeps one STEP in flight per client
+  // meets a bound only when the server is overloaded, and then may ask again.
+  void check_queue_room(const Client& c, int64_t entries, uint64_t bytes) const {
+    if (pending.empty()) return;
+    const int64_t S = caps().max_sessions;
+    const int64_t client_entries = 2 * std::max<int64_t>(S, static_cast<int64_t>(c.sessions.size()));
+    const int64_t all_entries = 2 * std::max<int64_t>(S, options.max_open_sessions);
+    const uint64_t client_bytes = options.max_queued_bytes / 4, all_bytes = options.max_queued_bytes;
+    auto busy = [&](const std::string& what) {
+      return Busy{fmt::format("the server's queue is full ({}); the step was not taken: ask again once an earlier "
+                              "reply has come",
+                              what)};
+    };
+    if (c.queued_entries + entries > client_entries)
+      throw busy(fmt::format("{} holds {} queued entries, at most {} per client", c.name, c.queued_entries,
+                             client_entries));
+    if (queued_entries + entries > all_entries)
+      throw busy(fmt::format("{} entries queued, at most {}", queued_entries, all_entries));
+    if (c.pending > 0 && c.queued_bytes + bytes > client_bytes)
+      throw busy(fmt::format("{} holds {} bytes of queued requests, at most {} per client (--max-queued-bytes / 4)",
+                             c.name, c.queued_bytes, client_bytes));
+    if (queued_bytes + bytes > all_bytes)
+      throw busy(fmt::format("{} bytes of requests queued, at most {} (--max-queued-bytes)", queued_bytes, all_bytes));
+  }
+
   void on_step(const std::string& rid, Client& c, const Header& h, Reader& r, std::unique_ptr<Message> frame) {
     const int64_t S = caps().max_sessions;
     if (h.count == 0 || h.count > S)
       throw Refusal{fmt::format("a step takes 1 to {} entries (--max-sessions), got {}", S, h.count)};
+    const uint64_t frame_bytes = frame ? frame->size() : ring_request.size() * 8;
+    uint64_t copied_bytes = 0;  // taps copied out of the ring
+    check_queue_room(c, h.count, frame_bytes);
     std::vector<WireEntry> wire;
     for (uint32_t i = 0; i < h.count; ++i) wire.push_back(get_entry(r));
     const char* area = r.rest();
@@ -309,7 +456,19 @@ struct Server::Impl {
           throw bad(fmt::format("taps at offset {} ({} bytes) pass the end of the {} ({} bytes)", x.taps_offset, need,
                                 in_ring ? "ring" : "frame's taps area", size));
         const char* at = base + x.taps_offset;
-        if (reinterpret_cast<uintptr_t>(at) % db != 0) {  // read f32/f16 rows from aligned memory only
+        if (in_ring) {  // copied out: the client may change or shrink its ring while the step waits
+          if (x.taps_offset < kRingControlBytes)
+            throw bad(fmt::format("taps at offset {} lie in the ring's control block (its first {} bytes)",
+                                  x.taps_offset, kRingControlBytes));
+          copied_bytes += need;  // held by the queue as a frame's bytes are
+          check_queue_room(c, h.count, frame_bytes + copied_bytes);
+          p.staged.emplace_back((need + 7) / 8);
+          if (!fault_free_copy(p.staged.back().data(), at, need)) {
+            ring_faulted(c);
+            throw bad("the shared-memory ring faulted while its taps were read (it was shrunk or removed)");
+          }
+          at = reinterpret_cast<const char*>(p.staged.back().data());
+        } else if (reinterpret_cast<uintptr_t>(at) % db != 0) {  // read f32/f16 rows from aligned memory only
           p.staged.emplace_back((need + 7) / 8);
           std::memcpy(p.staged.back().data(), at, need);
           at = reinterpret_cast<const char*>(p.staged.back().data());
@@ -319,7 +478,13 @@ struct Server::Impl {
       p.entries.push_back(e);
     }
     p.frame = std::move(frame);
+    if (!p.frame) p.ring_request = std::move(ring_request);
+    p.bytes = frame_bytes + copied_bytes;
     ++c.pending;
+    c.queued_entries += static_cast<int64_t>(p.entries.size());
+    c.queued_bytes += p.bytes;
+    queued_entries += static_cast<int64_t>(p.entries.size());
+    queued_bytes += p.bytes;
     pending.push_back(std::move(p));
   }
 
@@ -334,7 +499,8 @@ struct Server::Impl {
     Client& c = it->second;
     if (fresh) {
       c.name = fmt::format("client {}", next_client++);
-      TPDRAFT_LOG_INFO("{} connected", c.name);
+      if (frame && starts_with(options.listen, "ipc://")) c.pid = ipc_peer(&frame->msg);
+      TPDRAFT_LOG_INFO("{} connected{}", c.name, c.pid > 0 ? fmt::format(" (process {})", c.pid) : "");
     }
     c.last = Clock::now();
     Reader r(data, size);
@@ -364,6 +530,10 @@ struct Server::Impl {
           const int64_t open = engine.open_sessions();
           if (open >= options.max_open_sessions)
             throw Refusal{fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
+          const int64_t mine = static_cast<int64_t>(c.sessions.size());
+          if (options.max_client_sessions > 0 && mine >= options.max_client_sessions)
+            throw Refusal{fmt::format("{} holds {} sessions, as many as one client may (--max-client-sessions)", c.name,
+                                      mine)};
           const int64_t s = group.open_session();
           c.sessions.insert(s);
           reply(rid, h, [&](Writer& w) { w.put<int64_t>(s); });
@@ -391,12 +561,16 @@ struct Server::Impl {
           break;
         }
         case kShutdown:
+          expect_end(r, "SHUTDOWN");
           TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
           shutdown = true;
           reply(rid, h);
           break;
-        case kBell: break;  // poll_rings() finds the request
+        case kBell:  // poll_rings() finds the request
+          expect_end(r, "BELL");
+          break;
         case kBye:
+          expect_end(r, "BYE");
           reply(rid, h);
           if (c.pending == 0) close_client(rid, "said goodbye");
           break;
@@ -406,6 +580,8 @@ struct Server::Impl {
       refuse(rid, h, kMalformed, fmt::format("malformed {} request: {}", kind_name(h.kind), e.what()));
     } catch (const Refusal& e) {
       refuse(rid, h, kArgument, e.message);
+    } catch (const Busy& e) {
+      refuse(rid, h, kBusy, e.message);
     } catch (const std::bad_alloc&) {
       refuse(rid, h, kArgument, fmt::format("out of memory for the {} request", kind_name(h.kind)));
     }
@@ -471,8 +647,7 @@ struct Server::Impl {
         rest.push_back(std::move(p));
         continue;
       }
-      auto it = clients.find(p.rid);
-      if (it != clients.end()) --it->second.pending;
+      dequeued(p);
       try {
         engine.check(p.entries);
       } catch (const Error& e) {
@@ -533,53 +708,95 @@ struct Server::Impl {
     }
   }
 
+  // A queued request leaves the queue (to run, or refused).
+  void dequeued(const Pending& p) {
+    queued_entries -= static_cast<int64_t>(p.entries.size());
+    queued_bytes -= p.bytes;
+    auto it = clients.find(p.rid);
+    if (it == clients.end()) return;
+    --it->second.pending;
+    it->second.queued_entries -= static_cast<int64_t>(p.entries.size());
+    it->second.queued_bytes -= p.bytes;
+  }
+
+  // Closes the sessions of clients gone: over ipc:// at once when the client's process has
+  // ended (looked at a few times a second), otherwise after --idle-timeout of silence.
   void reap_idle() {
-    if (options.idle_timeout <= 0) return;
-    std::vector<std::string> gone;
-    for (const auto& c : clients)
-      if (c.second.pending == 0 && seconds_since(c.second.last) > options.idle_timeout) gone.push_back(c.first);
-    for (const auto& rid : gone) {
+    std::vector<std::pair<std::string, std::string>> gone;
+    const bool look = seconds_since(last_peer_check) > 0.25;
+    if (look) last_peer_check = Clock::now();
+    for (const auto& [rid, c] : clients) {
+      if (c.pending > 0) continue;
+      if (look && c.pid > 0 && process_gone(c.pid))
+        gone.emplace_back(rid, fmt::format("is gone (its process {} ended)", c.pid));
+      else if (options.idle_timeout > 0 && seconds_since(c.last) > options.idle_timeout)
+        gone.emplace_back(rid, fmt::format("was silent for more than {} s (--idle-timeout)", options.idle_timeout));
+    }
+    for (const auto& [rid, why] : gone) {
       ++stats.clients_reaped;
-      close_client(rid, fmt::format("was silent for more than {} s (--idle-timeout)", options.idle_timeout).c_str());
+      close_client(rid, why.c_str());
     }
   }
 
   void fail_pending(uint32_t status, const std::string& why) {
     for (const Pending& p : pending) send_to(p.rid, p.route, error_reply(p.header, status, why));
     pending.clear();
+    queued_entries = 0;
+    queued_bytes = 0;
+    for (auto& c : clients) {
+      c.second.pending = 0;
+      c.second.queued_entries = 0;
+      c.second.queued_bytes = 0;
+    }
   }
 
   // Takes the requests waiting in the clients' rings; returns whether there were any.
   bool poll_rings() {
     std::vector<std::string> ready;
-    for (auto& [rid, c] : clients)
-      if (c.ring.base != nullptr && ring_load(&c.ring.control()->request_seq) != c.ring.seen) ready.push_back(rid);
+    for (auto& [rid, c] : clients) {
+      if (c.ring.base == nullptr) continue;
+      uint32_t seq = 0;
+      if (!fault_free_load(&c.ring.control()->request_seq, &seq))
+        ring_faulted(c);
+      else if (seq != c.ring.seen)
+        ready.push_back(rid);
+    }
     for (const std::string& rid : ready) {
       auto it = clients.find(rid);
-      if (it == clients.end()) continue;
-      Ring& ring = it->second.ring;
-      RingControl* ctl = ring.control();
-      const uint32_t seq = ring_load(&ctl->request_seq);
-      ring.seen = seq;
-      const uint64_t at = ctl->request_offset, bytes = ctl->request_bytes;
-      route = Route{true, seq, ctl->reply_offset, ctl->reply_capacity};
-      if (!ring.holds(route.reply_at, route.reply_capacity) || route.reply_capacity < 64) {
-        TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring: ignored", it->second.name);
+      if (it == clients.end() || it->second.ring.base == nullptr) continue;
+      Client& c = it->second;
+      Ring& ring = c.ring;
+      RingControl ctl;  // a copy: the client may change the control block at any time
+      if (!fault_free_copy(&ctl, ring.control(), sizeof(ctl))) {
+        ring_faulted(c);
         continue;
       }
+      ring.seen = ctl.request_seq;
+      route = Route{true, ctl.request_seq, ctl.reply_offset, ctl.reply_capacity};
+      if (!ring.holds(route.reply_at, route.reply_capacity) || route.reply_capacity < 64) {
+        TPDRAFT_LOG_WARN("{}: a ring request with a reply area outside the ring (or under 64 bytes): ignored", c.name);
+        continue;
+      }
+      const uint64_t at = ctl.request_offset, bytes = ctl.request_bytes;
       if (!ring.holds(at, bytes)) {
         refuse(rid, Header{}, kMalformed,
                fmt::format("the ring request at offset {} ({} bytes) is outside the ring", at, bytes));
         continue;
       }
-      on_request(rid, nullptr, ring.base + at, bytes);
+      ring_request.assign((bytes + 7) / 8, 0);
+      if (!fault_free_copy(ring_request.data(), ring.base + at, bytes)) {
+        ring_faulted(c);
+        continue;
+      }
+      on_request(rid, nullptr, reinterpret_cast<const char*>(ring_request.data()), bytes);
     }
     return !ready.empty();
   }
 
   void set_sleeping(uint32_t v) {
     for (auto& c : clients)
-      if (c.second.ring.base != nullptr) ring_store(&c.second.ring.control()->server_sleeping, v);
+      if (c.second.ring.base != nullptr && !fault_free_store(&c.second.ring.control()->server_sleeping, v))
+        ring_faulted(c.second);
   }
 };
 
@@ -589,6 +806,7 @@ Server::~Server() = default;
 
 std::string Server::bind() {
   Impl& s = *impl_;
+  install_ring_fault_handler();
   s.ctx = zmq_ctx_new();
   TPDRAFT_CHECK(s.ctx != nullptr, "cannot start ZeroMQ: {}", zmq_strerror(zmq_errno()));
   s.sock = zmq_socket(s.ctx, ZMQ_ROUTER);
@@ -601,6 +819,19 @@ std::string Server::bind() {
                          double(k.max_sessions) * double(k.max_context) * double(k.taps_width) * 4;
   const int64_t max_msg = largest > 9e18 ? -1 : static_cast<int64_t>(largest) + 4096;
   zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
+  if (!s.options.curve_secret_key.empty()) {
+    TPDRAFT_CHECK(curve_available(), "--curve-secret-key: this ZeroMQ was built without CURVE (libsodium)");
+    const int on = 1;
+    TPDRAFT_CHECK(zmq_setsockopt(s.sock, ZMQ_CURVE_SERVER, &on, sizeof(on)) == 0 &&
+                      zmq_setsockopt(s.sock, ZMQ_CURVE_SECRETKEY, s.options.curve_secret_key.c_str(),
+                                     kCurveKeyChars) == 0,
+                  "--curve-secret-key: ZeroMQ refused the key: {}", zmq_strerror(zmq_errno()));
+  } else if (!local_only(s.options.listen)) {
+    TPDRAFT_LOG_WARN("--listen {}: any machine that reaches this address can open sessions, send taps and shut the "
+                     "server down; give --curve-secret-key (tpdraft keys) to admit only clients that hold the "
+                     "server's public key, or listen on 127.0.0.1 or ipc://",
+                     s.options.listen);
+  }
   // ZeroMQ would take over the path of a live server (which would then lose its socket, and later
   // unlink ours): refuse it, as tcp refuses a port in use. A socket file nobody listens on is
   // stale and is rebound.
@@ -655,7 +886,7 @@ void Server::run() {
     s.fail_pending(kRuntime, "the drafter failed; the server is ending");
     throw;
   }
-  s.fail_pending(kBusy, "the server is shutting down");
+  s.fail_pending(kClosing, "the server is shutting down");
   TPDRAFT_LOG_INFO("stopping ({}): {} forward(s), {} step(s), {} entries", g_stop_requested ? "signal" : "SHUTDOWN",
                    s.stats.forwards, s.stats.steps, s.stats.entries);
 }

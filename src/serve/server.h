@@ -21,6 +21,11 @@ struct ServerOptions {
   // (and never more than a tenth of that forward's time): lock-stepped engines then share
   // forwards instead of splitting into two halves that alternate. 0: run what is queued at once.
   double gather_seconds = 0.002;
+  int64_t max_client_sessions = 0;  // sessions one client may hold at once (0: max_open_sessions)
+  // Bytes of request frames (inline taps) the queued STEPs may hold, over every client; one client
+  // may hold a quarter (its first queued request excepted). An empty queue takes any request.
+  uint64_t max_queued_bytes = uint64_t{256} << 20;
+  std::string curve_secret_key;  // Z85; non-empty: CURVE on the socket (serve/keys.h)
 };
 
 // Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.

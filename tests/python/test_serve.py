@@ -36,9 +36,11 @@ class Server:
     def __init__(self, tmp_path, drafter_dir, target_dir, *options):
         self.address_file = tmp_path / "server.address"
         self.log = tmp_path / "server.log"
+        self.server_key = None  # the public CURVE key its clients take, for a server given keys
         cmd = [os.environ["TPDRAFT_BIN"], "serve", "--drafter", drafter_dir, "--target", target_dir, "--tp", "2",
-               "--threads", "1", "--backend", "cpu", "--listen", f"ipc://{tmp_path}/s.sock",
-               "--address-file", str(self.address_file), *options]
+               "--threads", "1", "--backend", "cpu", "--address-file", str(self.address_file), *options]
+        if "--listen" not in options:
+            cmd += ["--listen", f"ipc://{tmp_path}/s.sock"]
         if MPIRUN:
             cmd = shlex.split(MPIRUN) + ["-np", "2"] + cmd
         with open(self.log, "w") as log:
@@ -51,7 +53,7 @@ class Server:
         self.address = self.address_file.read_text().split()[0]
 
     def client(self):
-        return tpdraft.Client(self.address, timeout=TIMEOUT)
+        return tpdraft.Client(self.address, timeout=TIMEOUT, server_key=self.server_key)
 
     def stop(self):
         # mpirun ends with a failure status when it is signalled itself, whatever its ranks do:
@@ -171,6 +173,29 @@ def test_a_client_of_a_server_that_is_gone_fails_closed(tmp_path, checkpoint):
         with pytest.raises(tpdraft.UnavailableError):
             client.open_session()
         client.close()
+
+
+def test_curve_keys_admit_a_client_given_the_server_key(tmp_path, checkpoint):
+    """A server with --curve-secret-key drafts for a client given its public key (the file or the
+    key itself) as for any other; one without the key gets UnavailableError within its timeout."""
+    drafter_dir, target_dir, _ = init(checkpoint, "tiny-dflash2.json")
+    subprocess.run([os.environ["TPDRAFT_BIN"], "keys", "--out", str(tmp_path / "k")], check=True, capture_output=True)
+    public = (tmp_path / "k.public").read_text().strip()
+    with Server(tmp_path, drafter_dir, target_dir, "--listen", "tcp://127.0.0.1:*",
+                "--curve-secret-key", str(tmp_path / "k.secret")) as server:
+        server.server_key = public
+        for key in (tmp_path / "k.public", public):
+            client = tpdraft.Client(server.address, timeout=TIMEOUT, server_key=key)
+            session = client.open_session()
+            taps = np.ones((2, client.caps.taps_width), np.float32)
+            assert len(client.step([{"session": session, "anchor": 3, "taps": taps}])[0]["tokens"]) == \
+                client.caps.block_size - 1
+            client.close()
+        with pytest.raises(tpdraft.UnavailableError, match="CURVE"):
+            tpdraft.Client(server.address, timeout=1.0)
+        with pytest.raises(TypeError, match="server_key"):
+            tpdraft.Client(server.address, timeout=1.0, server_key=42)
+    assert issubclass(tpdraft.BusyError, tpdraft.UnavailableError)
 
 
 @pytest.mark.parametrize("config,kind", DRAFT_VOCABS)
