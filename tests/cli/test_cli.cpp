@@ -244,7 +244,7 @@ TEST(Cli, BenchConfigBeyondMemoryNamesTheKeysAndBytes) {
       write_config(dir, "big.json", {{"hidden_size", 131072}, {"vocab_size", 16777216}, {"num_attention_heads", 32}});
   const auto t0 = std::chrono::steady_clock::now();
   Result r = run("bench --config " + config + " --ctx 4 --repeat 1 --warmup 0 --threads 1");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 120.0);  // not hours
   EXPECT_EQ(r.status, 3) << r.out;
   for (const char* part : {"bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"})
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;

@@ -415,7 +415,9 @@ TEST(ConfigErrors, HugeLayerCountFailsBeforeDerivingTaps) {
   j["num_hidden_layers"] = 1e9;
   const auto t0 = std::chrono::steady_clock::now();
   expect_config_error(j, {"'num_hidden_layers'", "1024"});
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // The derivation took half a minute; a bound far below that and far above the check's
+  // microseconds holds on a machine busy with other work.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 TEST(ConfigErrors, ValidateChecksBoundsOfProgrammaticConfigs) {

@@ -247,7 +247,8 @@ TEST(RandomWeights, MoreThanTheMachineHoldsIsRefusedBeforeGenerating) {
   for (auto* make : {&random_drafter_tensors, &random_target_tensors})
     expect_error([&] { make(cfg, o, {}); },
                  {"random BF16 weights", "bytes", "memory", "vocab_size = 16777216", "hidden_size = 131072"});
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // Generating them would take hours: a bound far above the check's time holds under load too.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   // The layers dominate when they are what is large.
   cfg = shipped_config("tiny-dflash.json");
   cfg.hidden = 65536;

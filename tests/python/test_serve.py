@@ -191,8 +191,8 @@ def test_curve_keys_admit_a_client_given_the_server_key(tmp_path, checkpoint):
             assert len(client.step([{"session": session, "anchor": 3, "taps": taps}])[0]["tokens"]) == \
                 client.caps.block_size - 1
             client.close()
-        with pytest.raises(tpdraft.UnavailableError, match="CURVE"):
-            tpdraft.Client(server.address, timeout=1.0)
+        with pytest.raises(tpdraft.UnavailableError, match="refused the connection's handshake"):
+            tpdraft.Client(server.address, timeout=TIMEOUT)
         with pytest.raises(TypeError, match="server_key"):
             tpdraft.Client(server.address, timeout=1.0, server_key=42)
     assert issubclass(tpdraft.BusyError, tpdraft.UnavailableError)

@@ -52,8 +52,9 @@ class Deadline(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             took = time.monotonic() - t0
             self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
-            # Cut at the deadline, not after the step's own (longer) limit; the kill takes <= 10 s.
-            self.assertLess(took, 9 + 12, p.stderr)
+            # Cut at the deadline, not after the step's own limit (days); the kill takes <= 10 s,
+            # more on a machine busy with other work.
+            self.assertLess(took, 9 + 60, p.stderr)
             with open(os.path.join(out, "summary.txt")) as f:
                 summary = f.read()
             self.assertIn("CUT after", summary)
