@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csetjmp>
 #include <csignal>
@@ -47,7 +48,9 @@ extern "C" void on_stop_signal(int) { g_stop_requested = true; }
 // past the segment's new end is then a SIGBUS. Every access to a ring goes through the fault-free
 // copies below, on the serving thread: the fault jumps back out of the copy, which fails, and the
 // server unmaps that ring. (The drafter never reads a ring: taps there are copied out first.)
-thread_local sigjmp_buf* t_ring_guard = nullptr;
+// volatile, and fenced in each copy: the handler reads it, so its stores must not be dropped or
+// moved across the access they guard (an optimiser sees no reader of them otherwise).
+thread_local sigjmp_buf* volatile t_ring_guard = nullptr;
 
 extern "C" void on_ring_fault(int sig) {
   if (t_ring_guard != nullptr) siglongjmp(*t_ring_guard, 1);
@@ -63,13 +66,16 @@ void install_ring_fault_handler() {
 }
 
 bool fault_free_copy(void* dst, const void* src, size_t n) {
+  if (n == 0) return true;
   sigjmp_buf env;
   if (sigsetjmp(env, 1) != 0) {
     t_ring_guard = nullptr;
     return false;
   }
   t_ring_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   t_ring_guard = nullptr;
   return true;
 }
@@ -81,7 +87,9 @@ bool fault_free_load(const uint32_t* word, uint32_t* out) {
     return false;
   }
   t_ring_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   *out = ring_load(word);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   t_ring_guard = nullptr;
   return true;
 }
@@ -93,7 +101,9 @@ bool fault_free_store(uint32_t* word, uint32_t value) {
     return false;
   }
   t_ring_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   ring_store(word, value);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   t_ring_guard = nullptr;
   return true;
 }
