@@ -65,47 +65,31 @@ void install_ring_fault_handler() {
   sigaction(SIGBUS, &sa, nullptr);
 }
 
+// Runs `access` (a copy or an atomic: nothing that needs unwinding) with the guard set; false
+// when it faulted.
+template <typename Access>
+bool fault_free(Access&& access) {
+  sigjmp_buf env;
+  if (sigsetjmp(env, 1) != 0) {
+    t_ring_guard = nullptr;
+    return false;
+  }
+  t_ring_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  access();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_ring_guard = nullptr;
+  return true;
+}
+
 bool fault_free_copy(void* dst, const void* src, size_t n) {
-  if (n == 0) return true;
-  sigjmp_buf env;
-  if (sigsetjmp(env, 1) != 0) {
-    t_ring_guard = nullptr;
-    return false;
-  }
-  t_ring_guard = &env;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  std::memcpy(dst, src, n);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_ring_guard = nullptr;
-  return true;
+  return n == 0 || fault_free([&] { std::memcpy(dst, src, n); });
 }
-
 bool fault_free_load(const uint32_t* word, uint32_t* out) {
-  sigjmp_buf env;
-  if (sigsetjmp(env, 1) != 0) {
-    t_ring_guard = nullptr;
-    return false;
-  }
-  t_ring_guard = &env;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  *out = ring_load(word);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_ring_guard = nullptr;
-  return true;
+  return fault_free([&] { *out = ring_load(word); });
 }
-
 bool fault_free_store(uint32_t* word, uint32_t value) {
-  sigjmp_buf env;
-  if (sigsetjmp(env, 1) != 0) {
-    t_ring_guard = nullptr;
-    return false;
-  }
-  t_ring_guard = &env;
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  ring_store(word, value);
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_ring_guard = nullptr;
-  return true;
+  return fault_free([&] { ring_store(word, value); });
 }
 
 // Whether a process accepts connections on the unix socket at `path` (a live server's), as
