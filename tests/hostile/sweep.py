@@ -255,7 +255,25 @@ class Entry:
         self.c, self.tokens, self.q, self.keep = c, tokens, q, keep
 
 
-class X:
+class Wire:
+    """The protocol's layouts and a ZeroMQ context, each made on first use (a case that needs
+    neither never imports zmq); the class using it sets _proto and _zctx to None."""
+
+    @property
+    def proto(self):
+        if self._proto is None:
+            self._proto = Protocol(REPO)
+        return self._proto
+
+    @property
+    def zctx(self):
+        if self._zctx is None:
+            import zmq
+            self._zctx = zmq.Context()
+        return self._zctx
+
+
+class X(Wire):
     """A case's world: paths, the reference drafts, and lazily the C ABI, the Python module,
     the protocol and ZeroMQ."""
 
@@ -293,19 +311,6 @@ class X:
     def np(self):
         import numpy
         return numpy
-
-    @property
-    def proto(self):
-        if self._proto is None:
-            self._proto = Protocol(REPO)
-        return self._proto
-
-    @property
-    def zctx(self):
-        if self._zctx is None:
-            import zmq
-            self._zctx = zmq.Context()
-        return self._zctx
 
     @property
     def tpdraft(self):
@@ -2449,7 +2454,7 @@ class Server:
             self.proc.wait()
 
 
-class Sweep:
+class Sweep(Wire):
     def __init__(self, binary, build, work, env):
         self.binary, self.build, self.work, self.env = binary, build, work, env
         self.ck = os.path.join(work, "ck")
@@ -2463,19 +2468,6 @@ class Sweep:
             path = os.path.join("/dev/shm", name)
             if self.shm_tag in name:
                 os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-
-    @property
-    def proto(self):
-        if self._proto is None:
-            self._proto = Protocol(REPO)
-        return self._proto
-
-    @property
-    def zctx(self):
-        if self._zctx is None:
-            import zmq
-            self._zctx = zmq.Context()
-        return self._zctx
 
     def spawn(self, spec, limit=CASE_LIMIT_S):
         """Runs a case in a process of its own, forked by this thread's zygote: (kind, detail)."""
