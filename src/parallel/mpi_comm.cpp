@@ -19,9 +19,12 @@ bool mpi_launched() {
 #ifdef TPDRAFT_HAVE_MPI
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
+#include "core/bounds.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -42,6 +45,47 @@ int world_rank() {
   int rank = -1;
   if (mpi_usable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
+}
+
+// Whether the ranks on this machine fill its cores (set by mpi_init): then they wait for their
+// collectives as wait_for() does.
+bool g_crowded = false;
+
+// MPI waits for a collective by polling, and holds the core while it does: the fastest wait while
+// every rank has a core of its own. When the ranks share the cores, with each other or with other
+// work (a server's clients, the target engine, another program), a rank that polls for a peer that
+// is not running keeps the peer, or whatever else waits for that core, off it until the scheduler
+// takes the core away, a time slice later: milliseconds, where the collective itself takes
+// microseconds. Yielding between polls (Open MPI's mpi_yield_when_idle) is no cure: it hands the
+// core to a busy process for a whole slice, and then the collective waits that long for the rank
+// itself. So a crowded rank polls for a moment (a collective whose ranks all run ends within
+// microseconds), then polls between short naps: asleep, it leaves the core to others, and the
+// scheduler lets a task that slept back on sooner than one that yielded (bench/serve_mpi.py
+// measures the three).
+constexpr auto kPollBusy = std::chrono::microseconds(50);
+constexpr auto kPollNap = std::chrono::microseconds(20);
+
+void wait_for(MPI_Request* req) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() - start > kPollBusy) std::this_thread::sleep_for(kPollNap);
+  }
+}
+
+// One collective call: the blocking one, or on a crowded machine its non-blocking twin (started
+// by `start` into the request it is given) waited for by wait_for().
+template <typename Blocking, typename Start>
+void collective(const Blocking& blocking, const Start& start) {
+  if (!g_crowded) {
+    blocking();
+    return;
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  start(&req);
+  wait_for(&req);
 }
 
 }  // namespace
@@ -66,6 +110,7 @@ void mpi_init(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   log::set_rank(rank, size);
+  g_crowded = node_local().size >= machine_cores();
 }
 
 void mpi_finalize() {
@@ -91,7 +136,9 @@ MpiCommunicator::~MpiCommunicator() {
 void MpiCommunicator::do_all_reduce_sum(float* data, size_t count) {
   for (size_t done = 0; done < count; done += kMaxChunk) {
     const int n = static_cast<int>(std::min(kMaxChunk, count - done));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_));
+    float* chunk = data + done;
+    collective([&] { MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, chunk, n, MPI_FLOAT, MPI_SUM, comm_)); },
+               [&](MPI_Request* q) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, chunk, n, MPI_FLOAT, MPI_SUM, comm_, q)); });
   }
 }
 
@@ -102,7 +149,9 @@ void MpiCommunicator::do_all_gather(const void* send, void* recv, size_t bytes) 
   // MPI forbids aliased buffers; a rank whose block already sits in place says so explicitly.
   const bool in_place = send == static_cast<const uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes;
   const int n = static_cast<int>(bytes);
-  MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
+  const void* from = in_place ? MPI_IN_PLACE : send;
+  collective([&] { MPI_CHECK(MPI_Allgather(from, n, MPI_BYTE, recv, n, MPI_BYTE, comm_)); },
+             [&](MPI_Request* q) { MPI_CHECK(MPI_Iallgather(from, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, q)); });
 }
 
 void MpiCommunicator::do_broadcast(void* data, size_t bytes, int root) {
@@ -111,11 +160,15 @@ void MpiCommunicator::do_broadcast(void* data, size_t bytes, int root) {
   auto* bytes_ptr = static_cast<uint8_t*>(data);
   for (size_t done = 0; done < bytes; done += kMaxChunk) {
     const int n = static_cast<int>(std::min(kMaxChunk, bytes - done));
-    MPI_CHECK(MPI_Bcast(bytes_ptr + done, n, MPI_BYTE, root, comm_));
+    uint8_t* chunk = bytes_ptr + done;
+    collective([&] { MPI_CHECK(MPI_Bcast(chunk, n, MPI_BYTE, root, comm_)); },
+               [&](MPI_Request* q) { MPI_CHECK(MPI_Ibcast(chunk, n, MPI_BYTE, root, comm_, q)); });
   }
 }
 
-void MpiCommunicator::do_barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::do_barrier() {
+  collective([&] { MPI_CHECK(MPI_Barrier(comm_)); }, [&](MPI_Request* q) { MPI_CHECK(MPI_Ibarrier(comm_, q)); });
+}
 
 void MpiCommunicator::abort(const std::string& reason) { mpi_abort_job(reason); }
 

@@ -43,8 +43,10 @@ class Mailbox {
   std::vector<std::deque<Command>> queues_;
 };
 std::unique_ptr<CommandChannel> mailbox_channel(Mailbox& box, int rank);
-// Under MPI: a non-blocking broadcast on a duplicate of the group's communicator, polled with a
-// short sleep once the group has been idle for a while. Null without MPI or for other groups.
+// Under MPI: when the group's ranks share one machine, a shared-memory segment a waiting
+// follower sleeps on (a futex); otherwise a non-blocking broadcast on a duplicate of the group's
+// communicator, polled with a short sleep once the group has been idle for a while. Collective
+// over the group. Null without MPI or for other groups.
 std::unique_ptr<CommandChannel> mpi_channel(parallel::Communicator& group);
 
 // Called on every rank just before its share of a step (the CLI's fault-injection point).

@@ -1,15 +1,21 @@
 // The MPI communicator under mpirun (2 and 4 ranks): the exact-value collective checks of the
 // in-process tests, results bit-identical across ranks on random floats, exact counters, the
-// replica split (consecutive groups of tp ranks) and the node-local rank.
+// replica split (consecutive groups of tp ranks) and the node-local rank; how ranks that fill the
+// machine wait; and the served group's command channel.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/bounds.h"
 #include "parallel/mpi_comm.h"
+#include "serve/group.h"
 #include "support/collective_checks.h"
 #include "support/test_support.h"
 
@@ -110,6 +116,56 @@ TEST_F(MpiCollectives, NodeLocalRankIsAPlaceOnThisMachine) {
 }
 
 TEST(MpiEnvironment, LaunchedUnderMpirun) { EXPECT_TRUE(mpi_launched()); }
+
+// Ranks that fill every core of the machine wait for a peer without holding a core: the peers of
+// a rank that comes to a barrier 300 ms late spend a small part of that on the CPU (polling
+// outright, they would spend all of it).
+TEST_F(MpiCollectives, CrowdedRanksWaitForALatePeerWithoutHoldingACore) {
+  if (node_local().size < machine_cores()) GTEST_SKIP() << "the ranks here leave cores to spare";
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  comm_->barrier();
+  if (r_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double before = cpu_seconds();
+  comm_->barrier();
+  const double spent = cpu_seconds() - before;
+  if (r_ != 0) {
+    EXPECT_LT(spent, 0.1) << "rank " << r_ << " spent " << spent << " s of CPU waiting 0.3 s";
+  }
+}
+
+// The command channel of a served group: every follower gets rank 0's commands in order, through
+// bursts longer than the channel holds (rank 0 waits for the slowest follower), and after
+// sleeping through a quiet spell (rank 0 wakes it).
+TEST_F(MpiCollectives, ServeCommandChannelDeliversEveryCommandInOrder) {
+  auto channel = serve::mpi_channel(*comm_);
+  EXPECT_NE(channel, nullptr);
+  if (channel == nullptr) return;  // on every rank alike
+  constexpr int kBurst = 1000, kQuiet = 5;
+  int wrong = 0;
+  for (int i = 0; i < kBurst + kQuiet; ++i) {
+    const bool quiet = i >= kBurst;  // the followers have long been asleep when these come
+    if (r_ == 0) {
+      if (quiet) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      channel->post({serve::kOpStep, i, 8 * i});
+    } else {
+      // A slow follower now and then, so that rank 0 finds the channel full.
+      if (!quiet && i % 97 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      const serve::Command c = channel->wait();
+      wrong += c.op != serve::kOpStep || c.arg != i || c.bytes != 8 * i;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "rank " << r_;
+  if (r_ == 0) {
+    channel->post({serve::kOpStop});
+  } else {
+    EXPECT_EQ(channel->wait().op, serve::kOpStop);
+  }
+  comm_->barrier();  // no rank lets the channel go while a peer may still read it
+}
 
 }  // namespace
 }  // namespace tpdraft::parallel

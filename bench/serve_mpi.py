@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""`tpdraft serve` as two MPI ranks against the same group in one process. The same client loop
+(tpdraft.Client, one session, steps as a decoding loop makes them: keep the prompt, settle 2 new
+tap rows, draft) runs against `tpdraft serve --tp 2 --threads 1` (two rank threads) and against
+`mpirun -np 2 tpdraft serve --threads 1` (two processes, one group of 2), in turns for --rounds
+rounds so that a machine whose load drifts affects both alike; once per phase: idle, then with
+busy processes alongside (--busy; each in a session of its own, as another program's work on
+the machine would be; one per core leaves the ranks no core to themselves). Prints, per phase
+and server, the median and p90 of the client's step in milliseconds and the server's settle +
+draft (what its rank 0 spent in the engine, collectives included), then the ratio mpirun /
+in-process of the medians. The load average and the CPU time other work took in the second
+before the run say whether the machine was idle (it is shared: other work skews every phase).
+Usage: bench/serve_mpi.py [--bin build/tpdraft] [--steps N] [--rounds N] [--busy 0,1,2]
+                          [--config configs/X.json] [--mpirun mpirun] [--mpirun-args '...']
+(the Python module is the one built next to the binary: BIN's directory/python)."""
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONTEXT, NEW_ROWS = 64, 2
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", default=os.path.join(REPO, "build", "tpdraft"), help="the tpdraft program; the Python "
+                    "module is taken from the python folder beside it")
+    ap.add_argument("--steps", type=int, default=1000, help="timed steps per server per round")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds; each starts both servers afresh")
+    ap.add_argument("--warmup", type=int, default=50, help="untimed steps after each server starts")
+    ap.add_argument("--busy", default="0,1,2", help="busy processes alongside, one phase per number")
+    ap.add_argument("--config", default="configs/tiny-dflash2.json", help="geometry (relative to the repository)")
+    ap.add_argument("--mpirun", default="mpirun", help="the MPI launcher (Open MPI's)")
+    ap.add_argument("--mpirun-args", default="", help="more launcher options, one string (e.g. '--bind-to none' "
+                    "or '--mca mpi_yield_when_idle 0')")
+    return ap.parse_args()
+
+
+A = parse_args()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(A.bin)), "python"))
+import numpy as np  # noqa: E402
+import tpdraft  # noqa: E402
+
+
+class Server:
+    """`tpdraft serve` (optionally under mpirun) on an ipc socket in `tmp`, stopped with SIGTERM."""
+
+    def __init__(self, launcher, extra, ck, tmp, name):
+        self.address_file = os.path.join(tmp, name + ".address")
+        self.log = open(os.path.join(tmp, name + ".log"), "w")
+        cmd = launcher + [os.path.abspath(A.bin), "serve", "--drafter", ck + "/drafter", "--target", ck + "/target",
+                          "--listen", f"ipc://{tmp}/{name}.sock", "--address-file", self.address_file,
+                          "--backend", "cpu", "--threads", "1", "--max-sessions", "1",
+                          "--max-context", str(CONTEXT + 64), *extra]
+        # Its own process group, so that a server which does not stop is killed with its ranks.
+        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(self.address_file) and open(self.address_file).read().strip()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                sys.exit(f"the server did not start: see {self.log.name}:\n{open(self.log.name).read()}")
+            time.sleep(0.02)
+        self.address = open(self.address_file).read().split()[0]
+
+    def kill(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)  # mpirun returns once its ranks have
+        except subprocess.TimeoutExpired:
+            print(f"warning: the server did not stop on SIGTERM; killed (log {self.log.name})", file=sys.stderr)
+            self.kill()
+        self.log.close()
+
+
+def timed_steps(client, steps, warmup, seed):
+    """(wall seconds, server settle + draft seconds) of each of `steps` steps of one session after
+    `warmup` untimed ones, made as a decoding loop makes them: roll back to the prompt, settle the
+    new rows, draft."""
+    rng = np.random.default_rng(seed)
+    prefix, rows = (rng.standard_normal((k, client.caps.taps_width), dtype=np.float32) for k in (CONTEXT, NEW_ROWS))
+    session = client.open_session()
+    client.step([{"session": session, "taps": prefix, "anchor": 1}])
+    out = []
+    for i in range(warmup + steps):
+        entry = {"session": session, "keep": CONTEXT, "taps": rows, "anchor": 2 + i % 7}
+        t0 = time.perf_counter()
+        client.step([entry])
+        wall = time.perf_counter() - t0
+        if i >= warmup:
+            t = client.last_times
+            out.append((wall, t["settle"] + t["draft"]))
+    client.close_session(session)
+    return out
+
+
+def measure(launcher, extra, ck, tmp, name, seed):
+    server = Server(launcher, extra, ck, tmp, name)
+    try:
+        with tpdraft.Client(server.address, timeout=120) as client:
+            return timed_steps(client, A.steps, A.warmup, seed)
+    finally:
+        server.stop()
+
+
+def busy_share(seconds=1.0):
+    """The share of the machine's CPU time that went to any work over `seconds` (from /proc/stat):
+    what the load average, which lags by minutes, cannot say about right now."""
+    def ticks():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # all, idle + iowait
+    total0, idle0 = ticks()
+    time.sleep(seconds)
+    total1, idle1 = ticks()
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def p90(values):
+    return statistics.quantiles(values, n=10)[-1]
+
+
+def main():
+    if not os.path.exists(A.bin):
+        sys.exit(f"{A.bin}: no such program (build it, or name one with --bin)")
+    if shutil.which(A.mpirun) is None:
+        sys.exit(f"{A.mpirun}: not found (name the launcher with --mpirun)")
+    launcher = [A.mpirun, "-np", "2", "--oversubscribe"]
+    if os.geteuid() == 0:
+        launcher.append("--allow-run-as-root")
+    launcher += shlex.split(A.mpirun_args)
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    busy_now = busy_share()
+    idle = float(load[0]) < 0.5 and busy_now < 0.05
+    print(f"{os.path.basename(A.config)}, {A.steps} steps x {A.rounds} rounds, {os.cpu_count()} cores, load average "
+          f"{' '.join(load)} and {100 * busy_now:.0f}% CPU busy in the last second before the run "
+          f"({'idle' if idle else 'NOT idle: other work skews every phase'})")
+    phases = [int(b) for b in A.busy.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = os.path.join(tmp, "ck")
+        subprocess.run([A.bin, "init", "--config", os.path.join(REPO, A.config), "--out", ck], check=True,
+                       capture_output=True, env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
+        for busy in phases:
+            results.append((busy, phase(launcher, ck, tmp, busy)))
+    print(f"{'phase':>8} {'server':>11} {'median ms':>10} {'p90 ms':>8} {'server median ms':>17} "
+          f"{'server p90 ms':>14} {'mpirun / in-process':>20}")
+    worst = 0.0
+    for busy, runs in results:
+        medians = {}
+        for name, samples in runs.items():
+            wall = [w * 1e3 for w, _ in samples]
+            engine = [d * 1e3 for _, d in samples]
+            medians[name] = statistics.median(wall)
+            ratio = f"{medians['mpirun'] / medians['in-process']:19.2f}x" if name == "mpirun" else ""
+            print(f"{'idle' if busy == 0 else f'{busy} busy':>8} {name:>11} {medians[name]:10.3f} {p90(wall):8.3f} "
+                  f"{statistics.median(engine):17.3f} {p90(engine):14.3f} {ratio:>20}")
+        worst = max(worst, medians["mpirun"] / medians["in-process"])
+    print(f"mpirun / in-process, the worst phase: {worst:.2f}x ({'within' if worst <= 2 else 'beyond'} 2x)")
+
+
+def phase(launcher, ck, tmp, busy):
+    """Both servers' samples, rounds in turn, with `busy` spinning processes alongside."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(busy)]
+    try:
+        runs = {"in-process": [], "mpirun": []}
+        for r in range(A.rounds):
+            runs["in-process"] += measure([], ["--tp", "2"], ck, tmp, f"threads{busy}-{r}", r)
+            runs["mpirun"] += measure(launcher, [], ck, tmp, f"mpi{busy}-{r}", r)
+        return runs
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()
