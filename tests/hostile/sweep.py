@@ -1860,16 +1860,7 @@ def frame_cases(add):
         return "silent wrong", "33 sessions open under --max-open-sessions 32"
     case("OPEN past --max-open-sessions", too_many_sessions)
 
-    def good_client(x):
-        api = Api(x, True)
-        h = x.client()
-        s = api.session(h)
-        en = x.entry(s)
-        if api.step(h, [en]) != 0:
-            return "silent wrong", f"refused: {x.err()}"
-        x.close_client(h)
-        return x.same_as_reference(en.tokens)
-    case("after every frame above, a C client drafts the reference", good_client)
+    case("after every frame above, a C client drafts the reference", lambda x: client_drafts_reference(x, False))
 
     def shutdown(x):
         r = x.raw()
@@ -2163,18 +2154,23 @@ def ring_cases(add):
         return ("control ok", "") if reply.status == 0 else ("unclear", f"{reply.status_name}: {reply.message}")
     case("a ring shrunk to 0 bytes after HELLO, then a doorbell and STATS through the socket", shrunk_to_nothing)
 
-    def good_client(x):
-        api = Api(x, True)
-        h = x.client(shared_memory=1)
-        if x.lib.tpdraft_client_shared_memory(h) != 1:
-            return "silent wrong", "the client's ring was not mapped"
-        s = api.session(h)
-        en = x.entry(s)
-        if api.step(h, [en]) != 0:
-            return "silent wrong", f"refused: {x.err()}"
-        x.close_client(h)
-        return x.same_as_reference(en.tokens)
-    case("after every ring above, a C client with a ring drafts the reference", good_client)
+    case("after every ring above, a C client with a ring drafts the reference",
+         lambda x: client_drafts_reference(x, True))
+
+
+def client_drafts_reference(x, ring):
+    """The control after a run of served cases: a fresh C client (with a ring, or without) opens a
+    session and drafts what the reference drafts."""
+    api = Api(x, True)
+    h = x.client(shared_memory=1) if ring else x.client()
+    if ring and x.lib.tpdraft_client_shared_memory(h) != 1:
+        return "silent wrong", "the client's ring was not mapped"
+    s = api.session(h)
+    en = x.entry(s)
+    if api.step(h, [en]) != 0:
+        return "silent wrong", f"refused: {x.err()}"
+    x.close_client(h)
+    return x.same_as_reference(en.tokens)
 
 
 def all_cases():
