@@ -40,10 +40,15 @@ that was not idle are marked in the reports. The reports take bytes, work and co
   --draft-vocab LIST draft vocabulary sizes projected beside the full head (default: 32000; "none"
                      skips them; sizes not below a config's vocab_size are left out)
   --span-nodes       project one tp group across the nodes of a layout (default: replicas per node)
+  --hostfile FILE    run the MPI ranks across the nodes of this Open MPI hostfile, the same number on
+                     each (tp / nodes, rounded up; docs/scaling.md: what every node needs)
+  --note TEXT        a remark every record of this sweep carries; the reports mark its runs with it
+                     and leave them out of the compute fits (e.g. "2 hosts, one machine")
   --bin PATH         the tpdraft binary (default: build/tpdraft of this repository)
   --timeout S        give up on one run after S seconds (default: 1800)
   --fresh            start DIR/records.jsonl anew instead of appending
   --report-only      run nothing; rebuild the reports from DIR/records.jsonl
+  --no-plots         tables only: no PNG plots, and gnuplot is not installed
   -h, --help         this text
 
 CPU ranks: mpirun binds one rank per core (threads per rank: --map-by slot:PE=N); with more
@@ -56,12 +61,12 @@ USAGE
 here=$(cd "$(dirname "$0")/.." && pwd)
 out="" configs="$here/configs/bench-dflash2-2048.json" tps="" ctxs=1024 batches=1 weak=1 threads=1
 repeat="" warmup="" quick=0 backend=auto vocab="151936,202048,248320" vocab_base="$here/configs/bench-dflash2-2048.json"
-vocab_tps="" params="" layouts="" quants="" draft_vocab="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0
+vocab_tps="" params="" layouts="" quants="" draft_vocab="" span=0 bin="$here/build/tpdraft" timeout_s=1800 fresh=0 report_only=0 hostfile="" run_note="" plots=1
 # The options that take a value, and the variable each sets.
 declare -A value_of=([--out]=out [--configs]=configs [--tp]=tps [--ctx]=ctxs [--batch]=batches
   [--threads]=threads [--repeat]=repeat [--warmup]=warmup [--backend]=backend [--vocab]=vocab
   [--vocab-base]=vocab_base [--vocab-tp]=vocab_tps [--params]=params [--layouts]=layouts
-  [--quant]=quants [--draft-vocab]=draft_vocab [--bin]=bin [--timeout]=timeout_s)
+  [--quant]=quants [--draft-vocab]=draft_vocab [--bin]=bin [--timeout]=timeout_s [--hostfile]=hostfile [--note]=run_note)
 while (($#)); do
   case "$1" in
     --no-weak) weak=0 ;;
@@ -69,6 +74,7 @@ while (($#)); do
     --span-nodes) span=1 ;;
     --fresh) fresh=1 ;;
     --report-only) report_only=1 ;;
+    --no-plots) plots=0 ;;
     -h|--help) usage; exit 0 ;;
     *) [ -n "$1" ] && [ -n "${value_of[$1]:-}" ] || { echo "scale.sh: unknown option '$1' (see --help)" >&2; exit 2; }
        printf -v "${value_of[$1]}" %s "$2"
@@ -100,7 +106,12 @@ ensure_gnuplot() {
 
 run_sweep() {
   [ -x "$bin" ] || { echo "scale.sh: $bin is not built; run scripts/setup.sh (or pass --bin)" >&2; exit 2; }
-  local cores gpus=0 has_backend=0 has_gather=0 bench_help gpu_name=""
+  local cores gpus=0 has_backend=0 has_gather=0 bench_help gpu_name="" nodes=1
+  if [ -n "$hostfile" ]; then
+    [ -f "$hostfile" ] || { echo "scale.sh: --hostfile '$hostfile' not found" >&2; exit 2; }
+    nodes=$(grep -cvE '^\s*(#|$)' "$hostfile" || true)
+    ((nodes > 0)) || { echo "scale.sh: --hostfile '$hostfile' lists no node" >&2; exit 2; }
+  fi
   cores=$(nproc)
   bench_help=$("$bin" bench --help 2>/dev/null || true)
   if grep -q -- '--backend' <<<"$bench_help"; then has_backend=1; fi
@@ -155,13 +166,18 @@ run_sweep() {
       cmd=("$bin" "${args[@]}")
     else
       launcher=mpirun
-      local flags=(-np "$tp" -x "TPDRAFT_LOG_LEVEL=${TPDRAFT_LOG_LEVEL:-warn}")
+      local flags=(-np "$tp" -x "TPDRAFT_LOG_LEVEL=${TPDRAFT_LOG_LEVEL:-warn}") here=$tp spread=""
+      if [ -n "$hostfile" ]; then  # the same number of ranks on every node, consecutive ranks together
+        here=$(((tp + nodes - 1) / nodes))
+        spread="ppr:$here:node"
+        flags+=(--hostfile "$hostfile")
+      fi
       if [ "$backend" != cpu ]; then
-        flags+=(--bind-to none)
-      elif ((tp * threads <= cores)); then
-        if ((threads == 1)); then flags+=(--bind-to core --map-by core); else flags+=(--bind-to core --map-by "slot:PE=$threads"); fi
+        flags+=(--bind-to none ${spread:+--map-by "$spread"})
+      elif ((here * threads <= cores)); then
+        if ((threads == 1)); then flags+=(--bind-to core --map-by "${spread:-core}"); else flags+=(--bind-to core --map-by "${spread:-slot}:PE=$threads"); fi
       else
-        flags+=(--oversubscribe --bind-to none)  # time-sliced: binding would stack ranks on one core
+        flags+=(--oversubscribe --bind-to none ${spread:+--map-by "$spread"})  # time-sliced: binding would stack ranks on one core
         over=1
       fi
       [ "$(id -u)" -ne 0 ] || flags+=(--allow-run-as-root)
@@ -181,6 +197,7 @@ run_sweep() {
     if ! { step --timeout "$timeout_s" "$py" "$tools/record.py" measure --load "$load" -- "${cmd[@]}" >"$result" 2>"$log" \
        && "$py" "$tools/record.py" append --out "$records" --config "$config" --load "$load" --set "study=$study" \
             --set "launcher=$launcher" --set "ranks=$tp" --set "repeat=$repeat" --set "warmup=$warmup" \
+            ${hostfile:+--set "hosts=$nodes"} ${run_note:+--set "note=$run_note"} \
             ${gpu_name:+--set "gpu_name=$gpu_name"} "${@/#/--set=}" <"$result"; }; then
       echo "scale.sh: run $tag failed; see $log" >&2
       failed=$((failed + 1))
@@ -221,7 +238,7 @@ run_sweep() {
 
 ((report_only)) || run_sweep
 [ -s "$records" ] || { echo "scale.sh: $records is empty: nothing to report" >&2; exit 1; }
-ensure_gnuplot
+((plots)) && ensure_gnuplot
 [ -x "$bin" ] || { echo "scale.sh: $bin is not built: the reports ask it for the cost model (tpdraft info --json)" >&2; exit 2; }
 popts=(--bin "$bin" ${params:+--params "$params"})
 # The projection first: the report plots it beside the measurements.
@@ -229,7 +246,8 @@ proj=(--records "$records" --out "$out" "${popts[@]}" ${layouts:+--layouts "$lay
       ${quants:+--quant "$quants"} ${draft_vocab:+--draft-vocab "$draft_vocab"})
 ((span)) && proj+=(--span-nodes)
 "$py" "$tools/project.py" "${proj[@]}" >/dev/null
-"$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" >/dev/null
+"$py" "$tools/report.py" --records "$records" --out "$out" --projection "$out/projection.json" \
+  $( ((plots)) || echo --no-plots) >/dev/null
 if [ "$vocab" != none ]; then
   "$py" "$tools/vocab.py" --records "$records" --out "$out" --base "$vocab_base" --vocab "$vocab" "${popts[@]}" >/dev/null
 fi

@@ -16,7 +16,7 @@ OPS = ("all_reduce", "all_gather", "broadcast")
 COPIED = {k: k for k in (
     "tp sessions context threads backend communicator dtype draft_ms draft_ms_p10 draft_ms_p90 "
     "layers_ms head_ms select_ms draft_gflop draft_gbytes machine_read_gbps machine_gemm_gflops "
-    "gather_logits study vocab_size nproc cpu_model hostname gpu_name load").split()}
+    "gather_logits study vocab_size nproc cpu_model hostname gpu_name load hosts note").split()}
 COPIED.update(weights_bytes="weights_bytes_per_rank", context_bytes="context_bytes_per_rank")
 # Bench keys the derived fields come from.
 CONFIG, TOKENS = "config", "tokens"
@@ -67,6 +67,8 @@ class Run:
     gpu_name: str = None
     oversubscribed: bool = False
     load: dict = None
+    hosts: int = 1  # nodes the ranks were spread over (scale.sh --hostfile)
+    note: str = None  # scale.sh --note: why these runs are not what they seem, e.g. "2 hosts, one machine"
 
     @property
     def spread(self):
@@ -117,16 +119,18 @@ def annotate(bench, config, nproc, cpu_model, hostname, extra, load=None):
     gather = COPIED["gather_logits"]
     rec[gather] = bool(rec.get(gather, False))
     cpu = rec.get(COPIED["backend"], "cpu") == "cpu"
-    rec[OVERSUBSCRIBED] = cpu and rec.get(COPIED["tp"], 1) * rec.get(COPIED["threads"], 1) > nproc
+    per_node = -(-rec.get(COPIED["tp"], 1) // rec.get(COPIED["hosts"], 1))  # ranks on the busiest node
+    rec[OVERSUBSCRIBED] = cpu and per_node * rec.get(COPIED["threads"], 1) > nproc
     if load is not None:
         rec[COPIED["load"]] = load
     return rec
 
 
 def shared_reasons(run):
-    """Why a run's machine was not idle, from its spread and the load recorded around it; empty
-    when nothing says so. Other load only adds time, so such runs overstate the draft time."""
-    out = []
+    """Why a run's machine was not idle, from its spread and the load recorded around it, and the
+    run's note (scale.sh --note) first; empty when nothing says so. Other load only adds time, so
+    such runs overstate the draft time."""
+    out = [run.note] if run.note else []
     if run.oversubscribed:
         out.append("oversubscribed")
     if run.spread is not None and run.spread > SPREAD_LIMIT:

@@ -42,7 +42,8 @@ def coll_cell(run, op):
 
 def timing(r):
     """The fields of a strong and a weak row alike: the machine and the draft's times."""
-    return {"oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r), "draft_ms": r.draft_ms,
+    return {"oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r), "note": r.note,
+            "draft_ms": r.draft_ms,
             "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms}
 
 
@@ -67,11 +68,12 @@ def weak_rows(series):
 
 
 def tp_cell(r, notes):
-    """The tp column: a footnote mark when the machine was not idle (the reasons go under the table)."""
+    """The tp column: a footnote mark when the machine was not idle or the run has a note (the
+    reasons go under the table)."""
     if not r["shared"]:
         return f"{r['tp']}"
     notes.append(f"tp = {r['tp']}: " + "; ".join(r["shared"]))
-    return f"{r['tp']} (not idle{'*' * len(notes)})"
+    return f"{r['tp']} ({r['note'] or 'not idle'}{'*' * len(notes)})"
 
 
 def with_notes(table, notes):

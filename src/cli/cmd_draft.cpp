@@ -185,6 +185,11 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   const double draft_ms = std::round((t.layers + t.head + t.select) * 1e6) / 1000;
   const model::Session& session = p.engine->session_state(p.entry.session);
   if (!o.dump.empty()) write_dump(o, ctx, rt, session, dump, results[0]);
+  // The other replicas drafted the same block: each group's rank 0 logs its tokens (the first
+  // prints them below), so that a run across machines shows every replica's.
+  if (ctx.replicas > 1 && ctx.comm.rank() == 0)
+    TPDRAFT_LOG_INFO("replica {} of {} drafted tokens {}", ctx.replica, ctx.replicas,
+                     nlohmann::json(results[0].tokens).dump());
   if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
   const nlohmann::json out = {{"tokens", results[0].tokens}, {"probs", results[0].probs}, {"anchor", o.anchor},
                               {"anchor_position", p.taps.n}, {"architecture", rt.config().arch_name},

@@ -126,6 +126,19 @@ bool process_gone(pid_t pid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
 
+// The address clients are given for the one ZeroMQ bound: a wildcard host (tcp://*, 0.0.0.0,
+// [::]) names no machine a client could reach, least of all the right one when the replicas of a
+// job listen on several machines, so this machine's name stands in for it.
+std::string published_endpoint(const std::string& bound) {
+  for (const char* any : {"tcp://0.0.0.0:", "tcp://[::]:"}) {
+    if (!starts_with(bound, any)) continue;
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return bound;
+    return "tcp://" + std::string(host) + bound.substr(std::strlen(any) - 1);
+  }
+  return bound;
+}
+
 // Whether the address is this host's loopback (or a unix socket): no other machine reaches it.
 bool local_only(const std::string& listen) {
   if (!starts_with(listen, "tcp://")) return true;
@@ -844,7 +857,7 @@ std::string Server::bind() {
     s.ipc_path = bound.substr(6);
     s.ipc_file = file_identity(s.ipc_path);
   }
-  return bound;
+  return published_endpoint(bound);
 }
 
 void Server::run() {

@@ -37,7 +37,8 @@ class Server {
   Server(GroupLeader& group, const ServerOptions& options);
   ~Server();
 
-  // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*).
+  // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*,
+  // this machine's host name for a wildcard host such as tcp://*:PORT).
   std::string bind();
   // Serves until SIGTERM, a SHUTDOWN request or a failure of the group. Returns after a clean
   // stop; rethrows a failure of the group's work after replying to every waiting client.

@@ -73,6 +73,13 @@ class Records(unittest.TestCase):
         busy = records.shared_reasons(run(draft_ms_p90=12.0, load={"other_cores": 1.5, "steal_share": 0.05}))
         self.assertEqual(len(busy), 3)
         self.assertIn("other processes kept 1.50 cores busy", busy)
+        self.assertEqual(records.shared_reasons(run(note="2 hosts, one machine")), ["2 hosts, one machine"])
+
+    def test_ranks_spread_over_hosts_are_oversubscribed_by_their_busiest_host(self):
+        for hosts, over in ((1, True), (2, False), (3, False)):  # 4 ranks: 4, 2 and 2 on the busiest of 2 cores
+            rec = records.annotate(bench_json(tp=4, threads=1), "configs/x.json", 2, "cpu", "host", {"hosts": hosts})
+            self.assertEqual(rec["oversubscribed"], over, hosts)
+            self.assertEqual(records.run_from_json(rec).hosts, hosts)
 
     def test_dedupe_keeps_the_median_run(self):
         runs = [run(draft_ms=t) for t in (12.0, 10.0, 11.0)] + [run(tp=1, draft_ms=20.0)]
