@@ -1,29 +1,37 @@
 #!/usr/bin/env python3
 """Part of scripts/gpu-check.sh: the table of the timed drafts.
 
-Reads LOGS/bench-on.json and LOGS/bench-off.json (`tpdraft bench --json`, graphs on and off)
-and, when there, LOGS/torch.json (bench/torch_draft.py --json); prints one line per figure:
+Reads LOGS/bench-graph.out and LOGS/bench-op.out (`tpdraft bench --json`, graphs on and off)
+and, when there, LOGS/torch.out (bench/torch_draft.py --json); prints one line per figure:
 the draft times, their phases, the memory floor (the bytes a draft must read at the measured
 copy bandwidth) and the draft's ratio to it, the graph's node count, the settle rate against
 cuBLAS, PyTorch's time, and whether both modes drafted the same tokens. Exit 1 when they did
 not or when the graph run is missing.
 
-With --draft-ms LOGS NAME[=LABEL]...: one line with the draft time of each LOGS/NAME.json run
+With --draft-ms LOGS NAME[=LABEL]...: one line with the draft time of each LOGS/NAME.out run
 and its ratio to the first (the bf16 / --quant q8 / --quant q4 timing step); "not run" for a
 missing one.
+
+With --by-context LOGS NAME...: the draft time at each context of every JSON line of the
+LOGS/NAME.out files, one line per attention kernel where the lines name one
+("attention_kernel"), else one line.
 """
 import json
 import os
 import sys
 
 
-def last_json(logs, name):
+def all_json(logs, name):
     path = os.path.join(logs, name)
     if not os.path.exists(path):
-        return None
+        return []
     with open(path) as f:
-        lines = [line for line in f.read().splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
+        return [json.loads(line) for line in f.read().splitlines() if line.startswith("{")]
+
+
+def last_json(logs, name):
+    runs = all_json(logs, name)
+    return runs[-1] if runs else None
 
 
 def spread(r):
@@ -61,7 +69,7 @@ def rows(on, off, torch):
 
 def draft_ms(logs, names):
     """NAME or NAME=LABEL per run: 'LABEL x.xxx ms (r.rrx)', the ratio to the first run."""
-    runs = [(label or name, last_json(logs, name + ".json"))
+    runs = [(label or name, last_json(logs, name + ".out"))
             for name, _, label in (item.partition("=") for item in names)]
     base = runs[0][1]["draft_ms"] if runs[0][1] else None
     parts = []
@@ -75,18 +83,35 @@ def draft_ms(logs, names):
     return ", ".join(parts)
 
 
+def by_context(logs, names):
+    """'[LABEL: ]CTX ms, ...' lines: the draft time at each context, per attention kernel."""
+    kernels = {}
+    for name in names:
+        for r in all_json(logs, name + ".out"):
+            kernels.setdefault(r.get("attention_kernel", ""), {})[r["context"]] = r["draft_ms"]
+    lines = []
+    for label, times in kernels.items():
+        parts = ", ".join(f"{ctx}: {ms:.3f} ms" for ctx, ms in sorted(times.items()))
+        lines.append(f"{label}: {parts}" if label else parts)
+    return "\n".join(lines) if lines else "not run"
+
+
 def main(argv):
     if len(argv) >= 4 and argv[1] == "--draft-ms":
         print(draft_ms(argv[2], argv[3:]))
         return 0
+    if len(argv) >= 4 and argv[1] == "--by-context":
+        print(by_context(argv[2], argv[3:]))
+        return 0
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(__doc__.strip())
-        print("\nUsage: gpu-table.py LOGS | gpu-table.py --draft-ms LOGS NAME[=LABEL]...")
+        print("\nUsage: gpu-table.py LOGS | gpu-table.py --draft-ms LOGS NAME[=LABEL]... | "
+              "gpu-table.py --by-context LOGS NAME...")
         return 0 if len(argv) == 2 else 2
     logs = argv[1]
-    on, off, torch = (last_json(logs, n) for n in ("bench-on.json", "bench-off.json", "torch.json"))
+    on, off, torch = (last_json(logs, n) for n in ("bench-graph.out", "bench-op.out", "torch.out"))
     if on is None:
-        print("no graph run (bench-on.json) to tabulate")
+        print("no graph run (bench-graph.out) to tabulate")
         return 1
     for name, value in rows(on, off, torch):
         print(f"{name:<24} {value}")

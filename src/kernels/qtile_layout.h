@@ -94,6 +94,28 @@ TPDRAFT_QTILE_HD int64_t group_of(int64_t k, int64_t group, int64_t groups) {
   return g < groups ? g : groups - 1;
 }
 
+// Division by a divisor fixed before the launch, without a divide instruction (the round-up
+// multiplier of Granlund and Montgomery): n / d == (n + hi32(n * mul)) >> shift for every 32-bit n.
+struct DivBy {
+  uint32_t mul = 1;
+  int shift = 0;
+};
+inline DivBy div_by(uint32_t d) {  // d >= 1
+  DivBy v;
+  while ((uint64_t{1} << v.shift) < d) ++v.shift;
+  v.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << v.shift) - d)) / d + 1);
+  return v;
+}
+TPDRAFT_QTILE_HD uint32_t divide(uint32_t n, DivBy v) {
+  const uint64_t hi = (static_cast<uint64_t>(n) * v.mul) >> 32;
+  return static_cast<uint32_t>((hi + n) >> v.shift);
+}
+// group_of with the group's divider (the kernels' form): k < 2^32.
+TPDRAFT_QTILE_HD int64_t group_of(uint32_t k, DivBy group, int64_t groups) {
+  const int64_t g = divide(k, group);
+  return g < groups ? g : groups - 1;
+}
+
 // Whether every k16 step of the tiles lies in one scale group (one scale per output and step).
 TPDRAFT_QTILE_HD bool step_uniform(int64_t group, int64_t groups) { return groups == 1 || group % 16 == 0; }
 
@@ -121,14 +143,14 @@ struct Split {
   int64_t block_columns = 0;  // blocks along N: tiles_n / kColumns, rounded up
   int splits = 1;
 };
-// Split-K for `tiles_n` tile columns of K inputs on `sm_count` SMs: about four blocks per SM,
-// enough loads in flight to stream the weights at full bandwidth, and no empty split.
-inline Split split_k(int64_t tiles_n, int64_t k, int sm_count) {
+// Split-K for `tiles_n` tile columns of K inputs on a device that holds `resident` blocks at
+// once (the occupancy API's blocks per SM x SMs): as many splits as fill that one wave, so every
+// block streams weights from the start and none waits for a second wave; no empty split.
+inline Split split_k(int64_t tiles_n, int64_t k, int64_t resident) {
   Split p;
   p.block_columns = (tiles_n + kColumns - 1) / kColumns;
   p.chunks = (k + kChunk - 1) / kChunk;
-  const int64_t target = 4 * static_cast<int64_t>(sm_count > 0 ? sm_count : 1);
-  int64_t want = (target + p.block_columns - 1) / p.block_columns;
+  int64_t want = (resident > 0 ? resident : 1) / p.block_columns;
   want = want < 1 ? 1 : (want > p.chunks ? p.chunks : want);
   p.chunks_per_split = (p.chunks + want - 1) / want;
   p.splits = static_cast<int>((p.chunks + p.chunks_per_split - 1) / p.chunks_per_split);

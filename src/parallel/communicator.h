@@ -62,6 +62,9 @@ class Communicator {
   // issued while the backend captures, becoming part of the graph (NCCL enqueues on the captured
   // stream; one rank has nothing to move). Otherwise the caller runs it between graph segments.
   virtual bool can_capture() const { return false; }
+  // How all-reduces of backend buffers travel, in words for `bench` ("" where nothing moves or
+  // the name says it all).
+  virtual std::string all_reduce_path() const { return {}; }
   // Waits until the collectives this rank has queued without waiting for them (those of a
   // replayed graph; NCCL's all-reduces of device buffers, which only enqueue) are done, with
   // this communicator's own error and hang detection; `what` names them in errors. Every other

@@ -35,9 +35,33 @@ std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Op
 #endif
 }
 
+std::string nccl_version_name(int code) {
+  if (code >= 10000) return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  return fmt::format("{}.{}.{}", code / 1000, code / 100 % 10, code % 100);
+}
+
+AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_vmm, const char* setting) {
+  const std::string s = setting ? setting : "";
+  TPDRAFT_CHECK(s.empty() || s == "auto" || s == "off", "TPDRAFT_NCCL_SYMMETRIC must be 'auto' or 'off', got '{}'", s);
+  const std::string nccl = "NCCL " + nccl_version_name(version);
+  if (s == "off") return {false, fmt::format("ring ({}; symmetric windows off: TPDRAFT_NCCL_SYMMETRIC=off)", nccl)};
+  if (version < kNcclSymmetricVersion)
+    return {false, fmt::format("ring ({}; symmetric windows need {} or later)", nccl,
+                               nccl_version_name(kNcclSymmetricVersion))};
+  if (!has_symbols)
+    return {false, fmt::format("ring ({}; this library lacks ncclMemAlloc or ncclCommWindowRegister)", nccl)};
+  if (!device_vmm)
+    return {false,
+            fmt::format("ring ({}; the device has no virtual memory management, which ncclMemAlloc needs)", nccl)};
+  return {true, fmt::format("symmetric windows ({})", nccl)};
+}
+
 }  // namespace tpdraft::parallel
 
 #ifdef TPDRAFT_HAVE_CUDA
+
+#include <cuda.h>  // the driver's types and attribute names only: it is reached through the runtime
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -78,6 +102,7 @@ class HostStaged final : public Communicator {
   // One rank moves nothing (the all-reduce of a device buffer returns at once), so a graph may
   // hold it; with more ranks the copies and the host collective run between graph segments.
   bool can_capture() const override { return size() == 1; }
+  std::string all_reduce_path() const override { return "copied through host memory, summed by " + host_.name(); }
   void abort(const std::string& reason) override { host_.abort(reason); }
 
  protected:
@@ -163,6 +188,61 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The symmetric window's size: the largest all-reduce that goes through it ([128, 4096] f32, a
+// draft of 8 sessions at H = 4096); larger ones are bandwidth bound, where the ring does well.
+constexpr size_t kWindowBytes = size_t{2} << 20;
+
+// Whether `device` supports CUDA's virtual memory management, asked of the driver through the
+// runtime's entry points (no link to libcuda); false where it cannot be asked.
+bool device_has_vmm(int device) {
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  void* get = nullptr;
+  void* attribute = nullptr;
+  cudaDriverEntryPointQueryResult found_get = cudaDriverEntryPointSymbolNotFound, found_attribute = found_get;
+  if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &found_get) != cudaSuccess ||
+      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &attribute, 12000, cudaEnableDefault,
+                                       &found_attribute) != cudaSuccess ||
+      found_get != cudaDriverEntryPointSuccess || found_attribute != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  CUdevice handle = 0;
+  int vmm = 0;
+  return reinterpret_cast<DeviceGet>(get)(&handle, device) == CUDA_SUCCESS &&
+         reinterpret_cast<GetAttribute>(attribute)(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                                   handle) == CUDA_SUCCESS &&
+         vmm != 0;
+}
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#define TPDRAFT_NCCL_WINDOWS 1
+// NCCL's symmetric-memory functions, looked up without failing: the library loaded at run time
+// may be older than the headers this build saw, and then the ring carries every all-reduce.
+struct WindowApi {
+  decltype(&ncclMemAlloc) mem_alloc;
+  decltype(&ncclMemFree) mem_free;
+  decltype(&ncclCommWindowRegister) register_window;
+  decltype(&ncclCommWindowDeregister) deregister_window;
+  bool complete() const { return mem_alloc && mem_free && register_window && deregister_window; }
+};
+
+const WindowApi& window_api() {
+  static const WindowApi api = [] {
+    void* lib = lazy::nccl();
+    const auto find = [lib](const char* name) {
+      dlerror();
+      return dlsym(lib, name);
+    };
+    return WindowApi{reinterpret_cast<decltype(&ncclMemAlloc)>(find("ncclMemAlloc")),
+                     reinterpret_cast<decltype(&ncclMemFree)>(find("ncclMemFree")),
+                     reinterpret_cast<decltype(&ncclCommWindowRegister)>(find("ncclCommWindowRegister")),
+                     reinterpret_cast<decltype(&ncclCommWindowDeregister)>(find("ncclCommWindowDeregister"))};
+  }();
+  return api;
+}
+#endif
+
 double timeout_seconds() {
   const char* env = std::getenv("TPDRAFT_NCCL_TIMEOUT_S");
   if (env == nullptr || *env == '\0') return 120.0;
@@ -192,31 +272,32 @@ class NcclCommunicator final : public Communicator {
       give_up("initialisation (ncclCommInitRankConfig)",
               fmt::format("failed: {}", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc)));
     finish_call("initialisation (ncclCommInitRankConfig)");
+    try {
+      open_window();
+    } catch (const Error&) {
+      abort_comm();  // a throwing constructor runs no destructor
+      free_window_memory();
+      throw;
+    }
   }
 
   ~NcclCommunicator() override {
     DeviceGuard guard(device_, std::nothrow);
     if (comm_ != nullptr) {
-      // Finalize flushes outstanding work; if that fails or stalls, abort instead of hanging here.
-      const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommFinalize)(comm_);
-      bool clean = rc == ncclSuccess || rc == ncclInProgress;
-      const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
-      while (clean) {
-        ncclResult_t state = ncclInProgress;
-        if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress))
-          clean = false;
-        else if (state == ncclSuccess)
-          break;
-        else if (Clock::now() > deadline)
-          clean = false;
-        else
-          std::this_thread::yield();
-      }
+      // The window goes first (every rank deregisters it, as it registered it); finalize flushes
+      // outstanding work. If either fails or stalls, abort instead of hanging here.
+      bool clean = true;
+#ifdef TPDRAFT_NCCL_WINDOWS
+      if (window_ != nullptr) clean = settled(window_api().deregister_window(comm_, window_));
+      window_ = nullptr;
+#endif
+      clean = clean && settled(TPDRAFT_LAZY(nccl, ncclCommFinalize)(comm_));
       if (clean)
         TPDRAFT_LAZY(nccl, ncclCommDestroy)(comm_);
       else
         TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     }
+    free_window_memory();
     for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &barrier_}) w->reset();
     cudaGetLastError();
   }
@@ -225,6 +306,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
   bool can_capture() const override { return true; }
+  std::string all_reduce_path() const override { return path_; }
   void wait_pending(const std::string& what) override {
     require_live("wait_pending");
     DeviceGuard guard(device_);
@@ -247,11 +329,11 @@ class NcclCommunicator final : public Communicator {
     if (kernels::cuda::stream_capturing(stream_)) {
       // Part of a graph: it runs when the graph does, and wait_pending() then waits for it.
       TPDRAFT_CHECK(!staged, "rank {}: all_reduce_sum of a host buffer cannot be captured into a graph", rank_);
-      start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(data, data, count, ncclFloat, ncclSum, comm_, stream_));
+      sum_in_place(data, count);
       return;
     }
     float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
-    start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
+    sum_in_place(d, count);
     if (!staged) {
       // Device memory: the kernels queued after it on the same stream wait for it, so the host
       // need not; the caller waits once for all of them (wait_pending), with the deadline.
@@ -306,6 +388,96 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr) return;
     TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     comm_ = nullptr;
+#ifdef TPDRAFT_NCCL_WINDOWS
+    window_ = nullptr;  // went with the communicator; its memory is freed by the destructor
+#endif
+  }
+
+  // After the communicator is gone (or before it registered the window).
+  void free_window_memory() {
+#ifdef TPDRAFT_NCCL_WINDOWS
+    if (window_buf_ != nullptr) window_api().mem_free(window_buf_);
+#endif
+    window_buf_ = nullptr;
+  }
+
+  // Queues data[i] = sum over ranks on the stream: through the symmetric window when there is
+  // one and the data fits (a device copy on each side of NCCL's symmetric kernel), else in place.
+  void sum_in_place(float* d, size_t count) {
+    const size_t bytes = count * sizeof(float);
+#ifdef TPDRAFT_NCCL_WINDOWS
+    if (window_ != nullptr && bytes <= kWindowBytes) {
+      CUDA_CHECK(cudaMemcpyAsync(window_buf_, d, bytes, cudaMemcpyDeviceToDevice, stream_));
+      start("all_reduce_sum",
+            TPDRAFT_LAZY(nccl, ncclAllReduce)(window_buf_, window_buf_, count, ncclFloat, ncclSum, comm_, stream_));
+      // After start(): a nonblocking call may reach the stream only once NCCL has taken it.
+      CUDA_CHECK(cudaMemcpyAsync(d, window_buf_, bytes, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+#else
+    (void)bytes;
+#endif
+    start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
+  }
+
+  // Whether every rank says yes: a min-reduction of one flag, waited for.
+  bool all_agree(bool mine, const std::string& what) {
+    float* flag = barrier_.as<float>(1, stream_);
+    const float v = mine ? 1.0f : 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(flag, &v, sizeof(v), cudaMemcpyHostToDevice, stream_));
+    start(what.c_str(), TPDRAFT_LAZY(nccl, ncclAllReduce)(flag, flag, 1, ncclFloat, ncclMin, comm_, stream_));
+    wait(what);
+    float all = 0.0f;
+    CUDA_CHECK(cudaMemcpy(&all, flag, sizeof(all), cudaMemcpyDeviceToHost));
+    return all == 1.0f;
+  }
+
+  // The symmetric window, where every rank can have one (choose_all_reduce_path; registration is
+  // collective, so the ranks agree first), else the ring as before. path_ says which.
+  void open_window() {
+    int version = 0;
+    NCCL_CHECK(TPDRAFT_LAZY(nccl, ncclGetVersion)(&version));
+#ifdef TPDRAFT_NCCL_WINDOWS
+    const bool symbols = window_api().complete();
+#else
+    const bool symbols = false;
+#endif
+    AllReducePath path =
+        choose_all_reduce_path(version, symbols, device_has_vmm(device_), std::getenv("TPDRAFT_NCCL_SYMMETRIC"));
+#ifdef TPDRAFT_NCCL_WINDOWS
+    if (!all_agree(path.symmetric, "the symmetric-window check")) {
+      if (path.symmetric) path = {false, "ring (a peer rank cannot use symmetric windows)"};
+    } else {
+      void* p = nullptr;
+      const bool allocated = window_api().mem_alloc(&p, kWindowBytes) == ncclSuccess && p != nullptr;
+      window_buf_ = allocated ? static_cast<float*>(p) : nullptr;
+      if (all_agree(allocated, "ncclMemAlloc of the symmetric window")) {
+        start("symmetric window registration (ncclCommWindowRegister; TPDRAFT_NCCL_SYMMETRIC=off avoids it)",
+              window_api().register_window(comm_, window_buf_, kWindowBytes, &window_, NCCL_WIN_COLL_SYMMETRIC));
+        path.reason += fmt::format(", all-reduces up to {} KiB", kWindowBytes >> 10);
+      } else {
+        path = {false, fmt::format("ring (ncclMemAlloc of {} KiB failed on a rank)", kWindowBytes >> 10)};
+        free_window_memory();
+      }
+    }
+#endif
+    path_ = path.reason;
+  }
+
+  // A nonblocking call that must not throw (the destructor's): whether it completed, polling
+  // NCCL's error state within the timeout.
+  bool settled(ncclResult_t rc) {
+    if (rc != ncclSuccess && rc != ncclInProgress) return false;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) != ncclSuccess ||
+          (state != ncclSuccess && state != ncclInProgress))
+        return false;
+      if (state == ncclSuccess) return true;
+      if (Clock::now() > deadline) return false;
+      std::this_thread::yield();
+    }
   }
 
   [[noreturn]] void give_up(const std::string& what, const std::string& why) {
@@ -387,6 +559,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_;
   const double timeout_;
   kernels::cuda::Workspace stage_a_, stage_b_, barrier_;
+  std::string path_;
+  float* window_buf_ = nullptr;  // ncclMemAlloc'd, kWindowBytes; null on the ring path
+#ifdef TPDRAFT_NCCL_WINDOWS
+  ncclWindow_t window_ = nullptr;
+#endif
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
@@ -16,6 +17,32 @@ namespace tpdraft::parallel {
 // `group` when prefer_nccl and this build has NCCL (at one rank too), else `group` with host staging. The result
 // refers to `group` and must not outlive it.
 std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl);
+
+// How the NCCL communicator carries all-reduces of device buffers. A draft's o and down
+// all-reduces are small (an [M, H] f32 block: 256 KB at M = 16, H = 4096), where NCCL's ring is
+// latency bound; NCCL 2.27 and later run such all-reduces with its symmetric-memory kernels when
+// the buffer was allocated by ncclMemAlloc and registered on every rank as a symmetric window
+// (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC). ncclMemAlloc allocates through CUDA's
+// virtual memory management, which the device must support.
+struct AllReducePath {
+  bool symmetric = false;
+  std::string reason;  // one line for `bench` and the logs: the path, the NCCL version, why
+};
+
+// The oldest NCCL with symmetric windows, as ncclGetVersion reports it.
+inline constexpr int kNcclSymmetricVersion = 22700;  // 2.27.0
+
+// "2.28.9" from a version code of ncclGetVersion (NCCL 2.9 and later: major*10000 + minor*100 +
+// patch; before: major*1000 + minor*100 + patch).
+std::string nccl_version_name(int code);
+
+// The choice, from what the NCCL loaded at run time reports (`version`, and whether it exports
+// ncclMemAlloc, ncclMemFree and the window functions: `has_symbols`), whether the device
+// supports virtual memory management (`device_vmm`), and TPDRAFT_NCCL_SYMMETRIC (`setting`:
+// null, "" or "auto" use the symmetric path where it is available, "off" never does; anything
+// else throws tpdraft::Error naming the variable). Ranks agree on the result before using it
+// (registration is collective): one rank's "no" makes it the ring for all.
+AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_vmm, const char* setting);
 
 }  // namespace tpdraft::parallel
 

@@ -14,6 +14,7 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 
 #else
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -323,6 +324,33 @@ TEST(NcclCommunicator, OneRankOnOneGpu) {
   nccl->abort("the test aborts it");
   kernels::Buffer d(*ops, 64 * sizeof(float));
   testing::expect_error([&] { nccl->all_reduce_sum(d.f32(), 64); }, {"aborted"});
+}
+
+// The all-reduce path is said and the collectives hold on it: symmetric windows where NCCL and
+// the device allow them (NCCL 2.27 and later), the ring with TPDRAFT_NCCL_SYMMETRIC=off; an
+// all-reduce larger than the window takes the ring on either.
+TEST(NcclCommunicator, SymmetricWindowsOrTheRingSayWhichRan) {
+  REQUIRE_GPUS(1);
+  auto ops = kernels::make_cuda_ops(0);
+  auto single = parallel::make_single_rank();
+  for (const std::string setting : {"auto", "off"}) {
+    setenv("TPDRAFT_NCCL_SYMMETRIC", setting.c_str(), 1);
+    auto nccl = parallel::make_nccl(*single, 0, kernels::cuda_stream_of(*ops));
+    const std::string path = nccl->all_reduce_path();
+    const bool symmetric = path.rfind("symmetric windows (NCCL ", 0) == 0;
+    EXPECT_TRUE(symmetric || path.rfind("ring (NCCL ", 0) == 0) << path;
+    if (setting == "off") {
+      EXPECT_FALSE(symmetric) << path;
+    }
+    std::printf("TPDRAFT_NCCL_SYMMETRIC=%s: %s\n", setting.c_str(), path.c_str());
+    check_collectives(*nccl, *ops);
+    std::vector<float> big(size_t{1} << 20);  // 4 MiB
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 5);
+    kernels::Buffer d = kernels::put(*ops, big);
+    nccl->all_reduce_sum(d.f32(), big.size());
+    EXPECT_EQ(kernels::get<float>(*ops, d, big.size()), big) << "one rank's sum is its data";
+  }
+  unsetenv("TPDRAFT_NCCL_SYMMETRIC");
 }
 
 TEST(NcclCommunicator, TwoRanksOnTwoGpus) {

@@ -1,6 +1,6 @@
 // The CUDA backend's ops against the CPU backend's (the twins) on fresh random inputs: outputs
 // poisoned with NaN first, normalised mean squared error per dtype, NaN never passes. Attention
-// at context lengths 0 .. 70000 with windows and ring wrap; head_topk equal to sorted
+// (both kernels, simt and mma) at context lengths 0 .. 70000 with windows and ring wrap; head_topk equal to sorted
 // head_logits (and to the CPU twin's head_topk where the logits agree). Every test skips itself, with the reason, where there is no CUDA device; the
 // backend factory's errors are checked in every build.
 #include <gtest/gtest.h>
@@ -56,6 +56,7 @@ namespace {
 // f32 work differs only in summation order; 16-bit weights see activations split into two
 // 16-bit parts (~2^-16 relative), or one (~2^-9) under TPDRAFT_CUDA_MATMUL=single.
 constexpr double kF32Nmse = 1e-10;
+constexpr double kMmaAttentionNmse = 1e-4;
 double half_nmse() {
   const char* mode = std::getenv("TPDRAFT_CUDA_MATMUL");
   return mode != nullptr && std::string(mode) == "single" ? 1e-4 : 1e-8;
@@ -279,21 +280,31 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   int64_t span = 0;
   for (const ContextView& view : vc) span = std::max(span, view.end - view.begin);
-  for (int64_t max_context : {span, 8 * cap + 1000}) {
-    Buffer oc = poisoned(cpu, q.size()), og = poisoned(gpu, q.size());
-    AttentionParams pc = p, pg = p;
-    pc.q = qc.f32(), pc.k = kc.f32(), pc.v = vc2.f32(), pc.out = oc.f32();
-    pc.anchor = static_cast<const int64_t*>(ac.get()), pc.context = static_cast<const ContextView*>(tc.get());
-    pg.q = qg.f32(), pg.k = kg.f32(), pg.v = vg2.f32(), pg.out = og.f32();
-    pg.anchor = static_cast<const int64_t*>(ag.get()), pg.context = static_cast<const ContextView*>(tg.get());
-    pc.max_context = pg.max_context = max_context;
-    cpu.attention(pc);
-    gpu.attention(pg);
-    // Softmax sums over up to 70000 terms: the tolerance grows with the keys summed.
-    const double tol = kF32Nmse * std::max<double>(1.0, static_cast<double>(longest) / 1000.0);
-    expect_nmse(get<float>(gpu, og, q.size()), get<float>(cpu, oc, q.size()), tol,
-                c.name + ", max_context " + std::to_string(max_context));
+  // Both kernels: simt (f32) everywhere, mma (bf16 q, k, p, v; f32 sums) where the head dim allows.
+  const bool mma = D == 64 || D == 128;
+  for (const char* kernel : {"simt", "mma"}) {
+    cuda_set_attention_kernel(gpu, kernel);
+    for (int64_t max_context : {span, 8 * cap + 1000}) {
+      Buffer oc = poisoned(cpu, q.size()), og = poisoned(gpu, q.size());
+      AttentionParams pc = p, pg = p;
+      pc.q = qc.f32(), pc.k = kc.f32(), pc.v = vc2.f32(), pc.out = oc.f32();
+      pc.anchor = static_cast<const int64_t*>(ac.get()), pc.context = static_cast<const ContextView*>(tc.get());
+      pg.q = qg.f32(), pg.k = kg.f32(), pg.v = vg2.f32(), pg.out = og.f32();
+      pg.anchor = static_cast<const int64_t*>(ag.get()), pg.context = static_cast<const ContextView*>(tg.get());
+      pc.max_context = pg.max_context = max_context;
+      cpu.attention(pc);
+      gpu.attention(pg);
+      // f32: softmax sums over up to 70000 terms, the tolerance grows with the keys summed. bf16
+      // operands: ~2^-9 relative per score and weight, which the average over keys does not
+      // grow (1.2e-5 in a float64 emulation of the rounding at 17 .. 70000 keys).
+      const double tol = std::string(kernel) == "mma" && mma
+                             ? kMmaAttentionNmse
+                             : kF32Nmse * std::max<double>(1.0, static_cast<double>(longest) / 1000.0);
+      expect_nmse(get<float>(gpu, og, q.size()), get<float>(cpu, oc, q.size()), tol,
+                  c.name + ", max_context " + std::to_string(max_context) + ", kernel " + kernel);
+    }
   }
+  cuda_set_attention_kernel(gpu, "mma");
 }
 
 TEST_F(CudaOpsTest, AttentionContextLengths) {
@@ -342,6 +353,18 @@ TEST_F(CudaOpsTest, AttentionWindowsRingsAndGqa) {
     c.d = ratio == 8 ? 256 : 16;
     check_attention(*cpu, *gpu, rng, c);
   }
+  // The mma kernel's row groups: 4 or 8 q heads per kv head (64 or 128 rows), sessions of
+  // different lengths, a partial last tile.
+  for (int64_t ratio : {3, 4, 8}) {
+    AttnCase c;
+    c.name = "gqa " + std::to_string(ratio) + ", head dim 128";
+    c.lengths = {33, 1000, 0};
+    c.n_kv = 2;
+    c.n_q = 2 * ratio;
+    c.d = 128;
+    c.causal = ratio == 8;
+    check_attention(*cpu, *gpu, rng, c);
+  }
   AttnCase odd;
   odd.name = "odd head dim, block 3, anchor before the end";
   odd.lengths = {50, 9};
@@ -351,6 +374,53 @@ TEST_F(CudaOpsTest, AttentionWindowsRingsAndGqa) {
   odd.n_kv = 3;
   odd.anchor_back = 4;
   check_attention(*cpu, *gpu, rng, odd);
+}
+
+// Context rings of bf16 (AttentionParams::kv_dtype), which the tensor-core kernel reads: against
+// the CPU twin on the same rings rounded to bf16 and held as f32. A head dim the kernel does not
+// take is refused by name.
+TEST_F(CudaOpsTest, AttentionReadsBf16Rings) {
+  const int64_t S = 2, B = 16, n_q = 8, n_kv = 2, D = 128, cap = 4096;
+  const std::vector<int64_t> ends = {300, 4096};
+  const auto q = randn(static_cast<size_t>(S * B * n_q * D), rng);
+  const auto k = randn(static_cast<size_t>(S * B * n_kv * D), rng);
+  const auto v = randn(static_cast<size_t>(S * B * n_kv * D), rng);
+  std::vector<Buffer> rings;  // per session and k / v: cpu (rounded, f32), gpu (bf16)
+  std::vector<ContextView> vc, vg;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const auto ring = randn(static_cast<size_t>(cap * n_kv * D), rng);
+      std::vector<uint8_t> raw(ring.size() * 2);
+      convert_from_f32(DType::BF16, ring.data(), raw.data(), ring.size());
+      std::vector<float> rounded(ring.size());
+      convert_to_f32(DType::BF16, raw.data(), rounded.data(), ring.size());
+      rings.push_back(put(*cpu, rounded));
+      rings.push_back(put(*gpu, raw));
+    }
+    const size_t r = static_cast<size_t>(4 * s);
+    vc.push_back({rings[r].f32(), rings[r + 2].f32(), cap, 0, ends[static_cast<size_t>(s)]});
+    vg.push_back({rings[r + 1].f32(), rings[r + 3].f32(), cap, 0, ends[static_cast<size_t>(s)]});
+  }
+  Buffer qc = put(*cpu, q), qg = put(*gpu, q), kc = put(*cpu, k), kg = put(*gpu, k), vc2 = put(*cpu, v),
+         vg2 = put(*gpu, v);
+  Buffer ac = put(*cpu, ends), ag = put(*gpu, ends), tc = put(*cpu, vc), tg = put(*gpu, vg);
+  Buffer oc = poisoned(*cpu, q.size()), og = poisoned(*gpu, q.size());
+  AttentionParams p;
+  p.sessions = S, p.block = B, p.n_q = n_q, p.n_kv = n_kv, p.head_dim = D, p.max_context = cap;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  AttentionParams pc = p, pg = p;
+  pc.q = qc.f32(), pc.k = kc.f32(), pc.v = vc2.f32(), pc.out = oc.f32();
+  pc.anchor = static_cast<const int64_t*>(ac.get()), pc.context = static_cast<const ContextView*>(tc.get());
+  pg.q = qg.f32(), pg.k = kg.f32(), pg.v = vg2.f32(), pg.out = og.f32();
+  pg.anchor = static_cast<const int64_t*>(ag.get()), pg.context = static_cast<const ContextView*>(tg.get());
+  pg.kv_dtype = DType::BF16;
+  cpu->attention(pc);
+  cuda_set_attention_kernel(*gpu, "simt");  // bf16 rings take the tensor-core kernel all the same
+  gpu->attention(pg);
+  cuda_set_attention_kernel(*gpu, "mma");
+  expect_nmse(get<float>(*gpu, og, q.size()), get<float>(*cpu, oc, q.size()), kMmaAttentionNmse, "bf16 rings");
+  pg.head_dim = 256;
+  testing::expect_error([&] { gpu->attention(pg); }, {"bf16 context rings", "not 256"});
 }
 
 // ---- head ---------------------------------------------------------------------------------------
@@ -439,8 +509,9 @@ TEST_F(CudaOpsTest, HeadTopkMultiPassAndLargeK) {
     int64_t vocab;
     int k;
   };
-  for (const Case& cs : {Case{4096, 1}, Case{4097, 64}, Case{20000, 7}, Case{151936, 32}, Case{151936, 2048},
-                         Case{9000, 2048}}) {
+  // k = 1 takes the argmax kernels (one block per row, or a pass first), k > 1 the selection.
+  for (const Case& cs : {Case{4096, 1}, Case{20000, 1}, Case{151936, 1}, Case{4097, 64}, Case{20000, 7},
+                         Case{151936, 32}, Case{151936, 2048}, Case{9000, 2048}}) {
     HeadCase c;
     c.rows = c.valid = cs.vocab;
     c.k = cs.k;
@@ -460,6 +531,10 @@ TEST_F(CudaOpsTest, HeadTopkTiesNanAndShortVocab) {
   std::vector<float> wv;
   for (int rep = 0; rep < 6; ++rep) wv.insert(wv.end(), base.begin(), base.end());
   check_head(*cpu, *gpu, rng, c, {}, wv);
+  c.k = 1;  // the argmax: ties to the lower id too
+  check_head(*cpu, *gpu, rng, c, {}, wv);
+  check_head(*cpu, *gpu, rng, c, std::vector<float>(static_cast<size_t>(c.m * c.hidden), kNaN));
+  c.k = 16;
   // NaN inputs: every logit NaN, none may win: every place is -inf / -1.
   check_head(*cpu, *gpu, rng, c, std::vector<float>(static_cast<size_t>(c.m * c.hidden), kNaN));
   // Fewer valid rows than k: the tail is -inf / -1.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,6 +102,34 @@ TEST(AttentionGeometry, RandomSessions) {
     check(c);
     if (::testing::Test::HasFailure()) break;
   }
+}
+
+// The split from the occupancy figure: the grid (row blocks x (splits + 1)) fits one wave of
+// resident blocks whenever two chunks per row block do, uses at least as many chunks as the wave
+// leaves room for unless the context is shorter, and never cuts the context finer than
+// kAttnMinChunk keys per chunk.
+TEST(AttentionGeometry, SplitFillsOneWave) {
+  for (int64_t resident : {1, 132, 264, 528, 1056})
+    for (int64_t row_blocks : {1, 2, 8, 64, 200, 600})
+      for (int64_t max_context : {0, 1, 64, 65, 4096, 32768, 131072}) {
+        SCOPED_TRACE(fmt::format("resident {} row blocks {} max_context {}", resident, row_blocks, max_context));
+        const int64_t splits = attn_plan_splits(row_blocks, max_context, resident);
+        ASSERT_GE(splits, 1);
+        if (2 * row_blocks <= resident) {
+          EXPECT_LE(row_blocks * (splits + 1), resident) << "a tail wave";
+          const int64_t useful = std::max<int64_t>(1, (max_context + kAttnMinChunk - 1) / kAttnMinChunk);
+          EXPECT_EQ(splits, std::min(resident / row_blocks - 1, useful));
+        } else {
+          EXPECT_EQ(splits, 1);
+        }
+        if (splits > 1) {
+          EXPECT_GE(attn_span(0, max_context, max_context, 0, splits).chunk, kAttnMinChunk);
+        }
+      }
+  // The H200 case: 132 SMs x 2 resident mma blocks, 8 kv heads of one session at 4096 positions:
+  // 32 chunks of 128 keys and the block's own keys, 264 blocks in one wave.
+  EXPECT_EQ(attn_plan_splits(8, 4096, 264), 32);
+  EXPECT_EQ(attn_span(0, 4096, 4096, 0, 32).chunk, 128);
 }
 
 }  // namespace

@@ -138,14 +138,49 @@ TEST(QTileLayout, DequantizerLookupAndScales) {
   }
 }
 
+// The kernels' division by a multiply-high equals integer division: for every divisor up to
+// 4096 and the group sizes checkpoints use, at small numerators, around each multiple of the
+// divisor, near 2^32 and at random.
+TEST(QTileLayout, DivisionByMultiplyHighIsExact) {
+  std::mt19937_64 rng(7);
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d : {5000u, 8191u, 12288u, 65536u, 1000003u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) divisors.push_back(d);
+  for (uint32_t d : divisors) {
+    const DivBy v = div_by(d);
+    auto check = [&](uint64_t n) {
+      if (n > 0xffffffffu) return;
+      const auto n32 = static_cast<uint32_t>(n);
+      ASSERT_EQ(divide(n32, v), n32 / d) << n32 << " / " << d;
+    };
+    for (uint64_t n = 0; n < 300; ++n) check(n);
+    for (uint64_t q = 1; q < 64; ++q)
+      for (int64_t off : {-1, 0, 1}) check(q * d + static_cast<uint64_t>(off));
+    for (uint64_t n = 0xffffffffu - 300; n <= 0xffffffffu; ++n) check(n);
+    for (int i = 0; i < 300; ++i) check(static_cast<uint32_t>(rng()));
+    const uint64_t top = 0xffffffffull / d * d;  // the last multiple, and its neighbours
+    for (int64_t off : {-1, 0, 1}) check(top + static_cast<uint64_t>(off));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(QTileLayout, WarpsCoverEveryKTileOnce) {
   for (int bits : {4, 8})
     for (int64_t k : {16, 33, 64, 200, 256, 257, 2048, 4096, 12288, 12289})
       for (int64_t tiles_n : {1, 2, 32, 128, 384, 4748})
-        for (int sms : {1, 108, 132}) {
+        for (int64_t resident : {1, 216, 264, 528}) {  // occupancy x SMs: 1, 2 x 108, 2 x 132, 4 x 132
           const int64_t tiles_k = (k + tile_k(bits) - 1) / tile_k(bits);
-          const Split sp = split_k(tiles_n, k, sms);
+          const Split sp = split_k(tiles_n, k, resident);
           ASSERT_GE(sp.splits, 1);
+          // One wave: no more blocks than the device holds, unless the columns alone exceed it;
+          // and at least half the splits that fit (whole chunks per split round the rest away).
+          if (sp.block_columns <= resident) {
+            ASSERT_LE(sp.block_columns * sp.splits, resident) << "a tail wave: k " << k << " tiles_n " << tiles_n;
+            ASSERT_GE(2 * sp.splits, std::min(resident / sp.block_columns, sp.chunks))
+                << "too few splits: k " << k << " tiles_n " << tiles_n;
+          } else {
+            ASSERT_EQ(sp.splits, 1);
+          }
           ASSERT_GE(sp.chunks_per_split * sp.chunks, 1);
           ASSERT_LT(static_cast<int64_t>(sp.splits - 1) * sp.chunks_per_split, sp.chunks) << "an empty split";
           // Block columns: warp w of block column b works on tile column b kColumns + w / kWarpsK.
@@ -218,8 +253,10 @@ std::vector<double> emulate_kernel(const Packed& p, const std::vector<float>& x,
               const int64_t n = nt * kTileN + frag_n(lane, j);
               const uint32_t w = word_at(p, nt, kt, lane, j);
               for (int e = 0; e < 4; ++e) {
-                const int64_t g = uniform ? group_of(k0, l.group, l.groups)
-                                          : group_of(k0 + frag_k(lane, e), l.group, l.groups);
+                // The kernel's form of group_of: division by a multiply-high.
+                const DivBy div = div_by(static_cast<uint32_t>(l.group));
+                const int64_t g = uniform ? group_of(static_cast<uint32_t>(k0), div, l.groups)
+                                          : group_of(static_cast<uint32_t>(k0 + frag_k(lane, e)), div, l.groups);
                 const float qf = bit_cast<float>(magic_bits(bits, w, 4 * st + e));
                 b[lane][e >> 1][e & 1] = bf16((qf - magic_offset(bits)) * scale_at(p, g, n));
               }

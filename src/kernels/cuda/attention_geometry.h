@@ -66,4 +66,14 @@ TPDRAFT_HOST_DEVICE inline KeyRange attn_block_keys(int64_t r, int64_t block, bo
   return k;
 }
 
+// The context chunks per session, sized from the occupancy API's figure: the whole grid,
+// row_blocks x (splits + 1) blocks (the last chunk of each row block being its block's own keys),
+// fits one wave of `resident` blocks (blocks per SM x SMs), so no tail wave runs after the rest;
+// no more chunks than max_context has kAttnMinChunk keys for; at least one.
+inline int64_t attn_plan_splits(int64_t row_blocks, int64_t max_context, int64_t resident) {
+  const int64_t wave = resident / attn_max(1, row_blocks) - 1;
+  const int64_t useful = (max_context + kAttnMinChunk - 1) / kAttnMinChunk;
+  return attn_max(1, attn_min(wave, useful));
+}
+
 }  // namespace tpdraft::kernels::cuda

@@ -5,6 +5,10 @@
 // shared memory); the block's own keys form one more chunk. A merge kernel rescales and adds the
 // chunks per row. No context length limit: chunks grow with the context, and since the kernels
 // read the session tables from device memory, one captured launch serves every context length.
+// Two partial kernels write the same partials: the f32 one below (any head dim; the fallback) and
+// the tensor-core one further down (head dims 64 and 128), which reads each K/V tile once per kv
+// head; CudaOps picks one (TPDRAFT_CUDA_ATTENTION) and sizes the split from its occupancy.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -13,6 +17,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace tpdraft::kernels::cuda {
 namespace {
@@ -236,6 +241,232 @@ __global__ void attn_merge_kernel(AttnArgs a) {
   }
 }
 
+// ---- the tensor-core partial kernel ----------------------------------------------------------------
+//
+// One block per (chunk, kv head, group of 64 query rows, session): the rows of all the q heads
+// that share the kv head (ratio x B of them), so each K/V tile is read once for all of them. Four
+// warps own 16 rows each. A tile of 64 keys is staged as bf16 (K row-major, V row-major and read
+// transposed by ldmatrix); a warp computes its 16 x 64 scores with mma.m16n8k16 against the query
+// fragments it keeps in registers, updates the online softmax in the score fragments themselves
+// (which are the A fragments of P, rounded to bf16) and adds P V into 16 x D f32 accumulators.
+// Scores are kept in log2 units (scale x log2 e folded in); m is written back in natural units,
+// the partials' format the merge kernel reads.
+
+constexpr int kMmaWarps = kAttnMmaRowsPerBlock / 16;
+constexpr int kMmaKeys = 64;  // keys per staged tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D>
+__host__ __device__ constexpr int mma_stride() {
+  return D + 8;  // bf16 per staged row: 16-byte aligned rows, 4 banks apart (conflict-free fragments)
+}
+
+// Four consecutive elements as four bf16 (two words), from f32 or bf16 memory.
+__device__ __forceinline__ uint2 load4_bf16(const float* p) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+__device__ __forceinline__ uint2 load4_bf16(const __nv_bfloat16* p) { return *reinterpret_cast<const uint2*>(p); }
+
+// n keys of a tile into ks / vs ([kMmaKeys][stride] bf16), zeros past n (so that P = 0 never
+// meets a NaN of stale memory). Key j is at (first_slot + j) * row_step + head_offset of the
+// sources, the slot wrapped once past a ring's capacity (capacity 0: the block's rows, no ring).
+template <int D, typename T>
+__device__ void stage_tile(const T* ksrc, const T* vsrc, int64_t first_slot, int64_t capacity, int64_t row_step,
+                           int64_t head_offset, int n, __nv_bfloat16* ks, __nv_bfloat16* vs) {
+  constexpr int kQuads = D / 4, kStride = mma_stride<D>();
+  for (int p = threadIdx.x; p < kMmaKeys * kQuads; p += kMmaWarps * 32) {
+    const int j = p / kQuads, col = 4 * (p % kQuads);
+    uint2 kw = make_uint2(0, 0), vw = make_uint2(0, 0);
+    if (j < n) {
+      int64_t slot = first_slot + j;
+      if (capacity > 0 && slot >= capacity) slot -= capacity;
+      const int64_t at = slot * row_step + head_offset + col;
+      kw = load4_bf16(ksrc + at);
+      vw = load4_bf16(vsrc + at);
+    }
+    *reinterpret_cast<uint2*>(ks + j * kStride + col) = kw;
+    *reinterpret_cast<uint2*>(vs + j * kStride + col) = vw;
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, int64_t qgroups) {
+  constexpr int kStride = mma_stride<D>(), KD = D / 16, ND = D / 8, NK = kMmaKeys / 8;
+  __shared__ __align__(16) __nv_bfloat16 ks[kMmaKeys * kStride];
+  __shared__ __align__(16) __nv_bfloat16 vs[kMmaKeys * kStride];
+
+  const int64_t s = blockIdx.z, c = blockIdx.x;
+  const Span se = session_span(a, s);
+  const bool block_chunk = c == a.splits;
+  const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups, ratio = a.n_q / a.n_kv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = qg * kAttnMmaRowsPerBlock + warp * 16;  // the warp's first row
+
+  // This lane's two rows of the warp's tile: lane / 4 and lane / 4 + 8.
+  RowView rows[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) rows[h] = row_view(a, se, g, row0 + lane / 4 + 8 * h, block_chunk);
+
+  int64_t kbeg = 0, kend = a.B;
+  if (!block_chunk) {
+    const KeyRange chunk = attn_chunk(se.span, c);
+    kbeg = chunk.lo;
+    kend = chunk.hi;
+  }
+  auto slot_of = [&](const RowView& rv) { return ((s * a.n_q + rv.h) * a.B + rv.r) * (a.splits + 1) + c; };
+  if (kbeg >= kend) {  // an empty chunk: its slots are marked empty for the merge
+    if (lane % 4 == 0)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (rows[h].valid) {
+          a.part_ml[slot_of(rows[h]) * 2] = -INFINITY;
+          a.part_ml[slot_of(rows[h]) * 2 + 1] = 0.0f;
+        }
+    return;
+  }
+
+  // Query fragments for the whole loop (zeros for rows past ratio x B).
+  uint32_t qf[KD][4];
+  {
+    const float* qrow[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      qrow[h] = rows[h].valid ? a.q + ((s * a.B + rows[h].r) * a.n_q + rows[h].h) * D : nullptr;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float* src = qrow[f & 1];
+        const int col = kk * 16 + 2 * (lane % 4) + 8 * (f >> 1);
+        qf[kk][f] = src != nullptr ? pack_bf16(src[col], src[col + 1]) : 0u;
+      }
+  }
+  const bool warp_live = row0 < ratio * a.B;
+  const float scale2 = a.scale * kLog2e;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+    for (int f = 0; f < 4; ++f) acc[nd][f] = 0.0f;
+
+  const int64_t slot0 = block_chunk ? s * a.B : kbeg % se.capacity;
+  for (int64_t t0 = kbeg; t0 < kend; t0 += kMmaKeys) {
+    const int n = static_cast<int>(attn_min(kMmaKeys, kend - t0));
+    __syncthreads();  // the previous tile has been consumed
+    const int64_t first = slot0 + (t0 - kbeg);
+    if (block_chunk)
+      stage_tile<D>(a.k, a.v, first, 0, a.n_kv * D, g * D, n, ks, vs);
+    else
+      stage_tile<D>(reinterpret_cast<const KV*>(se.k), reinterpret_cast<const KV*>(se.v),
+                    first >= se.capacity ? first - se.capacity : first, se.capacity, a.n_kv * D, g * D, n, ks, vs);
+    __syncthreads();
+    if (!warp_live) continue;
+
+    // Scores: 16 rows x 64 keys, eight n8 tiles.
+    float sc[NK][4];
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk) {
+#pragma unroll
+      for (int f = 0; f < 4; ++f) sc[nk][f] = 0.0f;
+      const __nv_bfloat16* kr = ks + (nk * 8 + lane / 4) * kStride + 2 * (lane % 4);
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
+        mma_bf16(sc[nk], qf[kk], b0, b1);
+      }
+    }
+    // Visibility as tile indices [lo, hi) per row, then the online softmax per row.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int lo = n, hi = 0;
+      if (rows[h].valid) {
+        lo = static_cast<int>(attn_min(n, attn_max(0, rows[h].vlo - t0)));
+        hi = static_cast<int>(attn_max(0, attn_min(n, rows[h].vhi == INT64_MAX ? n : rows[h].vhi - t0)));
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = nk * 8 + 2 * (lane % 4) + e;
+          float& v = sc[nk][2 * h + e];
+          v = j >= lo && j < hi ? v * scale2 : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: p = 0, state stays empty
+      const float alpha = exp2f(m[h] - m_use);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = sc[nk][2 * h + e];
+          v = exp2f(v - m_use);
+          sum += v;
+        }
+      l[h] = l[h] * alpha + sum;  // this lane's columns; the quad's lanes are added at the end
+      m[h] = m_new;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd) {
+        acc[nd][2 * h] *= alpha;
+        acc[nd][2 * h + 1] *= alpha;
+      }
+    }
+    // acc += P V: the score fragments of n8 tiles 2 kk and 2 kk + 1 are P's A fragment of k16 step kk.
+#pragma unroll
+    for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < ND; nd += 2) {
+        // Lanes 0-15 address keys 16 kk + 0..15 at dims 8 nd.., lanes 16-31 the same keys at 8 (nd + 1)..
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kStride + 8 * (nd + (lane >> 4)));
+        mma_bf16(acc[nd], pa, b[0], b[1]);
+        mma_bf16(acc[nd + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (!rows[h].valid) continue;
+    const int64_t slot = slot_of(rows[h]);
+    float* out = a.part_acc + slot * D + 2 * (lane % 4);
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd)
+      *reinterpret_cast<float2*>(out + nd * 8) = make_float2(acc[nd][2 * h], acc[nd][2 * h + 1]);
+    if (lane % 4 == 0) {
+      a.part_ml[slot * 2] = m[h] == -INFINITY ? -INFINITY : m[h] * kLn2;
+      a.part_ml[slot * 2 + 1] = l[h];
+    }
+  }
+}
+
+// The mma instantiation for a head dim (64 or 128) and ring element type.
+template <typename KV>
+auto* mma_kernel_for(int64_t d) {
+  return d == 64 ? attn_mma_kernel<64, KV> : attn_mma_kernel<128, KV>;
+}
+
 template <int DC>
 void launch_partial(const AttnArgs& a, dim3 grid, int64_t qgroups, cudaStream_t stream) {
   const size_t shared = partial_shared_bytes(a.D);
@@ -249,18 +480,45 @@ void launch_partial(const AttnArgs& a, dim3 grid, int64_t qgroups, cudaStream_t 
 
 }  // namespace
 
-void launch_attention(const AttnArgs& a, cudaStream_t stream) {
+bool attention_mma_supports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+int attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16) {
+  int blocks = 0;
+  if (kernel == AttnKernel::mma) {
+    if (kv_bf16)
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_kernel_for<__nv_bfloat16>(head_dim),
+                                                               kMmaWarps * 32, 0));
+    else
+      CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_kernel_for<float>(head_dim), kMmaWarps * 32, 0));
+  } else {
+    const size_t shared = partial_shared_bytes(head_dim);
+    auto* fn = head_dim <= 64 ? attn_partial_kernel<2> : head_dim <= 128 ? attn_partial_kernel<4> : attn_partial_kernel<8>;
+    if (shared > 48 * 1024)
+      CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kWarps * 32, shared));
+  }
+  return blocks > 0 ? blocks : 1;
+}
+
+void launch_attention(const AttnArgs& a, AttnKernel kernel, cudaStream_t stream) {
   if (a.S <= 0) return;
-  const int64_t ratio = a.n_q / a.n_kv;
-  const int64_t qgroups = (ratio * a.B + kAttnRowsPerBlock - 1) / kAttnRowsPerBlock;
+  const int64_t ratio = a.n_q / a.n_kv, rows = attention_rows_per_block(kernel);
+  const int64_t qgroups = (ratio * a.B + rows - 1) / rows;
   const dim3 grid(static_cast<unsigned>(a.splits + 1), static_cast<unsigned>(a.n_kv * qgroups),
                   static_cast<unsigned>(a.S));
-  if (a.D <= 64)
+  if (kernel == AttnKernel::mma) {
+    if (a.kv_bf16)
+      mma_kernel_for<__nv_bfloat16>(a.D)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
+    else
+      mma_kernel_for<float>(a.D)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
+  } else if (a.D <= 64) {
     launch_partial<2>(a, grid, qgroups, stream);
-  else if (a.D <= 128)
+  } else if (a.D <= 128) {
     launch_partial<4>(a, grid, qgroups, stream);
-  else
+  } else {
     launch_partial<8>(a, grid, qgroups, stream);
+  }
   TPDRAFT_CHECK_LAUNCH("attention (chunk partials)");
   attn_merge_kernel<<<static_cast<unsigned>(a.S * a.n_q * a.B), kMergeThreads, 0, stream>>>(a);
   TPDRAFT_CHECK_LAUNCH("attention (merge)");

@@ -1,5 +1,6 @@
-// Element-wise kernels: silu_mul, add and the row gather that builds a draft's block rows. Memory bound: grid-stride loops, one element per
+// Element-wise kernels: silu_mul, add, 16-bit floats widened to f32 and the row gather that builds a draft's block rows. Memory bound: grid-stride loops, one element per
 // thread per step; a draft's largest call is 16 x 12288 floats.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -19,6 +20,12 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = grid_first(); i < n; i += grid_step())
     y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// Exact: every bf16 and f16 value is an f32 value.
+__global__ void widen_kernel(const uint16_t* src, bool bf16, float* dst, int64_t n) {
+  for (int64_t i = grid_first(); i < n; i += grid_step())
+    dst[i] = bf16 ? __uint_as_float(static_cast<uint32_t>(src[i]) << 16) : __half2float(__ushort_as_half(src[i]));
 }
 
 // One block per row: the row's index is read once, the copy strides over its floats.
@@ -42,6 +49,12 @@ void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, 
   if (n <= 0) return;
   silu_mul_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(gate, up, out, n);
   TPDRAFT_CHECK_LAUNCH("silu_mul");
+}
+
+void launch_widen_to_f32(const void* src, bool bf16, float* dst, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  widen_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(static_cast<const uint16_t*>(src), bf16, dst, n);
+  TPDRAFT_CHECK_LAUNCH("widen_to_f32");
 }
 
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {

@@ -15,6 +15,8 @@ namespace tpdraft::kernels::cuda {
 // ---- cuda_elementwise.cu ----------------------------------------------------------------------
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// dst [n] f32 = src [n] of 16-bit floats: bf16 (bf16 true) or IEEE f16.
+void launch_widen_to_f32(const void* src, bool bf16, float* dst, int64_t n, cudaStream_t stream);
 // dst[r] = src[index[r]], rows of row_len floats; index on the device.
 void launch_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst,
                         cudaStream_t stream);
@@ -58,6 +60,9 @@ using QTcPlan = qtile::Split;
 constexpr int64_t kQgemmTcMaxRows = 64;
 void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, int64_t m, float* y,
                      const float* bias, float* partials, cudaStream_t stream);
+// Blocks of the tensor-core kernel for `bits`, m rows and uniform steps (qtile::step_uniform) one
+// multiprocessor holds, from cudaOccupancyMaxActiveBlocksPerMultiprocessor.
+int qgemm_tc_blocks_per_sm(int bits, int64_t m, bool uniform);
 // out [rows, k] bf16 = rows [n0, n0 + rows) of the dequantized matrix (q * scale rounded to bf16).
 void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream);
 
@@ -89,11 +94,26 @@ struct AttnArgs {
   bool causal = false;
   float scale = 1.0f;
   int64_t splits = 1;  // context chunks per session
+  // The context rings' element type: f32, or bf16 (read by the mma kernel only). The block's own
+  // keys (k, v) are f32 either way.
+  bool kv_bf16 = false;
 };
 
 constexpr int kAttnMaxHeadDim = 256;
-// Query rows one partial block handles (shares each K/V tile among them).
+// The partial kernels: `simt` on f32 CUDA cores, 16 query rows per block, any head dim (the
+// fallback); `mma` on tensor cores (bf16 q, k, p, v; f32 sums), the 64 query rows of up to four
+// q heads per block, so a kv head's tiles are read once for all its q heads (head dim 64 or 128).
+enum class AttnKernel { simt, mma };
 constexpr int kAttnRowsPerBlock = 16;
-void launch_attention(const AttnArgs& a, cudaStream_t stream);
+constexpr int kAttnMmaRowsPerBlock = 64;
+bool attention_mma_supports(int64_t head_dim);
+inline int attention_rows_per_block(AttnKernel kernel) {
+  return kernel == AttnKernel::mma ? kAttnMmaRowsPerBlock : kAttnRowsPerBlock;
+}
+// Blocks of the partial kernel for head_dim (and the rings' element type) one multiprocessor
+// holds, from cudaOccupancyMaxActiveBlocksPerMultiprocessor.
+int attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16);
+// Grid: (splits + 1, n_kv x ceil(ratio B / rows per block), S) partial blocks, then the merge.
+void launch_attention(const AttnArgs& a, AttnKernel kernel, cudaStream_t stream);
 
 }  // namespace tpdraft::kernels::cuda

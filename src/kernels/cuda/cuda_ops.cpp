@@ -30,6 +30,7 @@ CudaOps::CudaOps(int device) : device_(device) {
                   "(one bf16 rounding), got '{}'", m);
     split_activations_ = m == "split";
   }
+  if (const char* kernel = std::getenv("TPDRAFT_CUDA_ATTENTION")) set_attention_kernel(kernel);
   const int count = cuda_device_count();
   TPDRAFT_CHECK(count > 0, "cuda backend: no CUDA device is available (cudaGetDeviceCount found none)");
   TPDRAFT_CHECK(device >= 0 && device < count, "cuda backend: device {} does not exist ({} device(s) visible)", device,
@@ -128,6 +129,30 @@ void CudaOps::wait_for(void* stream) {
   if (caller_ready_ == nullptr) CUDA_CHECK(cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(caller_ready_, static_cast<cudaStream_t>(stream)));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, caller_ready_, 0));
+}
+
+std::string CudaOps::foreign_memory(const void* p) const {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // the query's failure is the answer, not a sticky error
+    return "memory CUDA does not know";
+  }
+  if (a.type == cudaMemoryTypeManaged) return "";
+  if (a.type != cudaMemoryTypeDevice) return "host memory";
+  if (a.device != device_) return fmt::format("memory of GPU {}, and this drafter runs on GPU {}", a.device, device_);
+  return "";
+}
+
+void CudaOps::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
+  TPDRAFT_CHECK(n >= 0, "widen_to_f32: element count must be >= 0, got {}", n);
+  DeviceGuard guard(device_);
+  if (dtype == DType::F32) {
+    if (n > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  TPDRAFT_CHECK(dtype == DType::F16 || dtype == DType::BF16, "widen_to_f32: {} is not f32, f16 or bf16",
+                dtype_name(dtype));
+  launch_widen_to_f32(src, dtype == DType::BF16, dst, n, stream_);
 }
 
 void CudaOps::sync() {
@@ -311,17 +336,42 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+void CudaOps::set_attention_kernel(const std::string& kernel) {
+  TPDRAFT_CHECK(kernel == "mma" || kernel == "simt",
+                "TPDRAFT_CUDA_ATTENTION must be 'mma' (tensor cores, head dims 64 and 128, the default) or 'simt' "
+                "(f32 CUDA cores, the fallback), got '{}'", kernel);
+  prefer_mma_attention_ = kernel == "mma";
+}
+
+int CudaOps::attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16) {
+  const int key = static_cast<int>(head_dim) * 4 + (kernel == AttnKernel::mma ? 2 : 0) + (kv_bf16 ? 1 : 0);
+  for (const auto& [k, blocks] : attn_occupancy_)
+    if (k == key) return blocks;
+  const int blocks = cuda::attention_blocks_per_sm(kernel, head_dim, kv_bf16);
+  attn_occupancy_.emplace_back(key, blocks);
+  return blocks;
+}
+
 void CudaOps::attention(const AttentionParams& p) {
   check_attention(p);
   if (p.sessions == 0) return;
   DeviceGuard guard(device_);
   const int64_t S = p.sessions, ratio = p.n_q / p.n_kv;
-  // The session tables stay on the device, so the split is sized from max_context: enough chunks
-  // that the grid is ~4 blocks per multiprocessor, none shorter than 64 keys at max_context.
-  const int64_t qgroups = ceil_div(ratio * p.block, kAttnRowsPerBlock);
+  // bf16 rings only the tensor-core kernel reads (the engine stores them only where holds_context).
+  const bool kv_bf16 = p.kv_dtype == DType::BF16;
+  TPDRAFT_CHECK(!kv_bf16 || attention_mma_supports(p.head_dim),
+                "attention: bf16 context rings need the cuda backend's tensor-core kernel, which takes head dims 64 "
+                "and 128, not {}", p.head_dim);
+  const AttnKernel kernel = kv_bf16 || (prefer_mma_attention_ && attention_mma_supports(p.head_dim))
+                                ? AttnKernel::mma
+                                : AttnKernel::simt;
+  // The session tables stay on the device, so the split is sized from max_context: as many chunks
+  // as one wave of resident blocks holds (the occupancy API's figure), none shorter than 64 keys
+  // at max_context.
+  const int64_t qgroups = ceil_div(ratio * p.block, attention_rows_per_block(kernel));
   const int64_t row_blocks = S * p.n_kv * qgroups;
-  const int64_t target = std::max<int64_t>(1, ceil_div(4 * static_cast<int64_t>(sm_count_), row_blocks));
-  const int64_t splits = std::clamp<int64_t>(ceil_div(p.max_context, kAttnMinChunk), 1, target);
+  const int64_t splits = attn_plan_splits(
+      row_blocks, p.max_context, static_cast<int64_t>(attention_blocks_per_sm(kernel, p.head_dim, kv_bf16)) * sm_count_);
   TPDRAFT_CHECK(S <= 65535 && p.n_kv * qgroups <= 65535,
                 "attention: {} sessions x {} kv heads x {} row groups exceed the cuda grid limits", S, p.n_kv, qgroups);
   AttnArgs a;
@@ -340,10 +390,11 @@ void CudaOps::attention(const AttentionParams& p) {
   a.causal = p.causal;
   a.scale = p.scale;
   a.splits = splits;
+  a.kv_bf16 = kv_bf16;
   const size_t rows = static_cast<size_t>(S * p.n_q * p.block * (splits + 1));
   a.part_acc = attn_acc_.as<float>(rows * static_cast<size_t>(p.head_dim), stream_);
   a.part_ml = attn_ml_.as<float>(rows * 2, stream_);
-  launch_attention(a, stream_);
+  launch_attention(a, kernel, stream_);
 }
 
 }  // namespace tpdraft::kernels::cuda
@@ -375,5 +426,6 @@ double cuda_cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int6
   return as_cuda(ops).cublas_gemm_gflops(dtype, m, n, k);
 }
 int cuda_device_of(Ops& ops) { return as_cuda(ops).device(); }
+void cuda_set_attention_kernel(Ops& ops, const std::string& kernel) { as_cuda(ops).set_attention_kernel(kernel); }
 
 }  // namespace tpdraft::kernels

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -31,6 +33,8 @@ class CudaOps final : public Ops {
   void to_host(void* dst, const void* src, size_t bytes) override;
   void sync() override;
   void wait_for(void* stream) override;
+  void widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) override;
+  std::string foreign_memory(const void* p) const override;
 
   size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
@@ -60,6 +64,9 @@ class CudaOps final : public Ops {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  // "mma" (the default where the head dim allows) or "simt"; TPDRAFT_CUDA_ATTENTION sets it at
+  // construction.
+  void set_attention_kernel(const std::string& kernel);
 
  private:
   void check_not_capturing(const char* what) const;
@@ -79,6 +86,9 @@ class CudaOps final : public Ops {
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
+  // The occupancy API's blocks per SM of an attention kernel, asked once per kernel, head dim and
+  // ring element type.
+  int attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16);
 
   int device_ = 0;
   int sm_count_ = 1;
@@ -88,6 +98,9 @@ class CudaOps final : public Ops {
   static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
   void* blas_workspace_ = nullptr;
   bool split_activations_ = true;  // TPDRAFT_CUDA_MATMUL=single turns the lo part off
+  bool prefer_mma_attention_ = true;  // TPDRAFT_CUDA_ATTENTION=simt turns the tensor-core kernel off
+  std::vector<std::pair<int, int>> attn_occupancy_;  // (head dim x 4 + mma x 2 + bf16, blocks per SM)
+  int qgemm_occupancy_[2][kQgemmTcMaxRows / 16][2] = {};  // [int8][row tiles - 1][uniform]: blocks per SM, 0 unknown
   bool capturing_ = false;
   std::vector<void*> deferred_free_;  // released during the capture
   Workspace act_;          // activations in the weight dtype

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
@@ -39,23 +40,6 @@ __host__ __device__ constexpr int smem_bytes() {
   return stage > reduce ? stage : reduce;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 mma needs sm_80; the build targets 80 and 90
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 struct TcArgs {
   const uint4* tiles = nullptr;  // qtile layout
   const float* scales = nullptr;  // [groups][n_padded]
@@ -63,6 +47,7 @@ struct TcArgs {
   const float* bias = nullptr;    // [n] or null (applied only without split-K)
   float* out = nullptr;           // y [m, n] (one split) or partial sums [splits, m, n]
   int64_t m = 0, n = 0, k = 0, n_padded = 0, tiles_k = 0, group = 0, groups = 0;
+  qtile::DivBy group_div;  // k / group by a multiply-high (no division per k16 step)
   int64_t tiles_n = 0, chunks = 0, chunks_per_split = 0;
   int splits = 1;
 };
@@ -80,7 +65,7 @@ __device__ __forceinline__ void tc_step(const TcArgs& a, const uint32_t (&words)
     for (int r = 0; r < 4; ++r)
       af[mt][r] = *reinterpret_cast<const uint32_t*>(
           &xs[(mt * 16 + qtile::a_row(lane, r)) * kStride + c0 + qtile::a_col(lane, r)]);
-  const int64_t g_step = UNIFORM ? qtile::group_of(k0, a.group, a.groups) : 0;
+  const int64_t g_step = UNIFORM ? qtile::group_of(static_cast<uint32_t>(k0), a.group_div, a.groups) : 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t n = n_tile0 + qtile::frag_n(lane, j);
@@ -89,7 +74,8 @@ __device__ __forceinline__ void tc_step(const TcArgs& a, const uint32_t (&words)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float s = UNIFORM ? s_step
-                              : __ldg(&a.scales[qtile::group_of(k0 + qtile::frag_k(lane, e), a.group, a.groups) *
+                              : __ldg(&a.scales[qtile::group_of(static_cast<uint32_t>(k0 + qtile::frag_k(lane, e)),
+                                                                 a.group_div, a.groups) *
                                                     a.n_padded + n]);
       // float(q) exactly (qtile::magic_bits), then q * scale rounded once, as before bf16.
       const float q = __fsub_rn(__uint_as_float(qtile::magic_bits(BITS, words[j], idx0 + e)), qtile::magic_offset(BITS));
@@ -231,6 +217,26 @@ void launch_tc(const TcArgs& a, bool uniform, dim3 grid, cudaStream_t stream) {
     qgemm_tc_kernel<BITS, MT, false><<<grid, kThreads, 0, stream>>>(a);
 }
 
+template <int BITS, int MT>
+int tc_blocks_per_sm(bool uniform) {
+  int blocks = 0;
+  if (uniform)
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, qgemm_tc_kernel<BITS, MT, true>, kThreads, 0));
+  else
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, qgemm_tc_kernel<BITS, MT, false>, kThreads, 0));
+  return blocks;
+}
+
+template <int BITS>
+int tc_blocks_per_sm(int mt, bool uniform) {
+  switch (mt) {
+    case 1: return tc_blocks_per_sm<BITS, 1>(uniform);
+    case 2: return tc_blocks_per_sm<BITS, 2>(uniform);
+    case 3: return tc_blocks_per_sm<BITS, 3>(uniform);
+    default: return tc_blocks_per_sm<BITS, 4>(uniform);
+  }
+}
+
 template <int BITS>
 void launch_tc(const TcArgs& a, int mt, bool uniform, dim3 grid, cudaStream_t stream) {
   switch (mt) {
@@ -258,6 +264,7 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
   a.n_padded = w.l.rows_padded;
   a.tiles_k = w.l.tiles_k;
   a.group = w.l.group;
+  a.group_div = qtile::div_by(static_cast<uint32_t>(w.l.group));
   a.groups = w.l.groups;
   a.tiles_n = w.l.tiles_n;
   a.chunks = plan.chunks;
@@ -276,6 +283,12 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
                                                                                    bias, y);
     TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
   }
+}
+
+int qgemm_tc_blocks_per_sm(int bits, int64_t m, bool uniform) {
+  const int mt = static_cast<int>((m + 15) / 16);
+  const int blocks = bits == 8 ? tc_blocks_per_sm<8>(mt, uniform) : tc_blocks_per_sm<4>(mt, uniform);
+  return blocks > 0 ? blocks : 1;
 }
 
 void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream) {

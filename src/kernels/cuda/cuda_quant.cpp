@@ -41,9 +41,14 @@ void CudaOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, cons
   const qtile::Layout l = qtile::layout(bits_of(w.format), w.rows, w.cols, w.group);
   const QuantTiles t{l, w.data, reinterpret_cast<const float*>(static_cast<const std::byte*>(w.data) + l.scale_offset)};
   TPDRAFT_CHECK(l.tiles_n <= 0x7fffffff, "matmul: {} output rows exceed the cuda grid", l.rows);
+  TPDRAFT_CHECK(l.cols_padded <= 0xffffffff, "matmul: {} inputs exceed the quantized kernel's 32-bit index", l.cols);
   DeviceGuard guard(device_);
   if (m <= kQgemmTcMaxRows) {
-    const QTcPlan plan = qtile::split_k(l.tiles_n, l.cols, sm_count_);
+    // The kernel's occupancy for this bit width, row tiles and scale steps, asked once.
+    const bool uniform = qtile::step_uniform(l.group, l.groups);
+    int& blocks = qgemm_occupancy_[l.bits == 8 ? 1 : 0][(m - 1) / 16][uniform ? 1 : 0];
+    if (blocks == 0) blocks = qgemm_tc_blocks_per_sm(l.bits, m, uniform);
+    const QTcPlan plan = qtile::split_k(l.tiles_n, l.cols, static_cast<int64_t>(blocks) * sm_count_);
     float* partials = plan.splits > 1 ? parts_.as<float>(static_cast<size_t>(plan.splits * m * l.rows), stream_) : nullptr;
     launch_qgemm_tc(t, plan, x, m, y, bias, partials, stream_);
     return;
