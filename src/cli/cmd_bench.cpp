@@ -1,6 +1,7 @@
 // `tpdraft bench`: random weights in memory (or a checkpoint), N context rows settled, timed
 // drafts; reports the median and spread of one draft, settle throughput, and the achieved FLOP
-// and byte rates beside this machine's measured ceilings (read bandwidth, our GEMM rate).
+// and byte rates beside this machine's measured ceilings (read bandwidth, our GEMM rate) and the
+// roofline they set. A list of contexts sweeps them on one loaded drafter.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,7 +38,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
-  int64_t ctx = 1024, batch = 1, repeat = 10, warmup = 2;
+  std::vector<int64_t> ctx{1024};  // a sweep when several
+  int64_t batch = 1, repeat = 10, warmup = 2;
   int64_t token_map_size = 0;  // a random draft vocabulary of this many ids (timing)
   uint64_t seed = 0;
   bool json = false, gather_logits = false;
@@ -129,6 +131,7 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
 // What one bench run measured: the JSON and the table are both written from it.
 struct BenchResult {
   std::string config, architecture, backend, communicator, dtype;
+  std::string all_reduce_path;  // how device all-reduces travel ("" where the name says it)
   int threads = 0, tp = 1, replicas = 1;
   int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
   int64_t vocab = 0, draft_vocab = 0;  // V, and the draft vocabulary's N (0: none)
@@ -145,20 +148,23 @@ struct BenchResult {
   std::vector<int64_t> tokens;
 
   double per_draft(uint64_t total) const { return static_cast<double>(total) / static_cast<double>(repeat); }
+  // The fastest a draft can be on this machine: its FLOPs at our GEMM rate or its bytes at the
+  // memory ceiling, whichever takes longer (seconds).
+  double roofline() const { return std::max(work.flops / (gemm_gflops * 1e9), work.bytes() / (read_gbps * 1e9)); }
   double achieved_gflops() const { return work.flops / draft.median / 1e9; }
   double achieved_gbps() const { return work.bytes() / draft.median / 1e9; }
   double settle_rows_per_s() const { return static_cast<double>(context * sessions) / settle_seconds; }
   double settle_gflops() const { return settle_work.flops / settle_seconds / 1e9; }
 };
 
-// Settles o.ctx random tap rows into each of o.batch sessions; returns the seconds it took.
-double settle_sessions(const BenchOpts& o, model::RankRuntime& rt,
+// Settles `ctx` random tap rows into each of o.batch sessions; returns the seconds it took.
+double settle_sessions(const BenchOpts& o, int64_t ctx, model::RankRuntime& rt,
                        std::vector<std::unique_ptr<model::Session>>* sessions) {
   const model::DrafterConfig& cfg = rt.config();
   double seconds = 0;
   for (int64_t s = 0; s < o.batch; ++s) {
     sessions->push_back(rt.drafter().new_session());
-    const std::vector<float> taps = model::random_taps(cfg, o.ctx, o.seed + static_cast<uint64_t>(s));
+    const std::vector<float> taps = model::random_taps(cfg, ctx, o.seed + static_cast<uint64_t>(s));
     // On a GPU the taps start on the device, where a target model leaves its hidden states; the
     // settle then times the drafter's own work, not a copy from pageable host memory.
     kernels::Buffer device_taps;
@@ -169,7 +175,7 @@ double settle_sessions(const BenchOpts& o, model::RankRuntime& rt,
       from = device_taps.f32();
     }
     const auto t0 = Clock::now();
-    rt.drafter().settle(*sessions->back(), 0, from, o.ctx);
+    rt.drafter().settle(*sessions->back(), 0, from, ctx);
     seconds += since(t0);
   }
   return seconds;
@@ -242,6 +248,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["graph_nodes"] = r.graph_nodes;
   j["replicas"] = r.replicas;
   j["communicator"] = r.communicator;
+  j["all_reduce_path"] = r.all_reduce_path;
   j["comm_ms"] = r.comm_mean * 1e3;
   j["comm_ms_median"] = r.comm_median * 1e3;
   j["compute_ms"] = r.compute * 1e3;  // outside collectives
@@ -276,6 +283,8 @@ nlohmann::json to_json(const BenchResult& r) {
   j["machine_read_gbps"] = r.read_gbps;
   j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = r.gemm_gflops;
+  j["roofline_ms"] = r.roofline() * 1e3;
+  j["roofline_ratio"] = r.draft.median / r.roofline();
   if (r.blas_peak_gflops > 0) {
     j["cublas_gemm_gflops_settle_shape"] = r.blas_settle_gflops;
     j["cublas_gemm_gflops_peak"] = r.blas_peak_gflops;
@@ -311,15 +320,84 @@ void print_table(const BenchResult& r) {
               calls_and_bytes(r, c.all_reduce_calls, c.all_reduce_bytes).c_str(),
               calls_and_bytes(r, c.all_gather_calls, c.all_gather_bytes).c_str(),
               calls_and_bytes(r, c.broadcast_calls, c.broadcast_bytes).c_str());
+  if (!r.all_reduce_path.empty()) std::printf("  all-reduce %s\n", r.all_reduce_path.c_str());
   std::printf("  work       %.2f GFLOP, %.3f GB per draft (weights %.3f GB, context %.3f GB)\n", r.work.flops / 1e9,
               r.work.bytes() / 1e9, r.work.weight_bytes / 1e9, r.work.context_bytes / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
               r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
               100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
+  std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
+              r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median / r.roofline());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", r.settle_rows_per_s(), r.settle_gflops());
   if (r.blas_peak_gflops > 0)
     std::printf("  cuBLAS     %.0f GFLOP/s at 8192^3, %.0f at the settle's fc shape: settle reaches %.0f%% of the first\n",
                 r.blas_peak_gflops, r.blas_settle_gflops, 100 * r.settle_gflops() / r.blas_peak_gflops);
+}
+
+// Settles `context` rows into fresh sessions and times drafts over them. `first`: the sweep's first
+// result, whose machine ceilings are reused (nullptr: measure them).
+BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::RankRuntime& rt, DType dtype,
+                          int64_t context, const BenchResult* first) {
+  const model::DrafterConfig& cfg = rt.config();
+  BenchResult r;
+  r.gpu = !rt.ops().host_memory();
+  std::vector<std::unique_ptr<model::Session>> sessions;
+  r.settle_seconds = settle_sessions(o, context, rt, &sessions);
+  std::vector<model::DraftRequest> reqs;
+  for (int64_t s = 0; s < o.batch; ++s) reqs.push_back({sessions[static_cast<size_t>(s)].get(), (17 + s) % cfg.vocab, {}});
+  if (ctx.leader())
+    TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, context, o.repeat, o.warmup);
+  r.repeat = o.repeat;
+  time_drafts(o, rt, reqs, &r);
+  const double wbytes = static_cast<double>(dtype_size(rt.weights().head_dtype));
+  r.work = model::draft_work(cfg, rt.plan(), o.batch, context, wbytes,
+                             static_cast<double>(dtype_size(rt.drafter().limits().kv_dtype)));
+  // Quantized matrices read fewer bytes than the head's dtype says.
+  if (cfg.quant.any())
+    r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
+  r.settle_work = model::settle_work(cfg, rt.plan(), context * o.batch, wbytes);
+  rt.comm().barrier();
+  if (!ctx.leader()) return r;  // the ceilings and the report come from one rank
+  if (first == nullptr) {
+    measure_ceilings(rt, dtype, ctx.threads, context, &r);
+  } else {  // measured once per run
+    r.read_gbps = first->read_gbps;
+    r.gemm_gflops = first->gemm_gflops;
+    r.blas_settle_gflops = first->blas_settle_gflops;
+    r.blas_peak_gflops = first->blas_peak_gflops;
+  }
+  r.config = o.drafter.empty() ? o.config : o.drafter;
+  r.architecture = cfg.arch_name;
+  r.backend = rt.ops().name();
+  r.communicator = rt.comm().name();
+  r.all_reduce_path = rt.comm().all_reduce_path();
+  r.dtype = dtype_name(rt.weights().head_dtype);
+  if (!o.ranks.quant.empty()) r.dtype += " --quant " + o.ranks.quant;
+  else if (cfg.quant.any()) r.dtype += " (quantized checkpoint)";
+  r.threads = ctx.threads;
+  r.tp = rt.comm().size();
+  r.replicas = ctx.replicas;
+  r.sessions = o.batch;
+  r.context = context;
+  r.vocab = cfg.vocab;
+  r.draft_vocab = cfg.draft_vocab;
+  r.gather_logits = o.gather_logits;
+  r.graphs = rt.drafter().graphs();
+  r.graph_nodes = rt.drafter().graph_nodes(o.batch);
+  r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
+  r.context_bytes = static_cast<double>(rt.drafter().context_bytes_per_position() * static_cast<size_t>(context * o.batch));
+  return r;
+}
+
+
+// One row per context of a sweep.
+void print_sweep(const std::vector<BenchResult>& rows) {
+  std::printf("context sweep (%s, %d thread(s), tp %d; roofline: max of FLOPs / %.0f GFLOP/s, bytes / %.1f GB/s)\n",
+              rows[0].architecture.c_str(), rows[0].threads, rows[0].tp, rows[0].gemm_gflops, rows[0].read_gbps);
+  std::printf("  %9s %10s %10s %9s %12s %6s\n", "context", "draft ms", "layers ms", "head ms", "roofline ms", "ratio");
+  for (const BenchResult& r : rows)
+    std::printf("  %9lld %10.2f %10.2f %9.2f %12.2f %6.2f\n", static_cast<long long>(r.context), r.draft.median * 1e3,
+                r.layers * 1e3, r.head * 1e3, r.roofline() * 1e3, r.draft.median / r.roofline());
 }
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
@@ -333,55 +411,22 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     apply_load_options(source, o.ranks);
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.batch;
-    ro.limits.max_context = std::max<int64_t>(1, o.ctx);
+    ro.limits.max_context = std::max<int64_t>(1, *std::max_element(o.ctx.begin(), o.ctx.end()));
     ro.graphs = o.graphs == "on" ? model::GraphMode::On : o.graphs == "off" ? model::GraphMode::Off : model::GraphMode::Auto;
     runtime = std::make_unique<model::RankRuntime>(source, ctx.comm, ro);
   });
   model::RankRuntime& rt = *runtime;
-  const model::DrafterConfig& cfg = rt.config();
-
-  BenchResult r;
-  r.gpu = !rt.ops().host_memory();
-  std::vector<std::unique_ptr<model::Session>> sessions;
-  r.settle_seconds = settle_sessions(o, rt, &sessions);
-  std::vector<model::DraftRequest> reqs;
-  for (int64_t s = 0; s < o.batch; ++s) reqs.push_back({sessions[static_cast<size_t>(s)].get(), (17 + s) % cfg.vocab, {}});
-  if (ctx.leader())
-    TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, o.ctx, o.repeat, o.warmup);
-  r.repeat = o.repeat;
-  time_drafts(o, rt, reqs, &r);
-  const double wbytes = static_cast<double>(dtype_size(rt.weights().head_dtype));
-  r.work = model::draft_work(cfg, rt.plan(), o.batch, o.ctx, wbytes);
-  // Quantized matrices read fewer bytes than the head's dtype says.
-  if (cfg.quant.any())
-    r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
-  r.settle_work = model::settle_work(cfg, rt.plan(), o.ctx * o.batch, wbytes);
-  rt.comm().barrier();
-  if (!ctx.leader()) return;  // the ceilings and the report come from one rank
-  measure_ceilings(rt, dtype, ctx.threads, o.ctx, &r);
-  r.config = o.drafter.empty() ? o.config : o.drafter;
-  r.architecture = cfg.arch_name;
-  r.backend = rt.ops().name();
-  r.communicator = rt.comm().name();
-  r.dtype = dtype_name(rt.weights().head_dtype);
-  if (!o.ranks.quant.empty()) r.dtype += " --quant " + o.ranks.quant;
-  else if (cfg.quant.any()) r.dtype += " (quantized checkpoint)";
-  r.threads = ctx.threads;
-  r.tp = rt.comm().size();
-  r.replicas = ctx.replicas;
-  r.sessions = o.batch;
-  r.context = o.ctx;
-  r.vocab = cfg.vocab;
-  r.draft_vocab = cfg.draft_vocab;
-  r.gather_logits = o.gather_logits;
-  r.graphs = rt.drafter().graphs();
-  r.graph_nodes = rt.drafter().graph_nodes(o.batch);
-  r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
-  r.context_bytes = static_cast<double>(rt.drafter().context_bytes_per_position() * static_cast<size_t>(o.ctx * o.batch));
-  if (o.json)
-    std::printf("%s\n", to_json(r).dump().c_str());
-  else
-    print_table(r);
+  std::vector<BenchResult> rows;
+  for (const int64_t context : o.ctx) {
+    rows.push_back(bench_context(o, ctx, rt, dtype, context, rows.empty() ? nullptr : &rows[0]));
+    if (!ctx.leader()) continue;
+    if (o.json)
+      std::printf("%s\n", to_json(rows.back()).dump().c_str());
+    else if (o.ctx.size() == 1)
+      print_table(rows.back());
+    std::fflush(stdout);
+  }
+  if (ctx.leader() && !o.json && o.ctx.size() > 1) print_sweep(rows);
 }
 
 }  // namespace
@@ -394,7 +439,11 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--config", o->config, "Drafter config.json for random weights, e.g. configs/bench-dflash2-2048.json");
   cmd->add_option("--drafter", o->drafter, "Use this drafter checkpoint instead of random weights");
   cmd->add_option("--target", o->target, "Target directory for --drafter");
-  cmd->add_option("--ctx", o->ctx, "Context rows settled per session")->capture_default_str()->check(whole_number(0));
+  cmd->add_option("--ctx", o->ctx, "Context rows settled per session; a comma list (1024,32768) sweeps them, one "
+                                  "result per context")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(whole_number(0));
   cmd->add_option("--batch", o->batch, "Sessions drafted together")
       ->capture_default_str()
       ->check(whole_number(1, 65536, "sessions in one forward"));

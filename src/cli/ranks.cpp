@@ -2,6 +2,8 @@
 // share, and a watchdog over each rank's collectives.
 #include "cli/ranks.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "core/bounds.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/thread_comm.h"
 #include "parallel/watchdog.h"
@@ -31,6 +34,19 @@ int max_threads() { return max_threads_per_rank(); }
 void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
   parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
   fn(ctx);
+}
+
+// Where a rank of a job landed, as it worked it out: its machine, its place among the job's ranks
+// there (the GPU it takes) and its group. Every rank says so, at info level: across machines
+// this is what shows whether each found its own.
+void log_placement(int local_rank, int local_size, int replica, int group_rank) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '?';
+  const int devices = kernels::cuda_devices();
+  TPDRAFT_LOG_INFO("host {}: node-local rank {} of {}, replica {} rank {}; {}", host, local_rank, local_size, replica,
+                   group_rank,
+                   devices > 0 ? fmt::format("GPU {} of the {} here", local_rank % devices, devices)
+                               : std::string("no GPU here"));
 }
 
 void warn_oversubscribed(int ranks_here, int threads) {
@@ -69,6 +85,11 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
                   "Draft over these target ids only (a JSON list of ids, or a safetensors file with an I64 tensor "
                   "'token_ids'; tpdraft vocab writes one): the head is cut to their rows at load")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "The context cache's element type: f32, or bf16 (half the memory and bytes read per draft; "
+                  "cpu backend only for now; its error: docs/model.md)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
@@ -95,6 +116,7 @@ model::RuntimeOptions runtime_options(const RankOptions& options, const RankCont
   r.threads = ctx.threads;
   r.local_rank = ctx.local_rank;
   r.nccl = under_mpi();
+  r.limits.kv_dtype = options.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   return r;
 }
 
@@ -111,6 +133,7 @@ void run_ranks(const RankOptions& options, const std::function<void(const RankCo
     parallel::ReplicaGroup g = parallel::split_groups(group);
     const parallel::NodeLocal local = parallel::node_local();
     const int per_rank = threads > 0 ? threads : std::max(1, cores() / local.size);
+    log_placement(local.rank, local.size, g.replica, g.comm->rank());
     if (world->rank() == 0) warn_oversubscribed(local.size, per_rank);
     run_rank(options, RankContext{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), local.rank}, fn);
     return;

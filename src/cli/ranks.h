@@ -21,6 +21,7 @@ struct RankOptions {
   double comm_timeout = 0;       // --comm-timeout: seconds a collective may wait (0: forever)
   std::string quant;             // --quant q8|q4[+head]: quantize a float checkpoint while loading
   std::string token_map;         // --token-map FILE: restrict the head to a draft vocabulary
+  std::string kv_dtype = "f32";  // --kv-dtype f32|bf16: the context cache's element type
 };
 void add_rank_options(CLI::App* cmd, RankOptions* options);
 // What the options change in the model as it loads: the token map, then --quant.

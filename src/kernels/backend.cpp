@@ -52,6 +52,17 @@ const char* weight_format_name(WeightFormat f) {
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
+void Ops::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
+  convert_to_f32(dtype, src, dst, static_cast<size_t>(n));
+}
+
+void Ops::store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
+                             int64_t capacity, int64_t first_pos) {
+  TPDRAFT_CHECK(holds_context(dtype), "store_context_rows: the {} backend holds no {} context", name(),
+                dtype_name(dtype));
+  store_rows(src, rows, row_len, static_cast<float*>(dst), capacity, first_pos);
+}
+
 // Backends without quantized kernels refuse quantized weights when they load.
 size_t Ops::quantized_bytes(WeightFormat, int64_t, int64_t, int64_t) const { return 0; }
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -46,7 +47,8 @@ struct QuantizedRows {
 };
 
 // One session's context for one layer and the local kv heads: a ring of `capacity` slots,
-// position p in slot p % capacity, valid positions [begin, end). Rows are [n_kv, head_dim] f32.
+// position p in slot p % capacity, valid positions [begin, end). Rows are [n_kv, head_dim] of
+// AttentionParams::kv_dtype: f32, or bf16 (k and v then point to the rings' uint16 values).
 struct ContextView {
   const float* k = nullptr;
   const float* v = nullptr;
@@ -73,6 +75,7 @@ struct AttentionParams {
   bool causal = false;
   int64_t window = 0;  // 0: no window
   float scale = 1.0f;
+  DType kv_dtype = DType::F32;  // of every context ring (F32, or BF16 where holds_context); k, v are f32
 };
 
 // DFlash 2 grouped dynamic causal convolution along the B rows of each session's block:
@@ -128,6 +131,12 @@ class Ops {
   // cudaStream_t for the CUDA backend, whose memory the caller wrote there). Host backends have
   // no streams: nothing to wait for.
   virtual void wait_for(void* stream) { (void)stream; }
+  // dst [n] f32 = src [n] of `dtype` (F32, F16 or BF16), both memory of this backend: hidden
+  // states a caller left in it in their own dtype.
+  virtual void widen_to_f32(DType dtype, const void* src, float* dst, int64_t n);
+  // Why a caller's pointer is not memory this backend's device may read ("" when it is): host
+  // memory, or another device's.
+  virtual std::string foreign_memory(const void* p) const { (void)p; return ""; }
 
   // Quantized weights. Bytes of backend memory a quantized matrix takes in this backend's layout
   // (0: the backend has no kernels for it, and upload_quantized throws).
@@ -159,6 +168,11 @@ class Ops {
   // Writes rows src[j] (row_len floats) to ring slot (first_pos + j) % capacity of dst.
   virtual void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                           int64_t first_pos) = 0;
+  // Whether attention reads context rings of `dtype` on this backend (every backend: F32).
+  virtual bool holds_context(DType dtype) const { return dtype == DType::F32; }
+  // store_rows into a ring of `dtype` rows (where holds_context(dtype); BF16 rounds to nearest even).
+  virtual void store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
+                                  int64_t capacity, int64_t first_pos);
 
   // Every logit of the slice: logits [m, valid_rows]. A quantized head (where quantized_head())
   // runs through matmul's kernels: its logits are those of matmul on the same weights.

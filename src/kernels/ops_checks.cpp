@@ -12,6 +12,8 @@ void check_attention_params(const AttentionParams& p) {
   TPDRAFT_CHECK(p.n_q % p.n_kv == 0, "attention: n_q {} is not a multiple of n_kv {}", p.n_q, p.n_kv);
   TPDRAFT_CHECK(p.window >= 0, "attention: window must be >= 0, got {}", p.window);
   TPDRAFT_CHECK(p.max_context >= 0, "attention: max_context must be >= 0, got {}", p.max_context);
+  TPDRAFT_CHECK(p.kv_dtype == DType::F32 || p.kv_dtype == DType::BF16, "attention: context dtype {} is not f32 or bf16",
+                dtype_name(p.kv_dtype));
   TPDRAFT_CHECK(p.sessions == 0 || (p.anchor != nullptr && p.context != nullptr),
                 "attention: {} sessions but no anchor or context table", p.sessions);
 }

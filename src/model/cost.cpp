@@ -12,7 +12,7 @@
 namespace tpdraft::model {
 
 WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t sessions, int64_t context,
-                     double wb) {
+                     double wb, double ctx_elem) {
   const double H = static_cast<double>(c.hidden), D = static_cast<double>(c.head_dim);
   const double B = static_cast<double>(c.block), M = static_cast<double>(sessions) * B;
   const double Md = static_cast<double>(sessions) * (B - 1);
@@ -20,7 +20,6 @@ WorkCount draft_work(const DrafterConfig& c, const ShardPlan& p, int64_t session
   const double f = static_cast<double>(p.ffn.size());
   double layer_params = H * (nq * D) * 2 + H * (nkv * D) * 2 + 3 * H * f;
   if (c.is_dflash2()) layer_params += 2 * (2.0 * static_cast<double>(c.conv_kernel * c.conv_groups())) * H;
-  const double ctx_elem = static_cast<double>(kContextElementBytes);
   WorkCount w;
   for (int64_t l = 0; l < c.layers; ++l) {
     // Context keys a block row can see in this layer.

@@ -24,9 +24,9 @@ struct WorkCount {
 };
 
 // One draft on one rank: `sessions` blocks, each over `context` settled positions.
-// weight_dtype_bytes: bytes per weight element (2 for bf16).
+// weight_dtype_bytes: bytes per weight element (2 for bf16); context_element_bytes: the cache's.
 WorkCount draft_work(const DrafterConfig& cfg, const ShardPlan& plan, int64_t sessions, int64_t context,
-                     double weight_dtype_bytes);
+                     double weight_dtype_bytes, double context_element_bytes = kContextElementBytes);
 // Settling n rows on one rank (context_bytes: the rows written).
 WorkCount settle_work(const DrafterConfig& cfg, const ShardPlan& plan, int64_t rows, double weight_dtype_bytes);
 

@@ -44,6 +44,11 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   TPDRAFT_CHECK(plan.tp == comm_.size() && plan.rank == comm_.rank(),
                 "the weights hold the share of rank {} of {}, but the communicator is rank {} of {}", plan.rank,
                 plan.tp, comm_.rank(), comm_.size());
+  TPDRAFT_CHECK(limits_.kv_dtype == DType::F32 || limits_.kv_dtype == DType::BF16,
+                "kv dtype {} is not f32 or bf16", dtype_name(limits_.kv_dtype));
+  TPDRAFT_CHECK(ops_.holds_context(limits_.kv_dtype),
+                "kv dtype {}: a {} context cache is CPU-only for now (the {} backend keeps its context in f32)",
+                dtype_name(limits_.kv_dtype), dtype_name(limits_.kv_dtype), ops_.name());
   nq_local_ = plan.q_heads.size();
   nkv_local_ = plan.kv_heads.size();
   ffn_local_ = plan.ffn.size();
@@ -91,13 +96,13 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
 Drafter::~Drafter() = default;
 
 size_t Drafter::context_bytes_per_position() const {
-  return model::context_bytes_per_position(cfg_, weights_->plan());
+  return model::context_bytes_per_position(cfg_, weights_->plan(), dtype_size(limits_.kv_dtype));
 }
 
 std::unique_ptr<Session> Drafter::new_session() {
   auto s = std::unique_ptr<Session>(new Session());
   s->max_context_ = limits_.max_context;
-  const size_t row = f32_bytes(nkv_local_ * cfg_.head_dim);
+  const size_t row = static_cast<size_t>(nkv_local_ * cfg_.head_dim) * dtype_size(limits_.kv_dtype);
   s->layers_.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     auto& lc = s->layers_[static_cast<size_t>(l)];
@@ -111,7 +116,7 @@ std::unique_ptr<Session> Drafter::new_session() {
 }
 
 size_t Drafter::session_bytes() const {
-  const auto row = static_cast<int64_t>(f32_bytes(nkv_local_ * cfg_.head_dim));
+  const auto row = static_cast<int64_t>(static_cast<size_t>(nkv_local_ * cfg_.head_dim) * dtype_size(limits_.kv_dtype));
   int64_t total = 0;
   for (int64_t l = 0; l < cfg_.layers; ++l)
     total = checked_add(total, checked_mul(2 * row, layer_capacity(l), "a session's context"), "a session's context");
@@ -152,11 +157,13 @@ void Drafter::read_context(const Session& s, int64_t layer, std::vector<float>* 
   TPDRAFT_CHECK(layer >= 0 && layer < cfg_.layers, "read_context: layer {} outside [0, {})", layer, cfg_.layers);
   const auto& lc = s.layers_[static_cast<size_t>(layer)];
   TPDRAFT_CHECK(lc.begin == 0, "read_context: layer {} no longer holds positions below {}", layer, lc.begin);
-  const int64_t row = nkv_local_ * cfg_.head_dim;
-  k->resize(static_cast<size_t>(s.end_ * row));
-  v->resize(static_cast<size_t>(s.end_ * row));
-  ops_.to_host(k->data(), lc.k.get(), k->size() * sizeof(float));
-  ops_.to_host(v->data(), lc.v.get(), v->size() * sizeof(float));
+  const size_t n = static_cast<size_t>(s.end_ * nkv_local_ * cfg_.head_dim), esize = dtype_size(limits_.kv_dtype);
+  std::vector<unsigned char> raw(n * esize);
+  for (auto [out, ring] : {std::pair{k, &lc.k}, std::pair{v, &lc.v}}) {
+    ops_.to_host(raw.data(), ring->get(), raw.size());
+    out->resize(n);
+    convert_to_f32(limits_.kv_dtype, raw.data(), out->data(), n);
+  }
 }
 
 void Drafter::rollback(Session& session, int64_t length) {
@@ -195,8 +202,9 @@ void Drafter::settle(Session& s, int64_t p0, const float* taps, int64_t n) {
       // Only the last `capacity` rows of a chunk can survive in the ring; writing just those
       // keeps every slot written once.
       const int64_t skip = std::max<int64_t>(0, rows - lc.capacity);
-      ops_.store_rows(settle_k_.f32() + skip * kvw, rows - skip, kvw, lc.k.f32(), lc.capacity, first + skip);
-      ops_.store_rows(settle_v_.f32() + skip * kvw, rows - skip, kvw, lc.v.f32(), lc.capacity, first + skip);
+      const DType kt = limits_.kv_dtype;
+      ops_.store_context_rows(kt, settle_k_.f32() + skip * kvw, rows - skip, kvw, lc.k.get(), lc.capacity, first + skip);
+      ops_.store_context_rows(kt, settle_v_.f32() + skip * kvw, rows - skip, kvw, lc.v.get(), lc.capacity, first + skip);
     }
   }
   ops_.sync();
@@ -242,7 +250,9 @@ void Drafter::upload_step(const std::vector<DraftRequest>& requests) {
     for (int64_t r = 0; r < B; ++r) positions[s * B + r] = sess.end_ + r;
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const auto& lc = sess.layers_[static_cast<size_t>(l)];
-      views[l * Smax + s] = {lc.k.f32(), lc.v.f32(), lc.capacity, lc.begin, sess.end_};
+      // A bf16 ring's rows are read as bf16 (AttentionParams::kv_dtype) through the same pointers.
+      views[l * Smax + s] = {static_cast<const float*>(lc.k.get()), static_cast<const float*>(lc.v.get()),
+                             lc.capacity, lc.begin, sess.end_};
     }
     weights_->embedding_row(req.anchor_token, rows + (1 + s) * H);
     row_table[s * B] = 1 + s;
@@ -337,6 +347,7 @@ void Drafter::run_layers(int64_t S) {
     ap.causal = cfg_.causal[static_cast<size_t>(l)];
     ap.window = cfg_.sliding[static_cast<size_t>(l)] ? cfg_.window : 0;
     ap.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    ap.kv_dtype = limits_.kv_dtype;
     ops_.attention(ap);
     // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);

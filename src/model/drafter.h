@@ -25,6 +25,9 @@ struct DrafterLimits {
   int64_t max_context = 4096;  // positions a session may hold
   int64_t settle_chunk = 256;  // rows settled per forward
   bool keep_all_positions = false;  // sliding layers keep every position too (for dumps)
+  // The context cache's element type: F32, or BF16 (half the bytes and memory; its error against
+  // float64 is bounded in docs/model.md). BF16 needs a backend that holds it (Ops::holds_context).
+  DType kv_dtype = DType::F32;
   // Capture the block forward once per session count and replay it (a CUDA graph on the GPU).
   bool graphs = false;
 };

@@ -19,7 +19,7 @@ class Session {
  private:
   friend class Drafter;
   struct LayerCache {
-    kernels::Buffer k, v;  // [capacity, n_kv_local, D] f32
+    kernels::Buffer k, v;  // [capacity, n_kv_local, D] of DrafterLimits::kv_dtype
     int64_t capacity = 0;
     int64_t begin = 0;
   };

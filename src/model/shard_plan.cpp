@@ -62,9 +62,9 @@ std::string ShardPlan::describe() const {
                      vocab.end);
 }
 
-size_t context_bytes_per_position(const DrafterConfig& cfg, const ShardPlan& plan) {
+size_t context_bytes_per_position(const DrafterConfig& cfg, const ShardPlan& plan, size_t element_bytes) {
   return static_cast<size_t>(cfg.layers) * 2 * static_cast<size_t>(plan.kv_heads.size() * cfg.head_dim) *
-         kContextElementBytes;
+         element_bytes;
 }
 
 size_t TensorShare::backend_bytes(DType dtype) const {

@@ -33,11 +33,12 @@ struct ShardPlan {
   std::string describe() const;
 };
 
-// The context cache keeps K and V rows in f32.
+// The context cache keeps K and V rows in f32 unless asked for bf16 (DrafterLimits::kv_dtype).
 constexpr size_t kContextElementBytes = sizeof(float);
 
 // Context bytes per position a rank holds: every layer's K and V rows of its kv heads.
-size_t context_bytes_per_position(const DrafterConfig& cfg, const ShardPlan& plan);
+size_t context_bytes_per_position(const DrafterConfig& cfg, const ShardPlan& plan,
+                                  size_t element_bytes = kContextElementBytes);
 
 // How a rank holds one checkpoint tensor.
 enum class Placement {

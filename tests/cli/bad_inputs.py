@@ -173,6 +173,7 @@ def option_cases():
     bad(draft, "--tp", ["-1", "3", "100000", "x"], names=["--tp", "tp = 3"])
     bad(draft, "--backend", ["bogus", ""])
     bad(draft, "--comm-timeout", ["-1", "x", "nan"])
+    bad(draft, "--kv-dtype", ["f16", "bogus", ""])
     bad(draft, "--taps", ["{tmp}/none.safetensors", "{tmp}", "{tmp}/fifo", "{tmp}/empty", "{tmp}/text"],
         names=["--taps", "{tmp}"], drop="--taps")
     bad(draft, "--drafter", ["{tmp}/none", "{ck}/taps.safetensors", "{tmp}/emptydir"], names=["{tmp}", "{ck}"],
@@ -184,7 +185,8 @@ def option_cases():
     bad(draft, "--bogus", [None, "1"], names=["--bogus"])
     cases.append(Case("draft options", "no --taps", draft[:5] + ["--anchor", "1"], ["--taps"]))
     cases.append(Case("draft options", "no --drafter", ["draft"] + draft[3:], ["--drafter"]))
-    bad(bench, "--ctx", ["-3", big, "x"])
+    bad(bench, "--ctx", ["-3", big, "x", "1024,-3", "4,x"])
+    bad(bench, "--kv-dtype", ["int8"])
     bad(bench, "--batch", ["0", "-1", "x", str(2 ** 40)])
     bad(bench, "--repeat", ["0", "-1", "x"])
     bad(bench, "--warmup", ["-1", "x"])

@@ -32,16 +32,20 @@ std::vector<uint8_t> make_weights(DType dtype, const std::vector<float>& values,
 }
 
 // |got - ref| <= tol * scale element by element (scale: the sum of |terms| behind each value,
-// what f32 rounding error grows with); NaN and inf never pass.
-void expect_close(const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& scale,
-                  double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
+// what f32 rounding error grows with); NaN and inf never pass. Returns the largest |got - ref| / scale.
+double expect_close(const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& scale,
+                    double tol, const std::string& what) {
+  EXPECT_EQ(got.size(), ref.size()) << what;
+  if (got.size() != ref.size()) return INFINITY;
   size_t bad = 0;
+  double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const bool ok = std::isfinite(got[i]) && std::fabs(got[i] - ref[i]) <= tol * scale[i] + 1e-30;
     if (!ok && bad++ < 5) ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << ref[i];
+    worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - ref[i]) / scale[i] : INFINITY);
   }
   EXPECT_EQ(bad, 0u) << what;
+  return worst;
 }
 
 // The ops on two threads, and every kernel family to sweep.
@@ -215,7 +219,19 @@ struct AttnCase {
   std::vector<int64_t> ctx_len, begin, capacity, anchor_gap;  // per session; anchor = end + gap
 };
 
-void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const IsaSweep& sweep) {
+// How the context is held and what the float64 reference reads: with a bf16 cache either the
+// values the kernel reads (the rounded ones: f32 arithmetic is all that differs) or the f32 values
+// before rounding (the cache's own error).
+struct AttnCheck {
+  DType kv = DType::F32;
+  bool reference_before_rounding = false;
+  double tol = 2e-5;
+};
+
+// Checks the kernel against float64 for every kernel family; returns the largest error seen
+// (normalised as expect_close does).
+double check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const IsaSweep& sweep,
+                       const AttnCheck& how = {}) {
   const int64_t S = c.sessions, B = c.block, D = c.d, row_q = c.n_q * D, row_kv = c.n_kv * D;
   const auto q = randn(S * B * row_q, rng), k = randn(S * B * row_kv, rng), v = randn(S * B * row_kv, rng);
   std::vector<std::vector<float>> ck(S), cv(S);
@@ -234,6 +250,15 @@ void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const Is
     views[s] = {ck[s].data(), cv[s].data(), c.capacity[s], c.begin[s], end};
     anchors[s] = std::max<int64_t>(0, end + c.anchor_gap[s]);
   }
+  // A bf16 cache: the rings rounded (NaN slots stay NaN), read by the kernel through the views.
+  std::vector<std::vector<uint8_t>> k16(S), v16(S);
+  if (how.kv == DType::BF16)
+    for (int64_t s = 0; s < S; ++s) {
+      std::vector<float> kw, vw;
+      k16[s] = make_weights(DType::BF16, ck[s], how.reference_before_rounding ? nullptr : &kw);
+      v16[s] = make_weights(DType::BF16, cv[s], how.reference_before_rounding ? nullptr : &vw);
+      if (!how.reference_before_rounding) ck[s].swap(kw), cv[s].swap(vw);
+    }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<double> ref(S * B * row_q), mag(ref.size());
   for (int64_t s = 0; s < S; ++s)
@@ -279,15 +304,22 @@ void check_attention(Ops& ops, const AttnCase& c, std::mt19937_64& rng, const Is
   p.sessions = S, p.block = B, p.n_q = c.n_q, p.n_kv = c.n_kv, p.head_dim = D;
   p.anchor = anchors.data(), p.context = views.data(), p.causal = c.causal, p.window = c.window, p.scale = scale;
   p.max_context = *std::max_element(c.ctx_len.begin(), c.ctx_len.end());
+  p.kv_dtype = how.kv;
+  if (how.kv == DType::BF16)
+    for (int64_t s = 0; s < S; ++s)
+      views[s].k = reinterpret_cast<const float*>(k16[s].data()), views[s].v = reinterpret_cast<const float*>(v16[s].data());
+  double worst = 0;
   for (Isa isa : sweep.isas()) {
     cpu::force_isa(isa);
     std::vector<float> out(ref.size(), kNaN);
     p.out = out.data();
     ops.attention(p);
-    expect_close(out, ref, mag, 2e-5,
-                 fmt::format("attention S={} B={} nq={} nkv={} D={} causal={} window={} {}", S, B, c.n_q, c.n_kv, D,
-                             c.causal, c.window, cpu::isa_name(isa)));
+    worst = std::max(worst, expect_close(out, ref, mag, how.tol,
+                                         fmt::format("attention S={} B={} nq={} nkv={} D={} causal={} window={} {} {}",
+                                                     S, B, c.n_q, c.n_kv, D, c.causal, c.window, dtype_name(how.kv),
+                                                     cpu::isa_name(isa))));
   }
+  return worst;
 }
 
 TEST_F(CpuOps, AttentionMatchesFloat64) {
@@ -298,7 +330,40 @@ TEST_F(CpuOps, AttentionMatchesFloat64) {
   for (bool causal : {false, true})
     for (int64_t window : {0, 3, 40})
       for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {8, 2}})
-        check_attention(*ops, {4, 6, nq, nkv, 64, causal, window, len, begin, cap, gap}, rng, sweep);
+        for (DType kv : {DType::F32, DType::BF16})
+          check_attention(*ops, {4, 6, nq, nkv, 64, causal, window, len, begin, cap, gap}, rng, sweep, {kv});
+}
+
+// Contexts long enough to be cut into chunks that several threads run and merge, with a wrapped
+// ring and an anchor inside the context, for every mask kind, on 1, 2 and 4 threads, with f32 and
+// bf16 caches.
+TEST_F(CpuOps, AttentionLongContextsSplitAcrossThreadsMatchFloat64) {
+  std::mt19937_64 rng(33);
+  struct Kind {
+    bool causal;
+    int64_t window;
+  };
+  for (int threads : {1, 2, 4}) {
+    auto ops_t = make_cpu_ops(threads);
+    for (const Kind k : {Kind{true, 0}, Kind{false, 2000}, Kind{false, 0}, Kind{true, 1500}})
+      for (DType kv : {DType::F32, DType::BF16})
+        check_attention(*ops_t, {2, 16, 8, 2, 64, k.causal, k.window, {2600, 1100}, {1500, 0}, {2700, 1100}, {0, -9}},
+                        rng, sweep, {kv});
+  }
+}
+
+// A bf16 cache against float64 of the f32 values it rounded: the bound docs/model.md gives.
+TEST_F(CpuOps, AttentionBf16CacheErrorIsBounded) {
+  std::mt19937_64 rng(34);
+  double worst = 0;
+  for (bool causal : {false, true})
+    for (int64_t window : {0, 40})
+      worst = std::max(worst, check_attention(*ops, {2, 16, 8, 2, 128, causal, window, {300, 1500}, {0, 100},
+                                                     {320, 1600}, {0, 0}},
+                                              rng, sweep, {DType::BF16, true, 5e-3}));
+  RecordProperty("bf16_cache_error", fmt::format("{:.2e}", worst));
+  // The cache must not be a silent f32 one either: rounding K and V moves the output.
+  EXPECT_GT(worst, 1e-5);
 }
 
 TEST_F(CpuOps, AttentionOddHeadDimAndLongBlock) {
@@ -307,6 +372,8 @@ TEST_F(CpuOps, AttentionOddHeadDimAndLongBlock) {
   check_attention(*ops3, {2, 16, 6, 3, 40, true, 0, {33, 70}, {0, 10}, {64, 80}, {0, 0}}, rng, sweep);
   check_attention(*ops3, {1, 16, 16, 4, 128, false, 20, {300}, {100}, {320}, {0}}, rng, sweep);
   check_attention(*ops3, {1, 4, 2, 1, 16, false, 0, {0}, {0}, {1}, {0}}, rng, sweep);
+  check_attention(*ops3, {2, 16, 6, 3, 40, true, 0, {33, 70}, {0, 10}, {64, 80}, {0, 0}}, rng, sweep, {DType::BF16});
+  check_attention(*ops3, {1, 8, 4, 2, 20, false, 5, {50}, {0}, {64}, {0}}, rng, sweep, {DType::BF16});
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "model/random_checkpoint.h"
 #include "model/runtime.h"
 #include "parallel/thread_comm.h"
+#include "reference/reference.h"
 #include "support/draft_rounds.h"
 #include "support/rank.h"
 #include "support/test_support.h"
@@ -74,6 +75,53 @@ TEST(TensorParallel, SeededSamplingAtEverySize) {
   Scenario sel;
   sel.sampling = {{0.8, 0, 1.0, 4}};
   check_sizes("tiny-dflash2.json", sel);
+}
+
+// A context longer than one attention chunk (several chunks per kv head, merged) for every mask
+// kind, with an f32 and a bf16 context cache, at tp 1, 2 and 4, against the float64 reference.
+// The bf16 cache is held to the bound its rounding allows (docs/model.md), f32 to f32 rounding.
+TEST(TensorParallel, LongContextsMatchTheReferenceForEveryMaskKind) {
+  struct Kind {
+    const char* name;
+    bool sliding, causal;
+  };
+  const int64_t n = 2600;
+  for (const Kind k : {Kind{"causal", false, true}, Kind{"non-causal sliding", true, false}, Kind{"full", false, false}}) {
+    DrafterConfig cfg = testing::eight_heads_over_two("tiny-dflash.json");
+    cfg.sliding.assign(static_cast<size_t>(cfg.layers), k.sliding);
+    cfg.causal.assign(static_cast<size_t>(cfg.layers), k.causal);
+    cfg.window = 1500;
+    testing::TempDir dir;
+    const std::string ckpt = testing::write_checkpoint(dir, cfg);
+    // What run_scenario drafts: session 0 settles rows of random_taps(cfg, n + 10, 50), anchor 7.
+    const std::vector<float> taps = model::random_taps(cfg, n + 10, 50);
+    reference::RefModel ref(ckpt + "/drafter", ckpt + "/target");
+    reference::RefContext rctx;
+    ref.settle(rctx, 0, std::vector<double>(taps.begin(), taps.begin() + n * cfg.n_taps() * cfg.hidden), n);
+    const reference::RefDraft want = ref.draft(rctx, 7, {});
+    Scenario sc;
+    sc.contexts = {n};
+    for (DType kv : {DType::F32, DType::BF16})
+      for (int tp : {1, 2, 4}) {
+        const std::string what = std::string(k.name) + " " + dtype_name(kv) + " cache tp " + std::to_string(tp);
+        std::vector<RankOutput> out(static_cast<size_t>(tp));
+        parallel::run_ranks(tp, [&](parallel::Communicator& comm) {
+          model::RuntimeOptions ro = testing::backend("cpu");
+          ro.limits.max_context = n;
+          ro.limits.settle_chunk = 256;
+          ro.limits.kv_dtype = kv;
+          out[static_cast<size_t>(comm.rank())] = testing::run_scenario(comm, ro, ckpt, cfg, sc);
+        });
+        const double tol = kv == DType::F32 ? 1e-4 : 1e-2;
+        for (size_t r = 0; r < out.size(); ++r) {
+          EXPECT_LT(testing::relative_error(out[r].dump.hidden, want.hidden), tol) << what << " rank " << r;
+          EXPECT_LT(testing::relative_error(out[r].dump.logits, want.logits), tol) << what << " rank " << r;
+          if (kv == DType::F32) {
+            EXPECT_EQ(out[r].results[0].tokens, want.tokens) << what << " rank " << r;
+          }
+        }
+      }
+  }
 }
 
 TEST(TensorParallel, SeveralSessionsWithRollback) {

@@ -161,16 +161,35 @@ void CpuOps::gather_rows(const float* src, const int64_t* index, int64_t rows, i
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row_len, src + index[r] * row_len, bytes);
 }
 
+namespace {
+void check_ring_store(const char* op, int64_t rows, int64_t row_len, int64_t capacity, int64_t first_pos) {
+  TPDRAFT_CHECK(capacity > 0, "{}: ring capacity must be > 0, got {}", op, capacity);
+  TPDRAFT_CHECK(first_pos >= 0, "{}: first position must be >= 0, got {}", op, first_pos);
+  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "{}: bad shape [{}, {}]", op, rows, row_len);
+}
+}  // namespace
+
 void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                         int64_t first_pos) {
-  TPDRAFT_CHECK(capacity > 0, "store_rows: ring capacity must be > 0, got {}", capacity);
-  TPDRAFT_CHECK(first_pos >= 0, "store_rows: first position must be >= 0, got {}", first_pos);
-  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "store_rows: bad shape [{}, {}]", rows, row_len);
+  check_ring_store("store_rows", rows, row_len, capacity, first_pos);
   if (recording(&CpuOps::store_rows, src, rows, row_len, dst, capacity, first_pos)) return;
   const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
   for (int64_t j = 0; j < rows; ++j) {
     const int64_t slot = (first_pos + j) % capacity;
     std::memcpy(dst + slot * row_len, src + j * row_len, bytes);
+  }
+}
+
+void CpuOps::store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
+                                int64_t capacity, int64_t first_pos) {
+  if (dtype == DType::F32) return store_rows(src, rows, row_len, static_cast<float*>(dst), capacity, first_pos);
+  TPDRAFT_CHECK(dtype == DType::BF16, "store_context_rows: {} is not f32 or bf16", dtype_name(dtype));
+  check_ring_store("store_context_rows", rows, row_len, capacity, first_pos);
+  if (recording(&CpuOps::store_context_rows, dtype, src, rows, row_len, dst, capacity, first_pos)) return;
+  auto* ring = static_cast<uint16_t*>(dst);
+  for (int64_t j = 0; j < rows; ++j) {
+    const int64_t slot = (first_pos + j) % capacity;
+    convert_from_f32(DType::BF16, src + j * row_len, ring + slot * row_len, static_cast<size_t>(row_len));
   }
 }
 

@@ -168,6 +168,9 @@ class CpuOps final : public Ops {
   void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
   void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                   int64_t first_pos) override;
+  bool holds_context(DType dtype) const override { return dtype == DType::F32 || dtype == DType::BF16; }
+  void store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst, int64_t capacity,
+                          int64_t first_pos) override;
   void head_logits(const HeadParams& p, float* logits) override;
   void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
 
@@ -239,6 +242,9 @@ class CpuOps final : public Ops {
   Scratch<float> qscale_;           // their block scales
   Scratch<int32_t> qsum_;           // their block sums
   Scratch<float> qhead_;            // a quantized head's dots
+  std::vector<int64_t> attn_items_;  // attention's work items: (session, kv head, chunk begin, end)
+  std::vector<int64_t> attn_first_;  // [pairs + 1]: each (session, kv head)'s first item
+  Scratch<float> attn_state_;        // each item's softmax state (max, sum, output rows)
   std::vector<float> bound_scale_;  // per head input row: bound = norm(w) * scale + slack
   std::vector<float> bound_slack_;
   std::vector<double> rope_inv_freq_;  // theta^(-2i/D), kept while theta and D repeat

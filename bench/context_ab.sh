@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Long-context drafts of two tpdraft programs (e.g. before and after an attention change), A/B in
+# one run: `tpdraft bench --ctx LIST --json` with each, taking turns for several rounds (a machine
+# whose speed drifts affects both alike); then per program and context the median of the
+# per-round medians of the draft, its layers and head, the roofline bench prints and the ratio.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: bench/context_ab.sh --before PATH [--after PATH] [--config FILE] [--ctx LIST] [--threads N]
+                           [--rounds N] [--repeat N] [-- EXTRA BENCH OPTIONS]
+
+  --before PATH  the first tpdraft program (required)
+  --after PATH   the second (default build/tpdraft)
+  --config FILE  drafter config (default configs/bench-dflash2-2048.json)
+  --ctx LIST     contexts swept by each bench run (default 1024,8192,32768,131072)
+  --threads N    CPU threads (default 2)
+  --rounds N     turns of the two programs (default 3)
+  --repeat N     timed drafts per context per run (default 10)
+  -- ...         passed to both bench runs (e.g. -- --kv-dtype bf16: both must know the option)
+
+Prints one row per program and context: draft, layers and head medians (ms), the roofline
+(max of draft_gflop / machine_gemm_gflops and draft_gbytes / machine_read_gbps, ms), the ratio of
+the draft to it, and whether the machine was idle (other processes' CPU time around each run,
+bench/scaling/record.py).
+USAGE
+}
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+before="" after=$here/build/tpdraft config=$here/configs/bench-dflash2-2048.json
+ctx=1024,8192,32768,131072 threads=2 rounds=3 repeat=10 extra=()
+while (($#)); do
+  case $1 in
+    --before) before=$2; shift 2 ;;
+    --after) after=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
+    --ctx) ctx=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "context_ab.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ -n $before ]] || { echo "context_ab.sh: give --before PATH" >&2; usage >&2; exit 2; }
+for bin in "$before" "$after"; do
+  [[ -x $bin ]] || { echo "context_ab.sh: no tpdraft program at $bin" >&2; exit 2; }
+done
+[[ -f $config ]] || { echo "context_ab.sh: config '$config' not found" >&2; exit 2; }
+py=$(command -v python3)
+
+out=$(mktemp -d "${TMPDIR:-/tmp}/tpdraft-context-ab.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+for ((r = 0; r < rounds; ++r)); do
+  for side in before after; do
+    bin=$before
+    [[ $side == before ]] || bin=$after
+    echo "context_ab.sh: round $((r + 1))/$rounds, $side ($bin)" >&2
+    "$py" "$here/bench/scaling/record.py" measure --load "$out/load" -- \
+      env TPDRAFT_LOG_LEVEL=warn "$bin" bench --config "$config" --ctx "$ctx" --threads "$threads" --backend cpu \
+      --repeat "$repeat" --warmup 2 --json "${extra[@]}" >"$out/run.json"
+    "$py" -c 'import json, sys
+load = json.load(open(sys.argv[2]))
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line); r["load"] = load; print(json.dumps(r))' "$out/run.json" "$out/load" >>"$out/$side.jsonl"
+  done
+done
+
+"$py" - "$out" "$rounds" "$threads" <<'PY'
+import json, statistics, sys
+out, rounds, threads = sys.argv[1:]
+med_of = lambda rows, f: statistics.median(f(r) for r in rows)
+runs = {side: [json.loads(l) for l in open(f"{out}/{side}.jsonl")] for side in ("before", "after")}
+print(f"{rounds} rounds of both programs taking turns, {threads} threads, 1 session; medians of the per-round medians")
+print(f"{'program':8} {'context':>8} {'draft ms':>9} {'layers ms':>10} {'head ms':>8} {'roofline ms':>12} {'ratio':>6}")
+for side, rs in runs.items():
+    for ctx in sorted({r["context"] for r in rs}):
+        at = [r for r in rs if r["context"] == ctx]
+        med = lambda k: statistics.median(r[k] for r in at)
+        # bench's roofline_ms, from the fields it is made of (a program older than the field has them too)
+        roof = med_of(at, lambda r: 1e3 * max(r["draft_gflop"] / r["machine_gemm_gflops"],
+                                               r["draft_gbytes"] / r["machine_read_gbps"]))
+        print(f"{side:8} {ctx:>8} {med('draft_ms'):>9.2f} {med('layers_ms'):>10.2f} {med('head_ms'):>8.2f} "
+              f"{roof:>12.2f} {med('draft_ms') / roof:>6.2f}")
+loads = [r["load"] for rs in runs.values() for r in rs]
+others = max(l["other_cores"] for l in loads)
+avg = [l["loadavg_before"][0] for l in loads] + [l["loadavg_after"][0] for l in loads]
+print("machine: " + ("idle" if others <= 0.25 else f"NOT idle (other processes up to {others:.2f} cores)")
+      + f"; 1-minute load average {min(avg):.2f}..{max(avg):.2f} around the runs")
+r0 = runs["after"][0]
+print(f"ceilings: GEMM {r0['machine_gemm_gflops']:.0f} GFLOP/s, read {r0['machine_read_gbps']:.1f} GB/s")
+PY
