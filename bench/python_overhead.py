@@ -1,43 +1,90 @@
 #!/usr/bin/env python3
 """What a step through the Python module costs beyond the C library's own tpdraft_step: the
 wall time of Drafter.step minus the time the module measured inside tpdraft_step, per step, in
-one run (median and p10-p90). Usage: python_overhead.py [--config configs/X.json] [--steps N]
-(the module from build/python, the checkpoint made by build/tpdraft init in a temp dir)."""
+one run (median and p10-p90), for each way taps arrive: numpy f32, torch f32 and bf16 tensors
+(DLPack), and torch f32 with the results as torch tensors (out='torch'). Usage:
+python_overhead.py [--config configs/X.json] [--steps N] [--build DIR] (the module from DIR/python,
+default build/; the checkpoint made by DIR/tpdraft init in a temp dir)."""
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
-from serve_overhead import make_checkpoint, timed_steps
-import tpdraft  # from build/python, which serve_overhead puts on the path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONTEXT, NEW_ROWS = 64, 2
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--config", action="append")
+ap.add_argument("--steps", type=int, default=2000)
+ap.add_argument("--context", type=int, default=CONTEXT)
+ap.add_argument("--new-rows", type=int, default=NEW_ROWS)
+ap.add_argument("--build", default=os.path.join(REPO, "build"))
+ARGS = ap.parse_args()
+sys.path.insert(0, os.path.join(ARGS.build, "python"))
+import tpdraft  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+# name -> (make the taps from f32 numpy rows, out=)
+KINDS = {"numpy f32": (lambda a: a, "numpy")}
+if torch is not None:
+    KINDS.update({"torch f32": (torch.from_numpy, "numpy"),
+                  "torch bf16": (lambda a: torch.from_numpy(a).to(torch.bfloat16), "numpy"),
+                  "torch f32, out=torch": (torch.from_numpy, "torch")})
+
+
+def extra_seconds(d, steps, kind, context, new_rows):
+    """Per step of a decoding loop (roll back to the prompt, settle new_rows, draft): wall seconds
+    of Drafter.step minus those inside tpdraft_step."""
+    make, out = KINDS[kind]
+    rng = np.random.default_rng(0)
+    prefix, rows = (make(rng.standard_normal((k, d.caps.taps_width), dtype=np.float32)) for k in (context, new_rows))
+    s = d.open_session()
+    d.step([{"session": s, "taps": prefix, "anchor": 1}])
+    extra = []
+    for i in range(steps):
+        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}]
+        t0 = time.perf_counter()
+        d.step(entries, out=out)
+        extra.append(time.perf_counter() - t0 - d.last_step_seconds)
+    d.close_session(s)
+    return extra
 
 
 def measure(config, steps, context, new_rows):
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        make_checkpoint(config, tmp + "/ck")
+        subprocess.run([os.path.join(ARGS.build, "tpdraft"), "init", "--config", os.path.join(REPO, config), "--out",
+                        tmp + "/ck"], check=True, capture_output=True)
         with tpdraft.Drafter(tmp + "/ck/drafter", tmp + "/ck/target", backend="cpu", threads=1,
                              max_context=context + 64) as d:
-            extra = [wall - d.last_step_seconds for wall in timed_steps(d, steps, 0, context, new_rows)]
-            p10, p90 = np.quantile(extra, [0.1, 0.9], method="nearest")
-            return {"config": config, "steps": steps, "context": context, "new_rows": new_rows,
-                    "step_us": d.last_step_seconds * 1e6, "python_us_median": statistics.median(extra) * 1e6,
-                    "python_us_p10": p10 * 1e6, "python_us_p90": p90 * 1e6}
+            for kind in KINDS:
+                extra = extra_seconds(d, steps, kind, context, new_rows)
+                p10, p90 = np.quantile(extra, [0.1, 0.9], method="nearest")
+                rows.append({"config": config, "taps": kind, "steps": steps, "context": context,
+                             "new_rows": new_rows, "step_us": d.last_step_seconds * 1e6,
+                             "python_us_median": statistics.median(extra) * 1e6, "python_us_p10": p10 * 1e6,
+                             "python_us_p90": p90 * 1e6})
+    return rows
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", action="append")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--new-rows", type=int, default=2)
-    a = ap.parse_args()
-    rows = [measure(c, a.steps if "bench" not in c else max(20, a.steps // 100), a.context, a.new_rows)
-            for c in (a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"])]
-    print(f"{'config':34} {'step (C) us':>12} {'Python adds us (median)':>24} {'p10..p90':>16}")
+    a = ARGS
+    rows = [r for c in (a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"])
+            for r in measure(c, a.steps if "bench" not in c else max(20, a.steps // 100), a.context, a.new_rows)]
+    print(f"{'config':32} {'taps':22} {'step (C) us':>12} {'Python adds us (median)':>24} {'p10..p90':>16}")
     for r in rows:
-        print(f"{r['config']:34} {r['step_us']:12.1f} {r['python_us_median']:24.2f} "
+        print(f"{r['config']:32} {r['taps']:22} {r['step_us']:12.1f} {r['python_us_median']:24.2f} "
               f"{r['python_us_p10']:7.2f}..{r['python_us_p90']:.2f}")
     print(json.dumps(rows))
 

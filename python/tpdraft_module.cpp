@@ -1,8 +1,10 @@
 // The Python module `tpdraft` over the C ABI (include/tpdraft/tpdraft.h), so that Python drives
 // exactly the path C callers do: Drafter(drafter_dir, target_dir, **options), caps,
-// open_session(), step(entries) with numpy arrays in and out. C-contiguous f32 / f16 taps (and
-// bf16 given as uint16 with taps_dtype="bf16") are read in place; the GIL is released while a
-// step runs. Library errors become tpdraft.Error (ArgumentError, InputError, UnavailableError) with its message.
+// open_session(), step(entries) with numpy arrays (or torch tensors: out="torch") back. Taps are
+// numpy arrays (f32, f16; bf16 as uint16 with taps_dtype="bf16") or any tensor speaking DLPack or
+// the CUDA array interface (tensors.h), read in place when C-contiguous; the GIL is released while
+// a step runs. Library errors become tpdraft.Error (ArgumentError, InputError, UnavailableError)
+// with its message. It is the private tpdraft._core; the package tpdraft (python/tpdraft/) re-exports it.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -17,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensors.h"
 #include "tpdraft/tpdraft.h"
 
 namespace py = pybind11;
@@ -62,13 +65,14 @@ struct Caps {
 // The arrays one step entry as Python gave it keeps alive during the call.
 struct Staged {
   py::array taps;
+  tpdraft_python::TensorTaps tensor;  // taps given as a tensor
   py::array_t<int64_t> tokens, dist_ids;
   py::array_t<float> q, dist_probs, dist_rest;
 };
 
 // The keys a step entry may hold.
 const char* const kEntryKeys[] = {"session", "anchor", "taps", "taps_dtype", "keep", "p0",
-                                  "temperature", "top_k", "top_p", "seed", "dist"};
+                                  "temperature", "top_k", "top_p", "seed", "dist", "stream"};
 
 // Edit distance, for naming the key a misspelt one was meant to be.
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -129,6 +133,7 @@ T get(const py::dict& d, const char* key, T fallback) {
 // Python class body (Handle) serves both.
 struct InProcess {
   using Handle = tpdraft_drafter;
+  static constexpr bool served = false;
   static constexpr const char* closed = "the drafter is closed";
   static constexpr auto close = tpdraft_close;
   static constexpr auto caps = tpdraft_caps_get;
@@ -141,6 +146,7 @@ struct InProcess {
 
 struct Served {
   using Handle = tpdraft_client;
+  static constexpr bool served = true;
   static constexpr const char* closed = "the client is closed";
   static constexpr auto close = tpdraft_client_close;
   static constexpr auto caps = tpdraft_client_caps_get;
@@ -172,6 +178,7 @@ class Endpoint {
     Api::close(h);
   }
   const Caps& caps() const { return caps_; }
+  bool open() const { return handle_ != nullptr; }
 
   int64_t open_session() {
     tpdraft_session s = -1;
@@ -192,7 +199,9 @@ class Endpoint {
     return n;
   }
 
-  py::list step(const py::list& entries) {
+  py::list step(const py::list& entries, const std::string& out_kind) {
+    if (out_kind != "numpy" && out_kind != "torch")
+      throw py::value_error("out is '" + out_kind + "', expected 'numpy' or 'torch'");
     std::vector<Staged> staged(entries.size());
     std::vector<tpdraft_step_entry> raw(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -207,15 +216,24 @@ class Endpoint {
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return st;
     });
+    // Torch results go where the step's device taps were, else to the drafter's device.
+    int device = -1;
+    if (out_kind == "torch") {
+      for (const Staged& s : staged) device = std::max(device, s.tensor.device);
+      if (device == -1 && caps_.backend == "cuda") device = -2;
+    }
+    const auto result = [&](const py::array& a) -> py::object {
+      return out_kind == "torch" ? tpdraft_python::to_torch(a, device) : py::object(a);
+    };
     py::list out;
     for (size_t i = 0; i < staged.size(); ++i) {
       const Staged& s = staged[i];
-      py::dict r("tokens"_a = s.tokens, "q"_a = s.q);
+      py::dict r("tokens"_a = result(s.tokens), "q"_a = result(s.q));
       if (raw[i].dist_width != 0) {
-        r["dist_probs"] = s.dist_probs;
+        r["dist_probs"] = result(s.dist_probs);
         if (raw[i].dist_width > 0) {
-          r["dist_ids"] = s.dist_ids;
-          r["dist_rest"] = s.dist_rest;
+          r["dist_ids"] = result(s.dist_ids);
+          r["dist_rest"] = result(s.dist_rest);
         }
       }
       out.append(std::move(r));
@@ -266,7 +284,12 @@ class Endpoint {
       if (!label.empty()) throw py::value_error("taps_dtype given without taps");
       return;
     }
-    py::array a = py::array::ensure(e["taps"]);
+    const py::object taps = e["taps"];
+    if (label.empty() && !py::isinstance<py::array>(taps) &&
+        tpdraft_python::read_tensor_taps(taps, e.contains("stream") ? py::object(e["stream"]) : py::none(),
+                                         Api::served ? "served" : caps_.backend, caps_.taps_width, t, &s->tensor))
+      return;
+    py::array a = py::array::ensure(taps);
     if (!a) throw py::type_error("entry 'taps' must be an array [n_new, taps_width]");
     // Only real floating-point values are hidden states; anything else would be cast silently.
     const char kind = a.dtype().kind();
@@ -391,7 +414,7 @@ class Drafter : public Endpoint<InProcess> {
  public:
   Drafter(const std::string& drafter_dir, const std::string& target_dir, const std::string& backend, int threads,
           int tp, int max_sessions, int64_t max_context, int max_open_sessions, py::object graphs, py::object quant,
-          py::object token_map) {
+          py::object token_map, py::object kv_dtype) {
     whole_string(drafter_dir, "drafter_dir");
     whole_string(target_dir, "target_dir");
     whole_string(backend, "backend");
@@ -409,6 +432,10 @@ class Drafter : public Endpoint<InProcess> {
                            py::repr(quant).cast<std::string>());
     const std::string quant_name = quant.is_none() ? std::string() : whole_string(quant.cast<std::string>(), "quant");
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
+    if (!kv_dtype.is_none() && !py::isinstance<py::str>(kv_dtype))
+      throw py::type_error("kv_dtype must be None, 'f32' or 'bf16', got " + py::repr(kv_dtype).cast<std::string>());
+    const std::string kv_name = kv_dtype.is_none() ? std::string() : whole_string(kv_dtype.cast<std::string>(), "kv_dtype");
+    o.kv_dtype = kv_dtype.is_none() ? nullptr : kv_name.c_str();
     // A path (str or os.PathLike) to a token map file, or the target ids themselves.
     std::string map_path;
     py::array_t<int64_t> map_ids;
@@ -476,17 +503,74 @@ void def_endpoint(py::class_<T>& cls, const char* step_doc, const char* seconds_
       .def("open_session", &T::open_session)
       .def("close_session", &T::close_session, py::arg("session"))
       .def("session_length", &T::session_length, py::arg("session"))
-      .def("step", &T::step, py::arg("entries"), step_doc)
+      .def("step", &T::step, py::arg("entries"), py::kw_only(), py::arg("out") = "numpy", step_doc)
       .def_readonly("last_step_seconds", &T::last_step_seconds_, seconds_doc)
       .def_property_readonly("last_times", &T::last_times, times_doc)
       .def("close", &T::close)
       .def("__enter__", [](T& x) -> T& { return x; }, py::return_value_policy::reference)
-      .def("__exit__", [](T& x, py::object, py::object, py::object) { x.close(); });
+      .def("__exit__", [](T& x, py::object, py::object, py::object) { x.close(); })
+      .def("__repr__", [](const T& x) { return repr_endpoint(std::is_same_v<T, Drafter> ? "Drafter" : "Client", x); });
+}
+
+// The host's log callback: a Python callable taking (level, line), kept for the interpreter's
+// life. Read and replaced with the GIL held; the library calls forward_log_line without it.
+py::object* g_log_callback = nullptr;
+const char* const kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+
+void forward_log_line(int level, const char* line, void*) {
+#if PY_VERSION_HEX >= 0x030D0000
+  if (!Py_IsInitialized() || Py_IsFinalizing()) return;
+#else
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+#endif
+  py::gil_scoped_acquire gil;
+  if (g_log_callback->is_none()) return;
+  try {
+    (*g_log_callback)(kLogLevels[std::clamp(level, 0, 6)], line);
+  } catch (py::error_already_set& e) {
+    // A raising callback must not take the library's thread down: Python reports it (sys.unraisablehook).
+    e.discard_as_unraisable("tpdraft's log callback");
+  }
+}
+
+void set_log_callback(const py::object& callback) {
+  if (!callback.is_none() && !PyCallable_Check(callback.ptr()))
+    throw py::type_error("set_log_callback takes a callable (level, line) or None, got " +
+                         py::repr(callback).cast<std::string>());
+  py::object previous = std::exchange(*g_log_callback, callback);
+  tpdraft_status st;
+  {
+    // A line being logged on another thread holds the library's sink while it waits for the GIL.
+    py::gil_scoped_release unlocked;
+    st = tpdraft_set_log_callback(callback.is_none() ? nullptr : forward_log_line, nullptr);
+  }
+  if (st != TPDRAFT_OK) *g_log_callback = std::move(previous);
+  raise_for(st);
+}
+
+std::string repr_caps(const Caps& c) {
+  std::string layers;
+  for (const int64_t id : c.target_layer_ids) layers += (layers.empty() ? "" : ", ") + std::to_string(id);
+  return "Caps(architecture='" + c.architecture + "', backend='" + c.backend + "', block_size=" +
+         std::to_string(c.block_size) + ", tp=" + std::to_string(c.tp) + ", taps_width=" + std::to_string(c.taps_width) +
+         ", hidden_size=" + std::to_string(c.hidden_size) + ", vocab_size=" + std::to_string(c.vocab_size) +
+         ", draft_vocab_size=" + std::to_string(c.draft_vocab_size) + ", mask_token_id=" +
+         std::to_string(c.mask_token_id) + ", target_layer_ids=[" + layers + "], max_sessions=" +
+         std::to_string(c.max_sessions) + ", max_open_sessions=" + std::to_string(c.max_open_sessions) +
+         ", max_context=" + std::to_string(c.max_context) + ")";
+}
+
+template <typename T>
+std::string repr_endpoint(const char* name, const T& x) {
+  if (!x.open()) return std::string("<tpdraft.") + name + " (closed)>";
+  const Caps& c = x.caps();
+  return std::string("<tpdraft.") + name + " " + c.architecture + " on " + c.backend + ", tp " + std::to_string(c.tp) +
+         ", block " + std::to_string(c.block_size) + ", taps_width " + std::to_string(c.taps_width) + ">";
 }
 
 }  // namespace
 
-PYBIND11_MODULE(tpdraft, m) {
+PYBIND11_MODULE(_core, m) {
   m.doc() = "DFlash / DFlash 2 drafters for speculative decoding (tpdraft's C library)";
   m.attr("__version__") = tpdraft_version();
   // Each class is tpdraft.NAME, set on the module; the globals keep a reference of their own for raise_for().
@@ -513,24 +597,43 @@ PYBIND11_MODULE(tpdraft, m) {
       .def_readonly("target_layer_ids", &Caps::target_layer_ids)
       .def_readonly("max_sessions", &Caps::max_sessions)
       .def_readonly("max_open_sessions", &Caps::max_open_sessions)
-      .def_readonly("max_context", &Caps::max_context);
+      .def_readonly("max_context", &Caps::max_context)
+      .def("__repr__", &repr_caps);
+
+  g_log_callback = new py::object(py::none());
+  m.def("set_log_level", [](const std::string& level) { raise_for(tpdraft_set_log_level(whole_string(level, "level").c_str())); },
+        py::arg("level"),
+        "The library's log level for this process: trace, debug, info, warn, error, critical or off (any case). "
+        "Until set, TPDRAFT_LOG_LEVEL, else warn: the library prints only warnings and errors.");
+  m.def("set_log_callback", &set_log_callback, py::arg("callback"),
+        "callback(level, line) receives each log line (level: 'trace' ... 'critical'; line: without its newline) "
+        "instead of stderr, on the thread that logs it; None: back to stderr. An exception it raises goes to "
+        "sys.unraisablehook.");
+  // Lines logged while the interpreter exits go to stderr, not to a callable being torn down.
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { set_log_callback(py::none()); }));
 
   py::class_<Drafter> drafter(m, "Drafter",
                               "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None, token_map=None); quant: "
+                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None, token_map=None, "
+                              "kv_dtype=None); kv_dtype: None or 'f32', or 'bf16' (the context cache in bf16, cpu "
+                              "backend only); quant: "
                               "None, 'q8', 'q4', 'q8+head' or 'q4+head' (quantize a float checkpoint while loading; "
                               "+head: the target's head too); token_map: a token map file (JSON list of target ids, or "
                               "safetensors with 'token_ids') or a sequence of target ids: draft over those ids only");
   drafter.def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int,
-                       py::object, py::object, py::object>(),
+                       py::object, py::object, py::object, py::object>(),
               py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
               py::arg("threads") = 0, py::arg("tp") = 1, py::arg("max_sessions") = 8, py::arg("max_context") = 4096,
               py::arg("max_open_sessions") = 64, py::arg("graphs") = py::none(), py::arg("quant") = py::none(),
-              py::arg("token_map") = py::none());
+              py::arg("token_map") = py::none(), py::arg("kv_dtype") = py::none());
   def_endpoint(drafter,
-               "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (f32, f16, or uint16 with "
-               "taps_dtype='bf16'), keep, p0, temperature, top_k, top_p, seed, dist (w or 'full'). Returns one dict "
-               "per entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / dist_probs / dist_rest when asked.",
+               "entries: dicts with session, anchor and optionally taps [n_new, taps_width] (a numpy array of f32, "
+               "f16, or uint16 with taps_dtype='bf16'; or a tensor with DLPack or __cuda_array_interface__ of f32, "
+               "f16 or bf16, on the host or, for a cuda drafter, on its GPU), stream (device taps: the CUDA stream "
+               "they were written on; default: torch's current stream), keep, p0, temperature, top_k, top_p, seed, "
+               "dist (w or 'full'). Returns one dict per entry: tokens [B-1] int64, q [B-1] float32, and dist_ids / "
+               "dist_probs / dist_rest when asked; numpy arrays, or torch tensors with out='torch' (on the GPU of "
+               "the device taps, or of a cuda drafter).",
                "Seconds the last step spent inside the C library (tpdraft_step)",
                "Where the last step's time went (seconds): settle, draft, total (inside the library)");
 

@@ -53,6 +53,23 @@ TPDRAFT_API const char* tpdraft_last_error(void);
 /* "ok", "argument", "input", "runtime", "unavailable" or "busy" ("unknown" for any other value). */
 TPDRAFT_API const char* tpdraft_status_name(int status);
 
+/* Logging. The library writes warnings and errors to stderr, one line each ("[time] [rank r/w]
+ * [level] message"); TPDRAFT_LOG_LEVEL (trace, debug, info, warn, error, critical, off; any case)
+ * or tpdraft_set_log_level chooses another level, and a callback may take the lines instead. */
+typedef enum tpdraft_log_level {
+  TPDRAFT_LOG_TRACE = 0, TPDRAFT_LOG_DEBUG = 1, TPDRAFT_LOG_INFO = 2, TPDRAFT_LOG_WARN = 3,
+  TPDRAFT_LOG_ERROR = 4, TPDRAFT_LOG_CRITICAL = 5, TPDRAFT_LOG_OFF = 6
+} tpdraft_log_level;
+/* Sets the level by name (the names of TPDRAFT_LOG_LEVEL); over the variable, for this process.
+ * TPDRAFT_ERROR_ARGUMENT for an unknown name (or NULL), the level unchanged. */
+TPDRAFT_API tpdraft_status tpdraft_set_log_level(const char* level);
+/* Each line (a tpdraft_log_level, the line without its newline, user) goes to callback instead
+ * of stderr; NULL: back to stderr. The callback runs on the thread that logs (a rank's thread
+ * too), one line at a time; it must not call tpdraft_set_log_callback (refused with
+ * TPDRAFT_ERROR_ARGUMENT when it does). line is valid during the call only. */
+typedef void (*tpdraft_log_callback)(int level, const char* line, void* user);
+TPDRAFT_API tpdraft_status tpdraft_set_log_callback(tpdraft_log_callback callback, void* user);
+
 typedef struct tpdraft_drafter tpdraft_drafter;
 typedef int64_t tpdraft_session;
 
@@ -78,6 +95,9 @@ typedef struct tpdraft_options {
                                 are dropped); read during tpdraft_open only. At most one of token_map
                                 and token_ids */
   int64_t n_token_ids;
+  const char* kv_dtype;      /* the context cache's element type: NULL or "f32"; "bf16": half the memory
+                                a session holds and the bytes a draft reads, its rounding error bounded
+                                in docs/model.md (cpu backend only for now) */
 } tpdraft_options;
 
 /* Fills the defaults; call it, then change what you need. */
@@ -143,7 +163,8 @@ typedef struct tpdraft_step_entry {
   const void* taps;        /* [n_new, taps_width] in taps_dtype, row-major; read during the call */
   int32_t taps_dtype;      /* a tpdraft_dtype (an int32_t, so that the struct's layout does not
                               depend on the compiler's size for enums) */
-  int32_t taps_on_device;  /* 1: taps is f32 device memory of the cuda backend, written on taps_stream */
+  int32_t taps_on_device;  /* 1: taps is device memory of the cuda backend (any taps_dtype), written
+                              on taps_stream; the drafter's stream waits for it */
   void* taps_stream;       /* a cudaStream_t, or NULL */
   int64_t anchor;          /* the token at position p0 + n_new (the target's last committed token) */
   tpdraft_sampling sampling;

@@ -16,6 +16,7 @@
 #include "capi/last_error.h"
 #include "core/bounds.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/local_group.h"
 #include "model/runtime.h"
 
@@ -82,6 +83,9 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
                                        : o.n_token_ids >= 1 && o.n_token_ids <= model::size_limit("vocab_size"),
                 "options.n_token_ids is {}, expected 1..{} with token_ids (0 without)", o.n_token_ids,
                 model::size_limit("vocab_size"));
+  const std::string kv_dtype = o.kv_dtype != nullptr ? o.kv_dtype : "f32";
+  TPDRAFT_CHECK(kv_dtype == "f32" || kv_dtype == "bf16", "options.kv_dtype is '{}', expected NULL, 'f32' or 'bf16'",
+                kv_dtype);
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
   // threads 0: the machine's cores shared among the ranks of this process, as the header says.
@@ -89,6 +93,7 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   r.threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, o.tp));
   r.limits.max_sessions = o.max_sessions;
   r.limits.max_context = o.max_context;
+  r.limits.kv_dtype = kv_dtype == "bf16" ? tpdraft::DType::BF16 : tpdraft::DType::F32;
   r.graphs = o.graphs < 0 ? model::GraphMode::Auto : o.graphs ? model::GraphMode::On : model::GraphMode::Off;
   return r;
 }
@@ -142,6 +147,25 @@ extern "C" {
 const char* tpdraft_version(void) { return TPDRAFT_VERSION_STRING; }
 
 const char* tpdraft_last_error(void) { return t_last_error.c_str(); }
+
+static_assert(TPDRAFT_LOG_TRACE == static_cast<int>(spdlog::level::trace) &&
+              TPDRAFT_LOG_WARN == static_cast<int>(spdlog::level::warn) &&
+              TPDRAFT_LOG_OFF == static_cast<int>(spdlog::level::off), "the header's log levels are spdlog's");
+
+tpdraft_status tpdraft_set_log_level(const char* level) {
+  const auto parsed = level != nullptr ? tpdraft::log::parse_level(level) : std::nullopt;
+  if (!parsed)
+    return refuse(fmt::format("tpdraft_set_log_level: '{}' names no log level; expected one of trace, debug, info, "
+                              "warn, error, critical, off (any case)", level != nullptr ? level : "(null)"));
+  tpdraft::log::set_level(*parsed);
+  return ok();
+}
+
+tpdraft_status tpdraft_set_log_callback(tpdraft_log_callback callback, void* user) {
+  if (!tpdraft::log::set_callback(callback, user))
+    return refuse("tpdraft_set_log_callback: called from inside the log callback");
+  return ok();
+}
 
 const char* tpdraft_status_name(int status) {
   // By the statuses' values, TPDRAFT_OK = 0 to TPDRAFT_ERROR_BUSY = 5.

@@ -30,6 +30,8 @@ void check_command(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace tpdraft::cli;
+  // The program says what it does (info); the library, inside a host's process, only what needs it.
+  tpdraft::log::set_default_level(spdlog::level::info);
   CLI::App app{
       "tpdraft: DFlash / DFlash 2 block-diffusion drafters for speculative decoding, tensor-parallel.\n"
       "Start with `tpdraft init --config configs/tiny-dflash2.json --out ck --taps 64`, then\n"

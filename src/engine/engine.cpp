@@ -59,7 +59,8 @@ void Engine::check_taps(const StepEntry& e, int64_t p0) const {
     // Device rows are read where they lie; their values show in the draft's own checks.
     TPDRAFT_CHECK(!rt_->ops().host_memory(), "taps in device memory, but the {} backend has no device",
                   rt_->ops().name());
-    TPDRAFT_CHECK(e.taps.dtype == DType::F32, "taps in device memory must be f32, got {}", dtype_name(e.taps.dtype));
+    const std::string foreign = rt_->ops().foreign_memory(e.taps.data);
+    TPDRAFT_CHECK(foreign.empty(), "taps_on_device is set, but the taps are {}", foreign);
     return;
   }
   const int64_t count = checked_mul(e.n_new, caps_.taps_width, "{} tap rows of {} floats", e.n_new, caps_.taps_width);
@@ -113,7 +114,12 @@ const float* Engine::taps_f32(const StepEntry& e) {
   if (e.n_new == 0) return nullptr;
   if (e.taps.on_device) {
     rt_->ops().wait_for(e.taps.stream);
-    return static_cast<const float*>(e.taps.data);
+    if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
+    const int64_t count = e.n_new * caps_.taps_width;
+    const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+    if (device_staged_.bytes() < bytes) device_staged_ = kernels::Buffer(rt_->ops(), bytes);
+    rt_->ops().widen_to_f32(e.taps.dtype, e.taps.data, device_staged_.f32(), count);
+    return device_staged_.f32();
   }
   if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
   const size_t count = static_cast<size_t>(e.n_new * caps_.taps_width);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/buffer.h"
 #include "model/drafter.h"
 #include "model/runtime.h"
 #include "parallel/communicator.h"
@@ -36,8 +37,8 @@ struct Caps {
   int64_t max_open_sessions = 0;  // sessions open at once
 };
 
-// Where one entry's tap rows are: [n_new, T*H] of F32, BF16 or F16, in host memory, or F32 in
-// the device memory of a CUDA backend, written by work queued on `stream` (a cudaStream_t).
+// Where one entry's tap rows are: [n_new, T*H] of F32, BF16 or F16, in host memory or in the
+// device memory of a CUDA backend, written by work queued on `stream` (a cudaStream_t).
 struct TapRows {
   const void* data = nullptr;
   DType dtype = DType::F32;
@@ -108,6 +109,7 @@ class Engine {
   std::map<int64_t, std::unique_ptr<model::Session>> sessions_;
   int64_t next_id_ = 1;
   std::vector<float> staged_;
+  kernels::Buffer device_staged_;  // device taps of f16 / bf16 widened to f32, on the backend
   StepTimes times_;
 };
 

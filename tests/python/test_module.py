@@ -262,6 +262,24 @@ def test_quant_while_loading_equals_the_program(checkpoint, quant):
         open_drafter(ck, quant="q3")
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_bf16_context_cache_drafts_as_the_program(checkpoint, tp):
+    # kv_dtype reaches the drafter through the C ABI as --kv-dtype does through the command line:
+    # the same probabilities, which a sampled draft shows differ from the f32 cache's.
+    ck = checkpoint("tiny-dflash.json", taps=24)
+    sampled = {"temperature": 0.9, "seed": 4}
+    with open_drafter(ck, tp=tp, kv_dtype="bf16") as d:
+        s = d.open_session()
+        got = d.step([{"session": s, "taps": taps_of(ck), "anchor": 7, **sampled}])[0]
+    flags = ["--temperature", "0.9", "--seed", "4", "--tp", str(tp)]
+    want = draft_with_program(ck, 7, flags + ["--kv-dtype", "bf16"])
+    assert got["tokens"].tolist() == want["tokens"]
+    np.testing.assert_allclose(got["q"], want["probs"], rtol=1e-6)
+    assert want["probs"] != draft_with_program(ck, 7, flags)["probs"]
+    with pytest.raises(Exception, match="options.kv_dtype is 'f16'"):
+        open_drafter(ck, kv_dtype="f16")
+
+
 # ---- draft vocabularies: a token map over a full head, and a speculators checkpoint's own ----------
 
 # Sampling settings (step entry keys) besides greedy; top_k and top_p do not apply to DFlash 2.
