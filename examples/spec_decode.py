@@ -1,10 +1,15 @@
-"""Speculative decoding with a tpdraft drafter and a small PyTorch target (qwen3_target.py): each
-round the drafter proposes B-1 tokens, the target checks them in one forward (exact match when
-greedy, rejection sampling otherwise), so the output is distributed exactly as the target's own.
-Prints each round's timings and acceptance, then tokens/s and the mean acceptance length. With
---token-map the drafter drafts over a draft vocabulary: its q is zero outside the map, so a refused
-draft's residual max(p - q, 0) gives every other token the target's own probability, and the loop
-stays lossless."""
+"""Speculative decoding with a tpdraft drafter and a small PyTorch target (qwen3_target.py), as a
+serving engine runs it: several requests at once, each step one tpdraft.Proposer call for all of
+them (B-1 drafts each) and one target forward that checks every block (exact match when greedy,
+rejection sampling with the drafter's q otherwise), so that each request's output is distributed
+exactly as the target's own. Prints the target alone beside speculative decoding (tokens/s, target
+forwards), the mean acceptance length and the drafter's share of a step. docs/engines.md is the
+guide this program runs. With --token-map the drafter drafts over a draft vocabulary: its q is zero
+outside the map, so a refused draft's residual max(p - q, 0) gives every other token the target's
+own probability, and the loop stays lossless.
+
+SpeculativeDecoder below is the same loop with the library's sessions driven directly (the calls
+the Proposer makes for an engine)."""
 
 import argparse
 import json
@@ -118,6 +123,28 @@ def selector_top_k(drafter_dir):
     return config.get("dflash_config", {}).get("selector_top_k", config.get("selector_top_k"))
 
 
+def draft_rule(caps, drafter_dir, sampling, draft=None):
+    """(the drafter's Sampling, the dist width to ask for) for a target sampling with `sampling`:
+    draft defaults to the target's rule (a DFlash 2 drafter draws among its selector's candidates,
+    without top_k); the width is all of the draft distribution's support, what rejection sampling
+    needs (none when greedy)."""
+    dflash2 = caps.architecture == "DFlash2DraftModel"
+    draft = draft or Sampling(sampling.temperature, 0 if dflash2 else sampling.top_k)
+    if sampling.greedy:
+        return draft, 0
+    if draft.greedy:
+        return draft, 1
+    if dflash2:
+        return draft, selector_top_k(drafter_dir)
+    return draft, draft.top_k or "full"
+
+
+def make_proposer(drafter, drafter_dir, sampling, draft=None, seed=None):
+    """A tpdraft.Proposer over drafter that drafts by draft_rule and returns what verification needs."""
+    draft, dist = draft_rule(drafter.caps, drafter_dir, sampling, draft)
+    return tpdraft.Proposer(drafter, temperature=draft.temperature, top_k=draft.top_k, dist=dist, seed=seed)
+
+
 @dataclass
 class Sequence:
     """One request: its tokens (prompt, then committed; the last is the anchor) and the drafter's view."""
@@ -153,20 +180,8 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.sampling = target, drafter, sampling
         self.caps = drafter.caps
         self.block = self.caps.block_size
-        self.dflash2 = self.caps.architecture == "DFlash2DraftModel"
-        self.draft = draft or Sampling(sampling.temperature, 0 if self.dflash2 else sampling.top_k)
-        self.dist = self._dist_width(drafter_dir)
+        self.draft, self.dist = draft_rule(self.caps, drafter_dir, sampling, draft)
         self.verify_q = verify_q or (lambda q: q)  # what the verifier takes for q (tests perturb it)
-
-    def _dist_width(self, drafter_dir):
-        """How much of each row's draft distribution to ask for: all of its support."""
-        if self.sampling.greedy:
-            return 0
-        if self.draft.greedy:
-            return 1
-        if self.dflash2:
-            return selector_top_k(drafter_dir)
-        return self.draft.top_k or "full"
 
     def decode(self, prompts, n_tokens, rng, on_round=None, sessions=None, prompt_held=0):
         """n_tokens after each prompt, and each sequence's rounds. `sessions`, when given, are used
@@ -242,6 +257,154 @@ class SpeculativeDecoder:
         return accepted
 
 
+# ---- an engine's scheduler over tpdraft.Proposer ---------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One request of the engine: n_tokens to generate after its prompt, from step `arrival` on."""
+    id: int
+    prompt: list
+    n_tokens: int
+    arrival: int = 0
+    tokens: list = field(default_factory=list)  # generated so far; the last is the anchor
+    row: int = None                             # its row of the target's cache while it runs
+    computed: int = 0                           # positions whose target states exist; the anchor sits here
+    new_rows: np.ndarray = None                 # their tap rows not yet given to the drafter
+    accepted: list = field(default_factory=list)
+
+    @property
+    def done(self):
+        return len(self.tokens) >= self.n_tokens
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    forwards: int = 0       # target forwards (prefills not counted)
+    preemptions: int = 0
+    propose: float = 0.0    # seconds in Proposer.propose
+    verify: float = 0.0     # seconds in the target's forward and the acceptance test
+    prefill: float = 0.0
+    accepted: list = field(default_factory=list)
+
+
+class Engine:
+    """A serving engine's scheduler in miniature, over the PyTorch target and a tpdraft.Proposer.
+
+    Every step: requests whose arrival has come are admitted while the target's cache has a free
+    row (prefilled, their first token chosen); every running request gets drafts from one
+    propose() call; one target forward checks all of them (the anchor and its drafts, a request
+    without drafts padded); each request commits its accepted drafts and the target's next token,
+    and its new tap rows go to the drafter next step. Finished requests are named in the next
+    propose(). With `preempt`, a running request is preempted with that probability after a step:
+    its row is freed, and when readmitted it is recomputed from its prompt and tokens, the drafter
+    given every row again from position 0 (or, with `drop`, its session dropped at once). With
+    `cap`, each step accepts at most a random number of the drafts that pass, drawn independently
+    of them: the output stays the target's, and acceptance lengths vary."""
+
+    def __init__(self, target, proposer, sampling, rows, capacity, rng, preempt=0.0, drop=False, cap=False,
+                 verify_q=None, on_proposals=None):
+        self.target, self.proposer, self.sampling = target, proposer, sampling
+        self.layers = proposer.caps.target_layer_ids
+        self.cache = target.new_cache(rows, capacity)
+        self.free = list(range(rows))
+        self.rng, self.preempt, self.drop, self.cap = rng, preempt, drop, cap
+        self.verify_q = verify_q or (lambda q: q)
+        self.on_proposals = on_proposals  # called with (running jobs, proposals) each step (tests check them)
+        self.stats = EngineStats()
+
+    def run(self, jobs):
+        """Runs every job to the end; returns {id: its n_tokens generated tokens}."""
+        waiting = sorted(jobs, key=lambda j: j.arrival)
+        running, finished, step = [], [], 0
+        while waiting or running:
+            self._admit(waiting, running, step)
+            if running:
+                finished = self._step(running, finished)
+                running = [j for j in running if not j.done]
+                self._preempt(running, waiting)
+            step += 1
+        self.proposer.finish(finished)
+        self.stats.steps = step
+        return {j.id: j.tokens[:j.n_tokens] for j in jobs}
+
+    def _admit(self, waiting, running, step):
+        start = time.perf_counter()
+        while waiting and self.free and waiting[0].arrival <= step:
+            job = waiting.pop(0)
+            job.row = self.free.pop()
+            known = job.prompt + job.tokens[:-1]  # a preempted job's anchor is its last token
+            logits, taps = self.target.forward([known], [0], self.cache, self.layers, rows=[job.row])
+            if not job.tokens:
+                job.tokens.append(choose(logits[0, -1], self.sampling, self.rng))
+            job.computed, job.new_rows = len(known), taps[0].astype(np.float32)
+            running.append(job)
+        self.stats.prefill += time.perf_counter() - start
+
+    def _step(self, running, finished):
+        requests = [tpdraft.Request(j.id, j.computed, j.tokens[-1], j.new_rows) for j in running]
+        start = time.perf_counter()
+        proposals = self.proposer.propose(requests, finished=finished)
+        self.stats.propose += time.perf_counter() - start
+        if self.on_proposals:
+            self.on_proposals(running, proposals)
+        start = time.perf_counter()
+        width = self.proposer.caps.block_size
+        blocks = []
+        for j in running:
+            drafts = proposals[j.id].tokens.tolist()
+            blocks.append([j.tokens[-1]] + drafts + [j.tokens[-1]] * (width - 1 - len(drafts)))
+        logits, taps = self.target.forward(blocks, [j.computed for j in running], self.cache, self.layers,
+                                           rows=[j.row for j in running])
+        judged = logits if self.sampling.greedy else target_probs(logits, self.sampling)
+        done = []
+        for i, j in enumerate(running):
+            self._commit(j, proposals[j.id], judged[i], taps[i])
+            if j.done:
+                done.append(j.id)
+                self.free.append(j.row)
+        self.stats.forwards += 1
+        self.stats.verify += time.perf_counter() - start
+        return done
+
+    def _commit(self, job, proposal, judged, taps):
+        drafts = proposal.tokens.tolist()
+        if self.cap and drafts:  # a bound drawn before looking at the drafts
+            drafts = drafts[:int(self.rng.integers(len(drafts) + 1))]
+        if self.sampling.greedy:
+            accepted, following = verify_greedy(judged[:len(drafts) + 1], drafts)
+        elif not drafts:
+            accepted, following = 0, draw(judged[0], self.rng)
+        else:
+            q = self.verify_q(dense_rows(proposal_result(proposal), judged.shape[-1]))
+            accepted, following = verify_sampled(judged[:len(drafts) + 1], drafts, q, self.rng)
+        job.tokens += drafts[:accepted] + [following]
+        job.new_rows = taps[:accepted + 1].astype(np.float32)
+        job.computed += accepted + 1
+        job.accepted.append(accepted)
+        self.stats.accepted.append(accepted)
+
+    def _preempt(self, running, waiting):
+        if not self.preempt:
+            return
+        for job in [j for j in running if self.rng.random() < self.preempt]:
+            running.remove(job)
+            self.free.append(job.row)
+            job.row, job.computed, job.new_rows = None, 0, None
+            waiting.insert(0, job)
+            self.stats.preemptions += 1
+            if self.drop:
+                self.proposer.drop([job.id])
+
+
+def proposal_result(proposal):
+    """A Proposal as the dict a drafter's step returns (what dense_rows reads)."""
+    if proposal.dist_ids is None:
+        return {"dist_probs": proposal.dist_probs}
+    return {"dist_ids": proposal.dist_ids, "dist_probs": proposal.dist_probs, "dist_rest": proposal.dist_rest}
+
+
 def target_decode(target, tap_layers, prompts, n_tokens, sampling, rng):
     """The target alone, one token per forward: the reference a speculative decode must match."""
     cache = target.new_cache(len(prompts), max(map(len, prompts)) + n_tokens)
@@ -290,13 +453,16 @@ def build_target(args, caps, target_dir, scratch):
     return target, target_dir
 
 
-def print_round(report, active):
-    s = active[0]
-    outside = report.step - report.draft  # the library outside the draft (settle included), and Python
-    print(f"round {len(s.rounds):4d}  pos {len(s.tokens) - s.prompt_length:4d}  draft {report.draft * 1e3:6.3f} ms  "
-          f"outside the draft {outside * 1e3:6.3f} ms (settle {report.settle * 1e3:6.3f}, python "
-          f"{(report.step - report.library) * 1e3:6.3f})  verify {report.verify * 1e3:6.3f} ms  "
-          f"accepted {report.accepted[0]}/{len(s.rounds[-1][0])}")
+def random_prompts(caps, count, seed):
+    ordinary = [t for t in range(caps.vocab_size) if t != caps.mask_token_id]
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.choice(ordinary, int(rng.integers(4, 13)))] for _ in range(count)]
+
+
+def print_table(rows):
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 def run(args, scratch):
@@ -305,28 +471,43 @@ def run(args, scratch):
         caps = first.caps
     target, target_dir = build_target(args, caps, target_dir, scratch)
     drafter = tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=args.threads, tp=args.tp,
-                              token_map=args.token_map)
-    draft_vocab = drafter.caps.draft_vocab_size
+                              token_map=args.token_map, max_sessions=min(args.requests, 64),
+                              max_open_sessions=args.requests)
     sampling = Sampling(args.temperature, args.top_k)
-    decoder = SpeculativeDecoder(target, drafter, drafter_dir, sampling)
-    ordinary = [t for t in range(caps.vocab_size) if t != caps.mask_token_id]
-    prompt = [int(t) for t in np.random.default_rng(args.seed).choice(ordinary, 8)]
-    reports = []
+    prompts = random_prompts(caps, args.requests, args.seed)
+    jobs = [Job(i, p, args.tokens) for i, p in enumerate(prompts)]
+
     start = time.perf_counter()
-    tokens, rounds = decoder.decode([prompt], args.tokens, np.random.default_rng(args.seed),
-                                    on_round=lambda r, a: (reports.append(r), print_round(r, a)))
-    elapsed = time.perf_counter() - start
-    accepted = [a for _, a in rounds[0]]
-    print(f"{caps.architecture}, B = {caps.block_size}, tp {args.tp}, drafting over {draft_vocab} of "
-          f"{caps.vocab_size} tokens: {args.tokens} tokens in {len(accepted)} rounds, "
-          f"{args.tokens / elapsed:.1f} tokens/s")
-    print(f"mean acceptance length {np.mean(accepted) + 1:.2f} tokens per target forward "
-          f"({np.mean(accepted):.2f} drafts accepted of {caps.block_size - 1})")
-    print("tokens:", " ".join(map(str, tokens[0])))
+    want = target_decode(target, caps.target_layer_ids, prompts, args.tokens, sampling,
+                         np.random.default_rng(args.seed))
+    alone = time.perf_counter() - start
+
+    with make_proposer(drafter, drafter_dir, sampling, seed=args.seed) as proposer:
+        engine = Engine(target, proposer, sampling, args.requests, max(map(len, prompts)) + args.tokens + caps.block_size,
+                        np.random.default_rng(args.seed))
+        start = time.perf_counter()
+        got = engine.run(jobs)
+        speculative = time.perf_counter() - start
+        forwards = proposer.forwards
+    draft_vocab = drafter.caps.draft_vocab_size
     drafter.close()
+
+    stats, generated = engine.stats, args.requests * args.tokens
+    accepted = np.array(stats.accepted)
+    print(f"{caps.architecture}, B = {caps.block_size}, tp {args.tp}, drafting over {draft_vocab} of "
+          f"{caps.vocab_size} tokens: {args.requests} requests of {args.tokens} tokens")
+    print_table([("decoding", "tokens/s", "target forwards after the prefill", "seconds"),
+                 ("target alone", f"{generated / alone:.1f}", args.tokens - 1, f"{alone:.3f}"),
+                 ("speculative", f"{generated / speculative:.1f}", stats.forwards, f"{speculative:.3f}")])
+    print(f"mean acceptance length {accepted.mean() + 1:.2f} tokens per target forward "
+          f"({accepted.mean():.2f} drafts accepted of {caps.block_size - 1})")
+    print("acceptance lengths " + " ".join(f"{m}:{c}" for m, c in enumerate(np.bincount(accepted, minlength=caps.block_size))))
+    step = stats.propose + stats.verify
+    print(f"draft share of the step {stats.propose / step:.1%} ({stats.propose / forwards * 1e3:.3f} ms a drafter "
+          f"forward, {forwards} forwards; the target's verify {stats.verify / stats.forwards * 1e3:.3f} ms a step)")
     if not sampling.greedy:
         return 0
-    same = target_decode(target, caps.target_layer_ids, [prompt], args.tokens, sampling, None)[0] == tokens[0]
+    same = all(got[j.id] == want[j.id] for j in jobs)
     print("identical to the target's own greedy decode:", "yes" if same else "NO")
     return 0 if same else 1
 
@@ -337,7 +518,8 @@ def main(argv=None):
     source.add_argument("--drafter-config", help="a drafter config: `tpdraft init` makes a checkpoint in a temp dir")
     source.add_argument("--drafter", help="a drafter checkpoint directory (with --target)")
     p.add_argument("--target", help="the target checkpoint directory whose embedding and head the drafter reads")
-    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--tokens", type=int, default=200, help="tokens each request generates")
+    p.add_argument("--requests", type=int, default=8, help="requests decoded at once")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--tp", type=int, default=1)
@@ -350,6 +532,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.drafter and not args.target:
         p.error("--drafter needs --target")
+    if args.requests < 1 or args.tokens < 1:
+        p.error("--requests and --tokens must be at least 1")
     os.environ.setdefault("TPDRAFT_LOG_LEVEL", "warn")  # no load messages between the rounds
     with tempfile.TemporaryDirectory() as scratch:
         return run(args, scratch)

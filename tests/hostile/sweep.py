@@ -106,6 +106,8 @@ class Abi:
         self.types = dict(self.SCALARS)
         for name in re.findall(r"typedef\s+enum\s+\w+\s*\{[^}]*\}\s*(\w+)\s*;", text):
             self.types[name] = ctypes.c_int
+        for name in re.findall(r"typedef\s+[\w\s*]+\(\s*\*\s*(\w+)\s*\)\s*\(", text):  # function pointers
+            self.types[name] = ctypes.c_void_p
         for base, name in re.findall(r"typedef\s+(\w+)\s+(\w+)\s*;", text):
             if base in self.types:
                 self.types[name] = self.types[base]
@@ -829,6 +831,7 @@ def c_abi_cases(add):
         opening(f"max_open_sessions {v}", ["max_open_sessions", str(v)], max_open_sessions=v)
     opening("graphs 2", ["graphs"], graphs=2)
     opening("quant 'q3'", ["quant", "q3"], quant=b"q3")
+    opening("kv_dtype 'f16'", ["kv_dtype", "f16"], kv_dtype=b"f16")
     opening("backend 'bogus'", ["bogus"], backend=b"bogus")
     opening("backend ''", ["backend"], backend=b"")
 
@@ -1329,6 +1332,8 @@ def python_cases(add):
     opt("graphs='yes'", {"graphs": "yes"}, TE, ["graphs"])
     opt("quant=5", {"quant": 5}, TE, ["quant"])
     opt("quant='q3'", {"quant": "q3"}, ("Error",), ["quant", "q3"])
+    opt("kv_dtype=5", {"kv_dtype": 5}, TE, ["kv_dtype"])
+    opt("kv_dtype='f16'", {"kv_dtype": "f16"}, ("Error",), ["kv_dtype", "f16"])
     for key, value in [("threads", 100000), ("tp", 300), ("max_sessions", 5000), ("max_context", 2 ** 58),
                        ("max_open_sessions", 2 ** 21), ("max_context", -1), ("threads", -1)]:
         opt(f"{key}={value}", {key: value}, ("Error",), [key, str(value)])
@@ -1469,6 +1474,77 @@ def python_cases(add):
                 return v
         return "control ok", ""
     add(G, "Drafter: four threads stepping their own sessions at once", threads_share)
+
+    class Tensor:
+        """A framework's tensor known only by DLPack (over a numpy array), or one claiming a device."""
+
+        def __init__(self, array=None, device=(1, 0), export=None):
+            self.array, self.device, self.export = array, device, export
+
+        def __dlpack_device__(self):
+            return self.device
+
+        def __dlpack__(self, stream=None):
+            return self.export() if self.export else self.array.__dlpack__()
+
+    class CudaArray:
+        __cuda_array_interface__ = {"shape": (2, 192), "typestr": "<f4", "data": (0xdead0000, False), "version": 3}
+
+    def no_export():
+        raise BufferError("this tensor cannot be exported")
+    for served in (False, True):
+        tensor_taps = [
+            ("taps a DLPack tensor on cuda:0", lambda x: Tensor(device=(2, 0)), VE, ["taps", "cuda:0", "host memory"]),
+            ("taps a __cuda_array_interface__ object", lambda x: CudaArray(), VE, ["taps", "__cuda_array_interface__"]),
+            ("taps a DLPack tensor of int32", lambda x: Tensor(x.np.ones((2, x.W), x.np.int32)), TE,
+             ["taps", "DLPack dtype"]),
+            ("taps a 3-D DLPack tensor", lambda x: Tensor(x.taps()[None]), VE, ["taps", str(192)]),
+            ("taps whose __dlpack__ raises", lambda x: Tensor(export=no_export), ("BufferError",), ["exported"]),
+            ("taps whose __dlpack__ gives a str", lambda x: Tensor(export=lambda: "capsule"), TE, ["taps", "dltensor"]),
+            ("taps whose __dlpack_device__ is (1,)", lambda x: Tensor(device=(1,)), TE, ["taps", "__dlpack_device__"]),
+            ("taps with a DLPack NaN", lambda x: Tensor(x.poisoned(NAN)), AE, ["entry 0", "NaN"]),
+        ]
+        for name, taps, want, names in tensor_taps:
+            step_refused(name, {}, want, names, served, taps=taps)
+        step_refused("stream 'now'", {"stream": "now"}, TE, ["stream"], served,
+                     taps=lambda x: Tensor(x.taps()))
+        for value, want in [("jax", VE), (None, TE), (1, TE)]:
+            make, family = handles(served)
+            refused(("Client" if served else "Drafter") + f".step(out={value!r})",
+                    lambda x, make=make, value=value: make(x).step([{"session": 1, "anchor": 1}], out=value), want,
+                    ["out"], family)
+    taps_converted("taps a DLPack-only tensor", lambda x: Tensor(x.taps()))
+    taps_converted("taps a strided DLPack-only tensor", lambda x: Tensor(x.np.repeat(x.taps(), 2, axis=0)[::2]))
+    taps_converted("taps a column-major DLPack-only tensor", lambda x: Tensor(x.np.asfortranarray(x.taps())))
+
+    refused("set_log_level('verbose')", lambda x: x.tpdraft.set_log_level("verbose"), AE, ["verbose", "log level"])
+    refused("set_log_level(None)", lambda x: x.tpdraft.set_log_level(None), TE, ["set_log_level"])
+    refused("set_log_level('info' + NUL)", lambda x: x.tpdraft.set_log_level("info\0debug"), VE, ["level", "NUL"])
+    refused("set_log_callback(5)", lambda x: x.tpdraft.set_log_callback(5), TE, ["set_log_callback", "callable"])
+
+    def logging_callback(callback):
+        def fn(x):
+            reported = []
+            sys.unraisablehook = lambda u: reported.append(u.exc_value)
+            x.tpdraft.set_log_callback(lambda level, line: callback(x))
+            x.tpdraft.set_log_level("debug")
+            d = drafter(x, tp=2)
+            s = d.open_session()
+            r = d.step([{"session": s, "anchor": REF_ANCHOR, "taps": x.taps()}])[0]
+            x.tpdraft.set_log_callback(None)
+            x.tpdraft.set_log_level("warn")
+            if not reported:
+                return "silent wrong", "no log line reached the callback, or its exception was lost"
+            return x.same_as_reference(r["tokens"])
+        return fn
+
+    def raising(x):
+        raise RuntimeError("a host's callback failed")
+
+    def resetting(x):
+        x.tpdraft.set_log_callback(None)  # refused inside the callback: the ArgumentError is reported
+    add(G, "set_log_callback: a callback that raises, then a step", logging_callback(raising))
+    add(G, "set_log_callback: a callback that replaces itself, then a step", logging_callback(resetting))
 
     def client_opt(name, options, want, names, address=None):
         refused(f"Client({name})", lambda x: x.tpdraft.Client(address(x) if address else x.address, **options), want,
@@ -2173,6 +2249,90 @@ def client_drafts_reference(x, ring):
     return x.same_as_reference(en.tokens)
 
 
+def proposer_cases(add):
+    """tpdraft.Proposer over a Drafter and over a Client: what an engine gives it wrong. A refused
+    call must leave the proposer's requests and their sessions as they were; the control drafts
+    the reference through it."""
+    G = "Python"
+    TE, AE = ("TypeError",), ("ArgumentError",)
+
+    def handle(x, served):
+        if served:
+            return x.tpdraft.Client(x.address, timeout=REPLY_S)
+        return x.tpdraft.Drafter(x.dd.decode(), x.td.decode(), threads=1)
+
+    def held(x, p):
+        """A request "held" of the reference rows, drafted once: what a refused call must not move."""
+        p.propose([x.tpdraft.Request("held", REF_ROWS, REF_ANCHOR, x.taps())])
+        return p.requests, p.drafter.session_length(p._tracks["held"].session)
+
+    def case(name, call, want, names, served=False):
+        def fn(x):
+            p = x.tpdraft.Proposer(handle(x, served))
+            before = held(x, p)
+            verdict = x.py_refused(lambda: call(x, p), want, names)
+            after = p.requests, p.drafter.session_length(p._tracks["held"].session)
+            if verdict[0] != "silent wrong" and after != before:
+                return "silent wrong", f"refused ({verdict[1]}), but the requests moved: {before} -> {after}"
+            return verdict
+        add(G, ("Client" if served else "Drafter") + f" Proposer.propose: {name}", fn, "pyclient" if served else None)
+
+    R = lambda x, *a, **k: x.tpdraft.Request(*a, **k)  # noqa: E731
+    for served in (False, True):
+        cases = [
+            ("requests None", lambda x, p: p.propose(None), TE, ["Request", "NoneType"]),
+            ("a dict for a Request", lambda x, p: p.propose([{"id": 1}]), TE, ["Request", "dict"]),
+            ("an id that is a list", lambda x, p: p.propose([R(x, [1], 1, REF_ANCHOR, x.taps(1))]), TE,
+             ["id", "hashable"]),
+            ("one id twice", lambda x, p: p.propose([R(x, "a", 1, 3, x.taps(1)), R(x, "a", 1, 3, x.taps(1))]),
+             AE, ["'a'", "twice"]),
+            ("length -1", lambda x, p: p.propose([R(x, "a", -1, 3)]), AE, ["'a'", "length"]),
+            ("length 'x'", lambda x, p: p.propose([R(x, "a", "x", 3)]), AE, ["'a'", "length"]),
+            ("length True", lambda x, p: p.propose([R(x, "a", True, 3)]), AE, ["'a'", "length"]),
+            ("more rows than the length", lambda x, p: p.propose([R(x, "a", 2, 3, x.taps(3))]), AE,
+             ["'a'", "3 tap rows", "length 2"]),
+            ("taps one column short", lambda x, p: p.propose([R(x, "a", 2, 3, x.taps(2)[:, 1:])]), AE,
+             ["'a'", "shape"]),
+            ("taps a str", lambda x, p: p.propose([R(x, "a", 2, 3, "rows")]), AE, ["'a'", "taps"]),
+            ("a new request not from 0", lambda x, p: p.propose([R(x, "a", 4, 3, x.taps(2))]), AE,
+             ["'a'", "new", "start at 2"]),
+            ("a gap in a held request's rows",
+             lambda x, p: p.propose([R(x, "held", REF_ROWS + 3, 3, x.taps(1))]), AE,
+             ["'held'", f"start at position {REF_ROWS + 2}"]),
+            ("an anchor past the vocabulary", lambda x, p: p.propose([R(x, "held", REF_ROWS, 10 ** 6)]), AE,
+             ["'held'", "anchor"]),
+            ("a new request with a bad anchor beside a good one",
+             lambda x, p: p.propose([R(x, "held", REF_ROWS, 3), R(x, "b", 1, -4, x.taps(1))]), AE,
+             ["'b'", "anchor"]),
+            ("temperature 'hot'", lambda x, p: p.propose([R(x, "held", REF_ROWS, 3, temperature="hot")]), TE,
+             ["temperature"]),
+            ("finished None", lambda x, p: p.propose([], finished=None), TE, ["finished", "NoneType"]),
+            ("finished an id that is a dict", lambda x, p: p.propose([], finished=[{}]), TE, ["id", "hashable"]),
+        ]
+        if served:
+            cases = [c for c in cases if c[0] in ("one id twice", "a gap in a held request's rows",
+                                                  "an anchor past the vocabulary")]
+        for name, call, want, names in cases:
+            case(name, call, want, names, served)
+
+    add(G, "Proposer(None)", lambda x: x.py_refused(lambda: x.tpdraft.Proposer(None), TE,
+                                                      ["Proposer", "Drafter", "NoneType"]))
+    for key, value, want in (("temperature", "hot", TE), ("top_k", None, TE), ("out", "jax", ("ValueError",))):
+        add(G, f"Proposer({key}={value!r})",
+            lambda x, key=key, value=value, want=want: x.py_refused(
+                lambda: x.tpdraft.Proposer(handle(x, False), **{key: value}), want, [key]))
+
+    def control(x):
+        d = handle(x, False)
+        with x.tpdraft.Proposer(d) as p:
+            first = p.propose([x.tpdraft.Request("a", 2, 9, x.taps()[:2])])["a"]
+            got = p.propose([x.tpdraft.Request("a", REF_ROWS, REF_ANCHOR, x.taps()[2:])])["a"]
+            if not first.drafted:
+                return "silent wrong", "no drafts"
+        return x.same_as_reference(got.tokens)
+    add(G, "Drafter Proposer: the reference rows in two calls draft the reference", control)
+
+
 def all_cases():
     cases = []
 
@@ -2180,6 +2340,7 @@ def all_cases():
         cases.append(Case(group, name, fn, family, after, limit))
     c_abi_cases(add)
     python_cases(add)
+    proposer_cases(add)
     frame_cases(add)
     ring_cases(add)
     # The servers of the C client and Python client cases are stopped as users stop them.

@@ -31,18 +31,18 @@ TIMEOUT = 60.0  # seconds a client call may wait: a server that died fails the t
 
 
 class Server:
-    """`tpdraft serve --tp 2` on an ipc socket in the test's own directory, stopped with SIGTERM."""
+    """`tpdraft serve --tp 2` (or tp) on an ipc socket in the test's own directory, stopped with SIGTERM."""
 
-    def __init__(self, tmp_path, drafter_dir, target_dir, *options):
+    def __init__(self, tmp_path, drafter_dir, target_dir, *options, tp=2):
         self.address_file = tmp_path / "server.address"
         self.log = tmp_path / "server.log"
         self.server_key = None  # the public CURVE key its clients take, for a server given keys
-        cmd = [os.environ["TPDRAFT_BIN"], "serve", "--drafter", drafter_dir, "--target", target_dir, "--tp", "2",
+        cmd = [os.environ["TPDRAFT_BIN"], "serve", "--drafter", drafter_dir, "--target", target_dir, "--tp", str(tp),
                "--threads", "1", "--backend", "cpu", "--address-file", str(self.address_file), *options]
         if "--listen" not in options:
             cmd += ["--listen", f"ipc://{tmp_path}/s.sock"]
         if MPIRUN:
-            cmd = shlex.split(MPIRUN) + ["-np", "2"] + cmd
+            cmd = shlex.split(MPIRUN) + ["-np", str(tp)] + cmd
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -82,6 +82,28 @@ class Server:
             else:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+@pytest.mark.parametrize("config", ["tiny-dflash.json", "tiny-dflash2.json"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_an_engines_requests_through_the_server_decode_as_the_target(tmp_path, checkpoint, config, tp):
+    # The engine of test_proposer.py, its Proposer over a Client: 96 requests, 64 at once, in
+    # forwards of at most the server's 16 entries; preempted sessions dropped; the proposals of
+    # every sixth step checked against a fresh in-process session.
+    from test_proposer import JOBS, FreshSessionCheck, assert_the_targets, random_jobs, run_greedy_engine
+    drafter_dir, target_dir, caps = init(checkpoint, config)
+    target = make_target(caps, target_dir)
+    rng = np.random.default_rng(5)
+    jobs = random_jobs(caps, rng)
+    limits = dict(max_sessions=16, max_open_sessions=JOBS, max_context=128)
+    with Server(tmp_path, drafter_dir, target_dir, *[f"--{k.replace('_', '-')}={v}" for k, v in limits.items()],
+                tp=tp) as server, server.client() as client, open_drafter(drafter_dir, target_dir, **limits) as local:
+        assert client.caps.max_sessions == 16 and client.caps.tp == tp
+        check = FreshSessionCheck(target, local)
+        got, stats, proposer = run_greedy_engine(target, client, drafter_dir, jobs, rng, True, check)
+        assert client.stats()["open_sessions"] == 0
+    assert_the_targets(target, caps, jobs, got)
+    assert stats.preemptions >= 5 and check.checked >= 150 and proposer.forwards > stats.steps
 
 
 def in_threads(job, args):
