@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch", reason="the example's target model needs Py
 import tpdraft  # noqa: E402
 
 from test_spec_decode import (GREEDY, SHORT_PROMPT, SMALL, SMALL_DFLASH2, DRAFT, chi_square,  # noqa: E402
-                              exact_pair_distribution, init, make_target, normalized, open_drafter)
+                              init, make_target, normalized, open_drafter, sampled_case)
 import qwen3_target  # noqa: E402  (examples/, put on the path by test_spec_decode)
-from spec_decode import Engine, Job, Sampling, make_proposer, target_decode  # noqa: E402
+from spec_decode import Engine, Job, make_proposer, target_decode  # noqa: E402
 
 RUNNING, JOBS = 64, 96  # rows of the target's cache (requests running at once), requests in all
 
@@ -125,10 +125,7 @@ def test_an_engines_sampled_output_is_distributed_as_the_targets(checkpoint, con
     # 4096 requests of SHORT_PROMPT, 512 at once, each generating 3 tokens through the proposer
     # with preemptions and random acceptance bounds: the pairs (x1, x2) against the target's exact
     # distribution. The same engine verifying with sqrt(q) for q is refused (checked for DFlash).
-    drafter_dir, target_dir, caps = init(checkpoint, config)
-    target = make_target(caps, target_dir)
-    sampling = Sampling(temperature=1.0, top_k=12)
-    want = exact_pair_distribution(target, caps.target_layer_ids, sampling)
+    drafter_dir, target_dir, caps, target, sampling, want = sampled_case(checkpoint, config)
     results = {}
     with open_drafter(drafter_dir, target_dir, max_sessions=128, max_open_sessions=512, max_context=32) as d:
         verifiers = {"q": None, "sqrt(q)": lambda q: normalized(np.sqrt(q))}

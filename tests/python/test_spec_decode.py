@@ -196,12 +196,19 @@ def normalized(rows):
     return rows / rows.sum(axis=-1, keepdims=True)
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
-def test_sampled_output_is_distributed_as_the_targets(checkpoint, config):
+def sampled_case(checkpoint, config):
+    """(drafter_dir, target_dir, caps, target, the target's sampling, its exact distribution of the
+    pairs (x1, x2) after SHORT_PROMPT) of a small drafter config."""
     drafter_dir, target_dir, caps = init(checkpoint, config)
     target = make_target(caps, target_dir)
     sampling = Sampling(temperature=1.0, top_k=12)
-    want = exact_pair_distribution(target, caps.target_layer_ids, sampling)
+    return drafter_dir, target_dir, caps, target, sampling, exact_pair_distribution(target, caps.target_layer_ids,
+                                                                                    sampling)
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_DFLASH2], ids=["dflash", "dflash2"])
+def test_sampled_output_is_distributed_as_the_targets(checkpoint, config):
+    drafter_dir, target_dir, caps, target, sampling, want = sampled_case(checkpoint, config)
     verifiers = {"q": None, "sqrt(q)": lambda q: normalized(np.sqrt(q)), "uniform": lambda q: normalized(q > 0)}
     results = {}
     with open_drafter(drafter_dir, target_dir, max_sessions=BATCH, max_open_sessions=BATCH, max_context=32) as d:
