@@ -29,11 +29,20 @@ if command -v nsys >/dev/null 2>&1; then
   done
 else
   source="CUPTI kernel trace"
-  cuda=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+  # CUPTI in the toolkit nvcc uses: include/ in recent toolkits, extras/CUPTI/ in older ones.
+  cuda=$("$(dirname "${BASH_SOURCE[0]}")/cuda-root.sh")
+  cupti=
+  for dir in "$cuda" "$cuda/extras/CUPTI"; do
+    if [ -f "$dir/include/cupti.h" ]; then cupti=$dir; break; fi
+  done
+  if [ -z "$cupti" ]; then
+    echo "gpu-kernels: no cupti.h in the CUDA toolkit at $cuda (include/ or extras/CUPTI/include/)" >&2
+    exit 1
+  fi
   lib=$logs/libkernel-trace.so
-  "${CXX:-c++}" -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$cuda/extras/CUPTI/include" \
-    scripts/lib/kernel-trace.cpp -L"$cuda/lib64" -L"$cuda/extras/CUPTI/lib64" -lcupti \
-    -Wl,-rpath,"$cuda/lib64:$cuda/extras/CUPTI/lib64" -o "$lib"
+  "${CXX:-c++}" -std=c++17 -O2 -shared -fPIC -I"$cuda/include" -I"$cupti/include" \
+    scripts/lib/kernel-trace.cpp -L"$cuda/lib64" -L"$cupti/lib64" -lcupti \
+    -Wl,-rpath,"$cuda/lib64:$cupti/lib64" -o "$lib"
   for run in short long; do
     CUDA_INJECTION64_PATH=$lib TPDRAFT_KERNEL_TRACE=$logs/kern-$run.csv "$@" --repeat "${!run}" >"$logs/kern-$run.json"
   done

@@ -25,7 +25,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 cuda_root=""
 if command -v nvcc >/dev/null 2>&1; then
-  cuda_root=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+  cuda_root=$("$(dirname "${BASH_SOURCE[0]}")/cuda-root.sh")
   say "nvcc: $(nvcc --version | tail -1) ($cuda_root)"
 else
   missing+=("nvcc [the CUDA toolkit, e.g. in /usr/local/cuda]")

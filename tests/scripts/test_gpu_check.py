@@ -201,7 +201,8 @@ class Prerequisites(unittest.TestCase):
             os.chmod(fake, 0o755)
             tree = os.path.join(tmp, "tree")
             os.makedirs(os.path.join(tree, "scripts", "lib"))
-            shutil.copy(os.path.join(REPO, "scripts", "lib", "gpu-prereqs.sh"), os.path.join(tree, "scripts", "lib"))
+            for script in ("gpu-prereqs.sh", "cuda-root.sh"):
+                shutil.copy(os.path.join(REPO, "scripts", "lib", script), os.path.join(tree, "scripts", "lib"))
             env_file = os.path.join(tmp, "prereqs.env")
             p = subprocess.run(["bash", "scripts/lib/gpu-prereqs.sh", env_file], cwd=tree, capture_output=True,
                                text=True, timeout=60, env=dict(os.environ, CXX=fake))
