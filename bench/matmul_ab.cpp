@@ -14,12 +14,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/config.h"
+#include "checkpoint/quant_tensors.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
-#include "model/config.h"
-#include "model/quant_tensors.h"
+#include "model/weights.h"
 
 namespace tpdraft::bench {
 namespace {
@@ -104,7 +105,7 @@ int run(const Args& a) {
       const model::QuantShare q = model::quantize_share(t, request.scheme(bits, s.k), {0, s.n}, {0, s.k});
       const WeightFormat f = bits == 8 ? WeightFormat::Int8 : WeightFormat::Int4;
       void* dq = buffer(ops->quantized_bytes(f, s.n, s.k, q.group));
-      (bits == 8 ? q8 : q4).mats.push_back(ops->upload_quantized(q.view(), dq));
+      (bits == 8 ? q8 : q4).mats.push_back(ops->upload_quantized(model::quantized_rows(q), dq));
     }
     macs += static_cast<double>(s.n) * static_cast<double>(s.k) * static_cast<double>(a.rows);
   }

@@ -16,12 +16,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/quant_config.h"
 #include "core/error.h"
-#include "model/quant_config.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
+#include "engine/runtime.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::bench {
 namespace {

@@ -17,9 +17,9 @@
 #include "core/error.h"
 #include "core/summary.h"
 #include "engine/engine.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
+#include "engine/runtime.h"
 #include "parallel/communicator.h"
+#include "tools/random_checkpoint.h"
 #include "tpdraft/tpdraft.h"
 
 // Allocations made so far by the whole process, libtpdraft.so included (allocation_count.cpp).

@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/local_group.h"
-#include "model/runtime.h"
+#include "engine/runtime.h"
 
 struct tpdraft_drafter {
   std::mutex mutex;

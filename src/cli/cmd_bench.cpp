@@ -11,23 +11,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "cli/job.h"
+#include "cli/options.h"
 #include "cli/ranks.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/summary.h"
 #include "core/thread_pool.h"
+#include "engine/runtime.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
 #include "model/cost.h"
 #include "model/draft_vocab.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
-#include "model/safetensors.h"
 #include "parallel/communicator.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::cli {
 

@@ -14,16 +14,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "cli/job.h"
+#include "cli/options.h"
 #include "cli/ranks.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
-#include "model/runtime.h"
-#include "model/safetensors.h"
+#include "engine/runtime.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::cli {

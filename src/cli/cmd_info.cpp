@@ -8,17 +8,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
+#include "checkpoint/quant_tensors.h"
+#include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
 #include "core/checked.h"
 #include "core/error.h"
-#include "model/config.h"
+#include "engine/runtime.h"
 #include "model/cost.h"
 #include "model/draft_vocab.h"
-#include "model/quant_tensors.h"
-#include "model/runtime.h"
-#include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
 

@@ -2,12 +2,12 @@
 // checked before anything is written, and the checkpoint appears at --out whole or not at all.
 #include <string>
 
+#include "checkpoint/config.h"
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
 #include "core/error.h"
-#include "model/config.h"
-#include "model/random_checkpoint.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::cli {
 

@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
-#include "model/quantize.h"
+#include "tools/quantize.h"
 
 namespace tpdraft::cli {
 

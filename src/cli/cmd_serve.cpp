@@ -19,7 +19,7 @@
 #include "core/log.h"
 #include "core/strings.h"
 #include "engine/engine.h"
-#include "model/runtime.h"
+#include "engine/runtime.h"
 #include "serve/group.h"
 #include "serve/keys.h"
 #include "serve/server.h"

@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/config.h"
 #include "cli/commands.h"
 #include "cli/job.h"
 #include "cli/options.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "model/config.h"
 #include "model/draft_vocab.h"
 
 namespace tpdraft::cli {

@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "model/runtime.h"
+#include "engine/runtime.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::cli {

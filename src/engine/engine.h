@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "engine/runtime.h"
 #include "kernels/buffer.h"
 #include "model/drafter.h"
-#include "model/runtime.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::engine {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
+#include "checkpoint/quant_tensors.h"
 #include "core/strings.h"
-#include "model/quant_tensors.h"
 #include "model/sharded_head.h"
 #include "model/weights.h"
 

@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
+#include "checkpoint/config.h"
 #include "core/dtype.h"
-#include "model/config.h"
 #include "model/selection.h"
 #include "model/shard_plan.h"
 

@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/strings.h"
-#include "model/safetensors.h"
 #include "model/selection.h"
 
 namespace tpdraft::model {

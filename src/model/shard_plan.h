@@ -8,16 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/config.h"
 #include "core/dtype.h"
-#include "model/config.h"
+#include "core/range.h"
 
 namespace tpdraft::model {
 
-struct Range {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
+using tpdraft::Range;
 
 struct ShardPlan {
   int rank = 0;

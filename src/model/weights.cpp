@@ -7,11 +7,11 @@
 #include <chrono>
 #include <set>
 
+#include "checkpoint/quant_tensors.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
-#include "model/quant_tensors.h"
 
 namespace tpdraft::model {
 
@@ -367,7 +367,7 @@ kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::s
   TPDRAFT_CHECK(bytes > 0, "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend "
                 "or a float checkpoint)", name, scheme.describe(), ops_.name());
   kernels::Buffer buf(ops_, bytes);
-  const kernels::Matrix m = ops_.upload_quantized(q.view(), buf.get());
+  const kernels::Matrix m = ops_.upload_quantized(quantized_rows(q), buf.get());
   keep(std::move(buf));
   return m;
 }

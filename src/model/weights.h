@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/config.h"
+#include "checkpoint/quant_tensors.h"
+#include "checkpoint/safetensors.h"
 #include "kernels/buffer.h"
 #include "kernels/ops.h"
-#include "model/config.h"
 #include "model/draft_vocab.h"
-#include "model/quant_tensors.h"
-#include "model/safetensors.h"
 #include "model/shard_plan.h"
 
 namespace tpdraft::model {
@@ -109,5 +109,10 @@ class DrafterWeights {
 
 // Every tensor name a drafter checkpoint must hold, with its full shape (docs/checkpoint.md).
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& cfg);
+
+// A share read from a checkpoint, as the kernels take it.
+inline kernels::QuantizedRows quantized_rows(const QuantShare& q) {
+  return {q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data()};
+}
 
 }  // namespace tpdraft::model

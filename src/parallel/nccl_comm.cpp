@@ -3,7 +3,7 @@
 // polls its stream and NCCL's asynchronous error state until the collective is done, and gives
 // up after TPDRAFT_NCCL_TIMEOUT_S seconds by aborting the communicator. Built with CUDA only,
 // except make_backend_comm, which every build has.
-#include "kernels/cuda/lazy_lib.h"
+#include "cuda/lazy_lib.h"
 #include "parallel/nccl_comm.h"
 
 #include <cstring>
@@ -70,8 +70,8 @@ AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_
 #include <vector>
 
 #include "core/log.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/runtime.h"
+#include "cuda/cuda_check.h"
+#include "cuda/runtime.h"
 
 namespace tpdraft::parallel {
 namespace {

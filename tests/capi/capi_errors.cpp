@@ -16,7 +16,7 @@
 
 #include "capi/capi_harness.h"
 #include "core/dtype.h"
-#include "model/random_checkpoint.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::capi_test {
 namespace {

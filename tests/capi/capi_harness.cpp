@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/random_checkpoint.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::capi_test {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
 #include "reference/reference.h"
 #include "support/rank.h"
 #include "support/test_support.h"

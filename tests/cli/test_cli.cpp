@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "core/files.h"
-#include "model/config.h"
-#include "model/safetensors.h"
 #include "reference/reference.h"
 #include "support/test_support.h"
 

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "core/files.h"
-#include "model/config.h"
-#include "model/random_checkpoint.h"
-#include "model/safetensors.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

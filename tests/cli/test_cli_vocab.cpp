@@ -15,9 +15,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "core/files.h"
 #include "model/draft_vocab.h"
-#include "model/safetensors.h"
 #include "reference/reference.h"
 #include "support/test_support.h"
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
 #include "core/error.h"
-#include "model/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tpdraft;

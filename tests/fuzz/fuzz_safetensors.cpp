@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 
 namespace {
 

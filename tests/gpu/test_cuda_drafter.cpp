@@ -21,18 +21,18 @@ TEST(CudaDrafter, NeedsTheCudaBackend) {
 #include <vector>
 
 #include "core/dtype.h"
+#include "engine/runtime.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/kernel_cases.h"
 #include "model/drafter.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
 #include "parallel/nccl_comm.h"
 #include "parallel/thread_comm.h"
 #include "support/draft_rounds.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "kernels/cuda/lazy_lib.h"
+#include "cuda/lazy_lib.h"
 #ifdef TPDRAFT_HAVE_NCCL
 #include <nccl.h>
 #endif

@@ -1,4 +1,4 @@
-// The device guard's policy (kernels/device_guard.h) against a model of the CUDA runtime: a fresh
+// The device guard's policy (cuda/device_guard.h) against a model of the CUDA runtime: a fresh
 // thread reports device 0 with no context; making a device current creates its context. Ranks on
 // GPUs 1..7 must never create a context on GPU 0, nested guards must switch only when the device
 // differs, a caller's active device is restored, and a failed switch back leaves no error behind.
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/device_guard.h"
+#include "cuda/device_guard.h"
 
 namespace tpdraft::kernels {
 namespace {

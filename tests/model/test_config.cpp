@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
 #include "core/error.h"
-#include "model/config.h"
 #include "support/test_support.h"
 
 namespace tpdraft::model {

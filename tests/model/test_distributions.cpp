@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "model/drafter.h"
-#include "model/random_checkpoint.h"
 #include "parallel/thread_comm.h"
 #include "reference/reference.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

@@ -16,16 +16,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
+#include "engine/runtime.h"
 #include "model/draft_vocab.h"
 #include "model/drafter.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
-#include "model/safetensors.h"
 #include "parallel/thread_comm.h"
 #include "reference/reference.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

@@ -13,16 +13,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
+#include "checkpoint/quant_config.h"
+#include "checkpoint/quant_tensors.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "model/config.h"
-#include "model/quant_config.h"
-#include "model/quant_tensors.h"
-#include "model/quantize.h"
-#include "model/random_checkpoint.h"
-#include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
 #include "support/test_support.h"
+#include "tools/quantize.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::model {
 namespace {

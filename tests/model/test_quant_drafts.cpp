@@ -18,16 +18,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/quant_tensors.h"
 #include "core/error.h"
+#include "engine/runtime.h"
 #include "model/drafter.h"
-#include "model/quant_tensors.h"
-#include "model/quantize.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
 #include "parallel/thread_comm.h"
 #include "reference/reference.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/quantize.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

@@ -13,10 +13,10 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 #include "support/test_support.h"
 
 namespace tpdraft::model {

@@ -1,5 +1,5 @@
 // Loading a rank's weights (src/model/weights.cpp) and making random ones
-// (src/model/random_checkpoint.cpp) from bad inputs: every tensor is checked before the first
+// (src/tools/random_checkpoint.cpp) from bad inputs: every tensor is checked before the first
 // allocation, a NaN or Inf is found where the rank copies it or where a row lookup reads it, and
 // random weights that cannot fit in memory are refused before anything is generated.
 #include <algorithm>
@@ -14,16 +14,16 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "engine/runtime.h"
 #include "kernels/ops.h"
-#include "model/config.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::model {
 namespace {

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime.h"
 #include "model/drafter.h"
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
 #include "parallel/mpi_comm.h"
 #include "support/draft_rounds.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

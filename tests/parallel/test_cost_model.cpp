@@ -11,10 +11,10 @@
 #include "kernels/ops.h"
 #include "model/cost.h"
 #include "model/drafter.h"
-#include "model/random_checkpoint.h"
 #include "parallel/thread_comm.h"
 #include "support/rank.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft {
 namespace {

@@ -10,8 +10,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 
 namespace tpdraft::reference {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 #include "reference/reference.h"
 #include "support/test_support.h"
 

@@ -4,9 +4,9 @@
 
 #include <memory>
 
-#include "model/random_checkpoint.h"
-#include "model/runtime.h"
+#include "engine/runtime.h"
 #include "support/rank.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::testing {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "checkpoint/config.h"
 #include "model/drafter.h"
 #include "parallel/communicator.h"
 

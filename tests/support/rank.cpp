@@ -2,9 +2,9 @@
 
 #include <vector>
 
-#include "model/random_checkpoint.h"
 #include "parallel/thread_comm.h"
 #include "support/test_support.h"
+#include "tools/random_checkpoint.h"
 
 namespace tpdraft::testing {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "engine/runtime.h"
 #include "model/drafter.h"
-#include "model/runtime.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::testing {

@@ -20,9 +20,9 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/safetensors.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::testing {

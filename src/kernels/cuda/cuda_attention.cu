@@ -13,8 +13,8 @@
 
 #include <cmath>
 
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/attention_geometry.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma.cuh"

@@ -5,7 +5,7 @@
 // rounding, not always bit for bit.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 

@@ -13,9 +13,9 @@
 #include <climits>
 #include <cmath>
 
-#include "kernels/cuda/lazy_lib.h"
 #include "core/error.h"
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_ops_impl.h"
 #include "kernels/ops_checks.h"

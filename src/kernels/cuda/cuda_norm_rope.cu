@@ -4,7 +4,7 @@
 // in double, their cos / sin rounded to f32, as the CPU does.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 

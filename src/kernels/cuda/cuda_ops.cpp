@@ -2,9 +2,9 @@
 // ops other than the GEMMs (cuda_gemm.cpp): checks as in the CPU twin, then the launchers.
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
-#include "kernels/cuda/lazy_lib.h"
-#include "kernels/ops_checks.h"
+#include "cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/ops_checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/attention_geometry.h"
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace tpdraft::kernels::cuda {

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/runtime.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/runtime.h"
 #include "kernels/ops.h"
 
 namespace tpdraft::kernels::cuda {

@@ -16,7 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma.cuh"

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/runtime.h"
 #include "kernels/cuda/cuda_ops_impl.h"
-#include "kernels/cuda/runtime.h"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {

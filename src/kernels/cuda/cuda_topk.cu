@@ -10,7 +10,7 @@
 // from the logits by id, so they equal them bit for bit.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/topk_keys.h"
 

@@ -3,7 +3,7 @@
 // variance each tensor kind needs (1/fan_in for projections, ~1 for norms and embeddings).
 // Sizes are checked against memory before anything is generated, and a checkpoint on disk is
 // written beside its destination and moved into place whole.
-#include "model/random_checkpoint.h"
+#include "tools/random_checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,13 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "core/thread_pool.h"
 #include "model/draft_vocab.h"
-#include "model/safetensors.h"
 #include "model/selection.h"
 #include "model/weights.h"
 

@@ -1,6 +1,6 @@
 // dlopen / dlsym behind TPDRAFT_LAZY: the library file found at configure time first, then its
 // soname on the loader's path.
-#include "kernels/cuda/lazy_lib.h"
+#include "cuda/lazy_lib.h"
 
 #include <dlfcn.h>
 

@@ -1,7 +1,7 @@
 // Safetensors reading and writing: a mapped file whose header is validated in full before any
 // tensor byte is touched, the store that resolves a model directory (index + shards, one file) and
 // the `model.` prefix, row / column slicing with dtype conversion, and an atomic writer.
-#include "model/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

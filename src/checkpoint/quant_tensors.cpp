@@ -1,5 +1,5 @@
 // Reading, making and packing quantized matrices (compressed-tensors pack-quantized and FP8).
-#include "model/quant_tensors.h"
+#include "checkpoint/quant_tensors.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,10 +1,10 @@
 // DeviceGuard, Workspace and the capture query (runtime.h).
-#include "kernels/cuda/runtime.h"
+#include "cuda/runtime.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace tpdraft::kernels::cuda {
 

@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ops.h"
-#include "model/quant_config.h"
-#include "model/safetensors.h"
-#include "model/shard_plan.h"
+#include "checkpoint/quant_config.h"
+#include "checkpoint/safetensors.h"
+#include "core/range.h"
 
 namespace tpdraft::model {
 
@@ -24,7 +23,6 @@ struct QuantShare {
   std::vector<int8_t> q;      // [rows, cols]
   std::vector<float> scales;  // [rows, cols / group]
 
-  kernels::QuantizedRows view() const { return {bits, rows, cols, group, q.data(), scales.data()}; }
   std::vector<float> dequantized() const;  // [rows, cols] q * scale, for tests and tools
 };
 

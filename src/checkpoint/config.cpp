@@ -1,6 +1,6 @@
 // config.json parsing for DFlash / DFlash 2 drafters: key fallbacks as docs/checkpoint.md lists them,
 // errors that name the file and the key.
-#include "model/config.h"
+#include "checkpoint/config.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
 // TensorStore over in-memory tensors: the same lookups and checks as for files, so the drafter
 // loads random benchmark weights through exactly the path real checkpoints take.
+#include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
-#include "model/safetensors.h"
 
 namespace tpdraft::model {
 

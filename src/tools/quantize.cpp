@@ -1,5 +1,5 @@
 // tpdraft quantize: plan, quantize each selected matrix whole, pack, write.
-#include "model/quantize.h"
+#include "tools/quantize.h"
 
 #include <cstring>
 #include <filesystem>
@@ -7,11 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/config.h"
+#include "checkpoint/quant_tensors.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/files.h"
-#include "model/config.h"
-#include "model/quant_tensors.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace tpdraft::model {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "model/quant_config.h"
+#include "checkpoint/quant_config.h"
 
 namespace tpdraft::model {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "core/dtype.h"
-#include "model/config.h"
-#include "model/safetensors.h"
 
 namespace tpdraft::model {
 

@@ -9,11 +9,11 @@
 #include <new>
 #include <vector>
 
-#include "kernels/device_guard.h"
+#include "cuda/device_guard.h"
 
 namespace tpdraft::kernels::cuda {
 
-// The CUDA calls of the device guard (kernels/device_guard.h).
+// The CUDA calls of the device guard (cuda/device_guard.h).
 struct CudaDeviceCalls {
   bool current(int* device);
   bool make_current(int device);
@@ -24,7 +24,7 @@ struct CudaDeviceCalls {
 CudaDeviceCalls& cuda_device_calls();
 
 // Makes `device` current on the calling thread for the guard's lifetime (ops may be called from
-// any thread, e.g. one per in-process rank), by the policy of kernels/device_guard.h.
+// any thread, e.g. one per in-process rank), by the policy of cuda/device_guard.h.
 class DeviceGuard : public BasicDeviceGuard<CudaDeviceCalls> {
  public:
   explicit DeviceGuard(int device) : BasicDeviceGuard(cuda_device_calls(), device) {}

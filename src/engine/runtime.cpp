@@ -1,5 +1,5 @@
 // Building a rank: ops -> shard plan -> weights -> device communicator -> drafter.
-#include "model/runtime.h"
+#include "engine/runtime.h"
 
 #include <algorithm>
 

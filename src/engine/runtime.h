@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/config.h"
+#include "checkpoint/safetensors.h"
 #include "kernels/ops.h"
-#include "model/config.h"
 #include "model/draft_vocab.h"
 #include "model/drafter.h"
-#include "model/safetensors.h"
 #include "model/shard_plan.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"

@@ -1,5 +1,5 @@
 // quantization_config (compressed-tensors) parsing and matching, and quantization plans.
-#include "model/quant_config.h"
+#include "checkpoint/quant_config.h"
 
 #include <algorithm>
 #include <regex>

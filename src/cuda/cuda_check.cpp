@@ -1,7 +1,7 @@
 // The failure paths of CUDA_CHECK, CUBLAS_CHECK and TPDRAFT_CHECK_LAUNCH: one message format
 // (call, file:line, device, the library's own words) for every CUDA error the library meets.
-#include "kernels/cuda/lazy_lib.h"
-#include "kernels/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/lazy_lib.h"
 
 #include <cstring>
 #include <string>

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "model/quant_config.h"
+#include "checkpoint/quant_config.h"
 
 namespace tpdraft::model {
 
