@@ -103,6 +103,17 @@ def verify_sampled(p, drafts, q, rng):
     return len(drafts), draw(p[-1], rng)
 
 
+def judge(judged, drafts, sampling, rng, q_rows):
+    """Verifies one block: judged holds the target's logits (greedy) or distributions at the anchor
+    and each draft; q_rows() the drafter's distributions (asked only when sampling). Returns the
+    accepted drafts' count and the target's next token."""
+    if sampling.greedy:
+        return verify_greedy(judged[:len(drafts) + 1], drafts)
+    if not drafts:
+        return 0, draw(judged[0], rng)
+    return verify_sampled(judged[:len(drafts) + 1], drafts, q_rows(), rng)
+
+
 def dense_rows(result, vocab):
     """The drafter's distribution of each draft row as [B-1, V], from what step() returned."""
     if "dist_ids" not in result:
@@ -243,11 +254,8 @@ class SpeculativeDecoder:
         """Verifies one block and commits its accepted drafts and the target's next token. judged:
         the target's logits (greedy) or distributions at the anchor and each draft; taps: its rows."""
         drafts = result["tokens"].tolist()
-        if self.sampling.greedy:
-            accepted, following = verify_greedy(judged, drafts)
-        else:
-            q = self.verify_q(dense_rows(result, self.caps.vocab_size))
-            accepted, following = verify_sampled(judged, drafts, q, rng)
+        accepted, following = judge(judged, drafts, self.sampling, rng,
+                                    lambda: self.verify_q(dense_rows(result, self.caps.vocab_size)))
         # The anchor and the accepted drafts are committed: their tap rows (from this forward) go
         # to the drafter next round. The session holds positions < anchor after this step.
         s.rows = taps[:accepted + 1].astype(np.float32)
@@ -372,13 +380,8 @@ class Engine:
         drafts = proposal.tokens.tolist()
         if self.cap and drafts:  # a bound drawn before looking at the drafts
             drafts = drafts[:int(self.rng.integers(len(drafts) + 1))]
-        if self.sampling.greedy:
-            accepted, following = verify_greedy(judged[:len(drafts) + 1], drafts)
-        elif not drafts:
-            accepted, following = 0, draw(judged[0], self.rng)
-        else:
-            q = self.verify_q(dense_rows(proposal_result(proposal), judged.shape[-1]))
-            accepted, following = verify_sampled(judged[:len(drafts) + 1], drafts, q, self.rng)
+        accepted, following = judge(judged, drafts, self.sampling, self.rng,
+                                    lambda: self.verify_q(dense_rows(proposal_result(proposal), judged.shape[-1])))
         job.tokens += drafts[:accepted] + [following]
         job.new_rows = taps[:accepted + 1].astype(np.float32)
         job.computed += accepted + 1
