@@ -86,6 +86,15 @@ class Records(unittest.TestCase):
         kept = sorted(records.dedupe(runs), key=lambda r: r.tp)
         self.assertEqual([(r.tp, r.draft_ms) for r in kept], [(1, 20.0), (2, 11.0)])
 
+    def test_roofline_ratio_from_the_record_or_from_its_ceilings(self):
+        r = run(roofline_ms=8.0, roofline_ratio=1.25)
+        self.assertEqual((r.roofline_ms, r.roofline_ratio), (8.0, 1.25))
+        # An older record: 1.5 GFLOP at 100 GFLOP/s is 15 ms, 0.5 GB at 10 GB/s is 50 ms; the draft took 10.
+        r = run()
+        self.assertAlmostEqual(r.roofline_ms, 50.0)
+        self.assertAlmostEqual(r.roofline_ratio, 0.2)
+        self.assertIsNone(run(machine_read_gbps=0.0).roofline_ratio)  # no ceilings, no roofline
+
     def test_measured_collectives_per_call(self):
         self.assertEqual(records.measured_collectives(run()),
                          [("all_reduce", 4.0, 1024.0), ("all_gather", 1.0, 480.0), ("broadcast", 2.0, 180.0)])
@@ -329,6 +338,33 @@ class Reports(unittest.TestCase):
         self.assertAlmostEqual(eff, 100 * 10 / 12)
         self.assertAlmostEqual(eff_lo, 100 * 10 / 15)  # the slow end of the spread
         self.assertAlmostEqual(comm, 100 * 0.5 / 6)
+
+    def test_every_table_has_the_roofline_ratio(self):
+        strong = report.strong_rows([run(tp=1, draft_ms=10.0, roofline_ms=8.0, roofline_ratio=1.25),
+                                     run(tp=2, draft_ms=6.0)])  # an older record: 6 ms / 50 ms
+        self.assertEqual([r["roofline_ratio"] for r in strong], [1.25, 0.12])
+        lines = report.strong_table(strong).splitlines()
+        self.assertTrue(lines[0].endswith("| context/rank | roofline ratio |"), lines[0])
+        self.assertTrue(lines[2].endswith("| 1.25 |") and lines[3].endswith("| 0.12 |"), lines[2:])
+        weak = report.weak_table(report.weak_rows([run(tp=1, sessions=1, roofline_ratio=1.5),
+                                                   run(tp=2, sessions=2, roofline_ratio=1.75)])).splitlines()
+        self.assertTrue(weak[2].endswith("| 1.50 |") and weak[3].endswith("| 1.75 |"), weak)
+
+    def test_context_sweep_rows_by_context(self):
+        runs = [run(tp=1, context=32768, draft_ms=193.9, roofline_ms=157.5, roofline_ratio=193.9 / 157.5,
+                    context_bytes_per_rank=168e6),
+                run(tp=1, context=1024, draft_ms=20.0, roofline_ms=16.0, roofline_ratio=1.25),
+                run(tp=2, context=1024)]  # a single context at tp = 2: no sweep
+        series = report.context_series(runs)
+        self.assertEqual(list(series), [("x", "cpu", 1, 2, 1)])
+        rows = report.context_rows(series[("x", "cpu", 1, 2, 1)])
+        self.assertEqual([r["context"] for r in rows], [1024, 32768])
+        table = report.context_table(rows).splitlines()
+        self.assertEqual(table[2], "| 1024 | 20 | 6 | 3 | 0.5 | 195 KiB | 16 | 1.25 |")
+        self.assertEqual(table[3], "| 32768 | 194 | 6 | 3 | 0.5 | 160 MiB | 158 | 1.23 |")
+        md = "\n".join(report.sections({}, {}, {report.context_title(k): rows for k in series}))
+        self.assertIn("## Context sweep", md)
+        self.assertIn("### x cpu tp=1 b=2 thr=1", md)
 
     def test_projected_series_keeps_one_group_per_tp(self):
         pts = [{"config": "c", "context": 1, "sessions": 1, "tp": t, "replicas": r, "total_ms": 1.0 / t + 0.1,
