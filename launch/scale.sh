@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Scaling sweep: the same draft at tp = 1, 2, 4, ... (MPI ranks on CPU cores, or one rank per GPU),
 # for each config, context length and session count, one JSON record per run in OUT/records.jsonl;
-# then the scaling tables and plots, the multi-GPU projection and the large-vocabulary study (whose
-# tp >= 2 points also run with the full logits all-gathered, to measure that exchange too).
+# then the scaling tables (each row with its roofline ratio; a context sweep when --ctx lists several)
+# and plots, the multi-GPU projection (long contexts to 131072 included) and the large-vocabulary
+# study (whose tp >= 2 points also run with the full logits all-gathered, to measure that exchange).
 set -euo pipefail
 
 usage() {
@@ -11,8 +12,8 @@ Usage: launch/scale.sh --out DIR [options]
 
 Runs `tpdraft bench` at every tp (MPI ranks, one per core or per GPU), appends one JSON line per
 run to DIR/records.jsonl (the bench result plus the run's parameters and the machine), then
-writes DIR/scaling.md (+ PNG plots: measured beside projected), DIR/projection.md/.json and
-DIR/vocab.md/.json. Each record also holds the machine's load around its run; runs on a machine
+writes DIR/scaling.md (+ PNG plots: measured beside projected), DIR/projection.md/.json (with
+the long-context table: contexts to 131072 on one H200 and at tp 2, 4, 8) and DIR/vocab.md/.json. Each record also holds the machine's load around its run; runs on a machine
 that was not idle are marked in the reports. The reports take bytes, work and collectives from
 `tpdraft info --json`, so --report-only needs the binary too.
 
@@ -20,7 +21,9 @@ that was not idle are marked in the reports. The reports take bytes, work and co
   --configs LIST     comma list of drafter configs (default: configs/bench-dflash2-2048.json)
   --tp LIST          tensor-parallel sizes (default: 1, 2, 4, ... up to the cores, or the GPUs);
                      a size the geometry cannot shard is skipped with a message
-  --ctx LIST         context rows per session (default: 1024)
+  --ctx LIST         context rows per session (default: 1024), e.g. 1024,8192,32768,131072; with two
+                     or more, scaling.md adds the context sweep (every table has each run's roofline
+                     ratio: its draft time over the roofline it measured)
   --batch LIST       sessions per draft for strong scaling (default: 1)
   --no-weak          skip the weak-scaling runs (by default each batch b also runs b*tp sessions at tp)
   --threads N        CPU threads per rank (default: 1)

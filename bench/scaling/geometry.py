@@ -148,6 +148,31 @@ def work(answer):
     return Work(d["flops"], d["weight_bytes"], d["context_bytes"])
 
 
+# Bytes of one cached K or V element: the f32 cache the program holds by default, and --kv-dtype bf16.
+KV_ELEMENT_BYTES = {"f32": 4, "bf16": 2}
+
+Attention = namedtuple("Attention", "kv_heads q_heads kv_bytes flops")
+
+
+def attention(answer, kv_element_bytes=KV_ELEMENT_BYTES["f32"]):
+    """Rank 0's share of the attention of one draft at the answer's context: the kv and q heads its
+    plan holds, the K/V bytes it reads and the attention FLOPs (scores and weighted sum) it does.
+    Each rank holds Nk / tp kv heads, or one (replicated: tp / Nk ranks share it) when tp > Nk,
+    so its K/V bytes are 1/tp of the whole up to tp = Nk and then stay at 1/Nk; its q heads are
+    always Nq / tp, and so its attention FLOPs are 1/tp of the whole. Per layer a row sees the context (at most the
+    window in a sliding layer) and the block: K/V bytes = sessions x keys x 2 x kv heads x
+    head_dim x element bytes; FLOPs = 2 x 2 x sessions x B x q heads x head_dim x (keys + B)."""
+    g, plan = answer["geometry"], rank(answer)["plan"]
+    kv_heads, q_heads = plan["kv_heads"][1] - plan["kv_heads"][0], plan["q_heads"][1] - plan["q_heads"][0]
+    sessions, ctx, b, d = answer["sessions"], answer["context"], g["block"], g["head_dim"]
+    kv_bytes = flops = 0
+    for sliding in g["sliding"][:g["layers"]]:
+        keys = min(ctx, g["window"]) if sliding else ctx
+        kv_bytes += sessions * keys * 2 * kv_heads * d * kv_element_bytes
+        flops += 2 * 2 * sessions * b * q_heads * d * (keys + b)
+    return Attention(kv_heads, q_heads, kv_bytes, flops)
+
+
 def total_bytes(w):
     return w.weight_bytes + w.context_bytes
 

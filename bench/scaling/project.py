@@ -2,7 +2,8 @@
 """Projects the per-draft latency on multi-GPU systems (OUT/projection.md, .json): T(tp) = compute +
 comm, compute from measurements (GPU records, else CPU records carried to a GPU roofline), comm
 from the alpha-beta model of comm-model.json over the collectives `tpdraft info --json` counts;
-and the same model beside this machine's CPU MPI runs."""
+the floor of long contexts (to 131072) on one GPU and at tp 2, 4, 8, where each rank holds 1/tp
+of the kv heads; and the same model beside this machine's CPU MPI runs."""
 
 import argparse
 import os
@@ -40,6 +41,9 @@ def parse_args(argv):
                    help="comma list of --quant presets projected beside the float weights ('none': skip)")
     p.add_argument("--draft-vocab", default="32000",
                    help="comma list of draft vocabulary sizes N projected beside the full head ('none': skip)")
+    p.add_argument("--long-ctx", default="4096,8192,16384,32768,65536,131072",
+                   help="comma list of contexts of the long-context table ('none': skip it)")
+    p.add_argument("--long-tp", type=tb.ints, default="1,2,4,8", help="tp values of the long-context table (one node)")
     return p.parse_args(argv)
 
 
@@ -151,6 +155,69 @@ def project_draft_vocab(s, config, ctx, sessions, rows, sizes):
             for r in rows if "skipped" not in r]
 
 
+def long_context_points(s, config, sessions, contexts, tps):
+    """The floor of one draft at long contexts, tp GPUs in one node: per rank its kv heads, K/V
+    bytes and attention FLOPs (geometry.attention: 1/tp of the kv heads, replicated past Nk), its
+    weights and all its FLOPs (`tpdraft info --json`), the GPU roofline of those with an f32 and a
+    bf16 cache, and the draft's collectives on the intra-node fabric. No measurement enters: the
+    floor is a lower bound."""
+    rows = []
+    for ctx in contexts:
+        for tp in tps:
+            try:
+                answer = s.info.query(config, tp, sessions, ctx, s.dtype)
+            except geometry.NotShardable as e:
+                rows.append({"context": ctx, "tp": tp, "skipped": str(e)})
+                continue
+            w = geometry.work(answer)
+            att = {k: geometry.attention(answer, b) for k, b in geometry.KV_ELEMENT_BYTES.items()}
+            floor = {k: compute.roofline_s(geometry.Work(w.flops, w.weight_bytes, a.kv_bytes), s.machine) * 1e3
+                     for k, a in att.items()}
+            comm = cm.comm_time(geometry.collectives(answer), tp, s.intra["value"]) * 1e3
+            held = geometry.rank(answer)["bytes"]
+            rows.append({
+                "context": ctx, "tp": tp, "kv_heads": att["f32"].kv_heads, "q_heads": att["f32"].q_heads,
+                "kv_bytes": {k: a.kv_bytes for k, a in att.items()}, "attention_flops": att["f32"].flops,
+                "flops": w.flops, "weight_bytes": w.weight_bytes,
+                "memory_bytes": held["total"] + sessions * ctx * held["context_per_position"],
+                "floor_ms": floor, "comm_ms": comm, "total_ms": {k: f + comm for k, f in floor.items()},
+                "bound": "FLOPs" if w.flops / s.machine.flops > (w.weight_bytes + att["f32"].kv_bytes) / s.machine.bw
+                         else "bytes"})
+    return rows
+
+
+def f32_to_bf16(d, fmt):
+    """A cell of both caches: "f32 value → bf16 value"."""
+    return f"{fmt(d['f32'])} → {fmt(d['bf16'])}"
+
+
+def long_context_table(rows):
+    header = ["context", "tp", "kv heads / rank", "K/V GB / rank, f32 → bf16", "attention GFLOP / rank",
+              "GFLOP / rank", "weights GB / rank", "held GB / rank (f32 cache)", "floor ms, f32 → bf16", "comm ms",
+              "total ms, f32 → bf16", "bound by"]
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            out.append([r["context"], r["tp"]] + ["–"] * (len(header) - 3) + [f"not shardable: {r['skipped']}"])
+            continue
+        out.append([r["context"], r["tp"], r["kv_heads"], f32_to_bf16(r["kv_bytes"], lambda x: f"{x / 1e9:.3f}"),
+                    f"{r['attention_flops'] / 1e9:.2f}", f"{r['flops'] / 1e9:.1f}", f"{r['weight_bytes'] / 1e9:.3f}",
+                    f"{r['memory_bytes'] / 1e9:.2f}", f32_to_bf16(r["floor_ms"], tb.fmt_ms), tb.fmt_ms(r["comm_ms"]),
+                    f32_to_bf16(r["total_ms"], tb.fmt_ms), r["bound"]])
+    return tb.md_table(header, out)
+
+
+def long_context_lines(s, name, sessions, rows):
+    m = s.machine
+    return [f"## {name}: long contexts on {m.label} GPUs, {sessions} session(s) per draft (PROJECTED)", "",
+            f"The floor of one draft: max(FLOPs / {m.flops / 1e12:.0f} TFLOP/s, bytes / {m.bw / 1e12:.3g} TB/s) per "
+            f"rank ({m.source}), plus the collectives on {s.intra['value'].describe()} "
+            f"({s.intra['value'].source.rstrip('.')}). Weights and FLOPs per rank from `tpdraft info --json --ctx N "
+            "--tp T`; K/V bytes and attention FLOPs per rank from the rank's kv and q heads: each rank holds 1/tp "
+            "of the kv heads (one, shared by tp / Nk ranks, when tp > Nk) and 1/tp of the q heads. A lower bound: "
+            "no measured efficiency enters.", "", long_context_table(rows), ""]
+
+
 def draft_vocab_table(points, sizes):
     header = ["layout", "tp", "full head ms"] + [f"draft vocabulary {n} ms" for n in sizes]
     body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["full"])]
@@ -250,7 +317,8 @@ def main(argv=None):
     md = header_lines(a, params, machine, cpu_fab)
     out = {"params": a.params, "gpu": machine.label, "span_nodes": a.span_nodes,
            "cpu_fabric": {"alpha_us": cpu_fab.alpha["all_reduce"] * 1e6, "bw_GBps": cpu_fab.bw / 1e9, "source": cpu_fab.source},
-           "gpu_points": [], "cpu_points": [], "quant_points": [], "draft_vocab_points": []}
+           "gpu_points": [], "cpu_points": [], "quant_points": [], "draft_vocab_points": [], "long_context_points": []}
+    long_ctx = [] if a.long_ctx == "none" else tb.ints(a.long_ctx)
     for path in paths:
         name = geometry.config_name(path)
         mine = [r for r in runs if r.config_name == name]
@@ -284,6 +352,11 @@ def main(argv=None):
                     md += ["### The same model on this machine's CPU MPI ranks", "", cpu_table(crow), "",
                            clegend.markdown(), ""]
                     out["cpu_points"] += [{**where, **r} for r in crow]
+        if long_ctx:  # at the fewest sessions of the other tables
+            b = min(a.sessions or {r.sessions for r in mine} or {1})
+            lrows = long_context_points(s, path, b, long_ctx, a.long_tp)
+            md += long_context_lines(s, name, b, lrows)
+            out["long_context_points"] += [{"config": name, "sessions": b, **r} for r in lrows]
     tb.emit_report("\n".join(md), out, a.out, "projection")
     return 0
 

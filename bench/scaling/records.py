@@ -16,7 +16,8 @@ OPS = ("all_reduce", "all_gather", "broadcast")
 COPIED = {k: k for k in (
     "tp sessions context threads backend communicator dtype draft_ms draft_ms_p10 draft_ms_p90 "
     "layers_ms head_ms select_ms draft_gflop draft_gbytes machine_read_gbps machine_gemm_gflops "
-    "gather_logits study vocab_size nproc cpu_model hostname gpu_name load hosts note").split()}
+    "roofline_ms roofline_ratio gather_logits study vocab_size nproc cpu_model hostname gpu_name load hosts "
+    "note").split()}
 COPIED.update(weights_bytes="weights_bytes_per_rank", context_bytes="context_bytes_per_rank")
 # Bench keys the derived fields come from.
 CONFIG, TOKENS = "config", "tokens"
@@ -57,6 +58,8 @@ class Run:
     draft_gbytes: float = 0.0
     machine_read_gbps: float = 0.0
     machine_gemm_gflops: float = 0.0
+    roofline_ms: float = None  # the draft's work at the ceilings the run measured (max of FLOPs, bytes)
+    roofline_ratio: float = None  # draft_ms / roofline_ms
     draft_tokens: int = 0  # tokens session 0 drafted (B - 1)
     gather_logits: bool = False
     study: str = "strong"
@@ -88,11 +91,25 @@ def run_from_json(d):
     # Each collective's per-draft counters: bench keys OP_calls and OP_bytes.
     kw["collectives"] = {op: (d.get(f"{op}_calls") or 0, d.get(f"{op}_bytes") or 0) for op in OPS}
     kw["draft_tokens"] = len(d.get(TOKENS) or [])
+    if "roofline_ratio" not in kw:  # records older than the key: the bench's formula over its own fields
+        kw.update(roofline(kw))
     over = d.get(OVERSUBSCRIBED)
     if over is None:  # records older than the flag
         over = bool(kw.get("nproc")) and kw.get("tp", 1) * kw.get("threads", 1) > kw["nproc"]
     kw["oversubscribed"] = bool(over)
     return Run(**kw)
+
+
+def roofline(kw):
+    """{roofline_ms, roofline_ratio} of a record without them, as `tpdraft bench` computes them: the
+    larger of its FLOPs at the GEMM rate and its bytes at the read rate it measured; {} when the
+    record lacks the ceilings."""
+    gflop, gbytes = kw.get("draft_gflop", 0.0), kw.get("draft_gbytes", 0.0)
+    gemm, read = kw.get("machine_gemm_gflops", 0.0), kw.get("machine_read_gbps", 0.0)
+    if not (gemm > 0 and read > 0 and (gflop > 0 or gbytes > 0)):
+        return {}
+    ms = max(gflop / gemm, gbytes / read) * 1e3
+    return {"roofline_ms": ms, "roofline_ratio": kw.get("draft_ms", 0.0) / ms}
 
 
 def read_runs(path):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Scaling tables and plots from the records of launch/scale.sh: strong scaling (latency, speedup,
-efficiency T1/(tp·Ttp), comm share) and weak scaling, runs marked when their spread or load says
-the machine was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, the plots
+efficiency T1/(tp·Ttp), comm share), weak scaling and the context sweep, every row with its
+roofline ratio (draft time over the roofline the run measured), runs marked when their spread or
+load says the machine was not idle. Writes OUT/scaling.md, OUT/scaling.json and, with gnuplot, the plots
 of plots.py (measured beside the projection of --projection)."""
 
 import argparse
@@ -35,6 +36,17 @@ def weak_series(runs):
     return {k: v for k, v in series.items() if len(v) > 1 and v[0].tp == 1}
 
 
+def context_series(runs):
+    """{(config, backend, tp, sessions, threads): [runs by context]} with at least two contexts."""
+    groups = records.group_by(runs, lambda r: (r.config_name, r.backend, r.tp, r.sessions, r.threads))
+    return {k: sorted(v, key=lambda r: r.context) for k, v in sorted(groups.items()) if len({r.context for r in v}) > 1}
+
+
+def context_title(key):
+    config, backend, tp, b, threads = key
+    return f"{config} {backend} tp={tp} b={b} thr={threads}"
+
+
 def coll_cell(run, op):
     calls, nbytes = run.collectives.get(op, (0, 0))
     return f"{calls:g} x {tb.fmt_bytes(nbytes / calls)}" if calls else "–"
@@ -43,7 +55,7 @@ def coll_cell(run, op):
 def timing(r):
     """The fields of a strong and a weak row alike: the machine and the draft's times."""
     return {"oversubscribed": r.oversubscribed, "shared": records.shared_reasons(r), "note": r.note,
-            "draft_ms": r.draft_ms,
+            "draft_ms": r.draft_ms, "roofline_ms": r.roofline_ms, "roofline_ratio": r.roofline_ratio,
             "p10": r.draft_ms_p10, "p90": r.draft_ms_p90, "compute_ms": r.compute_ms, "comm_ms": r.comm_ms}
 
 
@@ -67,13 +79,22 @@ def weak_rows(series):
              "tokens_per_s": r.sessions * (r.draft_tokens or 1) * 1e3 / r.draft_ms} for r in series]
 
 
-def tp_cell(r, notes):
-    """The tp column: a footnote mark when the machine was not idle or the run has a note (the
-    reasons go under the table)."""
+def context_rows(series):
+    return [{"context": r.context, "tp": r.tp, **timing(r), "layers_ms": r.layers_ms, "head_ms": r.head_ms,
+             "context_bytes": r.context_bytes} for r in series]
+
+
+def ratio_cell(x):
+    return "–" if x is None else f"{x:.2f}"
+
+
+def tp_cell(r, notes, key="tp"):
+    """The first column (tp, or the context): a footnote mark when the machine was not idle or the
+    run has a note (the reasons go under the table)."""
     if not r["shared"]:
-        return f"{r['tp']}"
-    notes.append(f"tp = {r['tp']}: " + "; ".join(r["shared"]))
-    return f"{r['tp']} ({r['note'] or 'not idle'}{'*' * len(notes)})"
+        return f"{r[key]}"
+    notes.append(f"{key} = {r[key]}: " + "; ".join(r["shared"]))
+    return f"{r[key]} ({r['note'] or 'not idle'}{'*' * len(notes)})"
 
 
 def with_notes(table, notes):
@@ -82,7 +103,7 @@ def with_notes(table, notes):
 
 def strong_table(rows):
     header = ["tp", "draft ms (median)", "p10–p90", "compute ms", "comm ms", "speedup", "efficiency", "comm share",
-              "layers / head / select ms", "all-reduce", "all-gather", "broadcast", "weights/rank", "context/rank"]
+              "layers / head / select ms", "all-reduce", "all-gather", "broadcast", "weights/rank", "context/rank", "roofline ratio"]
     out, notes = [], []
     for r in rows:
         spread = f"{tb.fmt_ms(r['p10'])}–{tb.fmt_ms(r['p90'])}" if r["p10"] is not None else "–"
@@ -90,17 +111,27 @@ def strong_table(rows):
         out.append([tp_cell(r, notes), tb.fmt_ms(r["draft_ms"]), spread, tb.fmt_ms(r["compute_ms"]),
                     tb.fmt_ms(r["comm_ms"]), f"{r['speedup']:.2f}", tb.fmt_pct(r["efficiency"]),
                     tb.fmt_pct(r["comm_share"]), phases, r["all_reduce"], r["all_gather"], r["broadcast"],
-                    r["weights"], r["context"]])
+                    r["weights"], r["context"], ratio_cell(r["roofline_ratio"])])
     return with_notes(tb.md_table(header, out), notes)
 
 
 def weak_table(rows):
     header = ["tp", "sessions", "draft ms (median)", "compute ms", "comm ms", "weak efficiency", "comm share",
-              "draft tokens/s"]
+              "draft tokens/s", "roofline ratio"]
     notes = []
     out = [[tp_cell(r, notes), r["sessions"], tb.fmt_ms(r["draft_ms"]), tb.fmt_ms(r["compute_ms"]),
             tb.fmt_ms(r["comm_ms"]), tb.fmt_pct(r["efficiency"]), tb.fmt_pct(r["comm_share"]),
-            f"{r['tokens_per_s']:.0f}"] for r in rows]
+            f"{r['tokens_per_s']:.0f}", ratio_cell(r["roofline_ratio"])] for r in rows]
+    return with_notes(tb.md_table(header, out), notes)
+
+
+def context_table(rows):
+    header = ["context", "draft ms (median)", "layers ms", "head ms", "comm ms", "context/rank", "roofline ms",
+              "roofline ratio"]
+    notes = []
+    out = [[tp_cell(r, notes, "context"), tb.fmt_ms(r["draft_ms"]), tb.fmt_ms(r["layers_ms"]), tb.fmt_ms(r["head_ms"]),
+            tb.fmt_ms(r["comm_ms"]), tb.fmt_bytes(r["context_bytes"]), tb.fmt_ms(r["roofline_ms"]),
+            ratio_cell(r["roofline_ratio"])] for r in rows]
     return with_notes(tb.md_table(header, out), notes)
 
 
@@ -132,10 +163,12 @@ def intro(runs):
             "at tp ranks, efficiency = T(1, b)/T(tp, tp·b). A run is marked \"not idle\" when its p10–p90 spread "
             f"exceeds {records.SPREAD_LIMIT:.0%} of its median, other processes kept more than "
             f"{records.OTHER_CORES_LIMIT} cores busy during it, more than {records.STEAL_LIMIT:.0%} of the CPU time "
-            "was stolen, or its ranks were oversubscribed (see docs/scaling.md).", ""]
+            "was stolen, or its ranks were oversubscribed (see docs/scaling.md). Roofline ratio = draft time / the "
+            "run's roofline (the larger of its FLOPs at the GEMM rate and its bytes at the read bandwidth the run "
+            "measured, `roofline_ms` of `tpdraft bench --json`): 1 is the floor of this machine.", ""]
 
 
-def sections(strong, weak):
+def sections(strong, weak, contexts):
     md = ["## Strong scaling", ""]
     for title, rows in strong.items():
         md += [f"### {title}", ""]
@@ -149,6 +182,11 @@ def sections(strong, weak):
         md += [f"### {title}", "", weak_table(rows), ""]
     if not weak:
         md += ["(no series with b·tp sessions at several tp, from tp = 1)", ""]
+    if contexts:
+        md += ["## Context sweep", "", "The same draft at each context (scale.sh --ctx LIST): how far the context "
+               "pushes it past the weights, and how close each run came to its roofline.", ""]
+    for title, rows in contexts.items():
+        md += [f"### {title}", "", context_table(rows), ""]
     return md
 
 
@@ -164,7 +202,8 @@ def main(argv=None):
         raise SystemExit(f"report.py: {a.records} holds no scaling records")
     strong = {series_title(k): strong_rows(v) for k, v in strong_series(runs).items()}
     weak = {series_title(k, True): weak_rows(v) for k, v in weak_series(runs).items()}
-    md = intro(runs) + sections(strong, weak)
+    contexts = {context_title(k): context_rows(v) for k, v in context_series(runs).items()}
+    md = intro(runs) + sections(strong, weak, contexts)
     if a.out:
         projection = tb.read_json(a.projection) if a.projection and os.path.isfile(a.projection) else None
         shared = sum(1 for r in runs if records.shared_reasons(r))
@@ -174,7 +213,9 @@ def main(argv=None):
                    "marked PROJECTED. Error bars: the p10–p90 spread of the measured drafts, the parameter ranges of "
                    "the projection. Dotted: ideal scaling.", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
     tb.emit_report("\n".join(md), {"strong": [{"series": k, "rows": v} for k, v in strong.items()],
-                                   "weak": [{"series": k, "rows": v} for k, v in weak.items()]}, a.out, "scaling")
+                                   "weak": [{"series": k, "rows": v} for k, v in weak.items()],
+                                   "contexts": [{"series": k, "rows": v} for k, v in contexts.items()]},
+                   a.out, "scaling")
     return 0
 
 

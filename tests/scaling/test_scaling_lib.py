@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Unit tests of the pure functions of bench/scaling: reading records and judging the machine's
 load, the alpha-beta model and its fit, the compute estimates, reading `tpdraft info --json`
-answers, the tables and the plot data. Runs in a second; with TPDRAFT_BIN set, one tiny
-`tpdraft info` call checks the Info wrapper too."""
+answers, the long-context projection's split of the kv heads, the tables and the plot data. Runs
+in a second; with TPDRAFT_BIN set, a few tiny `tpdraft info` calls check the Info wrapper and the
+long-context projection against the program too."""
 
 import json
 import os
@@ -86,6 +87,15 @@ class Records(unittest.TestCase):
         kept = sorted(records.dedupe(runs), key=lambda r: r.tp)
         self.assertEqual([(r.tp, r.draft_ms) for r in kept], [(1, 20.0), (2, 11.0)])
 
+    def test_roofline_ratio_from_the_record_or_from_its_ceilings(self):
+        r = run(roofline_ms=8.0, roofline_ratio=1.25)
+        self.assertEqual((r.roofline_ms, r.roofline_ratio), (8.0, 1.25))
+        # An older record: 1.5 GFLOP at 100 GFLOP/s is 15 ms, 0.5 GB at 10 GB/s is 50 ms; the draft took 10.
+        r = run()
+        self.assertAlmostEqual(r.roofline_ms, 50.0)
+        self.assertAlmostEqual(r.roofline_ratio, 0.2)
+        self.assertIsNone(run(machine_read_gbps=0.0).roofline_ratio)  # no ceilings, no roofline
+
     def test_measured_collectives_per_call(self):
         self.assertEqual(records.measured_collectives(run()),
                          [("all_reduce", 4.0, 1024.0), ("all_gather", 1.0, 480.0), ("broadcast", 2.0, 180.0)])
@@ -156,6 +166,64 @@ def answer(tp, sessions=2, flops=1e9, weight_bytes=4e8, context_bytes=1e8, dflas
             "collectives": coll}
     return {"tp": tp, "sessions": sessions, "context": 256, "dflash2": dflash2, "vocab_padded": 1000,
             "geometry": {"block": 16, "selector_top_k": 4}, "ranks": [rank] * tp}
+
+
+def small_answer(tp, context):
+    """The answer `tpdraft info --json` gives for bench/scaling/small-dflash2-512.json (8 q heads,
+    4 kv heads, head_dim 64, a sliding layer of window 512 and a full one, block 16), one session:
+    only the fields geometry.attention reads, each rank's heads as the shard plan splits them."""
+    def heads(n, r):
+        per = n // tp if n >= tp else 1
+        first = r * per if n >= tp else r * n // tp
+        return [first, first + per]
+    ranks = [{"plan": {"q_heads": heads(8, r), "kv_heads": heads(4, r)}} for r in range(tp)]
+    return {"tp": tp, "sessions": 1, "context": context, "ranks": ranks,
+            "geometry": {"layers": 2, "q_heads": 8, "kv_heads": 4, "head_dim": 64, "block": 16, "window": 512,
+                         "sliding": [True, False]}}
+
+
+# Per rank at context 4096 by hand: the sliding layer sees 512 keys, the full one 4096, 4608 in
+# all. K/V bytes, f32: 4608 keys x 2 (K, V) x 64 x 4 bytes = 2359296 per kv head, times the rank's kv
+# heads: 4, 2, 1 at tp 1, 2, 4 and still 1 at tp 8 (two ranks share each). FLOPs: 2 x 2 x 16 rows x
+# 64 x ((512 + 16) + (4096 + 16)) = 19005440 per q head, times the rank's q heads 8 / tp.
+HAND_KV_BYTES = {1: 4 * 2359296, 2: 2 * 2359296, 4: 2359296, 8: 2359296}
+HAND_ATTENTION_FLOPS = {tp: 8 // tp * 19005440 for tp in (1, 2, 4, 8)}
+
+
+class LongContexts(unittest.TestCase):
+    def test_each_rank_holds_its_share_of_the_kv_heads(self):
+        for tp in (1, 2, 4, 8):
+            a = geometry.attention(small_answer(tp, 4096))
+            self.assertEqual((a.kv_heads, a.q_heads), ({1: 4, 2: 2, 4: 1, 8: 1}[tp], 8 // tp), tp)
+            self.assertEqual(a.kv_bytes, HAND_KV_BYTES[tp], tp)
+            self.assertEqual(a.flops, HAND_ATTENTION_FLOPS[tp], tp)
+            self.assertEqual(geometry.attention(small_answer(tp, 4096), 2).kv_bytes, HAND_KV_BYTES[tp] // 2)
+        # Past the window only the full layer grows: 131072 + 512 keys.
+        self.assertEqual(geometry.attention(small_answer(2, 131072)).kv_bytes, (131072 + 512) * 2 * 2 * 64 * 4)
+
+    @unittest.skipUnless(os.environ.get("TPDRAFT_BIN"), "TPDRAFT_BIN not set")
+    def test_projection_per_rank_against_the_hand_count_and_the_program(self):
+        gpu = compute.Machine("G", 989e12, 4300e9)
+        fabric = {"value": cm.Fabric("nv", 20e-6, 370e9, "test")}
+        s = project.Setting({}, [], geometry.Info(os.environ["TPDRAFT_BIN"]), gpu, fabric, fabric, {}, False, "bf16")
+        config = os.path.join(REPO, "bench", "scaling", "small-dflash2-512.json")
+        rows = project.long_context_points(s, config, 1, [4096], [1, 2, 4, 8])
+        self.assertEqual([r["tp"] for r in rows], [1, 2, 4, 8])
+        for r in rows:
+            tp = r["tp"]
+            self.assertEqual(r["kv_bytes"], {"f32": HAND_KV_BYTES[tp], "bf16": HAND_KV_BYTES[tp] // 2}, tp)
+            self.assertEqual(r["attention_flops"], HAND_ATTENTION_FLOPS[tp], tp)
+            # The program counts the same context bytes (its cache is f32) and the attention inside its FLOPs.
+            answer = s.info.query(config, tp, 1, 4096)
+            self.assertEqual(geometry.work(answer).context_bytes, HAND_KV_BYTES[tp], tp)
+            self.assertGreater(r["flops"], r["attention_flops"])
+            want = max(r["flops"] / 989e12, (r["weight_bytes"] + HAND_KV_BYTES[tp]) / 4300e9) * 1e3
+            self.assertAlmostEqual(r["floor_ms"]["f32"], want, tp)
+            self.assertEqual(r["comm_ms"] == 0, tp == 1)
+            self.assertAlmostEqual(r["total_ms"]["bf16"], r["floor_ms"]["bf16"] + r["comm_ms"])
+        table = project.long_context_table(rows).splitlines()
+        self.assertTrue(table[2].startswith("| 4096 | 1 | 4 | 0.009 → 0.005 | 0.15 | "), table[2])
+        self.assertTrue(table[5].startswith("| 4096 | 8 | 1 | 0.002 → 0.001 | 0.02 | "), table[5])
 
 
 class FakeInfo:
@@ -329,6 +397,33 @@ class Reports(unittest.TestCase):
         self.assertAlmostEqual(eff, 100 * 10 / 12)
         self.assertAlmostEqual(eff_lo, 100 * 10 / 15)  # the slow end of the spread
         self.assertAlmostEqual(comm, 100 * 0.5 / 6)
+
+    def test_every_table_has_the_roofline_ratio(self):
+        strong = report.strong_rows([run(tp=1, draft_ms=10.0, roofline_ms=8.0, roofline_ratio=1.25),
+                                     run(tp=2, draft_ms=6.0)])  # an older record: 6 ms / 50 ms
+        self.assertEqual([r["roofline_ratio"] for r in strong], [1.25, 0.12])
+        lines = report.strong_table(strong).splitlines()
+        self.assertTrue(lines[0].endswith("| context/rank | roofline ratio |"), lines[0])
+        self.assertTrue(lines[2].endswith("| 1.25 |") and lines[3].endswith("| 0.12 |"), lines[2:])
+        weak = report.weak_table(report.weak_rows([run(tp=1, sessions=1, roofline_ratio=1.5),
+                                                   run(tp=2, sessions=2, roofline_ratio=1.75)])).splitlines()
+        self.assertTrue(weak[2].endswith("| 1.50 |") and weak[3].endswith("| 1.75 |"), weak)
+
+    def test_context_sweep_rows_by_context(self):
+        runs = [run(tp=1, context=32768, draft_ms=193.9, roofline_ms=157.5, roofline_ratio=193.9 / 157.5,
+                    context_bytes_per_rank=168e6),
+                run(tp=1, context=1024, draft_ms=20.0, roofline_ms=16.0, roofline_ratio=1.25),
+                run(tp=2, context=1024)]  # a single context at tp = 2: no sweep
+        series = report.context_series(runs)
+        self.assertEqual(list(series), [("x", "cpu", 1, 2, 1)])
+        rows = report.context_rows(series[("x", "cpu", 1, 2, 1)])
+        self.assertEqual([r["context"] for r in rows], [1024, 32768])
+        table = report.context_table(rows).splitlines()
+        self.assertEqual(table[2], "| 1024 | 20 | 6 | 3 | 0.5 | 195 KiB | 16 | 1.25 |")
+        self.assertEqual(table[3], "| 32768 | 194 | 6 | 3 | 0.5 | 160 MiB | 158 | 1.23 |")
+        md = "\n".join(report.sections({}, {}, {report.context_title(k): rows for k in series}))
+        self.assertIn("## Context sweep", md)
+        self.assertIn("### x cpu tp=1 b=2 thr=1", md)
 
     def test_projected_series_keeps_one_group_per_tp(self):
         pts = [{"config": "c", "context": 1, "sessions": 1, "tp": t, "replicas": r, "total_ms": 1.0 / t + 0.1,
