@@ -13,9 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-
-import numpy as np
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 import timing  # noqa: E402
@@ -50,18 +47,8 @@ def extra_seconds(d, steps, kind, context, new_rows):
     """Per step of a decoding loop (roll back to the prompt, settle new_rows, draft): wall seconds
     of Drafter.step minus those inside tpdraft_step."""
     make, out = KINDS[kind]
-    rng = np.random.default_rng(0)
-    prefix, rows = (make(rng.standard_normal((k, d.caps.taps_width), dtype=np.float32)) for k in (context, new_rows))
-    s = d.open_session()
-    d.step([{"session": s, "taps": prefix, "anchor": 1}])
-    extra = []
-    for i in range(steps):
-        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}]
-        t0 = time.perf_counter()
-        d.step(entries, out=out)
-        extra.append(time.perf_counter() - t0 - d.last_step_seconds)
-    d.close_session(s)
-    return extra
+    return [wall - d.last_step_seconds for wall in timing.decode_steps(d, steps, context=context, new_rows=new_rows,
+                                                                       make=make, out=out)]
 
 
 def measure(config, steps, context, new_rows):

@@ -49,7 +49,6 @@ def parse_args():
 
 A = parse_args()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(A.bin)), "python"))
-import numpy as np  # noqa: E402
 import tpdraft  # noqa: E402
 
 
@@ -93,21 +92,8 @@ def timed_steps(client, steps, warmup, seed):
     """(wall seconds, server settle + draft seconds) of each of `steps` steps of one session after
     `warmup` untimed ones, made as a decoding loop makes them: roll back to the prompt, settle the
     new rows, draft."""
-    rng = np.random.default_rng(seed)
-    prefix, rows = (rng.standard_normal((k, client.caps.taps_width), dtype=np.float32) for k in (CONTEXT, NEW_ROWS))
-    session = client.open_session()
-    client.step([{"session": session, "taps": prefix, "anchor": 1}])
-    out = []
-    for i in range(warmup + steps):
-        entry = {"session": session, "keep": CONTEXT, "taps": rows, "anchor": 2 + i % 7}
-        t0 = time.perf_counter()
-        client.step([entry])
-        wall = time.perf_counter() - t0
-        if i >= warmup:
-            t = client.last_times
-            out.append((wall, t["settle"] + t["draft"]))
-    client.close_session(session)
-    return out
+    return [(wall, client.last_times["settle"] + client.last_times["draft"])
+            for wall in timing.decode_steps(client, steps, warmup, seed, CONTEXT, NEW_ROWS)]
 
 
 def measure(launcher, extra, ck, tmp, name, seed):

@@ -25,7 +25,6 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "build", "python"))
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
-import numpy as np  # noqa: E402
 import timing  # noqa: E402
 import tpdraft  # noqa: E402
 
@@ -60,34 +59,17 @@ def make_checkpoint(config, out):
                    capture_output=True)
 
 
-def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS, n=1):
-    """Yields the wall seconds of each of `steps` steps that each carry n sessions' entries, made as
-    a decoding loop makes them: roll back what was rejected (keep the prompt), settle the new rows,
-    draft."""
-    rng = np.random.default_rng(seed)  # the prompt's rows, then the rows each step settles
-    prefix, rows = (rng.standard_normal((k, handle.caps.taps_width), dtype=np.float32) for k in (context, new_rows))
-    sessions = [handle.open_session() for _ in range(n)]
-    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
-    for i in range(steps):
-        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + (i + j) % 7}
-                   for j, s in enumerate(sessions)]
-        t0 = time.perf_counter()
-        handle.step(entries)
-        yield time.perf_counter() - t0
-    for s in sessions:
-        handle.close_session(s)
-
-
 def loop(handle, steps, seed, out):
     """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
-    for wall in timed_steps(handle, steps, seed):
+    for wall in timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS):
         t = handle.last_times
         out.append((wall, t["settle"] + t["draft"]))
 
 
 def batched_rate(handle, steps, n, seed):
     """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
-    return n / statistics.median(timed_steps(handle, steps, seed, n=n))
+    return n / statistics.median(timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS,
+                                                     n=n))
 
 
 def run_clients(address, n, steps):

@@ -29,6 +29,28 @@ def time_runs(fn, warmup, repeat):
     return out
 
 
+def decode_steps(handle, steps, warmup=0, seed=0, context=64, new_rows=2, n=1, make=lambda a: a, **step_args):
+    """Yields the wall seconds of each of `steps` steps of a tpdraft.Drafter or Client (after `warmup`
+    untimed ones) that each carry n sessions' entries, made as a decoding loop makes them: roll
+    back what was rejected (keep the prompt of `context` rows), settle `new_rows` rows, draft. The
+    rows are seeded f32 numpy arrays, or what make() turns them into."""
+    import numpy as np  # here: the scaling scripts import this module without numpy
+    rng = np.random.default_rng(seed)  # the prompt's rows, then the rows each step settles
+    prefix, rows = (make(rng.standard_normal((k, handle.caps.taps_width), dtype=np.float32))
+                    for k in (context, new_rows))
+    sessions = [handle.open_session() for _ in range(n)]
+    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
+    for i in range(warmup + steps):
+        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + (i + j) % 7}
+                   for j, s in enumerate(sessions)]
+        t0 = time.perf_counter()
+        handle.step(entries, **step_args)
+        if i >= warmup:
+            yield time.perf_counter() - t0
+    for s in sessions:
+        handle.close_session(s)
+
+
 def quantile(values, q):
     """The value at rank round(q * (n - 1)) of the sorted values."""
     v = sorted(values)
