@@ -128,7 +128,7 @@ struct BenchResult {
   size_t graph_nodes = 0;  // nodes of the captured forward (0: not captured)
   bool gather_logits = false, graphs = false, gpu = false;
   SampleSummary draft;                                  // seconds
-  MachineLoad load;                                     // around the timed drafts (rank 0's)
+  MachineLoad load;                                     // around the timed drafts; the job counts as ours
   double layers = 0, head = 0, select = 0;              // medians, seconds
   double comm_mean = 0, comm_median = 0, compute = 0;   // seconds per draft
   parallel::CommStats comm;                             // over the timed drafts

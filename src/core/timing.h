@@ -30,16 +30,16 @@ SampleSummary time_runs(int64_t warmup, int64_t repeat, const std::function<void
 void put_figure(nlohmann::json& j, const std::string& name, const SampleSummary& s, double scale);
 
 // When other work makes a machine not idle: other processes kept more than this many cores busy
-// on average, or the hypervisor stole more than this share of the CPU time (the limits the
-// scaling reports judge records by).
+// on average, or the hypervisor stole more than this share of the CPU time (bench/timing.py's
+// limits, which the scaling reports judge records by).
 constexpr double kOtherCoresLimit = 0.25;
 constexpr double kStealLimit = 0.02;
 // The shortest window the load is judged over: /proc/stat counts in ticks of 10 ms per core, so
 // stop() waits out the rest of it after a shorter measurement (while we wait, what runs is other work).
 constexpr double kMinLoadWindow = 0.2;
 
-// The machine's load from construction to stop(): what else ran besides `own` CPU seconds (this
-// process's, or the job's where the caller adds other ranks' with add_own_cpu).
+// The machine's load from construction to stop(): what ran besides this process (and the job's
+// other ranks on this machine, which the caller adds with add_own_cpu).
 class MachineLoad {
  public:
   MachineLoad();
@@ -53,7 +53,7 @@ class MachineLoad {
   double steal_share() const;
   // Why the machine was not idle; empty when it was.
   std::vector<std::string> reasons() const;
-  // "idle (...)" or "NOT idle: ... (times overstated)", for a report's text.
+  // "idle (...)" or "NOT idle: why (...)", for a report's text.
   std::string describe() const;
   // {idle, not_idle_because, other_cores, steal_share, wall_s, run_cpu_s, loadavg_before, loadavg_after}
   nlohmann::json to_json() const;
