@@ -68,9 +68,12 @@ for line in open(sys.argv[1]):
   done
 done
 
-"$py" - "$out" "$rounds" "$threads" <<'PY'
+"$py" - "$out" "$rounds" "$threads" "$here/bench" <<'PY'
 import json, statistics, sys
-out, rounds, threads = sys.argv[1:]
+out, rounds, threads, bench = sys.argv[1:]
+sys.dont_write_bytecode = True
+sys.path.insert(0, bench)
+import timing  # the machine's load, judged as every benchmark judges it
 med_of = lambda rows, f: statistics.median(f(r) for r in rows)
 runs = {side: [json.loads(l) for l in open(f"{out}/{side}.jsonl")] for side in ("before", "after")}
 print(f"{rounds} rounds of both programs taking turns, {threads} threads, 1 session; medians of the per-round medians")
@@ -85,9 +88,8 @@ for side, rs in runs.items():
         print(f"{side:8} {ctx:>8} {med('draft_ms'):>9.2f} {med('layers_ms'):>10.2f} {med('head_ms'):>8.2f} "
               f"{roof:>12.2f} {med('draft_ms') / roof:>6.2f}")
 loads = [r["load"] for rs in runs.values() for r in rs]
-others = max(l["other_cores"] for l in loads)
 avg = [l["loadavg_before"][0] for l in loads] + [l["loadavg_after"][0] for l in loads]
-print("machine: " + ("idle" if others <= 0.25 else f"NOT idle (other processes up to {others:.2f} cores)")
+print("machine, the busiest run: " + timing.describe(max(loads, key=lambda l: l["other_cores"]))
       + f"; 1-minute load average {min(avg):.2f}..{max(avg):.2f} around the runs")
 r0 = runs["after"][0]
 print(f"ceilings: GEMM {r0['machine_gemm_gflops']:.0f} GFLOP/s, read {r0['machine_read_gbps']:.1f} GB/s")

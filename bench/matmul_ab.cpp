@@ -1,10 +1,10 @@
 // The CPU matmul on bf16, int8 and int4 weights, A/B in one run: the layer shapes of a drafter
 // config against M activation rows (16: one draft), each kernel level this processor runs, taking
 // turns for several rounds; prints per level and format the median time of one pass over every
-// layer matrix, the multiply-adds per second and the speed relative to bf16 at that level.
+// layer matrix, the multiply-adds per second and the speed relative to bf16 at that level, and
+// whether the machine was idle meanwhile.
 //   matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "checkpoint/quant_tensors.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/timing.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "model/weights.h"
@@ -68,11 +69,6 @@ struct Variant {
   std::vector<Matrix> mats;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int run(const Args& a) {
   const model::DrafterConfig config = model::DrafterConfig::from_file(a.config);
   const std::vector<Shape> shapes = layer_shapes(config);
@@ -122,35 +118,32 @@ int run(const Args& a) {
     levels.push_back(static_cast<cpu::Isa>(l));
   std::vector<Variant*> variants{&bf16, &q8, &q4};
   // times[level][variant]: per-round medians of one pass over the layer's matrices.
-  std::vector<std::vector<std::vector<double>>> times(levels.size(), std::vector<std::vector<double>>(3));
+  std::vector<std::vector<SampleSummary>> times(levels.size(), std::vector<SampleSummary>(3));
+  MachineLoad load;
   for (int r = 0; r < a.rounds; ++r)
     for (size_t li = 0; li < levels.size(); ++li) {
       cpu::force_isa(levels[li]);
-      for (size_t vi = 0; vi < variants.size(); ++vi) {
-        std::vector<double> t;
-        for (int i = 0; i < a.repeat + 1; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          for (const Matrix& m : variants[vi]->mats) ops->matmul(m, dx, a.rows, dy, nullptr);
-          ops->sync();
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (i > 0) t.push_back(s);  // the first pass warms the caches
-        }
-        times[li][vi].push_back(median(t));
-      }
+      for (size_t vi = 0; vi < variants.size(); ++vi)
+        times[li][vi].add(time_runs(1, a.repeat, [&](int64_t) {  // the first pass warms the caches
+                            for (const Matrix& m : variants[vi]->mats) ops->matmul(m, dx, a.rows, dy, nullptr);
+                            ops->sync();
+                          }).median());
     }
+  load.stop();
   std::printf("%s: one layer's 7 matrices, %lld activation rows, %d threads, group %lld, %d rounds x %d passes\n",
               a.config.c_str(), static_cast<long long>(a.rows), a.threads, static_cast<long long>(a.group), a.rounds,
               a.repeat);
   std::printf("%-12s %-6s %10s %12s %8s\n", "level", "weights", "ms", "GMAC/s", "x bf16");
   for (size_t li = 0; li < levels.size(); ++li) {
-    const double base = median(times[li][0]);
+    const double base = times[li][0].median();
     for (size_t vi = 0; vi < variants.size(); ++vi) {
-      const double t = median(times[li][vi]);
+      const double t = times[li][vi].median();
       const char* kernel = vi == 0 ? cpu::isa_name(levels[li]) : cpu::quant_kernel_name(cpu::quant_kernel(levels[li]));
       std::printf("%-12s %-6s %10.3f %12.1f %8.2f\n", kernel, variants[vi]->name.c_str(), t * 1e3, macs / t * 1e-9,
                   base / t);
     }
   }
+  std::printf("machine: %s\n", load.describe().c_str());
   return 0;
 }
 

@@ -2,20 +2,20 @@
 """What a step through the Python module costs beyond the C library's own tpdraft_step: the
 wall time of Drafter.step minus the time the module measured inside tpdraft_step, per step, in
 one run (median and p10-p90), for each way taps arrive: numpy f32, torch f32 and bf16 tensors
-(DLPack), and torch f32 with the results as torch tensors (out='torch'). Usage:
+(DLPack), and torch f32 with the results as torch tensors (out='torch'), and whether the machine
+was idle (bench/timing.py). Usage:
 python_overhead.py [--config configs/X.json] [--steps N] [--build DIR] (the module from DIR/python,
 default build/; the checkpoint made by DIR/tpdraft init in a temp dir)."""
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-import numpy as np
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import timing  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTEXT, NEW_ROWS = 64, 2
@@ -47,18 +47,8 @@ def extra_seconds(d, steps, kind, context, new_rows):
     """Per step of a decoding loop (roll back to the prompt, settle new_rows, draft): wall seconds
     of Drafter.step minus those inside tpdraft_step."""
     make, out = KINDS[kind]
-    rng = np.random.default_rng(0)
-    prefix, rows = (make(rng.standard_normal((k, d.caps.taps_width), dtype=np.float32)) for k in (context, new_rows))
-    s = d.open_session()
-    d.step([{"session": s, "taps": prefix, "anchor": 1}])
-    extra = []
-    for i in range(steps):
-        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + i % 7}]
-        t0 = time.perf_counter()
-        d.step(entries, out=out)
-        extra.append(time.perf_counter() - t0 - d.last_step_seconds)
-    d.close_session(s)
-    return extra
+    return [wall - d.last_step_seconds for wall in timing.decode_steps(d, steps, context=context, new_rows=new_rows,
+                                                                       make=make, out=out)]
 
 
 def measure(config, steps, context, new_rows):
@@ -70,22 +60,24 @@ def measure(config, steps, context, new_rows):
                              max_context=context + 64) as d:
             for kind in KINDS:
                 extra = extra_seconds(d, steps, kind, context, new_rows)
-                p10, p90 = np.quantile(extra, [0.1, 0.9], method="nearest")
                 rows.append({"config": config, "taps": kind, "steps": steps, "context": context,
                              "new_rows": new_rows, "step_us": d.last_step_seconds * 1e6,
-                             "python_us_median": statistics.median(extra) * 1e6, "python_us_p10": p10 * 1e6,
-                             "python_us_p90": p90 * 1e6})
+                             **timing.figure("python_us", extra, 1e6)})
     return rows
 
 
 def main():
     a = ARGS
-    rows = [r for c in (a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"])
-            for r in measure(c, a.steps if "bench" not in c else max(20, a.steps // 100), a.context, a.new_rows)]
+    rows, load = timing.with_load(lambda: [
+        r for c in (a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"])
+        for r in measure(c, a.steps if "bench" not in c else max(20, a.steps // 100), a.context, a.new_rows)])
+    for r in rows:
+        r["machine_load"] = timing.machine_load(load)
     print(f"{'config':32} {'taps':22} {'step (C) us':>12} {'Python adds us (median)':>24} {'p10..p90':>16}")
     for r in rows:
         print(f"{r['config']:32} {r['taps']:22} {r['step_us']:12.1f} {r['python_us_median']:24.2f} "
               f"{r['python_us_p10']:7.2f}..{r['python_us_p90']:.2f}")
+    print("machine:", timing.describe(load))
     print(json.dumps(rows))
 
 

@@ -8,8 +8,8 @@ busy processes alongside (--busy; each in a session of its own, as another progr
 the machine would be; one per core leaves the ranks no core to themselves). Prints, per phase
 and server, the median and p90 of the client's step in milliseconds and the server's settle +
 draft (what its rank 0 spent in the engine, collectives included), then the ratio mpirun /
-in-process of the medians. The load average and the CPU time other work took in the second
-before the run say whether the machine was idle (it is shared: other work skews every phase).
+in-process of the medians, and whether the machine was idle during each phase (bench/timing.py:
+CPU time taken by work other than the servers and the phase's own busy processes skews it).
 Usage: bench/serve_mpi.py [--bin build/tpdraft] [--steps N] [--rounds N] [--busy 0,1,2]
                           [--config configs/X.json] [--mpirun mpirun] [--mpirun-args '...']
 (the Python module is the one built next to the binary: BIN's directory/python)."""
@@ -24,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import timing  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTEXT, NEW_ROWS = 64, 2
@@ -46,7 +49,6 @@ def parse_args():
 
 A = parse_args()
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(A.bin)), "python"))
-import numpy as np  # noqa: E402
 import tpdraft  # noqa: E402
 
 
@@ -90,21 +92,8 @@ def timed_steps(client, steps, warmup, seed):
     """(wall seconds, server settle + draft seconds) of each of `steps` steps of one session after
     `warmup` untimed ones, made as a decoding loop makes them: roll back to the prompt, settle the
     new rows, draft."""
-    rng = np.random.default_rng(seed)
-    prefix, rows = (rng.standard_normal((k, client.caps.taps_width), dtype=np.float32) for k in (CONTEXT, NEW_ROWS))
-    session = client.open_session()
-    client.step([{"session": session, "taps": prefix, "anchor": 1}])
-    out = []
-    for i in range(warmup + steps):
-        entry = {"session": session, "keep": CONTEXT, "taps": rows, "anchor": 2 + i % 7}
-        t0 = time.perf_counter()
-        client.step([entry])
-        wall = time.perf_counter() - t0
-        if i >= warmup:
-            t = client.last_times
-            out.append((wall, t["settle"] + t["draft"]))
-    client.close_session(session)
-    return out
+    return [(wall, client.last_times["settle"] + client.last_times["draft"])
+            for wall in timing.decode_steps(client, steps, warmup, seed, CONTEXT, NEW_ROWS)]
 
 
 def measure(launcher, extra, ck, tmp, name, seed):
@@ -116,23 +105,6 @@ def measure(launcher, extra, ck, tmp, name, seed):
         server.stop()
 
 
-def busy_share(seconds=1.0):
-    """The share of the machine's CPU time that went to any work over `seconds` (from /proc/stat):
-    what the load average, which lags by minutes, cannot say about right now."""
-    def ticks():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]  # all, idle + iowait
-    total0, idle0 = ticks()
-    time.sleep(seconds)
-    total1, idle1 = ticks()
-    return 1 - (idle1 - idle0) / max(1, total1 - total0)
-
-
-def p90(values):
-    return statistics.quantiles(values, n=10)[-1]
-
-
 def main():
     if not os.path.exists(A.bin):
         sys.exit(f"{A.bin}: no such program (build it, or name one with --bin)")
@@ -142,13 +114,7 @@ def main():
     if os.geteuid() == 0:
         launcher.append("--allow-run-as-root")
     launcher += shlex.split(A.mpirun_args)
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
-    busy_now = busy_share()
-    idle = float(load[0]) < 0.5 and busy_now < 0.05
-    print(f"{os.path.basename(A.config)}, {A.steps} steps x {A.rounds} rounds, {os.cpu_count()} cores, load average "
-          f"{' '.join(load)} and {100 * busy_now:.0f}% CPU busy in the last second before the run "
-          f"({'idle' if idle else 'NOT idle: other work skews every phase'})")
+    print(f"{os.path.basename(A.config)}, {A.steps} steps x {A.rounds} rounds, {os.cpu_count()} cores")
     phases = [int(b) for b in A.busy.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,21 +122,24 @@ def main():
         subprocess.run([A.bin, "init", "--config", os.path.join(REPO, A.config), "--out", ck], check=True,
                        capture_output=True, env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
         for busy in phases:
-            results.append((busy, phase(launcher, ck, tmp, busy)))
+            results.append((busy, *timing.with_load(lambda: phase(launcher, ck, tmp, busy))))
     print(f"{'phase':>8} {'server':>11} {'median ms':>10} {'p90 ms':>8} {'server median ms':>17} "
           f"{'server p90 ms':>14} {'mpirun / in-process':>20}")
     worst = 0.0
-    for busy, runs in results:
+    for busy, runs, _ in results:
         medians = {}
         for name, samples in runs.items():
             wall = [w * 1e3 for w, _ in samples]
             engine = [d * 1e3 for _, d in samples]
             medians[name] = statistics.median(wall)
             ratio = f"{medians['mpirun'] / medians['in-process']:19.2f}x" if name == "mpirun" else ""
-            print(f"{'idle' if busy == 0 else f'{busy} busy':>8} {name:>11} {medians[name]:10.3f} {p90(wall):8.3f} "
-                  f"{statistics.median(engine):17.3f} {p90(engine):14.3f} {ratio:>20}")
+            print(f"{'idle' if busy == 0 else f'{busy} busy':>8} {name:>11} {medians[name]:10.3f} "
+                  f"{timing.quantile(wall, 0.9):8.3f} {statistics.median(engine):17.3f} "
+                  f"{timing.quantile(engine, 0.9):14.3f} {ratio:>20}")
         worst = max(worst, medians["mpirun"] / medians["in-process"])
     print(f"mpirun / in-process, the worst phase: {worst:.2f}x ({'within' if worst <= 2 else 'beyond'} 2x)")
+    for busy, _, load in results:
+        print(f"machine during the {'idle' if busy == 0 else f'{busy} busy'} phase: {timing.describe(load)}")
 
 
 def phase(launcher, ck, tmp, busy):

@@ -6,7 +6,8 @@ as a decoding loop does (roll back to the prompt, settle 2 new rows, draft). Rep
 the round trip beyond the draft (the client's wall time minus the server's settle + draft), the
 same figure for tpdraft.Drafter in process, their difference (what serving adds), sequences
 drafted per second with 8 clients against 1, and the most batching could give: in process, 8
-sessions in each step against 1 (the same forward a server batches), all in one run (medians).
+sessions in each step against 1 (the same forward a server batches), all in one run (medians),
+and whether the machine was idle meanwhile (bench/timing.py).
 Usage:
 serve_overhead.py [--config configs/X.json]... [--steps N] (the module from build/python, the
 checkpoint made by build/tpdraft init in a temp dir)."""
@@ -23,7 +24,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "build", "python"))
-import numpy as np  # noqa: E402
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import timing  # noqa: E402
 import tpdraft  # noqa: E402
 
 TPDRAFT = os.path.join(REPO, "build", "tpdraft")
@@ -57,34 +59,17 @@ def make_checkpoint(config, out):
                    capture_output=True)
 
 
-def timed_steps(handle, steps, seed, context=CONTEXT, new_rows=NEW_ROWS, n=1):
-    """Yields the wall seconds of each of `steps` steps that each carry n sessions' entries, made as
-    a decoding loop makes them: roll back what was rejected (keep the prompt), settle the new rows,
-    draft."""
-    rng = np.random.default_rng(seed)  # the prompt's rows, then the rows each step settles
-    prefix, rows = (rng.standard_normal((k, handle.caps.taps_width), dtype=np.float32) for k in (context, new_rows))
-    sessions = [handle.open_session() for _ in range(n)]
-    handle.step([{"session": s, "taps": prefix, "anchor": 1} for s in sessions])
-    for i in range(steps):
-        entries = [{"session": s, "keep": context, "taps": rows, "anchor": 2 + (i + j) % 7}
-                   for j, s in enumerate(sessions)]
-        t0 = time.perf_counter()
-        handle.step(entries)
-        yield time.perf_counter() - t0
-    for s in sessions:
-        handle.close_session(s)
-
-
 def loop(handle, steps, seed, out):
     """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
-    for wall in timed_steps(handle, steps, seed):
+    for wall in timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS):
         t = handle.last_times
         out.append((wall, t["settle"] + t["draft"]))
 
 
 def batched_rate(handle, steps, n, seed):
     """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
-    return n / statistics.median(timed_steps(handle, steps, seed, n=n))
+    return n / statistics.median(timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS,
+                                                     n=n))
 
 
 def run_clients(address, n, steps):
@@ -143,9 +128,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2000, help="steps of the 1-client run (tiny geometry; the bench "
                     "geometry takes a hundredth, at least 8)")
     a = ap.parse_args()
-    rows = []
-    for c in a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"]:
-        rows += measure(c, a.steps if "bench" not in c else max(8, a.steps // 100))
+    configs = a.config or ["configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"]
+    steps = {c: a.steps if "bench" not in c else max(8, a.steps // 100) for c in configs}
+    rows, load = timing.with_load(lambda: [r for c in configs for r in measure(c, steps[c])])
     print(f"{'geometry':24} {'transport':9} {'draft ms':>9} {'in-process us':>14} {'served us':>10} "
           f"{'added us':>9} {'8 clients us':>13} {'seq/s 1':>8} {'seq/s 8':>8} {'8 vs 1':>7} {'batch':>6} "
           f"{'in-process 8 vs 1':>18}")
@@ -154,6 +139,7 @@ def main():
               f"{r['one_us']:10.1f} {r['added_us']:9.1f} {r['eight_us']:13.1f} {r['one_rate']:8.1f} "
               f"{r['eight_rate']:8.1f} {r['eight_rate'] / r['one_rate']:6.2f}x {r['batch']:6.1f} "
               f"{r['ceiling']:17.2f}x")
+    print("machine:", timing.describe(load))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ often busy with other work: this times `tpdraft bench` with the default thread c
 one thread per core) against one thread, on an idle machine and under a background load of busy
 processes (one per core by default), taking turns for several rounds. Prints, per phase, the median
 draft time of each (the median of the per-round medians, with their range) and default / one
-thread: the pool should not lose more than 1.5x to one thread under load. The machine's load
-average before the run says whether the idle phase was idle.
+thread: the pool should not lose more than 1.5x to one thread under load, and whether the machine
+was idle during each phase besides the phase's own busy processes (bench/timing.py).
 Usage: bench/shared_cores.py [--config configs/X.json] [--busy N] [--rounds N] [--repeat N]
                              [--ctx N] [--bin build/tpdraft]"""
 
@@ -15,6 +15,9 @@ import os
 import statistics
 import subprocess
 import sys
+
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import timing  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,19 +54,17 @@ def main():
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "tpdraft"))
     a = ap.parse_args()
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    print(f"{os.path.basename(a.config)}, ctx {a.ctx}, {os.cpu_count()} cores, load average {load} before the run")
+    print(f"{os.path.basename(a.config)}, ctx {a.ctx}, {os.cpu_count()} cores")
     print(f"{'phase':>16} {'1 thread ms':>18} {'default ms':>18} {'default / 1':>12}")
     worst = 0.0
     for busy in (0, a.busy):
-        one, default = phase(a, busy)
+        (one, default), load = timing.with_load(lambda: phase(a, busy))
         ratio = statistics.median(default) / statistics.median(one)
         if busy:
             worst = max(worst, ratio)
         name = "idle" if busy == 0 else f"{busy} busy processes"
         fmt = lambda v: f"{statistics.median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
-        print(f"{name:>16} {fmt(one):>18} {fmt(default):>18} {ratio:11.2f}x")
+        print(f"{name:>16} {fmt(one):>18} {fmt(default):>18} {ratio:11.2f}x   machine {timing.describe(load)}")
     print(f"under load the default is {worst:.2f}x one thread ({'within' if worst <= 1.5 else 'beyond'} 1.5x)")
 
 

@@ -2,9 +2,9 @@
 // same steps run three ways, interleaved: through libtpdraft.so (tpdraft_step), through
 // engine::Engine::step on the same checkpoint, and straight on the drafter (rollback, settle,
 // draft). Each step rolls back to a fixed context and settles 1-4 new rows, as a decoding loop
-// does, so the context never grows. Prints a table and one JSON line per geometry.
+// does, so the context never grows. Prints a table, whether the machine was idle, and one JSON line
+// per geometry (timed figures in the shape of core/timing.h).
 //   step_overhead [--config FILE]... [--steps N] [--context N] [--threads N]
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/summary.h"
+#include "core/timing.h"
 #include "engine/engine.h"
 #include "engine/runtime.h"
 #include "parallel/communicator.h"
@@ -27,8 +28,6 @@ uint64_t allocations_so_far();
 
 namespace tpdraft::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::vector<std::string> configs;
@@ -100,7 +99,7 @@ Timed timed(F&& f) {
   const uint64_t a0 = allocations_so_far();
   const auto t0 = Clock::now();
   f();
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double s = seconds_since(t0);
   return {s, allocations_so_far() - a0};
 }
 
@@ -219,6 +218,7 @@ struct Measured {
   SampleSummary abi_minus_engine{100000}, engine_minus_drafter{100000};
   SampleSummary checks{100000};  // Engine::check of one step's entry, timed on its own
   int64_t mismatches = 0;  // steps whose tokens differed between the paths
+  MachineLoad load;        // around the steps and checks
   double per_step(const Series& s) const { return static_cast<double>(s.allocations) / static_cast<double>(steps); }
 };
 
@@ -289,36 +289,36 @@ Measured measure(const std::string& config, const Args& a) {
   AbiPath abi(ck.dir, w, a.threads, cfg.block);
   EnginePaths eng(ck.dir, w, a.threads);
   std::fprintf(stderr, "%s: %lld steps...\n", config.c_str(), static_cast<long long>(m.steps));
+  m.load = MachineLoad();
   run_steps(w, cfg.vocab, tiny ? 3 : 1, abi, eng, &m);
   time_checks(w, cfg.vocab, eng, &m);
+  m.load.stop();
   return m;
 }
 
 double us(double seconds) { return seconds * 1e6; }
 
-nlohmann::json stats_json(const SampleSummary& s) {
-  return {{"median", us(s.median())}, {"p10", us(s.quantile(0.1))}, {"p90", us(s.quantile(0.9))}};
-}
-
 nlohmann::json to_json(const Measured& m) {
-  return {{"config", m.config},
+  nlohmann::json j = {{"config", m.config},
           {"steps", m.steps},
           {"round", m.round},
           {"context", m.context},
           {"new_rows", "1-4"},
           {"threads", m.threads},
           {"tp", 1},
-          {"drafter_us", stats_json(m.drafter.seconds)},
-          {"engine_us", stats_json(m.engine.seconds)},
-          {"abi_us", stats_json(m.abi.seconds)},
-          {"abi_minus_engine_us", stats_json(m.abi_minus_engine)},
-          {"engine_minus_drafter_us", stats_json(m.engine_minus_drafter)},
-          {"engine_check_us", stats_json(m.checks)},
           {"allocations_per_step",
            {{"drafter", m.per_step(m.drafter)}, {"engine", m.per_step(m.engine)},
             {"abi", m.per_step(m.abi)}}},
           {"token_mismatches", m.mismatches},
-          {"goal_us", 5.0}};
+          {"goal_us", 5.0},
+          {"machine_load", m.load.to_json()}};
+  put_figure(j, "drafter_us", m.drafter.seconds, 1e6);
+  put_figure(j, "engine_us", m.engine.seconds, 1e6);
+  put_figure(j, "abi_us", m.abi.seconds, 1e6);
+  put_figure(j, "abi_minus_engine_us", m.abi_minus_engine, 1e6);
+  put_figure(j, "engine_minus_drafter_us", m.engine_minus_drafter, 1e6);
+  put_figure(j, "engine_check_us", m.checks, 1e6);
+  return j;
 }
 
 void print_table(const std::vector<Measured>& all) {
@@ -336,6 +336,7 @@ void print_table(const std::vector<Measured>& all) {
   }
   std::printf("(medians per step; differences: median [p10, p90] over rounds of the difference of the rounds' "
               "median steps; goal: C ABI - engine <= 5 us)\n");
+  for (const Measured& m : all) std::printf("%s: machine %s\n", m.config.c_str(), m.load.describe().c_str());
 }
 
 }  // namespace

@@ -15,9 +15,11 @@ Examples:
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
+
+sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
+import timing  # noqa: E402  (bench/timing.py: the figures' shape and the machine's load)
 
 
 def parse_args(argv):
@@ -515,12 +517,16 @@ def main(args):
         _, settle_s = timed(lambda: model.settle(taps))
         rows = taps.shape[0]
 
-        for _ in range(args.warmup):
-            model.draft(args.anchor)
-        times = []
-        for _ in range(args.repeat):
-            (tokens, hidden, logits), seconds = timed(lambda: model.draft(args.anchor))
-            times.append(seconds * 1e3)
+        def drafts():  # the last draft's outputs, the seconds of each timed one
+            for _ in range(args.warmup):
+                model.draft(args.anchor)
+            times = []
+            for _ in range(args.repeat):
+                out, seconds = timed(lambda: model.draft(args.anchor))
+                times.append(seconds)
+            return out, times
+
+        ((tokens, hidden, logits), times), load = timing.with_load(drafts)
 
         if args.dump:
             arrays = {"hidden": hidden.float().cpu().numpy(), "logits": logits.float().cpu().numpy(),
@@ -531,9 +537,8 @@ def main(args):
                 np.savez(args.dump, **arrays)
 
     result = {
-        "draft_ms_median": statistics.median(times),
-        "draft_ms_min": min(times),
-        "draft_ms_max": max(times),
+        **timing.figure("draft_ms", times, 1e3),
+        "machine_load": timing.machine_load(load),
         "settle_rows_per_s": rows / settle_s if rows and settle_s > 0 else 0.0,
         "tokens": tokens,
         "threads": args.threads,
@@ -553,6 +558,7 @@ def main(args):
         print(f"settle: {rows} rows in {settle_s * 1e3:.1f} ms ({result['settle_rows_per_s']:.0f} rows/s)")
         print(f"draft:  median {result['draft_ms_median']:.2f} ms  min {result['draft_ms_min']:.2f}  "
               f"max {result['draft_ms_max']:.2f}  ({args.repeat} runs after {args.warmup} warm-up)")
+        print("machine:", timing.describe(load))
         print("tokens:", " ".join(map(str, tokens)))
 
 

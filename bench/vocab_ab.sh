@@ -65,9 +65,12 @@ for config in "${list[@]}"; do
   done
 done
 
-"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" <<'PY'
+"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" "$here/bench" <<'PY'
 import json, os, statistics, sys
-out, ctx, threads, rounds, configs = sys.argv[1:]
+out, ctx, threads, rounds, configs, bench = sys.argv[1:]
+sys.dont_write_bytecode = True
+sys.path.insert(0, bench)
+import timing  # the machine's load, judged as every benchmark judges it
 print(f"{ctx} context rows, 1 session, {threads} threads, {rounds} rounds of full and mapped heads taking turns")
 print(f"{'config':26} {'V':>7} {'N':>6} {'N/V':>6} {'head full':>10} {'head N':>8} {'ratio':>6} {'<=1.2N/V':>8} "
       f"{'draft full':>15} {'draft N':>15} {'speed-up':>8} {'head GB':>8} {'head GFLOP':>10}  machine")
@@ -84,7 +87,7 @@ for path in configs.split(","):
     head_gb = (med("full", "draft_weight_gbytes") - med("mapped", "draft_weight_gbytes")) / rows
     head_gflop = (med("full", "draft_gflop") - med("mapped", "draft_gflop")) / rows
     others = max(r["load"]["other_cores"] for v in runs for r in runs[v])
-    machine = "idle" if others <= 0.25 else f"NOT idle (other processes up to {others:.2f} cores)"
+    machine = "idle" if others <= timing.OTHER_CORES_LIMIT else f"NOT idle (other processes up to {others:.2f} cores)"
     print(f"{name:26} {V:>7} {N:>6} {N / V:>6.3f} {med('full', 'head_ms'):>8.2f}ms {med('mapped', 'head_ms'):>6.2f}ms "
           f"{ratio:>6.3f} {ok:>8} {med('full', 'draft_ms'):>6.1f} ({spread('full', 'draft_ms'):>8}) "
           f"{med('mapped', 'draft_ms'):>6.1f} ({spread('mapped', 'draft_ms'):>8}) "

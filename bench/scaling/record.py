@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
 """Helpers of launch/scale.sh: run one benchmark and record the machine's load around it
-(/proc/loadavg; other processes' and stolen CPU time from /proc/stat), append its bench JSON with
+(bench/timing.py: other processes' and stolen CPU time, the load average), append its bench JSON with
 the run's parameters, machine and load to records.jsonl, tell whether a tp can shard a config,
 and write the vocabulary-study configs."""
 
 import argparse
 import json
 import os
-import resource
 import socket
 import subprocess
 import sys
-import time
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import geometry  # noqa: E402
 import records  # noqa: E402
 import tables as tb  # noqa: E402
+# bench/timing.py (records.py puts bench/ on the path): the load around a run.
+from timing import load_between, parse_stat_line, snapshot, with_load  # noqa: E402,F401
 
 
 def cpu_model():
@@ -36,49 +36,6 @@ def cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def parse_stat_line(line):
-    """(busy, steal, total) clock ticks from /proc/stat's aggregate `cpu` line: busy counts user,
-    nice, system, irq and softirq (guest time is inside user); total adds idle, iowait and steal."""
-    v = [int(x) for x in line.split()[1:]]
-    v += [0] * (8 - len(v))
-    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
-    busy = user + nice + system + irq + softirq
-    return busy, steal, busy + idle + iowait + steal
-
-
-def snapshot():
-    """The machine's CPU counters and load average now."""
-    with open("/proc/stat") as f:
-        busy, steal, total = parse_stat_line(f.readline())
-    with open("/proc/loadavg") as f:
-        loadavg = [float(x) for x in f.read().split()[:3]]
-    return {"t": time.monotonic(), "busy": busy, "steal": steal, "total": total, "loadavg": loadavg}
-
-
-def load_between(before, after, run_cpu_s, ticks_per_s):
-    """What else ran on the machine between two snapshots while the benchmark took run_cpu_s of CPU
-    time: the CPU time of other processes (machine busy time minus ours), as average busy cores,
-    and the share of the machine's time the hypervisor stole."""
-    wall = max(after["t"] - before["t"], 1e-9)
-    busy = (after["busy"] - before["busy"]) / ticks_per_s
-    total = (after["total"] - before["total"]) / ticks_per_s
-    steal = (after["steal"] - before["steal"]) / ticks_per_s
-    other = max(0.0, busy - run_cpu_s)
-    return {"wall_s": round(wall, 3), "run_cpu_s": round(run_cpu_s, 3), "machine_busy_cpu_s": round(busy, 3),
-            "other_cpu_s": round(other, 3), "other_cores": round(other / wall, 3),
-            "steal_share": round(steal / total, 4) if total > 0 else 0.0,
-            "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
-
-
-def with_load(fn):
-    """(fn(), the load around it): the CPU time of the child processes fn waited for is the run's."""
-    before, used0 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = fn()
-    after, used1 = snapshot(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    run_cpu = (used1.ru_utime - used0.ru_utime) + (used1.ru_stime - used0.ru_stime)
-    return result, load_between(before, after, run_cpu, os.sysconf("SC_CLK_TCK"))
 
 
 def cmd_measure(a):

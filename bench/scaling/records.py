@@ -5,9 +5,14 @@ functions that read, group and judge records."""
 
 import datetime
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 
 import geometry
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import timing  # noqa: E402  (bench/timing.py)
 
 OPS = ("all_reduce", "all_gather", "broadcast")
 
@@ -27,8 +32,7 @@ CONFIG_FILE, CONFIG_NAME, TIMESTAMP, OVERSUBSCRIBED = "config_file", "config_nam
 
 # When a record says the machine was not idle during its run (see shared_reasons).
 SPREAD_LIMIT = 0.10        # (p90 - p10) / median
-OTHER_CORES_LIMIT = 0.25   # cores other processes kept busy on average
-STEAL_LIMIT = 0.02         # share of the machine's CPU time stolen by the hypervisor
+OTHER_CORES_LIMIT, STEAL_LIMIT = timing.OTHER_CORES_LIMIT, timing.STEAL_LIMIT  # (other load: bench/timing.py)
 
 
 @dataclass
@@ -152,12 +156,7 @@ def shared_reasons(run):
         out.append("oversubscribed")
     if run.spread is not None and run.spread > SPREAD_LIMIT:
         out.append(f"p10–p90 spread {run.spread:.0%} of the median")
-    load = run.load or {}
-    if (other := load.get("other_cores") or 0) > OTHER_CORES_LIMIT:
-        out.append(f"other processes kept {other:.2f} cores busy")
-    if (steal := load.get("steal_share") or 0) > STEAL_LIMIT:
-        out.append(f"{steal:.0%} of the CPU time stolen")
-    return out
+    return out + timing.load_reasons(run.load)
 
 
 def scaling_runs(runs):

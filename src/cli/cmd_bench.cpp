@@ -1,11 +1,14 @@
 // `tpdraft bench`: random weights in memory (or a checkpoint), N context rows settled, timed
 // drafts; reports the median and spread of one draft, settle throughput, and the achieved FLOP
 // and byte rates beside this machine's measured ceilings (read bandwidth, our GEMM rate) and the
-// roofline they set. A list of contexts sweeps them on one loaded drafter.
+// roofline they set, and whether the machine was idle while the drafts ran. A list of contexts
+// sweeps them on one loaded drafter.
+#include <unistd.h>
+
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "core/log.h"
 #include "core/summary.h"
 #include "core/thread_pool.h"
+#include "core/timing.h"
 #include "engine/runtime.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
@@ -33,9 +37,6 @@ namespace tpdraft::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 struct BenchOpts {
   std::string config, drafter, target, dtype = "bf16";
   std::vector<int64_t> ctx{1024};  // a sweep when several
@@ -47,20 +48,14 @@ struct BenchOpts {
   std::string graphs = "auto";
 };
 
-struct Stats {
-  double median = 0, min = 0, max = 0, p10 = 0, p90 = 0;
-};
-
 // Read bandwidth ceiling: the best of a few parallel passes summing a buffer far larger than
 // the caches (what streaming weights costs at best).
 double measure_read_gbps(int threads) {
   const size_t n = size_t{1} << 27;  // 512 MiB of floats
   std::vector<float> buf(n, 1.0f);
   ThreadPool pool(threads);
-  double best = 0;
-  for (int rep = 0; rep < 4; ++rep) {
-    std::vector<double> sums(static_cast<size_t>(pool.size()), 0.0);
-    const auto t0 = Clock::now();
+  std::vector<double> sums(static_cast<size_t>(pool.size()), 0.0);
+  const SampleSummary s = time_runs(0, 4, [&](int64_t) {
     pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int w) {
       float acc[16] = {0};
       for (int64_t i = b; i + 16 <= e; i += 16)
@@ -69,24 +64,19 @@ double measure_read_gbps(int threads) {
       for (float a : acc) s += a;
       sums[static_cast<size_t>(w)] = s;
     }, 4096);
-    best = std::max(best, static_cast<double>(n * sizeof(float)) / since(t0) / 1e9);
-    if (sums[0] < 0) std::printf(" ");  // keep the sums alive
-  }
-  return best;
+  });
+  if (sums[0] < 0) std::printf(" ");  // keep the sums alive
+  return static_cast<double>(n * sizeof(float)) / s.min() / 1e9;
 }
 
 // The best rate, `work` / seconds / 1e9, of `reps` runs of f between two syncs of `ops`; the first
 // `skip` runs only warm up.
 double best_rate(kernels::Ops& ops, int reps, int skip, double work, const std::function<void()>& f) {
-  double best = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    ops.sync();
-    const auto t0 = Clock::now();
-    f();
-    ops.sync();
-    if (rep >= skip) best = std::max(best, work / since(t0) / 1e9);
-  }
-  return best;
+  ops.sync();
+  return work / time_runs(skip, reps - skip, [&](int64_t) {
+           f();
+           ops.sync();
+         }).min() / 1e9;
 }
 
 // Device memory ceiling: the best of a few device-to-device copies of 1 GiB (store_rows of one
@@ -137,7 +127,8 @@ struct BenchResult {
   int64_t vocab = 0, draft_vocab = 0;  // V, and the draft vocabulary's N (0: none)
   size_t graph_nodes = 0;  // nodes of the captured forward (0: not captured)
   bool gather_logits = false, graphs = false, gpu = false;
-  Stats draft;                                          // seconds
+  SampleSummary draft;                                  // seconds
+  MachineLoad load;                                     // around the timed drafts; the job counts as ours
   double layers = 0, head = 0, select = 0;              // medians, seconds
   double comm_mean = 0, comm_median = 0, compute = 0;   // seconds per draft
   parallel::CommStats comm;                             // over the timed drafts
@@ -151,8 +142,8 @@ struct BenchResult {
   // The fastest a draft can be on this machine: its FLOPs at our GEMM rate or its bytes at the
   // memory ceiling, whichever takes longer (seconds).
   double roofline() const { return std::max(work.flops / (gemm_gflops * 1e9), work.bytes() / (read_gbps * 1e9)); }
-  double achieved_gflops() const { return work.flops / draft.median / 1e9; }
-  double achieved_gbps() const { return work.bytes() / draft.median / 1e9; }
+  double achieved_gflops() const { return work.flops / draft.median() / 1e9; }
+  double achieved_gbps() const { return work.bytes() / draft.median() / 1e9; }
   double settle_rows_per_s() const { return static_cast<double>(context * sessions) / settle_seconds; }
   double settle_gflops() const { return settle_work.flops / settle_seconds / 1e9; }
 };
@@ -176,7 +167,7 @@ double settle_sessions(const BenchOpts& o, int64_t ctx, model::RankRuntime& rt,
     }
     const auto t0 = Clock::now();
     rt.drafter().settle(*sessions->back(), 0, from, ctx);
-    seconds += since(t0);
+    seconds += seconds_since(t0);
   }
   return seconds;
 }
@@ -186,20 +177,21 @@ void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<m
                  BenchResult* r) {
   parallel::Communicator& comm = rt.comm();
   // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
-  SampleSummary times, layers, head, select, comm_times, compute_times;
+  r->load = MachineLoad();
+  SampleSummary layers, head, select, comm_times, compute_times;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
     if (i == o.warmup) comm.reset_stats();
     const double comm0 = comm.stats().seconds;
     const auto t0 = Clock::now();
     model::DraftDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
     const auto res = rt.drafter().draft(reqs, o.gather_logits ? &full : nullptr);
-    const double dt = since(t0);
+    const double dt = seconds_since(t0);
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
       const double dc = comm.stats().seconds - comm0;
       comm_times.add(dc);
       compute_times.add(dt - dc);
-      times.add(dt);
+      r->draft.add(dt);
       const model::DraftTimes& phases = rt.drafter().last_times();
       layers.add(phases.layers);
       head.add(phases.head);
@@ -208,14 +200,32 @@ void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<m
     }
     if (i + 1 == o.warmup + o.repeat) r->tokens = res[0].tokens;
   }
+  r->load.stop();
   r->comm = comm.stats();
-  r->draft = {times.median(), times.min(), times.max(), times.quantile(0.1), times.quantile(0.9)};
   r->layers = layers.median();
   r->head = head.median();
   r->select = select.median();
   r->comm_mean = r->comm.seconds / static_cast<double>(o.repeat);
   r->comm_median = comm_times.median();
   r->compute = compute_times.median();
+}
+
+// The job's other ranks on this machine (mpirun starts a process per rank) are the run's own work,
+// not other load: their CPU time joins rank 0's. Ranks that are threads of one process count once.
+void count_job_cpu(const RankContext& ctx, MachineLoad* load) {
+  struct Cpu {
+    int64_t pid;
+    uint64_t host;
+    double seconds;
+  };
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const Cpu mine{static_cast<int64_t>(getpid()), std::hash<std::string>{}(host), load->process_cpu()};
+  std::vector<Cpu> all(static_cast<size_t>(ctx.world.size()));
+  ctx.world.all_gather(&mine, all.data(), sizeof(Cpu));
+  std::set<int64_t> counted{mine.pid};
+  for (const Cpu& c : all)
+    if (c.host == mine.host && counted.insert(c.pid).second) load->add_own_cpu(c.seconds);
 }
 
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
@@ -265,11 +275,8 @@ nlohmann::json to_json(const BenchResult& r) {
   j["sessions"] = r.sessions;
   j["context"] = r.context;
   j["dtype"] = r.dtype;
-  j["draft_ms"] = r.draft.median * 1e3;
-  j["draft_ms_min"] = r.draft.min * 1e3;
-  j["draft_ms_max"] = r.draft.max * 1e3;
-  j["draft_ms_p10"] = r.draft.p10 * 1e3;
-  j["draft_ms_p90"] = r.draft.p90 * 1e3;
+  j["draft_ms"] = r.draft.median() * 1e3;  // the median, under the name the scaling scripts read
+  put_figure(j, "draft_ms", r.draft, 1e3);
   j["layers_ms"] = r.layers * 1e3;
   j["head_ms"] = r.head * 1e3;
   j["select_ms"] = r.select * 1e3;
@@ -284,12 +291,13 @@ nlohmann::json to_json(const BenchResult& r) {
   j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = r.gemm_gflops;
   j["roofline_ms"] = r.roofline() * 1e3;
-  j["roofline_ratio"] = r.draft.median / r.roofline();
+  j["roofline_ratio"] = r.draft.median() / r.roofline();
   if (r.blas_peak_gflops > 0) {
     j["cublas_gemm_gflops_settle_shape"] = r.blas_settle_gflops;
     j["cublas_gemm_gflops_peak"] = r.blas_peak_gflops;
     j["settle_fraction_of_cublas"] = r.settle_gflops() / r.blas_peak_gflops;
   }
+  j["machine_load"] = r.load.to_json();
   j["tokens"] = r.tokens;
   return j;
 }
@@ -310,7 +318,8 @@ void print_table(const BenchResult& r) {
     std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n", static_cast<long long>(r.draft_vocab),
                 static_cast<long long>(r.vocab));
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
-              r.draft.median * 1e3, r.draft.min * 1e3, r.draft.max * 1e3, r.draft.p10 * 1e3, r.draft.p90 * 1e3,
+              r.draft.median() * 1e3, r.draft.min() * 1e3, r.draft.max() * 1e3, r.draft.quantile(0.1) * 1e3,
+              r.draft.quantile(0.9) * 1e3,
               static_cast<long long>(r.repeat));
   std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld "
               "replayed, %zu graph nodes)\n",
@@ -327,8 +336,9 @@ void print_table(const BenchResult& r) {
               r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
               100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
-              r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median / r.roofline());
+              r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median() / r.roofline());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", r.settle_rows_per_s(), r.settle_gflops());
+  std::printf("  machine    %s\n", r.load.describe().c_str());
   if (r.blas_peak_gflops > 0)
     std::printf("  cuBLAS     %.0f GFLOP/s at 8192^3, %.0f at the settle's fc shape: settle reaches %.0f%% of the first\n",
                 r.blas_peak_gflops, r.blas_settle_gflops, 100 * r.settle_gflops() / r.blas_peak_gflops);
@@ -356,6 +366,7 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::Ran
   if (cfg.quant.any())
     r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
   r.settle_work = model::settle_work(cfg, rt.plan(), context * o.batch, wbytes);
+  count_job_cpu(ctx, &r.load);
   rt.comm().barrier();
   if (!ctx.leader()) return r;  // the ceilings and the report come from one rank
   if (first == nullptr) {
@@ -394,10 +405,12 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::Ran
 void print_sweep(const std::vector<BenchResult>& rows) {
   std::printf("context sweep (%s, %d thread(s), tp %d; roofline: max of FLOPs / %.0f GFLOP/s, bytes / %.1f GB/s)\n",
               rows[0].architecture.c_str(), rows[0].threads, rows[0].tp, rows[0].gemm_gflops, rows[0].read_gbps);
-  std::printf("  %9s %10s %10s %9s %12s %6s\n", "context", "draft ms", "layers ms", "head ms", "roofline ms", "ratio");
+  std::printf("  %9s %10s %10s %9s %12s %6s  %s\n", "context", "draft ms", "layers ms", "head ms", "roofline ms",
+              "ratio", "machine");
   for (const BenchResult& r : rows)
-    std::printf("  %9lld %10.2f %10.2f %9.2f %12.2f %6.2f\n", static_cast<long long>(r.context), r.draft.median * 1e3,
-                r.layers * 1e3, r.head * 1e3, r.roofline() * 1e3, r.draft.median / r.roofline());
+    std::printf("  %9lld %10.2f %10.2f %9.2f %12.2f %6.2f  %s\n", static_cast<long long>(r.context),
+                r.draft.median() * 1e3, r.layers * 1e3, r.head * 1e3, r.roofline() * 1e3,
+                r.draft.median() / r.roofline(), r.load.describe().c_str());
 }
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {

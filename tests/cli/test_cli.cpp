@@ -182,6 +182,27 @@ TEST(Cli, CpuIsaCapFromTheEnvironment) {
   EXPECT_NE(bad.out.find("TPDRAFT_CPU_ISA is 'avx9'"), std::string::npos) << bad.out;
 }
 
+// bench's report: the draft's figure in the harness's shape beside the key the scaling scripts
+// read, and the machine's load, in the JSON and in the table.
+TEST(Cli, BenchReportsTheFigureAndTheMachine) {
+  const std::string args = "bench --config " + testing::source_path("configs/tiny-dflash2.json") +
+                           " --ctx 8 --repeat 3 --warmup 1 --threads 1 --backend cpu";
+  Result r = run(args + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(json_line(r.out));
+  EXPECT_EQ(j["draft_ms"], j["draft_ms_median"]);
+  EXPECT_EQ(j["draft_ms_runs"].get<int>(), 3);
+  EXPECT_LE(j["draft_ms_min"].get<double>(), j["draft_ms_p10"].get<double>());
+  EXPECT_LE(j["draft_ms_p10"].get<double>(), j["draft_ms"].get<double>());
+  EXPECT_LE(j["draft_ms"].get<double>(), j["draft_ms_p90"].get<double>());
+  EXPECT_LE(j["draft_ms_p90"].get<double>(), j["draft_ms_max"].get<double>());
+  ASSERT_TRUE(j.contains("machine_load")) << r.out;
+  EXPECT_EQ(j["machine_load"]["idle"].get<bool>(), j["machine_load"]["not_idle_because"].empty());
+  Result table = run(args);
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("  machine    "), std::string::npos) << table.out;
+}
+
 TEST(Cli, EveryCommandAnswersHelp) {
   for (const char* c : {"", "init ", "info ", "draft ", "bench ", "quantize "}) {
     Result r = run(std::string(c) + "--help");

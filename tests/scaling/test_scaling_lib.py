@@ -115,6 +115,21 @@ class MachineLoad(unittest.TestCase):
         self.assertEqual(load["other_cores"], 1.0)
         self.assertEqual(load["steal_share"], 0.02)
 
+    def test_the_harness_judges_the_load_and_shapes_a_figure(self):
+        import timing  # bench/timing.py, which records.py puts on the path
+        self.assertEqual(timing.load_reasons({"other_cores": 0.25, "steal_share": 0.02}), [])
+        self.assertEqual(timing.load_reasons({"other_cores": 1.0, "steal_share": 0.05}),
+                         ["other processes kept 1.00 cores busy", "5% of the CPU time stolen"])
+        load = {"other_cores": 1.0, "steal_share": 0.0, "loadavg_after": [1.5, 0, 0]}
+        self.assertTrue(timing.describe(load).startswith("NOT idle: other processes kept 1.00 cores busy"))
+        self.assertFalse(timing.machine_load(load)["idle"])
+        f = timing.figure("draft_ms", [0.004, 0.001, 0.003, 0.002, 0.005], 1e3)
+        self.assertEqual(sorted(f), ["draft_ms_max", "draft_ms_median", "draft_ms_min", "draft_ms_p10",
+                                     "draft_ms_p90", "draft_ms_runs"])
+        self.assertEqual((f["draft_ms_median"], f["draft_ms_min"], f["draft_ms_max"], f["draft_ms_runs"]),
+                         (3.0, 1.0, 5.0, 5))
+        self.assertEqual(len(timing.time_runs(lambda i: None, 2, 3)), 3)
+
 
 class CommModel(unittest.TestCase):
     def test_one_node_formulas(self):
