@@ -11,17 +11,13 @@
 
 #include "core/error.h"
 
-#ifdef TPDRAFT_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
-
 namespace tpdraft::parallel {
 
 std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl) {
   if (ops.host_memory()) return nullptr;
 #ifdef TPDRAFT_HAVE_CUDA
-  const int device = kernels::cuda_device_of(ops);
-  cudaStream_t stream = kernels::cuda_stream_of(ops);
+  const int device = ops.device();
+  auto stream = static_cast<cudaStream_t>(ops.stream());
 #ifdef TPDRAFT_HAVE_NCCL
   if (prefer_nccl) return make_nccl(group, device, stream);  // at one rank too: nothing moves, but graphs hold it
 #else

@@ -1,6 +1,6 @@
 // CudaOps: the CUDA backend's state (device, stream, cuBLAS handle and its workspace, grow-only
-// workspaces, the graph capture flag) and the host side of every op: argument checks mirroring
-// the CPU twin, then the kernel launchers. Ops read every table they need (positions, session
+// workspaces, the graph capture flag) and the host side of every op: the backend's own limits
+// (Ops checks the rest), then the kernel launchers. Ops read every table they need (positions, session
 // views) from device memory, so any op can be captured into a CUDA graph and replayed.
 #pragma once
 
@@ -27,46 +27,44 @@ class CudaOps final : public Ops {
   const char* name() const override { return "cuda"; }
   bool host_memory() const override { return false; }
 
+  int device() const override { return device_; }
+  void* stream() const override { return stream_; }
+
   void* alloc(size_t bytes) override;
   void release(void* p) override;
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void sync() override;
   void wait_for(void* stream) override;
-  void widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) override;
   std::string foreign_memory(const void* p) const override;
-
-  size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
-  Matrix upload_quantized(const QuantizedRows& src, void* dst) override;
-  bool quantized_head() const override { return true; }
-  void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
-  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
-  void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                      const int64_t* positions, double theta) override;
-  void attention(const AttentionParams& p) override;
-  void dyn_conv(const ConvParams& p) override;
-  void silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
-  void add(float* y, const float* x, int64_t n) override;
-  void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
-  void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                  int64_t first_pos) override;
-  void head_logits(const HeadParams& p, float* logits) override;
-  void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
+  bool supports(WeightFormat, WeightOp) const override { return true; }
 
   void begin_capture() override;
   std::unique_ptr<OpGraph> end_capture() override;
   void abort_capture() noexcept override;
   void replay(const OpGraph& graph) override;
 
-  // GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on 16-bit operands (the ceiling figures
-  // are quoted against).
-  double cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k);
-
-  int device() const { return device_; }
-  cudaStream_t stream() const { return stream_; }
   // "mma" (the default where the head dim allows) or "simt"; TPDRAFT_CUDA_ATTENTION sets it at
   // construction.
   void set_attention_kernel(const std::string& kernel);
+
+ protected:
+  void do_widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) override;
+  size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
+  Matrix do_upload_quantized(const QuantizedRows& src, void* dst) override;
+  void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
+  void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
+  void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                         const int64_t* positions, double theta) override;
+  void do_attention(const AttentionParams& p) override;
+  void do_dyn_conv(const ConvParams& p) override;
+  void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
+  void do_add(float* y, const float* x, int64_t n) override;
+  void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
+  void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                     int64_t first_pos) override;
+  void do_head_logits(const HeadParams& p, float* logits) override;
+  void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
 
  private:
   void check_not_capturing(const char* what) const;
