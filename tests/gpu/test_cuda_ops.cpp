@@ -46,7 +46,7 @@ TEST(Backend, FactoryNamesWhatIsMissing) {
 
 #include "core/dtype.h"
 #include "kernels/buffer.h"
-#include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 

@@ -16,7 +16,6 @@
 #include "cuda/cuda_check.h"
 #include "cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_ops_impl.h"
 #include "kernels/cuda/cuda_ops.h"
 
 // The exported cublasGemmEx (the header adds a C++ overload taking a cudaDataType compute type).
@@ -171,9 +170,9 @@ double cuda_cublas_gemm_gflops(int device, cudaStream_t stream, DType dtype, int
   check_int(m, "rows", "cublas_gemm_gflops");
   check_int(n, "cols", "cublas_gemm_gflops");
   check_int(k, "inner", "cublas_gemm_gflops");
-  TPDRAFT_CHECK(!cuda::stream_capturing(stream),
+  TPDRAFT_CHECK(!tpdraft::cuda::stream_capturing(stream),
                 "cuda backend: cublas_gemm_gflops during a graph capture (only compute ops may be captured)");
-  cuda::DeviceGuard guard(device);
+  tpdraft::cuda::DeviceGuard guard(device);
   cublasHandle_t blas = nullptr;
   void *a = nullptr, *b = nullptr, *c = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;

@@ -1,6 +1,6 @@
 // The kernel launchers of the CUDA backend, one family per .cu file. Every pointer is device
 // memory; every launcher enqueues on `stream`, returns at once and checks the launch by name.
-// CudaOps (cuda_ops_impl.h) validates arguments and stages host-side parameters before calling.
+// CudaOps (cuda_ops.h) checks the backend's own limits (Ops the rest) and stages host-side parameters first.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
 #include "cuda/lazy_lib.h"
-#include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/cuda/cuda_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,6 @@
 #include "core/log.h"
 #include "cuda/cuda_check.h"
 #include "kernels/cuda/attention_geometry.h"
-#include "kernels/cuda/cuda_ops.h"
 
 namespace tpdraft::kernels::cuda {
 

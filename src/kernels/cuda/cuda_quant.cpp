@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/runtime.h"
-#include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
