@@ -104,31 +104,34 @@ void check_head(const HeadParams& p, const char* op) {
 
 }  // namespace
 
-const float* CudaOps::quantized_head_part(const HeadParams& p, int64_t n) {
-  const int64_t rows = p.head.rows;
-  float* dots = qhead_.as<float>(static_cast<size_t>(p.m * rows), stream_);
-  qmatmul(p.head, p.g, p.m, dots, nullptr);
-  if (n == rows) return dots;
-  float* part = qhead_valid_.as<float>(static_cast<size_t>(p.m * n), stream_);
-  CUDA_CHECK(cudaMemcpy2DAsync(part, static_cast<size_t>(n) * sizeof(float), dots, static_cast<size_t>(rows) * sizeof(float),
-                               static_cast<size_t>(n) * sizeof(float), static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice,
-                               stream_));
-  return part;
+// head_logits and head_topk run the very same GEMM (same shapes, workspaces and handle) and the
+// same post-processing kernel, so head_topk's values equal head_logits' bit for bit. A quantized
+// head's dots come from qmatmul (the matmul's kernels), its valid columns copied out as one part.
+void CudaOps::head_logits_into(const HeadParams& p, float* logits) {
+  const int64_t n = p.valid_rows, rows = p.head.rows;
+  float* parts = nullptr;
+  int count = 1;
+  if (!p.head.quantized()) {
+    count = gemm_parts(p.head, p.g, p.m, n, &parts);
+  } else {
+    parts = qhead_.as<float>(static_cast<size_t>(p.m * rows), stream_);
+    qmatmul(p.head, p.g, p.m, parts, nullptr);
+    if (n != rows) {
+      float* dots = parts;
+      parts = qhead_valid_.as<float>(static_cast<size_t>(p.m * n), stream_);
+      CUDA_CHECK(cudaMemcpy2DAsync(parts, static_cast<size_t>(n) * sizeof(float), dots,
+                                   static_cast<size_t>(rows) * sizeof(float), static_cast<size_t>(n) * sizeof(float),
+                                   static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  launch_head_post(parts, count, p.m, n, p.scale, p.cap, logits, stream_);
 }
 
-// head_logits and head_topk run the very same GEMM (same shapes, workspaces and handle) and the
-// same post-processing kernel, so head_topk's values equal head_logits' bit for bit.
 void CudaOps::do_head_logits(const HeadParams& p, float* logits) {
   check_head(p, "head_logits");
   if (p.m == 0 || p.valid_rows == 0) return;
   DeviceGuard guard(device_);
-  if (p.head.quantized()) {
-    launch_head_post(quantized_head_part(p, p.valid_rows), 1, p.m, p.valid_rows, p.scale, p.cap, logits, stream_);
-    return;
-  }
-  float* parts = nullptr;
-  const int count = gemm_parts(p.head, p.g, p.m, p.valid_rows, &parts);
-  launch_head_post(parts, count, p.m, p.valid_rows, p.scale, p.cap, logits, stream_);
+  head_logits_into(p, logits);
 }
 
 void CudaOps::do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
@@ -141,13 +144,7 @@ void CudaOps::do_head_topk(const HeadParams& p, int k, int64_t id_base, float* v
   float* logits = nullptr;
   if (n > 0) {
     logits = logits_.as<float>(static_cast<size_t>(p.m * n), stream_);
-    if (p.head.quantized()) {
-      launch_head_post(quantized_head_part(p, n), 1, p.m, n, p.scale, p.cap, logits, stream_);
-    } else {
-      float* parts = nullptr;
-      const int count = gemm_parts(p.head, p.g, p.m, n, &parts);
-      launch_head_post(parts, count, p.m, n, p.scale, p.cap, logits, stream_);
-    }
+    head_logits_into(p, logits);
   }
   const size_t keys = static_cast<size_t>(topk_key_capacity(p.m, n, k));
   uint64_t* a = keys_a_.as<uint64_t>(keys, stream_);

@@ -97,9 +97,8 @@ class CudaOps final : public Ops {
   std::array<Workspace*, 10> workspaces() {
     return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_, &dequant_, &qhead_, &qhead_valid_};
   }
-  // A quantized head's raw dots of its first n rows as one part [m, n] for launch_head_post,
-  // by qmatmul (the matmul's kernels), so head_logits and head_topk see the same values.
-  const float* quantized_head_part(const HeadParams& p, int64_t n);
+  // The slice's logits [m, valid_rows] (head_logits' output; head_topk's first pass).
+  void head_logits_into(const HeadParams& p, float* logits);
   // GEMM of x [m, K] against w [N, K] into the parts buffer ([parts * m, N] f32, see
   // cuda_gemm.cu); returns the number of parts (1 for f32 weights or unsplit activations).
   int gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out);
