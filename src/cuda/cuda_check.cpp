@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace tpdraft::kernels::cuda {
+namespace tpdraft::cuda {
 namespace {
 
 const char* base_name(const char* file) {
@@ -41,4 +41,4 @@ void check_launch(const char* op, const char* file, int line) {
                cudaGetErrorString(code), cudaGetErrorName(code));
 }
 
-}  // namespace tpdraft::kernels::cuda
+}  // namespace tpdraft::cuda

@@ -6,7 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-namespace tpdraft::kernels::cuda {
+namespace tpdraft::cuda {
 
 [[noreturn]] void cuda_fail(const char* call, cudaError_t code, const char* file, int line);
 [[noreturn]] void cublas_fail(const char* call, cublasStatus_t code, const char* file, int line);
@@ -21,8 +21,8 @@ inline void check_status(cublasStatus_t code, const char* call, const char* file
   if (code != CUBLAS_STATUS_SUCCESS) cublas_fail(call, code, file, line);
 }
 
-}  // namespace tpdraft::kernels::cuda
+}  // namespace tpdraft::cuda
 
-#define CUDA_CHECK(call) ::tpdraft::kernels::cuda::check_status((call), #call, __FILE__, __LINE__)
-#define CUBLAS_CHECK(call) ::tpdraft::kernels::cuda::check_status((call), #call, __FILE__, __LINE__)
-#define TPDRAFT_CHECK_LAUNCH(op) ::tpdraft::kernels::cuda::check_launch(op, __FILE__, __LINE__)
+#define CUDA_CHECK(call) ::tpdraft::cuda::check_status((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) ::tpdraft::cuda::check_status((call), #call, __FILE__, __LINE__)
+#define TPDRAFT_CHECK_LAUNCH(op) ::tpdraft::cuda::check_launch(op, __FILE__, __LINE__)

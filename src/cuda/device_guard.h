@@ -9,7 +9,7 @@
 
 #include <new>
 
-namespace tpdraft::kernels {
+namespace tpdraft::cuda {
 
 // Calls: bool current(int*), bool make_current(int), bool context_active(int), void clear_error(),
 // and [[noreturn]] void fail(const char* what, int device) for a switch that must not fail.
@@ -47,4 +47,4 @@ class BasicDeviceGuard {
   int restore_ = -1;
 };
 
-}  // namespace tpdraft::kernels
+}  // namespace tpdraft::cuda

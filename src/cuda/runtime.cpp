@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 
-namespace tpdraft::kernels::cuda {
+namespace tpdraft::cuda {
 
 namespace {
 
@@ -94,4 +94,4 @@ bool stream_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-}  // namespace tpdraft::kernels::cuda
+}  // namespace tpdraft::cuda

@@ -11,7 +11,7 @@
 
 #include "cuda/device_guard.h"
 
-namespace tpdraft::kernels::cuda {
+namespace tpdraft::cuda {
 
 // The CUDA calls of the device guard (cuda/device_guard.h).
 struct CudaDeviceCalls {
@@ -59,4 +59,4 @@ class Workspace {
 // Whether work issued to `stream` is being captured into a graph now.
 bool stream_capturing(cudaStream_t stream);
 
-}  // namespace tpdraft::kernels::cuda
+}  // namespace tpdraft::cuda

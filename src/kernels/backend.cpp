@@ -39,46 +39,12 @@ std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int local
 
 double cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k) {
 #ifdef TPDRAFT_HAVE_CUDA
-  return cuda_cublas_gemm_gflops(ops, dtype, m, n, k);
+  TPDRAFT_CHECK(ops.device() >= 0, "cuBLAS GEMM rate: the '{}' backend is not CUDA", ops.name());
+  return cuda_cublas_gemm_gflops(ops.device(), static_cast<cudaStream_t>(ops.stream()), dtype, m, n, k);
 #else
   (void)dtype, (void)m, (void)n, (void)k;
   TPDRAFT_FAIL("cuBLAS GEMM rate: the '{}' backend is not CUDA (this tpdraft was built without it)", ops.name());
 #endif
-}
-
-const char* weight_format_name(WeightFormat f) {
-  static constexpr const char* kNames[] = {"dense", "int8", "int4"};
-  const auto i = static_cast<size_t>(f);
-  return i < std::size(kNames) ? kNames[i] : "?";
-}
-
-void Ops::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
-  convert_to_f32(dtype, src, dst, static_cast<size_t>(n));
-}
-
-void Ops::store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
-                             int64_t capacity, int64_t first_pos) {
-  TPDRAFT_CHECK(holds_context(dtype), "store_context_rows: the {} backend holds no {} context", name(),
-                dtype_name(dtype));
-  store_rows(src, rows, row_len, static_cast<float*>(dst), capacity, first_pos);
-}
-
-// Backends without quantized kernels refuse quantized weights when they load.
-size_t Ops::quantized_bytes(WeightFormat, int64_t, int64_t, int64_t) const { return 0; }
-
-Matrix quantized_matrix(const QuantizedRows& src, const void* packed) {
-  Matrix m;
-  m.format = src.bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8;
-  m.rows = src.rows;
-  m.cols = src.cols;
-  m.group = src.group;
-  m.data = packed;
-  return m;
-}
-
-Matrix Ops::upload_quantized(const QuantizedRows& src, void*) {
-  TPDRAFT_FAIL("backend '{}' has no kernels for int{} weights; use the cpu backend or a float checkpoint", name(),
-               src.bits);
 }
 
 }  // namespace tpdraft::kernels

@@ -24,6 +24,7 @@ namespace tpdraft::kernels {
 enum class WeightFormat : uint8_t { Dense, Int8, Int4 };
 
 const char* weight_format_name(WeightFormat f);  // "dense", "int8", "int4"
+inline WeightFormat quantized_format(int bits) { return bits == 4 ? WeightFormat::Int4 : WeightFormat::Int8; }
 
 // A weight matrix [rows, cols].
 struct Matrix {
@@ -112,6 +113,12 @@ class OpGraph {
 // The matrix over `packed`, a backend's packed copy of `src` (what upload_quantized returns).
 Matrix quantized_matrix(const QuantizedRows& src, const void* packed);
 
+// What supports() is asked about: the ops that take weight matrices.
+enum class WeightOp : uint8_t { Matmul, Head };
+
+// Shaped like parallel::Communicator: the ops are public and non-virtual; they check their
+// arguments here, once for every backend (with the same messages whatever runs them), and hand
+// the work to the backend's do_* function, which adds only its own limits.
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -120,6 +127,10 @@ class Ops {
   // read and write directly (false for a device's memory: it must be copied or carried by a
   // device communicator).
   virtual bool host_memory() const = 0;
+  // A device backend's device and the stream its ops run on (a cudaStream_t), for communicators
+  // that must order their work with the ops' kernels; -1 and nullptr for host backends.
+  virtual int device() const { return -1; }
+  virtual void* stream() const { return nullptr; }
 
   // Memory of this backend.
   virtual void* alloc(size_t bytes) = 0;
@@ -133,53 +144,53 @@ class Ops {
   virtual void wait_for(void* stream) { (void)stream; }
   // dst [n] f32 = src [n] of `dtype` (F32, F16 or BF16), both memory of this backend: hidden
   // states a caller left in it in their own dtype.
-  virtual void widen_to_f32(DType dtype, const void* src, float* dst, int64_t n);
+  void widen_to_f32(DType dtype, const void* src, float* dst, int64_t n);
   // Why a caller's pointer is not memory this backend's device may read ("" when it is): host
   // memory, or another device's.
   virtual std::string foreign_memory(const void* p) const { (void)p; return ""; }
 
-  // Quantized weights. Bytes of backend memory a quantized matrix takes in this backend's layout
-  // (0: the backend has no kernels for it, and upload_quantized throws).
-  virtual size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
+  // Whether this backend has kernels for weights of `format` in `op` (every backend: Dense).
+  virtual bool supports(WeightFormat format, WeightOp op) const { (void)op; return format == WeightFormat::Dense; }
+  // Quantized weights (where supports(format, WeightOp::Matmul)). Bytes of backend memory a
+  // quantized matrix takes in this backend's layout.
+  size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
   // Packs `src` into `dst` (quantized_bytes(...) of backend memory) and returns the matrix over it.
-  virtual Matrix upload_quantized(const QuantizedRows& src, void* dst);
-  // Whether head_logits / head_topk take a quantized head (HeadParams::head of format Int8/Int4).
-  virtual bool quantized_head() const { return false; }
+  Matrix upload_quantized(const QuantizedRows& src, void* dst);
 
   // y[m, N] = x[m, K] . W^T (+ bias[N]); W is [N, K]. Quantized W: the backend's kernels may
   // quantize x too (the CPU backend: to int8 per row, in blocks; the CUDA backend rounds x and
   // the dequantized weights to bf16; docs/quantization.md).
-  virtual void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr) = 0;
+  void matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias = nullptr);
   // y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), rows of length n; y may alias x.
-  virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
   // In place on x [rows, heads, D]: per-head RMSNorm with w[D], then NeoX rotate-half RoPE at
   // positions[row] (backend memory) with base theta.
-  virtual void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                              const int64_t* positions, double theta) = 0;
-  virtual void attention(const AttentionParams& p) = 0;
-  virtual void dyn_conv(const ConvParams& p) = 0;
+  void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                      const int64_t* positions, double theta);
+  void attention(const AttentionParams& p);
+  void dyn_conv(const ConvParams& p);
   // out[i] = silu(gate[i]) * up[i]
-  virtual void silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  void silu_mul(const float* gate, const float* up, float* out, int64_t n);
   // y[i] += x[i]
-  virtual void add(float* y, const float* x, int64_t n) = 0;
+  void add(float* y, const float* x, int64_t n);
   // dst[r] = src[index[r]] for r < rows, rows of row_len floats; index [rows] in backend memory
   // (so a captured graph reads each draft's table). src and dst must not overlap.
-  virtual void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;
+  void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst);
   // Writes rows src[j] (row_len floats) to ring slot (first_pos + j) % capacity of dst.
-  virtual void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                          int64_t first_pos) = 0;
+  void store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity, int64_t first_pos);
   // Whether attention reads context rings of `dtype` on this backend (every backend: F32).
   virtual bool holds_context(DType dtype) const { return dtype == DType::F32; }
   // store_rows into a ring of `dtype` rows (where holds_context(dtype); BF16 rounds to nearest even).
-  virtual void store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
-                                  int64_t capacity, int64_t first_pos);
+  void store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst, int64_t capacity,
+                          int64_t first_pos);
 
-  // Every logit of the slice: logits [m, valid_rows]. A quantized head (where quantized_head())
-  // runs through matmul's kernels: its logits are those of matmul on the same weights.
-  virtual void head_logits(const HeadParams& p, float* logits) = 0;
+  // Every logit of the slice: logits [m, valid_rows]. A quantized head (where
+  // supports(format, WeightOp::Head)) runs through matmul's kernels: its logits are those of
+  // matmul on the same weights.
+  void head_logits(const HeadParams& p, float* logits);
   // The k best logits of each row over the slice's valid rows, ordered by value descending then
   // id ascending; ids are slice row + id_base. Exact: equal to sorting head_logits' output.
-  virtual void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) = 0;
+  void head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids);
 
   // Capture: the compute ops issued between begin_capture() and end_capture() are recorded, not
   // run; replay() runs the recording, as often as wanted. Arguments are fixed at capture (shapes,
@@ -191,6 +202,34 @@ class Ops {
   virtual std::unique_ptr<OpGraph> end_capture() = 0;
   virtual void abort_capture() noexcept = 0;
   virtual void replay(const OpGraph& graph) = 0;
+
+ protected:
+  // The work of the public op of the same name, on arguments already checked. The defaults:
+  // widen_to_f32 on host memory; a backend with quantized or non-f32 context kernels overrides
+  // the rest (supports, holds_context say which).
+  virtual void do_widen_to_f32(DType dtype, const void* src, float* dst, int64_t n);
+  virtual size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
+  virtual Matrix do_upload_quantized(const QuantizedRows& src, void* dst);
+  virtual void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) = 0;
+  virtual void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
+  virtual void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                                 const int64_t* positions, double theta) = 0;
+  virtual void do_attention(const AttentionParams& p) = 0;
+  virtual void do_dyn_conv(const ConvParams& p) = 0;
+  virtual void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  virtual void do_add(float* y, const float* x, int64_t n) = 0;
+  virtual void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;
+  virtual void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                             int64_t first_pos) = 0;
+  // A ring of a dtype other than F32 (store_context_rows hands F32 to do_store_rows).
+  virtual void do_store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
+                                     int64_t capacity, int64_t first_pos);
+  virtual void do_head_logits(const HeadParams& p, float* logits) = 0;
+  virtual void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) = 0;
+
+  // The session tables of attention (anchors and context views): checked by backends that can
+  // read them on the host when the op runs.
+  static void check_attention_views(const AttentionParams& p);
 };
 
 // The CPU backend with `threads` worker threads (0: all cores).

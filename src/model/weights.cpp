@@ -161,8 +161,9 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   const TensorShare head_share = tensor_share(cfg, plan, "lm_head.weight", head_info.shape);
   head_dtype = head_info.dtype;
   if (cfg.quant.head.quantized())
-    TPDRAFT_CHECK(ops.quantized_head(), "{}: --quant with +head: backend '{}' has no kernels for a quantized head "
-                  "(use --quant without +head)", head_store_->source(), ops.name());
+    TPDRAFT_CHECK(ops.supports(kernels::quantized_format(cfg.quant.head.bits), kernels::WeightOp::Head),
+                  "{}: --quant with +head: backend '{}' has no kernels for a quantized head (use --quant without "
+                  "+head)", head_store_->source(), ops.name());
   head = load_head(head_name, head_info, head_share);
 
   if (cfg.is_dflash2())
@@ -362,11 +363,11 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
 
 kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::string& name,
                                                const QuantScheme& scheme) {
-  const kernels::WeightFormat format = q.bits == 4 ? kernels::WeightFormat::Int4 : kernels::WeightFormat::Int8;
-  const size_t bytes = ops_.quantized_bytes(format, q.rows, q.cols, q.group);
-  TPDRAFT_CHECK(bytes > 0, "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend "
-                "or a float checkpoint)", name, scheme.describe(), ops_.name());
-  kernels::Buffer buf(ops_, bytes);
+  const kernels::WeightFormat format = kernels::quantized_format(q.bits);
+  TPDRAFT_CHECK(ops_.supports(format, kernels::WeightOp::Matmul),
+                "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "
+                "checkpoint)", name, scheme.describe(), ops_.name());
+  kernels::Buffer buf(ops_, ops_.quantized_bytes(format, q.rows, q.cols, q.group));
   const kernels::Matrix m = ops_.upload_quantized(quantized_rows(q), buf.get());
   keep(std::move(buf));
   return m;

@@ -11,17 +11,13 @@
 
 #include "core/error.h"
 
-#ifdef TPDRAFT_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
-
 namespace tpdraft::parallel {
 
 std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl) {
   if (ops.host_memory()) return nullptr;
 #ifdef TPDRAFT_HAVE_CUDA
-  const int device = kernels::cuda_device_of(ops);
-  cudaStream_t stream = kernels::cuda_stream_of(ops);
+  const int device = ops.device();
+  auto stream = static_cast<cudaStream_t>(ops.stream());
 #ifdef TPDRAFT_HAVE_NCCL
   if (prefer_nccl) return make_nccl(group, device, stream);  // at one rank too: nothing moves, but graphs hold it
 #else
@@ -76,7 +72,7 @@ AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_
 namespace tpdraft::parallel {
 namespace {
 
-using kernels::cuda::DeviceGuard;
+using cuda::DeviceGuard;
 
 // Device memory of the current device (plain cudaMalloc); host, pinned and managed memory are
 // all reachable from the host, so only device memory needs staging.
@@ -298,7 +294,7 @@ class NcclCommunicator final : public Communicator {
         TPDRAFT_LAZY(nccl, ncclCommAbort)(comm_);
     }
     free_window_memory();
-    for (kernels::cuda::Workspace* w : {&stage_a_, &stage_b_, &barrier_}) w->reset();
+    for (cuda::Workspace* w : {&stage_a_, &stage_b_, &barrier_}) w->reset();
     cudaGetLastError();
   }
 
@@ -326,7 +322,7 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard(device_);
     const size_t bytes = count * sizeof(float);
     const bool staged = !on_device(data);
-    if (kernels::cuda::stream_capturing(stream_)) {
+    if (cuda::stream_capturing(stream_)) {
       // Part of a graph: it runs when the graph does, and wait_pending() then waits for it.
       TPDRAFT_CHECK(!staged, "rank {}: all_reduce_sum of a host buffer cannot be captured into a graph", rank_);
       sum_in_place(data, count);
@@ -492,12 +488,12 @@ class NcclCommunicator final : public Communicator {
   // Only all_reduce_sum on a device buffer may join a graph; the others wait on the stream,
   // which a capture forbids (and the failed wait would abort the communicator).
   void refuse_capture(const char* what) const {
-    TPDRAFT_CHECK(!kernels::cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
+    TPDRAFT_CHECK(!cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
                   rank_, what);
   }
 
   // Host buffers travel through device scratch; the copy is ordered before the collective.
-  void* stage_in(const void* src, size_t bytes, kernels::cuda::Workspace* ws) {
+  void* stage_in(const void* src, size_t bytes, cuda::Workspace* ws) {
     void* d = ws->get(bytes, stream_);
     CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, stream_));
     return d;
@@ -558,7 +554,7 @@ class NcclCommunicator final : public Communicator {
   const int rank_, size_, device_;
   cudaStream_t stream_;
   const double timeout_;
-  kernels::cuda::Workspace stage_a_, stage_b_, barrier_;
+  cuda::Workspace stage_a_, stage_b_, barrier_;
   std::string path_;
   float* window_buf_ = nullptr;  // ncclMemAlloc'd, kWindowBytes; null on the ring path
 #ifdef TPDRAFT_NCCL_WINDOWS

@@ -316,7 +316,7 @@ TEST(NcclCommunicator, OneRankOnOneGpu) {
   REQUIRE_GPUS(1);
   auto ops = kernels::make_cuda_ops(0);
   auto single = parallel::make_single_rank();
-  auto nccl = parallel::make_nccl(*single, 0, kernels::cuda_stream_of(*ops));
+  auto nccl = parallel::make_nccl(*single, 0, static_cast<cudaStream_t>(ops->stream()));
   EXPECT_EQ(nccl->name(), "nccl");
   check_collectives(*nccl, *ops);
   // Aborted (as the watchdog or a failed peer would): later calls fail naming the abort, and the
@@ -335,7 +335,7 @@ TEST(NcclCommunicator, SymmetricWindowsOrTheRingSayWhichRan) {
   auto single = parallel::make_single_rank();
   for (const std::string setting : {"auto", "off"}) {
     setenv("TPDRAFT_NCCL_SYMMETRIC", setting.c_str(), 1);
-    auto nccl = parallel::make_nccl(*single, 0, kernels::cuda_stream_of(*ops));
+    auto nccl = parallel::make_nccl(*single, 0, static_cast<cudaStream_t>(ops->stream()));
     const std::string path = nccl->all_reduce_path();
     const bool symmetric = path.rfind("symmetric windows (NCCL ", 0) == 0;
     EXPECT_TRUE(symmetric || path.rfind("ring (NCCL ", 0) == 0) << path;
@@ -357,7 +357,7 @@ TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
   REQUIRE_GPUS(2);
   parallel::run_ranks(2, [&](parallel::Communicator& comm) {
     auto ops = kernels::make_cuda_ops(comm.rank());
-    auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
+    auto nccl = parallel::make_nccl(comm, comm.rank(), static_cast<cudaStream_t>(ops->stream()));
     check_collectives(*nccl, *ops);
   });
 }
@@ -369,7 +369,7 @@ TEST(NcclCommunicator, AMissingPeerTimesOutNamingRankAndOperation) {
       [] {
         parallel::run_ranks(2, [&](parallel::Communicator& comm) {
           auto ops = kernels::make_cuda_ops(comm.rank());
-          auto nccl = parallel::make_nccl(comm, comm.rank(), kernels::cuda_stream_of(*ops));
+          auto nccl = parallel::make_nccl(comm, comm.rank(), static_cast<cudaStream_t>(ops->stream()));
           if (comm.rank() != 0) return;  // rank 1 never joins the all-reduce
           kernels::Buffer d(*ops, 64 * sizeof(float));
           nccl->all_reduce_sum(d.f32(), 64);

@@ -84,9 +84,10 @@ class CudaOpsTest : public ::testing::Test {
   void SetUp() override {
     if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device on this machine: the CUDA backend cannot run here";
     cpu = make_cpu_ops(2);
-    gpu = make_cuda_ops(0);
+    gpu = std::make_unique<cuda::CudaOps>(0);  // the class itself: tests pick its attention kernel
   }
-  std::unique_ptr<Ops> cpu, gpu;
+  std::unique_ptr<Ops> cpu;
+  std::unique_ptr<cuda::CudaOps> gpu;
   std::mt19937_64 rng{1234};
 };
 
@@ -244,7 +245,7 @@ struct AttnCase {
 
 // Runs the case with max_context at the longest view, and again far above it (as a captured
 // forward sizes it: the ring's capacity), which leaves most of the CUDA chunks empty.
-void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c) {
+void check_attention(Ops& cpu, cuda::CudaOps& gpu, std::mt19937_64& rng, const AttnCase& c) {
   SCOPED_TRACE(c.name);
   const int64_t S = static_cast<int64_t>(c.lengths.size()), B = c.block, D = c.d;
   const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
@@ -259,7 +260,7 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
     const int64_t end = c.lengths[static_cast<size_t>(s)];
     const auto rk = randn(static_cast<size_t>(cap * c.n_kv * D), rng);
     const auto rv = randn(static_cast<size_t>(cap * c.n_kv * D), rng);
-    for (Ops* ops : {&cpu, &gpu})
+    for (Ops* ops : {&cpu, static_cast<Ops*>(&gpu)})
       for (const auto* ring : {&rk, &rv}) rings.push_back(put(*ops, *ring));
     const int64_t begin = std::max<int64_t>(0, end - cap);
     const size_t r = static_cast<size_t>(4 * s);
@@ -283,7 +284,7 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
   // Both kernels: simt (f32) everywhere, mma (bf16 q, k, p, v; f32 sums) where the head dim allows.
   const bool mma = D == 64 || D == 128;
   for (const char* kernel : {"simt", "mma"}) {
-    cuda_set_attention_kernel(gpu, kernel);
+    gpu.set_attention_kernel(kernel);
     for (int64_t max_context : {span, 8 * cap + 1000}) {
       Buffer oc = poisoned(cpu, q.size()), og = poisoned(gpu, q.size());
       AttentionParams pc = p, pg = p;
@@ -304,7 +305,7 @@ void check_attention(Ops& cpu, Ops& gpu, std::mt19937_64& rng, const AttnCase& c
                   c.name + ", max_context " + std::to_string(max_context) + ", kernel " + kernel);
     }
   }
-  cuda_set_attention_kernel(gpu, "mma");
+  gpu.set_attention_kernel("mma");
 }
 
 TEST_F(CudaOpsTest, AttentionContextLengths) {
@@ -415,9 +416,9 @@ TEST_F(CudaOpsTest, AttentionReadsBf16Rings) {
   pg.anchor = static_cast<const int64_t*>(ag.get()), pg.context = static_cast<const ContextView*>(tg.get());
   pg.kv_dtype = DType::BF16;
   cpu->attention(pc);
-  cuda_set_attention_kernel(*gpu, "simt");  // bf16 rings take the tensor-core kernel all the same
+  gpu->set_attention_kernel("simt");  // bf16 rings take the tensor-core kernel all the same
   gpu->attention(pg);
-  cuda_set_attention_kernel(*gpu, "mma");
+  gpu->set_attention_kernel("mma");
   expect_nmse(get<float>(*gpu, og, q.size()), get<float>(*cpu, oc, q.size()), kMmaAttentionNmse, "bf16 rings");
   pg.head_dim = 256;
   testing::expect_error([&] { gpu->attention(pg); }, {"bf16 context rings", "not 256"});

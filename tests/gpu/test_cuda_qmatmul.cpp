@@ -138,7 +138,7 @@ TEST(CudaQuantMatmul, QuantizedHead) {
   if (cuda_devices() == 0) GTEST_SKIP() << "no CUDA device (or a build without the CUDA backend)";
   auto gpu = make_ops("cuda", 1, 0);
   auto cpu = make_ops("cpu", 0, 0);
-  ASSERT_TRUE(gpu->quantized_head());
+  ASSERT_TRUE(gpu->supports(WeightFormat::Int8, WeightOp::Head));
   std::mt19937_64 rng(7);
   const int64_t n = 1000, k = 256, group = 128, valid = 990;
   for (const int64_t m : {15, 90}) {  // the tensor-core kernel, and dequant + cuBLAS

@@ -11,7 +11,7 @@
 
 #include "cuda/device_guard.h"
 
-namespace tpdraft::kernels {
+namespace tpdraft::cuda {
 namespace {
 
 // One thread's view of the runtime (its current device, which contexts exist, what failed),
@@ -117,4 +117,4 @@ TEST(DeviceGuard, EachThreadKeepsItsOwnDevice) {
 }
 
 }  // namespace
-}  // namespace tpdraft::kernels
+}  // namespace tpdraft::cuda

@@ -45,28 +45,28 @@ class CountingOps final : public kernels::Ops {
   void to_device(void* dst, const void* src, size_t n) override { inner_->to_device(dst, src, n); }
   void to_host(void* dst, const void* src, size_t n) override { inner_->to_host(dst, src, n); }
   void sync() override { inner_->sync(); }
-  void matmul(const kernels::Matrix& w, const float* x, int64_t m, float* y, const float* bias) override {
+  void do_matmul(const kernels::Matrix& w, const float* x, int64_t m, float* y, const float* bias) override {
     inner_->matmul(w, x, m, y, bias);
   }
-  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+  void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
     inner_->rms_norm(x, w, y, rows, n, eps);
   }
-  void head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t d, float eps,
-                      const int64_t* positions, double theta) override {
+  void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t d, float eps,
+                         const int64_t* positions, double theta) override {
     inner_->head_norm_rope(x, w, rows, heads, d, eps, positions, theta);
   }
-  void attention(const kernels::AttentionParams& p) override { inner_->attention(p); }
-  void dyn_conv(const kernels::ConvParams& p) override { inner_->dyn_conv(p); }
-  void silu_mul(const float* g, const float* u, float* out, int64_t n) override { inner_->silu_mul(g, u, out, n); }
-  void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
-  void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t len, float* dst) override {
+  void do_attention(const kernels::AttentionParams& p) override { inner_->attention(p); }
+  void do_dyn_conv(const kernels::ConvParams& p) override { inner_->dyn_conv(p); }
+  void do_silu_mul(const float* g, const float* u, float* out, int64_t n) override { inner_->silu_mul(g, u, out, n); }
+  void do_add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t len, float* dst) override {
     inner_->gather_rows(src, index, rows, len, dst);
   }
-  void store_rows(const float* src, int64_t rows, int64_t len, float* dst, int64_t cap, int64_t first) override {
+  void do_store_rows(const float* src, int64_t rows, int64_t len, float* dst, int64_t cap, int64_t first) override {
     inner_->store_rows(src, rows, len, dst, cap, first);
   }
-  void head_logits(const kernels::HeadParams& p, float* logits) override { inner_->head_logits(p, logits); }
-  void head_topk(const kernels::HeadParams& p, int k, int64_t base, float* v, int64_t* ids) override {
+  void do_head_logits(const kernels::HeadParams& p, float* logits) override { inner_->head_logits(p, logits); }
+  void do_head_topk(const kernels::HeadParams& p, int k, int64_t base, float* v, int64_t* ids) override {
     inner_->head_topk(p, k, base, v, ids);
   }
   void begin_capture() override { inner_->begin_capture(); }

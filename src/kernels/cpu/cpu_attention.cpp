@@ -13,7 +13,6 @@
 #include <limits>
 
 #include "kernels/cpu/simd.h"
-#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -245,9 +244,8 @@ void attend(Isa isa, const AttentionParams& p, const Item& it, const ItemBuffers
 
 }  // namespace
 
-void CpuOps::attention(const AttentionParams& p) {
-  check_attention_params(p);
-  if (recording(&CpuOps::attention, p)) return;
+void CpuOps::do_attention(const AttentionParams& p) {
+  if (recording(&CpuOps::do_attention, p)) return;
   check_attention_views(p);
   if (p.sessions == 0) return;
   const Isa isa = active_isa();

@@ -2,7 +2,6 @@
 // (docs/model.md). Depthwise per channel: the inner loop runs over the channels of one group, whose
 // dynamic coefficient is a single scalar, and is compiled once per instruction set.
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -32,9 +31,8 @@ TPDRAFT_INLINE void conv_rows_body(const ConvParams& p, int64_t row_begin, int64
 
 }  // namespace
 
-void CpuOps::dyn_conv(const ConvParams& p) {
-  check_conv_params(p);
-  if (recording(&CpuOps::dyn_conv, p)) return;
+void CpuOps::do_dyn_conv(const ConvParams& p) {
+  if (recording(&CpuOps::do_dyn_conv, p)) return;
   const Isa isa = active_isa();
   const int64_t rows = p.sessions * p.block;
   if (rows * p.hidden * p.kernel < kParallelMin) return on_isa<conv_rows_body>(isa, p, 0, rows);

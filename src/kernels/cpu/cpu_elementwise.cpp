@@ -130,9 +130,8 @@ float detail::exp_shifted_sum(Isa isa, float* x, int64_t n, float shift) {
   return sum;
 }
 
-void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
-  if (recording(&CpuOps::silu_mul, gate, up, out, n)) return;
+void CpuOps::do_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  if (recording(&CpuOps::do_silu_mul, gate, up, out, n)) return;
   const Isa isa = active_isa();
   const auto kernel =
       isa >= Isa::Avx512 ? silu_mul512 : isa == Isa::Avx2 ? silu_mul256 : silu_mul_scalar;
@@ -142,9 +141,8 @@ void CpuOps::silu_mul(const float* gate, const float* up, float* out, int64_t n)
       n, [&](int64_t b, int64_t e, int) { kernel(gate + b, up + b, out + b, e - b); }, 64);
 }
 
-void CpuOps::add(float* y, const float* x, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "add: element count must be >= 0, got {}", n);
-  if (recording(&CpuOps::add, y, x, n)) return;
+void CpuOps::do_add(float* y, const float* x, int64_t n) {
+  if (recording(&CpuOps::do_add, y, x, n)) return;
   // A plain loop: the compiler vectorises it for the baseline ISA and it is bandwidth bound.
   auto body = [&](int64_t b, int64_t e, int) {
     for (int64_t i = b; i < e; ++i) y[i] += x[i];
@@ -153,26 +151,15 @@ void CpuOps::add(float* y, const float* x, int64_t n) {
   pool_.parallel_for(n, body, 64);
 }
 
-void CpuOps::gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
-  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "gather_rows: bad shape [{}, {}]", rows, row_len);
-  TPDRAFT_CHECK(rows == 0 || (src != nullptr && index != nullptr && dst != nullptr), "gather_rows: a buffer is missing");
-  if (recording(&CpuOps::gather_rows, src, index, rows, row_len, dst)) return;
+void CpuOps::do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
+  if (recording(&CpuOps::do_gather_rows, src, index, rows, row_len, dst)) return;
   const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row_len, src + index[r] * row_len, bytes);
 }
 
-namespace {
-void check_ring_store(const char* op, int64_t rows, int64_t row_len, int64_t capacity, int64_t first_pos) {
-  TPDRAFT_CHECK(capacity > 0, "{}: ring capacity must be > 0, got {}", op, capacity);
-  TPDRAFT_CHECK(first_pos >= 0, "{}: first position must be >= 0, got {}", op, first_pos);
-  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "{}: bad shape [{}, {}]", op, rows, row_len);
-}
-}  // namespace
-
-void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                        int64_t first_pos) {
-  check_ring_store("store_rows", rows, row_len, capacity, first_pos);
-  if (recording(&CpuOps::store_rows, src, rows, row_len, dst, capacity, first_pos)) return;
+void CpuOps::do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                           int64_t first_pos) {
+  if (recording(&CpuOps::do_store_rows, src, rows, row_len, dst, capacity, first_pos)) return;
   const size_t bytes = static_cast<size_t>(row_len) * sizeof(float);
   for (int64_t j = 0; j < rows; ++j) {
     const int64_t slot = (first_pos + j) % capacity;
@@ -180,12 +167,10 @@ void CpuOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* 
   }
 }
 
-void CpuOps::store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
-                                int64_t capacity, int64_t first_pos) {
-  if (dtype == DType::F32) return store_rows(src, rows, row_len, static_cast<float*>(dst), capacity, first_pos);
-  TPDRAFT_CHECK(dtype == DType::BF16, "store_context_rows: {} is not f32 or bf16", dtype_name(dtype));
-  check_ring_store("store_context_rows", rows, row_len, capacity, first_pos);
-  if (recording(&CpuOps::store_context_rows, dtype, src, rows, row_len, dst, capacity, first_pos)) return;
+// BF16, the one other dtype holds_context() takes.
+void CpuOps::do_store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
+                                   int64_t capacity, int64_t first_pos) {
+  if (recording(&CpuOps::do_store_context_rows, dtype, src, rows, row_len, dst, capacity, first_pos)) return;
   auto* ring = static_cast<uint16_t*>(dst);
   for (int64_t j = 0; j < rows; ++j) {
     const int64_t slot = (first_pos + j) % capacity;

@@ -11,7 +11,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
-#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 namespace {
@@ -182,9 +181,8 @@ const float* CpuOps::quantized_head_dots(const HeadParams& p) {
   return dots;
 }
 
-void CpuOps::head_logits(const HeadParams& p, float* logits) {
-  check_head_params(p, "head_logits");
-  if (recording(&CpuOps::head_logits, p, logits)) return;
+void CpuOps::do_head_logits(const HeadParams& p, float* logits) {
+  if (recording(&CpuOps::do_head_logits, p, logits)) return;
   if (p.m == 0 || p.valid_rows == 0) return;
   if (p.head.quantized()) {
     const float* dots = quantized_head_dots(p);
@@ -218,13 +216,8 @@ void CpuOps::head_logits(const HeadParams& p, float* logits) {
 // gamma_n is doubled in case an implementation rounds more often than this model, the sum is
 // inflated by 1e-3, and 2^-20 ||w|| ||g_hi|| covers rounding when forming A +- bound in f32.
 // The ||g - g_hi|| term dominates (~2^-9 ||g||); the rest adds a few percent.
-void CpuOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
-  check_head_params(p, "head_topk");
-  TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
-  TPDRAFT_CHECK(std::isfinite(p.scale) && p.scale > 0.0f, "head_topk: logit scale must be finite and > 0, got {}",
-                p.scale);
-  TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);
-  if (recording(&CpuOps::head_topk, p, k, id_base, values, ids)) return;
+void CpuOps::do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
+  if (recording(&CpuOps::do_head_topk, p, k, id_base, values, ids)) return;
   if (p.m == 0) return;
   if (p.head.quantized()) {
     // The dots are the matmul kernels' (exact for the quantized model): scan them with no bound.

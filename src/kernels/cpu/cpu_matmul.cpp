@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "kernels/cpu/simd.h"
-#include "kernels/ops_checks.h"
 
 namespace tpdraft::kernels::cpu {
 
@@ -337,9 +336,8 @@ void detail::exact_dots(Isa isa, const WeightRows& w, int64_t row0, int64_t nrow
   return scalar_dots<uint16_t>(w, row0, nrows, packed, m, out, out_stride);
 }
 
-void CpuOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
-  check_matmul_params(w, m);
-  if (recording(&CpuOps::matmul, w, x, m, y, bias)) return;
+void CpuOps::do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
+  if (recording(&CpuOps::do_matmul, w, x, m, y, bias)) return;
   if (m == 0) return;
   if (w.quantized()) return qmatmul(w, x, m, y, bias);
   const int64_t pc = detail::packed_cols(w.cols);

@@ -52,9 +52,8 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
 
 }  // namespace
 
-void CpuOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
-  if (recording(&CpuOps::rms_norm, x, w, y, rows, n, eps)) return;
+void CpuOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  if (recording(&CpuOps::do_rms_norm, x, w, y, rows, n, eps)) return;
   const Isa isa = active_isa();
   if (rows * n < kParallelMin) return on_isa<rms_rows_body>(isa, x, w, y, rows, n, eps);
   pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
@@ -62,12 +61,9 @@ void CpuOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, in
   });
 }
 
-void CpuOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                            const int64_t* positions, double theta) {
-  TPDRAFT_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_norm_rope: head_dim must be even and > 0, got {}", head_dim);
-  TPDRAFT_CHECK(rows >= 0 && heads > 0, "head_norm_rope: bad shape [{}, {}, {}]", rows, heads, head_dim);
-  TPDRAFT_CHECK(theta > 0.0, "head_norm_rope: rope theta must be > 0, got {}", theta);
-  if (recording(&CpuOps::head_norm_rope, x, w, rows, heads, head_dim, eps, positions, theta)) return;
+void CpuOps::do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                               const int64_t* positions, double theta) {
+  if (recording(&CpuOps::do_head_norm_rope, x, w, rows, heads, head_dim, eps, positions, theta)) return;
   const int64_t half = head_dim / 2;
   if (rope_theta_ != theta || static_cast<int64_t>(rope_inv_freq_.size()) != half) {
     rope_inv_freq_.resize(static_cast<size_t>(half));

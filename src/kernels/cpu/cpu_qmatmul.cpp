@@ -353,13 +353,12 @@ const char* quant_kernel_name(QuantKernel k) {
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
-size_t CpuOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
+size_t CpuOps::do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
   return static_cast<size_t>(detail::quant_layout(format, rows, cols, group).total);
 }
 
-Matrix CpuOps::upload_quantized(const QuantizedRows& src, void* dst) {
+Matrix CpuOps::do_upload_quantized(const QuantizedRows& src, void* dst) {
   check_not_capturing("upload_quantized");
-  TPDRAFT_CHECK(src.bits == 4 || src.bits == 8, "quantized weights must have 4 or 8 bits, got {}", src.bits);
   const Matrix packed = quantized_matrix(src, dst);
   const QuantLayout l = detail::quant_layout(packed.format, src.rows, src.cols, src.group);
   auto* out = static_cast<std::byte*>(dst);

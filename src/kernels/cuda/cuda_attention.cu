@@ -48,14 +48,14 @@ struct Span {
 };
 
 __device__ Span session_span(const AttnArgs& a, int64_t s) {
-  const ContextView c = a.context[s];
+  const ContextView c = a.p.context[s];
   Span sp;
   sp.begin = c.begin;
-  sp.anchor = a.anchor[s];
+  sp.anchor = a.p.anchor[s];
   sp.capacity = c.capacity;
   sp.k = c.k;
   sp.v = c.v;
-  sp.span = attn_span(c.begin, c.end, sp.anchor, a.window, a.splits);
+  sp.span = attn_span(c.begin, c.end, sp.anchor, a.p.window, a.splits);
   return sp;
 }
 
@@ -67,17 +67,17 @@ struct RowView {
 };
 
 __device__ RowView row_view(const AttnArgs& a, const Span& se, int64_t g, int64_t i, bool block_chunk) {
-  const int64_t ratio = a.n_q / a.n_kv;
+  const int64_t ratio = a.p.n_q / a.p.n_kv;
   RowView v;
-  v.valid = i < ratio * a.B;
-  v.h = g * ratio + i / a.B;
-  v.r = i % a.B;
+  v.valid = i < ratio * a.p.block;
+  v.h = g * ratio + i / a.p.block;
+  v.r = i % a.p.block;
   KeyRange keys;
   if (!block_chunk) {
-    keys.lo = attn_context_from(se.begin, se.anchor, a.window, v.r);
+    keys.lo = attn_context_from(se.begin, se.anchor, a.p.window, v.r);
     keys.hi = INT64_MAX;  // the chunk ends at the span's end, min(end, anchor)
   } else {
-    keys = attn_block_keys(v.r, a.B, a.causal, a.window);
+    keys = attn_block_keys(v.r, a.p.block, a.p.causal, a.p.window);
   }
   v.vlo = keys.lo;
   v.vhi = keys.hi;
@@ -91,11 +91,11 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   const Span se = session_span(a, s);
   const bool block_chunk = c == a.splits;
   const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups;
-  const int64_t D = a.D, ks = key_stride(D), ratio = a.n_q / a.n_kv;
+  const int64_t D = a.p.head_dim, ks = key_stride(D), ratio = a.p.n_q / a.p.n_kv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
   // The chunk's keys: context positions [kbeg, kend), or block rows [0, B).
-  int64_t kbeg = 0, kend = a.B;
+  int64_t kbeg = 0, kend = a.p.block;
   if (!block_chunk) {
     const KeyRange chunk = attn_chunk(se.span, c);
     kbeg = chunk.lo;
@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
       // the merge, which then reads nothing else of them. The whole block leaves together.
       for (int64_t row = threadIdx.x; row < kAttnRowsPerBlock; row += blockDim.x) {
         const int64_t i = qg * kAttnRowsPerBlock + row;
-        if (i >= ratio * a.B) continue;
-        const int64_t slot = ((s * a.n_q + g * ratio + i / a.B) * a.B + i % a.B) * (a.splits + 1) + c;
+        if (i >= ratio * a.p.block) continue;
+        const int64_t slot = ((s * a.p.n_q + g * ratio + i / a.p.block) * a.p.block + i % a.p.block) * (a.splits + 1) + c;
         a.part_ml[slot * 2] = -INFINITY;
         a.part_ml[slot * 2 + 1] = 0.0f;
       }
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   for (int row = warp; row < kAttnRowsPerBlock; row += kWarps) {
     const int64_t i = qg * kAttnRowsPerBlock + row;
     const float* src = nullptr;
-    if (i < ratio * a.B) src = a.q + ((s * a.B + i % a.B) * a.n_q + g * ratio + i / a.B) * D;
+    if (i < ratio * a.p.block) src = a.p.q + ((s * a.p.block + i % a.p.block) * a.p.n_q + g * ratio + i / a.p.block) * D;
     for (int64_t d = lane; d < D; d += 32) qs[row * D + d] = src != nullptr ? src[d] : 0.0f;
   }
 
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
   for (int j = 0; j < kRowsPerWarp; ++j)
     rows[j] = row_view(a, se, g, qg * kAttnRowsPerBlock + warp * kRowsPerWarp + j, block_chunk);
 
-  const float* ksrc = block_chunk ? a.k : se.k;
-  const float* vsrc = block_chunk ? a.v : se.v;
+  const float* ksrc = block_chunk ? a.p.k : se.k;
+  const float* vsrc = block_chunk ? a.p.v : se.v;
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DC];
 #pragma unroll
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
     __syncthreads();  // the previous tile has been consumed (and, first time, qs is written)
     for (int j = warp; j < n; j += kWarps) {
       const int64_t key = t0 + j;
-      const int64_t row = block_chunk ? (s * a.B + key) * a.n_kv + g : (key % se.capacity) * a.n_kv + g;
+      const int64_t row = block_chunk ? (s * a.p.block + key) * a.p.n_kv + g : (key % se.capacity) * a.p.n_kv + g;
       const float* kr = ksrc + row * D;
       const float* vr = vsrc + row * D;
       for (int64_t d = lane; d < D; d += 32) {
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
 #pragma unroll
     for (int j = 0; j < kRowsPerWarp; ++j) {
       const bool visible = rows[j].valid && lane < n && key >= rows[j].vlo && key < rows[j].vhi;
-      const float score = visible ? sc[j] * a.scale : -INFINITY;
+      const float score = visible ? sc[j] * a.p.scale : -INFINITY;
       const float m_new = fmaxf(m[j], warp_max(score));
       if (m_new == -INFINITY) {  // nothing visible to this row yet: its state stays empty
         p[j] = 0.0f;
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     if (!rows[j].valid) continue;
-    const int64_t slot = ((s * a.n_q + rows[j].h) * a.B + rows[j].r) * (a.splits + 1) + c;
+    const int64_t slot = ((s * a.p.n_q + rows[j].h) * a.p.block + rows[j].r) * (a.splits + 1) + c;
 #pragma unroll
     for (int t = 0; t < DC; ++t)
       if (lane + 32 * t < D) a.part_acc[slot * D + lane + 32 * t] = acc[j][t];
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_partial_kernel(AttnArgs a, i
 // over the chunks the row saw something in (m_c > -inf; the others' acc is never read).
 __global__ void attn_merge_kernel(AttnArgs a) {
   const int64_t idx = blockIdx.x;  // ((s * n_q + h) * B + r)
-  const int64_t r = idx % a.B, h = (idx / a.B) % a.n_q, s = idx / (a.B * a.n_q);
+  const int64_t r = idx % a.p.block, h = (idx / a.p.block) % a.p.n_q, s = idx / (a.p.block * a.p.n_q);
   const int64_t used = a.splits + 1;
   const float* ml = a.part_ml + idx * used * 2;
   float mx = -INFINITY;
@@ -231,12 +231,12 @@ __global__ void attn_merge_kernel(AttnArgs a) {
   for (int64_t c = 0; c < used; ++c)
     if (ml[c * 2] != -INFINITY) denom += expf(ml[c * 2] - mx) * ml[c * 2 + 1];
   const float inv = 1.0f / denom;
-  float* out = a.out + ((s * a.B + r) * a.n_q + h) * a.D;
-  const float* acc = a.part_acc + idx * used * a.D;
-  for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
+  float* out = a.p.out + ((s * a.p.block + r) * a.p.n_q + h) * a.p.head_dim;
+  const float* acc = a.part_acc + idx * used * a.p.head_dim;
+  for (int64_t d = threadIdx.x; d < a.p.head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int64_t c = 0; c < used; ++c)
-      if (ml[c * 2] != -INFINITY) sum += expf(ml[c * 2] - mx) * acc[c * a.D + d];
+      if (ml[c * 2] != -INFINITY) sum += expf(ml[c * 2] - mx) * acc[c * a.p.head_dim + d];
     out[d] = sum * inv;
   }
 }
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
   const int64_t s = blockIdx.z, c = blockIdx.x;
   const Span se = session_span(a, s);
   const bool block_chunk = c == a.splits;
-  const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups, ratio = a.n_q / a.n_kv;
+  const int64_t g = blockIdx.y / qgroups, qg = blockIdx.y % qgroups, ratio = a.p.n_q / a.p.n_kv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = qg * kAttnMmaRowsPerBlock + warp * 16;  // the warp's first row
 
@@ -316,13 +316,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
 #pragma unroll
   for (int h = 0; h < 2; ++h) rows[h] = row_view(a, se, g, row0 + lane / 4 + 8 * h, block_chunk);
 
-  int64_t kbeg = 0, kend = a.B;
+  int64_t kbeg = 0, kend = a.p.block;
   if (!block_chunk) {
     const KeyRange chunk = attn_chunk(se.span, c);
     kbeg = chunk.lo;
     kend = chunk.hi;
   }
-  auto slot_of = [&](const RowView& rv) { return ((s * a.n_q + rv.h) * a.B + rv.r) * (a.splits + 1) + c; };
+  auto slot_of = [&](const RowView& rv) { return ((s * a.p.n_q + rv.h) * a.p.block + rv.r) * (a.splits + 1) + c; };
   if (kbeg >= kend) {  // an empty chunk: its slots are marked empty for the merge
     if (lane % 4 == 0)
 #pragma unroll
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
     const float* qrow[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      qrow[h] = rows[h].valid ? a.q + ((s * a.B + rows[h].r) * a.n_q + rows[h].h) * D : nullptr;
+      qrow[h] = rows[h].valid ? a.p.q + ((s * a.p.block + rows[h].r) * a.p.n_q + rows[h].h) * D : nullptr;
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk)
 #pragma unroll
@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
         qf[kk][f] = src != nullptr ? pack_bf16(src[col], src[col + 1]) : 0u;
       }
   }
-  const bool warp_live = row0 < ratio * a.B;
-  const float scale2 = a.scale * kLog2e;
+  const bool warp_live = row0 < ratio * a.p.block;
+  const float scale2 = a.p.scale * kLog2e;
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[ND][4];
@@ -360,16 +360,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
 #pragma unroll
     for (int f = 0; f < 4; ++f) acc[nd][f] = 0.0f;
 
-  const int64_t slot0 = block_chunk ? s * a.B : kbeg % se.capacity;
+  const int64_t slot0 = block_chunk ? s * a.p.block : kbeg % se.capacity;
   for (int64_t t0 = kbeg; t0 < kend; t0 += kMmaKeys) {
     const int n = static_cast<int>(attn_min(kMmaKeys, kend - t0));
     __syncthreads();  // the previous tile has been consumed
     const int64_t first = slot0 + (t0 - kbeg);
     if (block_chunk)
-      stage_tile<D>(a.k, a.v, first, 0, a.n_kv * D, g * D, n, ks, vs);
+      stage_tile<D>(a.p.k, a.p.v, first, 0, a.p.n_kv * D, g * D, n, ks, vs);
     else
       stage_tile<D>(reinterpret_cast<const KV*>(se.k), reinterpret_cast<const KV*>(se.v),
-                    first >= se.capacity ? first - se.capacity : first, se.capacity, a.n_kv * D, g * D, n, ks, vs);
+                    first >= se.capacity ? first - se.capacity : first, se.capacity, a.p.n_kv * D, g * D, n, ks, vs);
     __syncthreads();
     if (!warp_live) continue;
 
@@ -469,7 +469,7 @@ auto* mma_kernel_for(int64_t d) {
 
 template <int DC>
 void launch_partial(const AttnArgs& a, dim3 grid, int64_t qgroups, cudaStream_t stream) {
-  const size_t shared = partial_shared_bytes(a.D);
+  const size_t shared = partial_shared_bytes(a.p.head_dim);
   // Above the default 48 KiB a kernel must opt in (D > 128 here). The setting is per device,
   // so it is made on every such launch (a cheap host call).
   if (shared > 48 * 1024)
@@ -502,25 +502,25 @@ int attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16) {
 }
 
 void launch_attention(const AttnArgs& a, AttnKernel kernel, cudaStream_t stream) {
-  if (a.S <= 0) return;
-  const int64_t ratio = a.n_q / a.n_kv, rows = attention_rows_per_block(kernel);
-  const int64_t qgroups = (ratio * a.B + rows - 1) / rows;
-  const dim3 grid(static_cast<unsigned>(a.splits + 1), static_cast<unsigned>(a.n_kv * qgroups),
-                  static_cast<unsigned>(a.S));
+  if (a.p.sessions <= 0) return;
+  const int64_t ratio = a.p.n_q / a.p.n_kv, rows = attention_rows_per_block(kernel);
+  const int64_t qgroups = (ratio * a.p.block + rows - 1) / rows;
+  const dim3 grid(static_cast<unsigned>(a.splits + 1), static_cast<unsigned>(a.p.n_kv * qgroups),
+                  static_cast<unsigned>(a.p.sessions));
   if (kernel == AttnKernel::mma) {
-    if (a.kv_bf16)
-      mma_kernel_for<__nv_bfloat16>(a.D)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
+    if (a.p.kv_dtype == DType::BF16)
+      mma_kernel_for<__nv_bfloat16>(a.p.head_dim)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
     else
-      mma_kernel_for<float>(a.D)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
-  } else if (a.D <= 64) {
+      mma_kernel_for<float>(a.p.head_dim)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
+  } else if (a.p.head_dim <= 64) {
     launch_partial<2>(a, grid, qgroups, stream);
-  } else if (a.D <= 128) {
+  } else if (a.p.head_dim <= 128) {
     launch_partial<4>(a, grid, qgroups, stream);
   } else {
     launch_partial<8>(a, grid, qgroups, stream);
   }
   TPDRAFT_CHECK_LAUNCH("attention (chunk partials)");
-  attn_merge_kernel<<<static_cast<unsigned>(a.S * a.n_q * a.B), kMergeThreads, 0, stream>>>(a);
+  attn_merge_kernel<<<static_cast<unsigned>(a.p.sessions * a.p.n_q * a.p.block), kMergeThreads, 0, stream>>>(a);
   TPDRAFT_CHECK_LAUNCH("attention (merge)");
 }
 

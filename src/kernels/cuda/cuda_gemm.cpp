@@ -11,14 +11,12 @@
 // (|x| > 65504) overflow to inf in either mode. docs/gpu.md has the numbers.
 #include <algorithm>
 #include <climits>
-#include <cmath>
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/lazy_lib.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_ops_impl.h"
-#include "kernels/ops_checks.h"
+#include "kernels/cuda/cuda_ops.h"
 
 // The exported cublasGemmEx (the header adds a C++ overload taking a cudaDataType compute type).
 using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
@@ -75,8 +73,7 @@ void CudaOps::gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x,
       static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
-  check_matmul_params(w, m);
+void CudaOps::do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
   if (m == 0) return;
   if (w.quantized()) return qmatmul(w, x, m, y, bias);
   check_int(w.rows, "weight rows", "matmul");
@@ -100,7 +97,6 @@ void CudaOps::matmul(const Matrix& w, const float* x, int64_t m, float* y, const
 namespace {
 
 void check_head(const HeadParams& p, const char* op) {
-  check_head_params(p, op);
   check_int(p.valid_rows, "valid rows", op);
   check_int(p.head.cols, "hidden", op);
   check_int(p.m, "rows", op);
@@ -108,40 +104,39 @@ void check_head(const HeadParams& p, const char* op) {
 
 }  // namespace
 
-const float* CudaOps::quantized_head_part(const HeadParams& p, int64_t n) {
-  const int64_t rows = p.head.rows;
-  float* dots = qhead_.as<float>(static_cast<size_t>(p.m * rows), stream_);
-  qmatmul(p.head, p.g, p.m, dots, nullptr);
-  if (n == rows) return dots;
-  float* part = qhead_valid_.as<float>(static_cast<size_t>(p.m * n), stream_);
-  CUDA_CHECK(cudaMemcpy2DAsync(part, static_cast<size_t>(n) * sizeof(float), dots, static_cast<size_t>(rows) * sizeof(float),
-                               static_cast<size_t>(n) * sizeof(float), static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice,
-                               stream_));
-  return part;
+// head_logits and head_topk run the very same GEMM (same shapes, workspaces and handle) and the
+// same post-processing kernel, so head_topk's values equal head_logits' bit for bit. A quantized
+// head's dots come from qmatmul (the matmul's kernels), its valid columns copied out as one part.
+void CudaOps::head_logits_into(const HeadParams& p, float* logits) {
+  const int64_t n = p.valid_rows, rows = p.head.rows;
+  float* parts = nullptr;
+  int count = 1;
+  if (!p.head.quantized()) {
+    count = gemm_parts(p.head, p.g, p.m, n, &parts);
+  } else {
+    parts = qhead_.as<float>(static_cast<size_t>(p.m * rows), stream_);
+    qmatmul(p.head, p.g, p.m, parts, nullptr);
+    if (n != rows) {
+      float* dots = parts;
+      parts = qhead_valid_.as<float>(static_cast<size_t>(p.m * n), stream_);
+      CUDA_CHECK(cudaMemcpy2DAsync(parts, static_cast<size_t>(n) * sizeof(float), dots,
+                                   static_cast<size_t>(rows) * sizeof(float), static_cast<size_t>(n) * sizeof(float),
+                                   static_cast<size_t>(p.m), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  launch_head_post(parts, count, p.m, n, p.scale, p.cap, logits, stream_);
 }
 
-// head_logits and head_topk run the very same GEMM (same shapes, workspaces and handle) and the
-// same post-processing kernel, so head_topk's values equal head_logits' bit for bit.
-void CudaOps::head_logits(const HeadParams& p, float* logits) {
+void CudaOps::do_head_logits(const HeadParams& p, float* logits) {
   check_head(p, "head_logits");
   if (p.m == 0 || p.valid_rows == 0) return;
   DeviceGuard guard(device_);
-  if (p.head.quantized()) {
-    launch_head_post(quantized_head_part(p, p.valid_rows), 1, p.m, p.valid_rows, p.scale, p.cap, logits, stream_);
-    return;
-  }
-  float* parts = nullptr;
-  const int count = gemm_parts(p.head, p.g, p.m, p.valid_rows, &parts);
-  launch_head_post(parts, count, p.m, p.valid_rows, p.scale, p.cap, logits, stream_);
+  head_logits_into(p, logits);
 }
 
-void CudaOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
+void CudaOps::do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) {
   check_head(p, "head_topk");
-  TPDRAFT_CHECK(k >= 1, "head_topk: k must be >= 1, got {}", k);
   TPDRAFT_CHECK(k <= kMaxTopK, "head_topk: k = {} exceeds the cuda backend's limit of {}", k, kMaxTopK);
-  TPDRAFT_CHECK(std::isfinite(p.scale) && p.scale > 0.0f, "head_topk: logit scale must be finite and > 0, got {}",
-                p.scale);
-  TPDRAFT_CHECK(std::isfinite(p.cap) && p.cap >= 0.0f, "head_topk: soft cap must be finite and >= 0, got {}", p.cap);
   TPDRAFT_CHECK(p.m <= 65535, "head_topk: {} rows exceed the cuda grid limit of 65535", p.m);
   if (p.m == 0) return;
   DeviceGuard guard(device_);
@@ -149,13 +144,7 @@ void CudaOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* valu
   float* logits = nullptr;
   if (n > 0) {
     logits = logits_.as<float>(static_cast<size_t>(p.m * n), stream_);
-    if (p.head.quantized()) {
-      launch_head_post(quantized_head_part(p, n), 1, p.m, n, p.scale, p.cap, logits, stream_);
-    } else {
-      float* parts = nullptr;
-      const int count = gemm_parts(p.head, p.g, p.m, n, &parts);
-      launch_head_post(parts, count, p.m, n, p.scale, p.cap, logits, stream_);
-    }
+    head_logits_into(p, logits);
   }
   const size_t keys = static_cast<size_t>(topk_key_capacity(p.m, n, k));
   uint64_t* a = keys_a_.as<uint64_t>(keys, stream_);
@@ -163,17 +152,25 @@ void CudaOps::head_topk(const HeadParams& p, int k, int64_t id_base, float* valu
   launch_topk(logits, p.m, n, k, id_base, a, b, values, ids, stream_);
 }
 
+}  // namespace tpdraft::kernels::cuda
+
+namespace tpdraft::kernels {
+
 // The ceiling a GEMM of ours is compared with: one plain cublasGemmEx on 16-bit operands (both
-// in `dtype`, f32 accumulation and output), timed with events, best of 10 after a warm-up.
-double CudaOps::cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k) {
+// in `dtype`, f32 accumulation and output), timed with events, best of 10 after a warm-up, on a
+// cuBLAS handle of its own (the settings of the backend's: host pointers, default math).
+double cuda_cublas_gemm_gflops(int device, cudaStream_t stream, DType dtype, int64_t m, int64_t n, int64_t k) {
+  using cuda::check_int;
   TPDRAFT_CHECK(dtype == DType::BF16 || dtype == DType::F16, "cublas_gemm_gflops: dtype must be BF16 or F16, got {}",
                 dtype_name(dtype));
   TPDRAFT_CHECK(m > 0 && n > 0 && k > 0, "cublas_gemm_gflops: bad shape {} x {} x {}", m, n, k);
   check_int(m, "rows", "cublas_gemm_gflops");
   check_int(n, "cols", "cublas_gemm_gflops");
   check_int(k, "inner", "cublas_gemm_gflops");
-  check_not_capturing("cublas_gemm_gflops");
-  DeviceGuard guard(device_);
+  TPDRAFT_CHECK(!tpdraft::cuda::stream_capturing(stream),
+                "cuda backend: cublas_gemm_gflops during a graph capture (only compute ops may be captured)");
+  tpdraft::cuda::DeviceGuard guard(device);
+  cublasHandle_t blas = nullptr;
   void *a = nullptr, *b = nullptr, *c = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   double best = 0;
@@ -181,24 +178,27 @@ double CudaOps::cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k)
     cudaFree(a), cudaFree(b), cudaFree(c);
     if (start != nullptr) cudaEventDestroy(start);
     if (stop != nullptr) cudaEventDestroy(stop);
+    if (blas != nullptr) TPDRAFT_LAZY(cublas, cublasDestroy)(blas);
   };
   try {
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasCreate)(&blas));
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSetStream)(blas, stream));
     CUDA_CHECK(cudaMalloc(&a, static_cast<size_t>(n * k) * 2));
     CUDA_CHECK(cudaMalloc(&b, static_cast<size_t>(k * m) * 2));
     CUDA_CHECK(cudaMalloc(&c, static_cast<size_t>(n * m) * 4));
-    CUDA_CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(n * k) * 2, stream_));
-    CUDA_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(k * m) * 2, stream_));
+    CUDA_CHECK(cudaMemsetAsync(a, 0, static_cast<size_t>(n * k) * 2, stream));
+    CUDA_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(k * m) * 2, stream));
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     const float one = 1.0f, zero = 0.0f;
-    const cudaDataType_t t = blas_type(dtype);
+    const cudaDataType_t t = cuda::blas_type(dtype);
     for (int rep = 0; rep < 11; ++rep) {
-      CUDA_CHECK(cudaEventRecord(start, stream_));
+      CUDA_CHECK(cudaEventRecord(start, stream));
       CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(
-          blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, a, t,
+          blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, a, t,
           static_cast<int>(k), b, t, static_cast<int>(k), &zero, c, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F,
           CUBLAS_GEMM_DEFAULT));
-      CUDA_CHECK(cudaEventRecord(stop, stream_));
+      CUDA_CHECK(cudaEventRecord(stop, stream));
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -212,4 +212,4 @@ double CudaOps::cublas_gemm_gflops(DType dtype, int64_t m, int64_t n, int64_t k)
   return best;
 }
 
-}  // namespace tpdraft::kernels::cuda
+}  // namespace tpdraft::kernels

@@ -1,6 +1,6 @@
 // The kernel launchers of the CUDA backend, one family per .cu file. Every pointer is device
 // memory; every launcher enqueues on `stream`, returns at once and checks the launch by name.
-// CudaOps (cuda_ops_impl.h) validates arguments and stages host-side parameters before calling.
+// CudaOps (cuda_ops.h) checks the backend's own limits (Ops the rest) and stages host-side parameters first.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -82,21 +82,10 @@ void launch_topk(const float* logits, int64_t m, int64_t n, int k, int64_t id_ba
 // own keys. The grid depends only on the shapes and `splits`, so a captured launch stays right
 // as contexts grow.
 struct AttnArgs {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  float* out = nullptr;
-  const ContextView* context = nullptr;  // device [S]
-  const int64_t* anchor = nullptr;       // device [S]
+  AttentionParams p;  // as the op got it: the tables (context, anchor) are device memory
   float* part_acc = nullptr;  // [S, n_q, B, splits + 1, D] unnormalised weighted V per chunk
   float* part_ml = nullptr;   // [S, n_q, B, splits + 1, 2] running max and denominator per chunk
-  int64_t S = 0, B = 0, n_q = 0, n_kv = 0, D = 0, window = 0;
-  bool causal = false;
-  float scale = 1.0f;
   int64_t splits = 1;  // context chunks per session
-  // The context rings' element type: f32, or bf16 (read by the mma kernel only). The block's own
-  // keys (k, v) are f32 either way.
-  bool kv_bf16 = false;
 };
 
 constexpr int kAttnMaxHeadDim = 256;

@@ -1,10 +1,9 @@
 // CudaOps construction, device memory, graph capture and replay, and the host side of the
-// ops other than the GEMMs (cuda_gemm.cpp): checks as in the CPU twin, then the launchers.
+// ops other than the GEMMs (cuda_gemm.cpp): the backend's own limits, then the launchers.
 // Copies: to_device returns when the source may be reused (the copy is done); to_host returns
 // when the data is on the host. Everything else is asynchronous on the ops' stream.
 #include "cuda/lazy_lib.h"
-#include "kernels/cuda/cuda_ops_impl.h"
-#include "kernels/ops_checks.h"
+#include "kernels/cuda/cuda_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +15,6 @@
 #include "core/log.h"
 #include "cuda/cuda_check.h"
 #include "kernels/cuda/attention_geometry.h"
-#include "kernels/cuda/cuda_ops.h"
 
 namespace tpdraft::kernels::cuda {
 
@@ -143,15 +141,12 @@ std::string CudaOps::foreign_memory(const void* p) const {
   return "";
 }
 
-void CudaOps::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "widen_to_f32: element count must be >= 0, got {}", n);
+void CudaOps::do_widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
   DeviceGuard guard(device_);
   if (dtype == DType::F32) {
     if (n > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  TPDRAFT_CHECK(dtype == DType::F16 || dtype == DType::BF16, "widen_to_f32: {} is not f32, f16 or bf16",
-                dtype_name(dtype));
   launch_widen_to_f32(src, dtype == DType::BF16, dst, n, stream_);
 }
 
@@ -243,17 +238,13 @@ void CudaOps::replay(const OpGraph& graph) {
 
 // ---- element-wise, norms, conv, ring stores --------------------------------------------------------
 
-void CudaOps::rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
+void CudaOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   DeviceGuard guard(device_);
   launch_rms_norm(x, w, y, rows, n, eps, stream_);
 }
 
-void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                             const int64_t* positions, double theta) {
-  TPDRAFT_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_norm_rope: head_dim must be even and > 0, got {}", head_dim);
-  TPDRAFT_CHECK(rows >= 0 && heads > 0, "head_norm_rope: bad shape [{}, {}, {}]", rows, heads, head_dim);
-  TPDRAFT_CHECK(theta > 0.0, "head_norm_rope: rope theta must be > 0, got {}", theta);
+void CudaOps::do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
+                                const int64_t* positions, double theta) {
   if (rows == 0) return;
   DeviceGuard guard(device_);
   const int64_t half = head_dim / 2;
@@ -277,37 +268,29 @@ void CudaOps::head_norm_rope(float* x, const float* w, int64_t rows, int64_t hea
   launch_head_norm_rope(x, w, rows, heads, head_dim, eps, positions, rope_inv_freq_, stream_);
 }
 
-void CudaOps::dyn_conv(const ConvParams& p) {
-  check_conv_params(p);
+void CudaOps::do_dyn_conv(const ConvParams& p) {
   DeviceGuard guard(device_);
   launch_dyn_conv(p, stream_);
 }
 
-void CudaOps::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "silu_mul: element count must be >= 0, got {}", n);
+void CudaOps::do_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   DeviceGuard guard(device_);
   launch_silu_mul(gate, up, out, n, stream_);
 }
 
-void CudaOps::add(float* y, const float* x, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "add: element count must be >= 0, got {}", n);
+void CudaOps::do_add(float* y, const float* x, int64_t n) {
   DeviceGuard guard(device_);
   launch_add(y, x, n, stream_);
 }
 
-void CudaOps::gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
-  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "gather_rows: bad shape [{}, {}]", rows, row_len);
-  TPDRAFT_CHECK(rows == 0 || (src != nullptr && index != nullptr && dst != nullptr), "gather_rows: a buffer is missing");
+void CudaOps::do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {
   if (rows == 0 || row_len == 0) return;
   DeviceGuard guard(device_);
   launch_gather_rows(src, index, rows, row_len, dst, stream_);
 }
 
-void CudaOps::store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                         int64_t first_pos) {
-  TPDRAFT_CHECK(capacity > 0, "store_rows: ring capacity must be > 0, got {}", capacity);
-  TPDRAFT_CHECK(first_pos >= 0, "store_rows: first position must be >= 0, got {}", first_pos);
-  TPDRAFT_CHECK(rows >= 0 && row_len >= 0, "store_rows: bad shape [{}, {}]", rows, row_len);
+void CudaOps::do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
+                            int64_t first_pos) {
   if (rows == 0 || row_len == 0) return;
   DeviceGuard guard(device_);
   // Only the last `capacity` rows survive; they land in at most two contiguous runs of slots.
@@ -325,12 +308,6 @@ void CudaOps::store_rows(const float* src, int64_t rows, int64_t row_len, float*
 // ---- attention ---------------------------------------------------------------------------------------
 
 namespace {
-
-void check_attention(const AttentionParams& p) {
-  check_attention_params(p);
-  TPDRAFT_CHECK(p.head_dim <= kAttnMaxHeadDim, "attention: head_dim {} exceeds the cuda backend's limit of {}",
-                p.head_dim, kAttnMaxHeadDim);
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -352,8 +329,9 @@ int CudaOps::attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool k
   return blocks;
 }
 
-void CudaOps::attention(const AttentionParams& p) {
-  check_attention(p);
+void CudaOps::do_attention(const AttentionParams& p) {
+  TPDRAFT_CHECK(p.head_dim <= kAttnMaxHeadDim, "attention: head_dim {} exceeds the cuda backend's limit of {}",
+                p.head_dim, kAttnMaxHeadDim);
   if (p.sessions == 0) return;
   DeviceGuard guard(device_);
   const int64_t S = p.sessions, ratio = p.n_q / p.n_kv;
@@ -374,23 +352,8 @@ void CudaOps::attention(const AttentionParams& p) {
       row_blocks, p.max_context, static_cast<int64_t>(attention_blocks_per_sm(kernel, p.head_dim, kv_bf16)) * sm_count_);
   TPDRAFT_CHECK(S <= 65535 && p.n_kv * qgroups <= 65535,
                 "attention: {} sessions x {} kv heads x {} row groups exceed the cuda grid limits", S, p.n_kv, qgroups);
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.out = p.out;
-  a.context = p.context;
-  a.anchor = p.anchor;
-  a.S = S;
-  a.B = p.block;
-  a.n_q = p.n_q;
-  a.n_kv = p.n_kv;
-  a.D = p.head_dim;
-  a.window = p.window;
-  a.causal = p.causal;
-  a.scale = p.scale;
+  AttnArgs a{p};
   a.splits = splits;
-  a.kv_bf16 = kv_bf16;
   const size_t rows = static_cast<size_t>(S * p.n_q * p.block * (splits + 1));
   a.part_acc = attn_acc_.as<float>(rows * static_cast<size_t>(p.head_dim), stream_);
   a.part_ml = attn_ml_.as<float>(rows * 2, stream_);
@@ -412,20 +375,5 @@ int cuda_device_count() {
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device) { return std::make_unique<cuda::CudaOps>(device); }
-
-namespace {
-cuda::CudaOps& as_cuda(Ops& ops) {
-  auto* c = dynamic_cast<cuda::CudaOps*>(&ops);
-  TPDRAFT_CHECK(c != nullptr, "expected the cuda backend, got the '{}' backend", ops.name());
-  return *c;
-}
-}  // namespace
-
-cudaStream_t cuda_stream_of(Ops& ops) { return as_cuda(ops).stream(); }
-double cuda_cublas_gemm_gflops(Ops& ops, DType dtype, int64_t m, int64_t n, int64_t k) {
-  return as_cuda(ops).cublas_gemm_gflops(dtype, m, n, k);
-}
-int cuda_device_of(Ops& ops) { return as_cuda(ops).device(); }
-void cuda_set_attention_kernel(Ops& ops, const std::string& kernel) { as_cuda(ops).set_attention_kernel(kernel); }
 
 }  // namespace tpdraft::kernels

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/runtime.h"
-#include "kernels/cuda/cuda_ops_impl.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
@@ -22,13 +22,13 @@ constexpr int64_t kDequantBytes = int64_t{64} << 20;
 
 }  // namespace
 
-size_t CudaOps::quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
+size_t CudaOps::do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
   TPDRAFT_CHECK(format == WeightFormat::Int8 || format == WeightFormat::Int4, "cuda backend: {} is not quantized",
                 weight_format_name(format));
   return static_cast<size_t>(qtile::layout(bits_of(format), rows, cols, group).total);
 }
 
-Matrix CudaOps::upload_quantized(const QuantizedRows& src, void* dst) {
+Matrix CudaOps::do_upload_quantized(const QuantizedRows& src, void* dst) {
   check_not_capturing("upload_quantized");
   const qtile::Layout l = qtile::layout(src.bits, src.rows, src.cols, src.group);
   std::vector<std::byte> host(static_cast<size_t>(l.total));
