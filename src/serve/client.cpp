@@ -274,11 +274,16 @@ struct Client::Impl {
     }
   }
 
-  // A request of `kind`, its body the session when one is given; returns a reader of the reply.
-  Reader request(const char* what, uint16_t kind, std::optional<int64_t> session = {}) {
-    Writer w = begin(&frame, kind);
-    if (session) w.put<int64_t>(*session);
-    return exchange(what);
+  // A request of `kind` under the client's lock, its body the session when one is given; `read`
+  // takes what an ok reply holds.
+  template <typename Read>
+  auto request(const char* what, uint16_t kind, std::optional<int64_t> session, Read&& read) {
+    return guarded(what, [&] {
+      Writer w = begin(&frame, kind);
+      if (session) w.put<int64_t>(*session);
+      Reader r = exchange(what);
+      return read(r);
+    });
   }
 
   bool make_ring(int64_t bytes, std::string* name) {
@@ -401,31 +406,25 @@ const WireCaps& Client::caps() const { return impl_->caps; }
 bool Client::shared_memory() const { return impl_->ring_on; }
 
 int64_t Client::open_session() {
-  return impl_->guarded("tpdraft_client_session_open", [&] {
-    return impl_->request("tpdraft_client_session_open", kOpen).get<int64_t>("open.session");
-  });
+  return impl_->request("tpdraft_client_session_open", kOpen, {},
+                        [](Reader& r) { return r.get<int64_t>("open.session"); });
 }
 
 void Client::close_session(int64_t session) {
-  impl_->guarded("tpdraft_client_session_close",
-                 [&] { impl_->request("tpdraft_client_session_close", kClose, session); });
+  impl_->request("tpdraft_client_session_close", kClose, session, [](Reader&) {});
 }
 
 int64_t Client::session_length(int64_t session) {
-  return impl_->guarded("tpdraft_client_session_length", [&] {
-    return impl_->request("tpdraft_client_session_length", kLength, session).get<int64_t>("length");
-  });
+  return impl_->request("tpdraft_client_session_length", kLength, session,
+                        [](Reader& r) { return r.get<int64_t>("length"); });
 }
 
 WireStats Client::stats() {
-  return impl_->guarded("tpdraft_client_stats", [&] {
-    Reader r = impl_->request("tpdraft_client_stats", kStats);
-    return get_stats(r);
-  });
+  return impl_->request("tpdraft_client_stats", kStats, {}, [](Reader& r) { return get_stats(r); });
 }
 
 void Client::shutdown() {
-  impl_->guarded("tpdraft_client_shutdown", [&] { impl_->request("tpdraft_client_shutdown", kShutdown); });
+  impl_->request("tpdraft_client_shutdown", kShutdown, {}, [](Reader&) {});
 }
 
 tpdraft_step_times Client::last_times() {

@@ -54,11 +54,11 @@ struct Route {
 struct Request {
   Route route;
   std::unique_ptr<Message> frame;
-  std::vector<uint64_t> copy;
+  std::vector<uint64_t> copy;  // 8-byte aligned
+  size_t copy_bytes = 0;
   std::string malformed;  // why it cannot be read at all (it is refused as malformed)
   const char* data() const { return frame ? frame->data() : reinterpret_cast<const char*>(copy.data()); }
   size_t size() const { return frame ? frame->size() : copy_bytes; }
-  size_t copy_bytes = 0;
 };
 
 class Transport {
@@ -67,6 +67,8 @@ class Transport {
 
   // `listen`: ipc://PATH or tcp://HOST:PORT; `curve_secret_key`: Z85, non-empty for CURVE.
   Transport(std::string listen, std::string curve_secret_key);
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
   ~Transport();
 
   // Binds, taking request frames of at most `max_request_bytes` (-1: any); returns the address
