@@ -1,8 +1,8 @@
 // The client of `tpdraft serve`: a ZeroMQ DEALER socket, requests encoded as docs/protocol.md
 // says, a wait for the matching reply that never outlasts the timeout, taps through the client's
 // shared-memory ring when the server maps it, and a socket monitor so that a server that goes
-// away fails the call at once instead of at the timeout. The C ABI's client (capi/client.cpp) is
-// this class; its messages name the C calls, which are what an engine (or Python) sees.
+// away fails the call at once instead of at the timeout. It speaks for the C ABI's
+// tpdraft_client_* calls: its messages name them, as an engine (or Python) sees them.
 #pragma once
 
 #include <cstddef>
