@@ -90,7 +90,9 @@ struct Server::Impl {
   GroupLeader& group;
   engine::Engine& engine;
   ServerOptions options;
-  Transport transport;
+  Transport transport{replica_endpoint(options.listen.empty() ? default_listen() : options.listen, options.replica,
+                                       options.replicas),
+                      options.curve_secret_key};
   const Transport::Handler on_request_ = [this](Request& r) { on_request(r); };
   std::map<std::string, Client> clients;
   std::deque<Pending> pending;
@@ -107,12 +109,7 @@ struct Server::Impl {
   int64_t queued_entries = 0;  // over every client
   uint64_t queued_bytes = 0;
 
-  Impl(GroupLeader& g, const ServerOptions& o)
-      : group(g),
-        engine(g.engine()),
-        options(o),
-        transport(replica_endpoint(o.listen.empty() ? default_listen() : o.listen, o.replica, o.replicas),
-                  o.curve_secret_key) {}
+  Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
 
   const engine::Caps& caps() const { return engine.caps(); }
 
