@@ -1,10 +1,7 @@
 // `tpdraft serve`: the drafter as a server that target engines call per step over ZeroMQ
 // (docs/protocol.md). In process (--tp N thread ranks) or under mpirun (a group of tp ranks per
 // replica, each replica's rank 0 listening on its own address).
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -15,14 +12,13 @@
 #include "cli/ranks.h"
 #include "core/bounds.h"
 #include "core/error.h"
-#include "core/files.h"
 #include "core/log.h"
-#include "core/strings.h"
 #include "engine/engine.h"
 #include "engine/runtime.h"
 #include "serve/group.h"
 #include "serve/keys.h"
 #include "serve/server.h"
+#include "serve/transport.h"
 
 namespace tpdraft::cli {
 
@@ -35,26 +31,6 @@ struct ServeOpts {
   double idle_timeout = 300, spin_us = 2000, gather_us = 2000;
   RankOptions ranks;
 };
-
-std::string temp_dir() {
-  const char* t = std::getenv("TMPDIR");
-  return t != nullptr && *t != '\0' ? t : "/tmp";
-}
-
-// Replica g's endpoint when there are several: ipc paths get ".g", a fixed tcp port g more.
-std::string replica_endpoint(const std::string& listen, int g, int replicas) {
-  if (replicas == 1) return listen;
-  if (starts_with(listen, "ipc://")) return listen + "." + std::to_string(g);
-  const size_t colon = listen.rfind(':');
-  TPDRAFT_CHECK(colon != std::string::npos && colon + 1 < listen.size(), "--listen {}: no port", listen);
-  const std::string port = listen.substr(colon + 1);
-  if (port == "*") return listen;
-  char* end = nullptr;
-  const long p = std::strtol(port.c_str(), &end, 10);
-  TPDRAFT_CHECK(*end == '\0' && p > 0 && p + replicas - 1 <= 65535,
-                "--listen {}: port '{}' leaves no room for {} replicas' ports", listen, port, replicas);
-  return listen.substr(0, colon + 1) + std::to_string(p + g);
-}
 
 int64_t available_memory() {
   std::ifstream in("/proc/meminfo");
@@ -78,25 +54,6 @@ void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
                 o.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
                 o.max_memory > 0 ? "--max-memory allows" : "this machine has available");
 }
-
-void write_address_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp);
-  out << text;
-  out.close();  // a file that did not open fails here too
-  TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
-  TPDRAFT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--address-file {}: cannot rename {} to it", path, tmp);
-}
-
-// Removes the address file when the server ends, however it ends (but a kill), while it is still
-// the one this server wrote (another server may have written its own there since).
-struct RemoveOnExit {
-  std::string path;
-  FileIdentity written;
-  ~RemoveOnExit() {
-    if (!path.empty()) remove_if_same(path, written);
-  }
-};
 
 void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* mailbox) {
   model::ModelSource source;
@@ -125,7 +82,9 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     if (!leader) return;
     group = std::make_unique<serve::GroupLeader>(*engine, ctx.comm, channel.get(), hook);
     serve::ServerOptions so;
-    so.listen = replica_endpoint(o.listen, ctx.replica, ctx.replicas);
+    so.listen = o.listen;
+    so.replica = ctx.replica;
+    so.replicas = ctx.replicas;
     so.idle_timeout = o.idle_timeout;
     so.max_open_sessions = o.max_open_sessions;
     so.spin_seconds = o.spin_us * 1e-6;
@@ -142,16 +101,14 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
   if (leader) mine.replace(0, std::min(endpoint.size(), kSlot - 1), endpoint.substr(0, kSlot - 1));
   std::string all(kSlot * static_cast<size_t>(ctx.world.size()), '\0');
   ctx.world.all_gather(mine.data(), all.data(), kSlot);
-  RemoveOnExit address_file;
+  serve::AddressFile address_file;
   if (ctx.world.rank() == 0 && !o.address_file.empty()) {
     std::string text;
     for (int r = 0; r < ctx.world.size(); ++r) {
       const std::string a(all.c_str() + static_cast<size_t>(r) * kSlot);
       if (!a.empty()) text += a + "\n";
     }
-    write_address_file(o.address_file, text);
-    address_file.path = o.address_file;
-    address_file.written = file_identity(o.address_file);
+    address_file.write(o.address_file, text);
   }
   if (!leader) {
     serve::follow(*engine, ctx.comm, *channel, hook);
@@ -211,8 +168,6 @@ void add_serve(CLI::App& app) {
       ->check(whole_number(0));
   add_rank_options(cmd, &o->ranks);
   cmd->callback([o] {
-    if (o->listen.empty())
-      o->listen = "ipc://" + temp_dir() + "/tpdraft-serve-" + std::to_string(getpid()) + ".sock";
     if (!o->curve_key_file.empty()) {
       TPDRAFT_CHECK(serve::curve_available(), "--curve-secret-key: this ZeroMQ was built without CURVE (libsodium)");
       o->curve_secret = serve::read_curve_key(o->curve_key_file, true, "--curve-secret-key");

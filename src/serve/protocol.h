@@ -37,11 +37,11 @@ enum Kind : uint16_t {
 constexpr uint16_t kReply = 0x100;
 const char* kind_name(uint16_t kind);
 
-// Reply status: 0 ok, else what kind of failure (the body is then the message).
+// Reply status: 0 ok, else what kind of failure (the body is then the message). 2 is never sent
+// (the server's own inputs are checked at start); a client reads it as a runtime failure.
 enum WireStatus : uint32_t {
   kOk = 0,
   kArgument = 1,   // a wrong request or entry, a limit: nothing changed
-  kInput = 2,      // reserved (the server's own inputs are checked at start)
   kRuntime = 3,    // the drafter failed while working; the server ends
   kMalformed = 4,  // the frame cannot be read (size, magic, version, a field)
   kClosing = 5,    // the server is shutting down: the request was not run

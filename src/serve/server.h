@@ -1,6 +1,7 @@
-// `tpdraft serve`'s rank 0: a ZeroMQ ROUTER socket that many clients share, requests decoded and
-// checked, STEP requests that arrive while a forward runs batched into the next one, replies
-// routed back, idle clients' sessions closed, SIGTERM honoured between forwards.
+// `tpdraft serve`'s rank 0: requests from the clients (serve/transport.h: a ZeroMQ ROUTER socket
+// that many clients share, and their shared-memory rings) decoded and checked, STEP requests that
+// arrive while a forward runs batched into the next one, replies routed back, idle clients'
+// sessions closed, SIGTERM honoured between forwards.
 #pragma once
 
 #include <atomic>
@@ -13,7 +14,8 @@
 namespace tpdraft::serve {
 
 struct ServerOptions {
-  std::string listen;          // a ZeroMQ endpoint: ipc://PATH or tcp://HOST:PORT (PORT may be *)
+  std::string listen;  // ipc://PATH or tcp://HOST:PORT (PORT may be *); empty: an ipc socket in $TMPDIR
+  int replica = 0, replicas = 1;  // of several, replica g listens on PATH.g or PORT+g (serve/transport.h)
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
   int64_t max_open_sessions = 64;
   double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
@@ -37,8 +39,7 @@ class Server {
   Server(GroupLeader& group, const ServerOptions& options);
   ~Server();
 
-  // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*,
-  // this machine's host name for a wildcard host such as tcp://*:PORT).
+  // Binds the socket; returns the address clients connect to (Transport::bind).
   std::string bind();
   // Serves until SIGTERM, a SHUTDOWN request or a failure of the group. Returns after a clean
   // stop; rethrows a failure of the group's work after replying to every waiting client.
