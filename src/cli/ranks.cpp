@@ -16,8 +16,9 @@
 #include "core/error.h"
 #include "core/bounds.h"
 #include "core/log.h"
+#include "engine/group.h"
 #include "kernels/backend.h"
-#include "parallel/mpi_comm.h"
+#include "parallel/launch.h"
 #include "parallel/thread_comm.h"
 #include "parallel/watchdog.h"
 
@@ -115,45 +116,47 @@ model::RuntimeOptions runtime_options(const RankOptions& options, const RankCont
   r.backend = options.backend;
   r.threads = ctx.threads;
   r.local_rank = ctx.local_rank;
-  r.nccl = under_mpi();
+  r.nccl = parallel::multi_process();
   r.limits.kv_dtype = options.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   return r;
 }
 
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
   const int tp = options.tp, threads = options.threads;
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) {
-    auto world = parallel::make_mpi(MPI_COMM_WORLD);
+  if (parallel::multi_process()) {
+    auto world = parallel::world();
     const int size = world->size(), group = tp == 0 ? size : tp;
     agree_on(*world, kExitUsage, [&] {
       TPDRAFT_CHECK(group <= size, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, size);
       TPDRAFT_CHECK(size % group == 0, "--tp {} does not split the {} MPI ranks into whole replicas", group, size);
     });
-    parallel::ReplicaGroup g = parallel::split_groups(group);
-    const parallel::NodeLocal local = parallel::node_local();
-    const int per_rank = threads > 0 ? threads : std::max(1, cores() / local.size);
-    log_placement(local.rank, local.size, g.replica, g.comm->rank());
-    if (world->rank() == 0) warn_oversubscribed(local.size, per_rank);
-    run_rank(options, RankContext{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), local.rank}, fn);
+    parallel::Replica g = parallel::split_replicas(group);
+    const int per_rank = engine::threads_per_rank(threads, g.local_size);
+    log_placement(g.local_rank, g.local_size, g.replica, g.comm->rank());
+    if (world->rank() == 0) warn_oversubscribed(g.local_size, per_rank);
+    RankContext ctx{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), g.local_rank};
+    if (g.comm->size() > 1) ctx.open_channel = g.open_channel;
+    run_rank(options, ctx, fn);
     return;
   }
-#endif
   const int n = std::max(tp, 1);
+  const int per_rank = engine::threads_per_rank(threads, n);
   if (n == 1) {
     auto comm = parallel::make_single_rank();
-    run_rank(options, RankContext{*comm, *comm, 0, 1, threads > 0 ? threads : cores(), 0, 0}, fn);
+    run_rank(options, RankContext{*comm, *comm, 0, 1, per_rank, 0, 0}, fn);
     return;
   }
-  const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
   warn_oversubscribed(n, per_rank);
+  parallel::Mailbox mailbox(n);
   // A failure every rank reported through agree_on ends every rank at the same point: keep its
   // status and end the job with it once all ranks have returned.
   std::atomic<int> agreed{kExitOk};
   parallel::run_ranks(n, [&](parallel::Communicator& comm) {
     log::set_thread_rank(comm.rank(), comm.size());
+    RankContext ctx{comm, comm, 0, 1, per_rank, comm.rank(), comm.rank(), n};
+    ctx.open_channel = [&mailbox, r = comm.rank()] { return mailbox.channel(r); };
     try {
-      run_rank(options, RankContext{comm, comm, 0, 1, per_rank, comm.rank(), comm.rank()}, fn);
+      run_rank(options, ctx, fn);
     } catch (const JobFailure& f) {
       agreed = f.status;
     }

@@ -17,6 +17,8 @@ bool mpi_launched();
 
 #include <mpi.h>
 
+#include "parallel/command.h"
+
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
 #define MPI_CHECK(call)                                                                  \
@@ -83,6 +85,12 @@ struct NodeLocal {
   int size = 1;
 };
 NodeLocal node_local();
+
+// The command channel of a group whose ranks are processes of this job: when they all share one
+// machine, a shared-memory segment a waiting follower sleeps on (a futex); otherwise a
+// non-blocking broadcast on a duplicate of the group, polled with a short sleep once the group
+// has been idle for a while. Collective over the group.
+std::unique_ptr<CommandChannel> mpi_command_channel(MPI_Comm group);
 
 }  // namespace tpdraft::parallel
 

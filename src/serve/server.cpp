@@ -218,7 +218,7 @@ void install_stop_signals() {
 }
 
 struct Server::Impl {
-  GroupLeader& group;
+  engine::Group& group;
   engine::Engine& engine;
   ServerOptions options;
   void* ctx = nullptr;
@@ -241,7 +241,7 @@ struct Server::Impl {
   int64_t queued_entries = 0;  // over every client
   uint64_t queued_bytes = 0;
 
-  Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
+  Impl(engine::Group& g, const ServerOptions& o) : group(g), engine(g.leader()), options(o) {}
 
   ~Impl() {
     for (auto& c : clients) c.second.ring.unmap();
@@ -807,7 +807,7 @@ struct Server::Impl {
   }
 };
 
-Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
+Server::Server(engine::Group& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
 
 Server::~Server() = default;
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "serve/group.h"
+#include "engine/group.h"
 
 namespace tpdraft::serve {
 
@@ -34,7 +34,7 @@ void install_stop_signals();
 
 class Server {
  public:
-  Server(GroupLeader& group, const ServerOptions& options);
+  Server(engine::Group& group, const ServerOptions& options);
   ~Server();
 
   // Binds the socket; returns the endpoint clients connect to (the port chosen for tcp://...:*,

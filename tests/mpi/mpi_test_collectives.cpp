@@ -15,7 +15,6 @@
 
 #include "core/bounds.h"
 #include "parallel/mpi_comm.h"
-#include "serve/group.h"
 #include "support/collective_checks.h"
 #include "support/test_support.h"
 
@@ -141,7 +140,7 @@ TEST_F(MpiCollectives, CrowdedRanksWaitForALatePeerWithoutHoldingACore) {
 // bursts longer than the channel holds (rank 0 waits for the slowest follower), and after
 // sleeping through a quiet spell (rank 0 wakes it).
 TEST_F(MpiCollectives, ServeCommandChannelDeliversEveryCommandInOrder) {
-  auto channel = serve::mpi_channel(*comm_);
+  auto channel = mpi_command_channel(comm_->handle());
   EXPECT_NE(channel, nullptr);
   if (channel == nullptr) return;  // on every rank alike
   constexpr int kBurst = 1000, kQuiet = 5;
@@ -150,19 +149,19 @@ TEST_F(MpiCollectives, ServeCommandChannelDeliversEveryCommandInOrder) {
     const bool quiet = i >= kBurst;  // the followers have long been asleep when these come
     if (r_ == 0) {
       if (quiet) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      channel->post({serve::kOpStep, i, 8 * i});
+      channel->post({kOpStep, i, 8 * i});
     } else {
       // A slow follower now and then, so that rank 0 finds the channel full.
       if (!quiet && i % 97 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      const serve::Command c = channel->wait();
-      wrong += c.op != serve::kOpStep || c.arg != i || c.bytes != 8 * i;
+      const Command c = channel->wait();
+      wrong += c.op != kOpStep || c.arg != i || c.bytes != 8 * i;
     }
   }
   EXPECT_EQ(wrong, 0) << "rank " << r_;
   if (r_ == 0) {
-    channel->post({serve::kOpStop});
+    channel->post({kOpStop});
   } else {
-    EXPECT_EQ(channel->wait().op, serve::kOpStop);
+    EXPECT_EQ(channel->wait().op, kOpStop);
   }
   comm_->barrier();  // no rank lets the channel go while a peer may still read it
 }
