@@ -25,12 +25,6 @@
 namespace tpdraft::cli {
 
 namespace {
-int cores() { return machine_cores(); }
-
-// Ranks and threads beyond these (core/bounds.h) are surely a typo: each in-process rank and each
-// CPU thread is an OS thread, and tens of thousands of them exhaust the machine's process table.
-int max_threads() { return max_threads_per_rank(); }
-
 // One rank's body: the watchdog over its group's collectives while fn runs.
 void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
   parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
@@ -51,10 +45,10 @@ void log_placement(int local_rank, int local_size, int replica, int group_rank) 
 }
 
 void warn_oversubscribed(int ranks_here, int threads) {
-  if (ranks_here * threads > cores())
+  if (ranks_here * threads > machine_cores())
     TPDRAFT_LOG_WARN("{} rank(s) x {} thread(s) on this machine's {} cores: ranks will take turns on the cores "
                      "and run slower than with fewer threads",
-                     ranks_here, threads, cores());
+                     ranks_here, threads, machine_cores());
 }
 
 }  // namespace
@@ -94,11 +88,12 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  // Ranks and threads beyond core/bounds.h's are surely a typo: each is an OS thread.
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                                  "(default: all of them)")
       ->check(whole_number(0, kMaxInProcessRanks));
   cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")
-      ->check(whole_number(0, max_threads(), fmt::format("8 x this machine's {} cores", cores())));
+      ->check(whole_number(0, max_threads_per_rank(), fmt::format("8 x this machine's {} cores", machine_cores())));
   cmd->add_option("--comm-timeout", o->comm_timeout,
                   "End the job when a collective waits longer than this many seconds for the other ranks (a rank "
                   "stopped or gone); 0: wait forever")

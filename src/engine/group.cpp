@@ -151,58 +151,42 @@ std::vector<model::DraftResult> LocalGroup::apply(const std::vector<StepEntry>& 
 
 namespace {
 
-// One entry of a step as rank 0 broadcasts it; its tap rows follow the entries, each padded to
-// 8 bytes. The ranks run one build of the program, so the layout is theirs alone.
-struct PackedEntry {
-  int64_t session, keep, p0, n_new, anchor, dist_width;
-  model::SamplingParams sampling;
-  int64_t dtype;
-  uint64_t bytes;
-};
-static_assert(sizeof(PackedEntry) % 8 == 0, "entries keep the payload 8-byte aligned");
+// A step as rank 0 broadcasts it: the count, the entries as they are, then each entry's tap rows
+// padded to 8 bytes (the ranks run one build of the program, so the layout is theirs alone; a
+// follower points the entries at its copy of the rows).
+static_assert(sizeof(StepEntry) % 8 == 0, "entries keep the payload 8-byte aligned");
+
+size_t taps_bytes(const StepEntry& e, int64_t taps_width) {
+  return e.n_new > 0 ? static_cast<size_t>(e.n_new * taps_width) * dtype_size(e.taps.dtype) : 0;
+}
 
 void encode_step(const std::vector<StepEntry>& entries, int64_t taps_width, std::vector<uint64_t>* out) {
-  size_t words = 1 + entries.size() * sizeof(PackedEntry) / 8;
-  std::vector<PackedEntry> packed;
-  for (const StepEntry& e : entries) {
-    const uint64_t bytes = e.n_new > 0 ? static_cast<uint64_t>(e.n_new * taps_width) * dtype_size(e.taps.dtype) : 0;
-    packed.push_back({e.session, e.keep, e.p0, e.n_new, e.anchor, e.dist_width, e.sampling,
-                      static_cast<int64_t>(e.taps.dtype), bytes});
-    words += (bytes + 7) / 8;
-  }
+  size_t words = 1 + entries.size() * sizeof(StepEntry) / 8;
+  for (const StepEntry& e : entries) words += (taps_bytes(e, taps_width) + 7) / 8;
   out->assign(words, 0);
   (*out)[0] = entries.size();
-  std::memcpy(out->data() + 1, packed.data(), packed.size() * sizeof(PackedEntry));
-  char* taps = reinterpret_cast<char*>(out->data() + 1 + packed.size() * sizeof(PackedEntry) / 8);
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (packed[i].bytes > 0) std::memcpy(taps, entries[i].taps.data, packed[i].bytes);
-    taps += (packed[i].bytes + 7) / 8 * 8;
+  std::memcpy(static_cast<void*>(out->data() + 1), entries.data(), entries.size() * sizeof(StepEntry));
+  char* taps = reinterpret_cast<char*>(out->data() + 1 + entries.size() * sizeof(StepEntry) / 8);
+  for (const StepEntry& e : entries) {
+    const size_t bytes = taps_bytes(e, taps_width);
+    if (bytes > 0) std::memcpy(taps, e.taps.data, bytes);
+    taps += (bytes + 7) / 8 * 8;
   }
 }
 
-std::vector<StepEntry> decode_step(const std::vector<uint64_t>& payload) {
+std::vector<StepEntry> decode_step(const std::vector<uint64_t>& payload, int64_t taps_width) {
   const uint64_t n = payload[0];
-  TPDRAFT_CHECK(n <= (payload.size() - 1) * 8 / sizeof(PackedEntry), "a step of {} entries in a payload of {} bytes",
-                n, payload.size() * 8);
-  std::vector<PackedEntry> packed(n);
-  std::memcpy(static_cast<void*>(packed.data()), payload.data() + 1, n * sizeof(PackedEntry));
-  const char* taps = reinterpret_cast<const char*>(payload.data() + 1 + n * sizeof(PackedEntry) / 8);
+  TPDRAFT_CHECK(n <= (payload.size() - 1) * 8 / sizeof(StepEntry), "a step of {} entries in a payload of {} bytes", n,
+                payload.size() * 8);
+  std::vector<StepEntry> entries(n);
+  std::memcpy(static_cast<void*>(entries.data()), payload.data() + 1, n * sizeof(StepEntry));
+  const char* taps = reinterpret_cast<const char*>(payload.data() + 1 + n * sizeof(StepEntry) / 8);
   const char* end = reinterpret_cast<const char*>(payload.data() + payload.size());
-  std::vector<StepEntry> entries;
-  for (const PackedEntry& x : packed) {
-    TPDRAFT_CHECK(static_cast<uint64_t>(end - taps) >= x.bytes, "a step's tap rows run past its payload");
-    StepEntry e;
-    e.session = x.session;
-    e.keep = x.keep;
-    e.p0 = x.p0;
-    e.n_new = x.n_new;
-    e.anchor = x.anchor;
-    e.dist_width = x.dist_width;
-    e.sampling = x.sampling;
-    e.taps.dtype = static_cast<DType>(x.dtype);
-    e.taps.data = x.bytes > 0 ? taps : nullptr;
-    entries.push_back(e);
-    taps += (x.bytes + 7) / 8 * 8;
+  for (StepEntry& e : entries) {
+    const size_t bytes = taps_bytes(e, taps_width);
+    TPDRAFT_CHECK(static_cast<size_t>(end - taps) >= bytes, "a step's tap rows run past its payload");
+    e.taps = {bytes > 0 ? taps : nullptr, e.taps.dtype, false, nullptr};
+    taps += (bytes + 7) / 8 * 8;
   }
   return entries;
 }
@@ -250,7 +234,7 @@ void follow(Engine& engine, parallel::Communicator& comm, parallel::CommandChann
         TPDRAFT_CHECK(c.bytes >= 8 && c.bytes % 8 == 0, "a step payload of {} bytes from rank 0", c.bytes);
         payload.assign(static_cast<size_t>(c.bytes / 8), 0);
         comm.broadcast(payload.data(), payload.size() * 8, 0);
-        const auto entries = decode_step(payload);
+        const auto entries = decode_step(payload, engine.caps().taps_width);
         if (hook) hook();
         engine.apply(entries);
         break;

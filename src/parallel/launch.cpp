@@ -6,18 +6,20 @@
 
 namespace tpdraft::parallel {
 
-namespace {
-bool g_mpi = false;
-}  // namespace
-
-bool multi_process() { return g_mpi; }
+bool multi_process() {
+#ifdef TPDRAFT_HAVE_MPI
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+#else
+  return false;
+#endif
+}
 
 void launch(int* argc, char*** argv) {
 #ifdef TPDRAFT_HAVE_MPI
-  if (mpi_launched()) {
-    mpi_init(argc, argv);
-    g_mpi = true;
-  }
+  if (mpi_launched()) mpi_init(argc, argv);
 #else
   (void)argc;
   (void)argv;
@@ -27,13 +29,13 @@ void launch(int* argc, char*** argv) {
 
 void finish() {
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) mpi_finalize();
+  mpi_finalize();  // a no-op unless MPI is up
 #endif
 }
 
 void abort_job(const std::string& reason) {
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) mpi_abort_job(reason);
+  if (multi_process()) mpi_abort_job(reason);
 #else
   (void)reason;
 #endif
@@ -41,7 +43,7 @@ void abort_job(const std::string& reason) {
 
 std::unique_ptr<Communicator> world() {
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) return make_mpi(MPI_COMM_WORLD);
+  if (multi_process()) return make_mpi(MPI_COMM_WORLD);
 #endif
   return make_single_rank();
 }
@@ -49,16 +51,29 @@ std::unique_ptr<Communicator> world() {
 Replica split_replicas(int tp) {
   Replica r;
 #ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) {
-    ReplicaGroup g = split_groups(tp);
+  if (multi_process()) {
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    TPDRAFT_CHECK(tp >= 1 && size % tp == 0,
+                  "rank {}: tensor-parallel size {} does not split the {} MPI ranks into whole replicas", rank, tp, size);
+    MPI_Comm split = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / tp, rank, &split));
+    std::unique_ptr<MpiCommunicator> comm;
+    try {
+      comm = std::make_unique<MpiCommunicator>(split);  // a duplicate: the split itself is freed below
+    } catch (...) {
+      MPI_Comm_free(&split);
+      throw;
+    }
+    MPI_Comm_free(&split);
     const NodeLocal local = node_local();
-    MpiCommunicator* comm = g.comm.get();
-    r.comm = std::move(g.comm);
-    r.replica = g.replica;
-    r.replicas = g.replicas;
+    r.replica = rank / tp;
+    r.replicas = size / tp;
     r.local_rank = local.rank;
     r.local_size = local.size;
-    r.open_channel = [comm] { return mpi_command_channel(comm->handle()); };
+    r.open_channel = [c = comm.get()] { return mpi_command_channel(c->handle()); };
+    r.comm = std::move(comm);
     return r;
   }
 #endif

@@ -17,7 +17,8 @@ namespace tpdraft::parallel {
 // this build has no MPI. finish() ends MPI if it was started.
 void launch(int* argc, char*** argv);
 void finish();
-// True between launch() and finish() under an MPI launcher: the job's ranks are processes.
+// True while MPI is up (between launch() and finish() under an MPI launcher): the job's ranks
+// are processes.
 bool multi_process();
 // Ends every process of the job after an error on this one (no collective: no peer hangs);
 // returns at once when the job is this process alone.

@@ -70,15 +70,6 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);
 
-// The world cut into consecutive groups of tp ranks, one per model replica: world ranks
-// [g·tp, (g+1)·tp) form replica g. Throws when the world size is not a multiple of tp.
-struct ReplicaGroup {
-  std::unique_ptr<MpiCommunicator> comm;  // this rank's replica; rank in it = world rank % tp
-  int replica = 0;                        // g
-  int replicas = 1;                       // world size / tp
-};
-ReplicaGroup split_groups(int tp);
-
 // This rank's place among the world's ranks sharing its machine (its GPU index on that machine).
 struct NodeLocal {
   int rank = 0;

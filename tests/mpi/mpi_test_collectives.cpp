@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/bounds.h"
+#include "parallel/launch.h"
 #include "parallel/mpi_comm.h"
 #include "support/collective_checks.h"
 #include "support/test_support.h"
@@ -73,7 +74,7 @@ TEST_F(MpiCollectives, RandomSumsAreBitIdenticalAcrossRanks) {
 
 TEST_F(MpiCollectives, SplitGroupsOfTwoAreConsecutiveReplicas) {
   if (n_ % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  ReplicaGroup g = split_groups(2);
+  Replica g = split_replicas(2);
   EXPECT_EQ(g.replica, r_ / 2);
   EXPECT_EQ(g.replicas, n_ / 2);
   EXPECT_EQ(g.comm->size(), 2);
@@ -85,17 +86,17 @@ TEST_F(MpiCollectives, SplitGroupsOfTwoAreConsecutiveReplicas) {
   // The world communicator saw none of it.
   EXPECT_EQ(comm_->stats().all_reduce_calls, 0u);
 
-  ReplicaGroup whole = split_groups(n_);
+  Replica whole = split_replicas(n_);
   EXPECT_EQ(whole.replicas, 1);
   EXPECT_EQ(whole.comm->rank(), r_);
-  ReplicaGroup single = split_groups(1);
+  Replica single = split_replicas(1);
   EXPECT_EQ(single.replica, r_);
   EXPECT_EQ(single.comm->size(), 1);
 }
 
 TEST_F(MpiCollectives, SplitGroupsRefusesATpThatDoesNotDivideTheRanks) {
   const int tp = n_ + 1;
-  testing::expect_error([&] { split_groups(tp); },
+  testing::expect_error([&] { split_replicas(tp); },
                         {"tensor-parallel size " + std::to_string(tp) + " does not split the " + std::to_string(n_) +
                          " MPI ranks"});
 }
