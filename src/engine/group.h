@@ -1,5 +1,5 @@
 // A tensor-parallel group of engines driven as one: sessions opened and closed on every rank
-// (they get the same ids everywhere) and steps checked once, on rank 0, then run on every rank,
+// (they get the same ids everywhere) and steps checked once, on rank 0, then applied on every rank,
 // so that the step's collectives meet. Two kinds: ranks as threads of this process (the
 // library's handle), and ranks led by rank 0 over a command channel (a served group, whose
 // ranks are MPI processes or threads of `tpdraft serve`): rank 0 drives a LeaderGroup, every
@@ -34,12 +34,8 @@ class Group {
   const Caps& caps() { return leader().caps(); }
   virtual int64_t open_session() = 0;
   virtual void close_session(int64_t id) = 0;
-  // Checks the entries on rank 0 (a bad one throws and nothing changes), then applies them.
-  std::vector<model::DraftResult> step(const std::vector<StepEntry>& entries) {
-    leader().check(entries);
-    return apply(entries);
-  }
-  // Entries already checked by leader().check(); their taps stay valid during the call.
+  // A step: the entries were checked on rank 0 first (leader().check(): a bad one throws and
+  // nothing changes; one rank's verdict is every rank's); their taps stay valid during the call.
   virtual std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries) = 0;
   // Ends the other ranks' part (once; also on destruction).
   virtual void close() = 0;

@@ -79,7 +79,6 @@ Replica split_replicas(int tp) {
 #endif
   TPDRAFT_CHECK(tp == 1, "a replica of {} ranks needs an MPI launcher", tp);
   r.comm = make_single_rank();
-  r.open_channel = [] { return std::unique_ptr<CommandChannel>(); };
   return r;
 }
 

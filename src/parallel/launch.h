@@ -32,7 +32,7 @@ struct Replica {
   std::unique_ptr<Communicator> comm;  // the replica's group; rank in it = world rank % tp
   int replica = 0, replicas = 1;
   int local_rank = 0, local_size = 1;  // this rank's place among the job's ranks on its machine
-  // Opens the group's command channel (collective over the group).
+  // Opens the group's command channel (collective over the group; unset for a group of one process).
   std::function<std::unique_ptr<CommandChannel>()> open_channel;
 };
 // Throws when the world size is not a multiple of tp (or, without a launcher, tp is not 1).
