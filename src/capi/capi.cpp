@@ -1,4 +1,4 @@
-// The C ABI (include/tpdraft/tpdraft.h) over a local group of engines: argument checks, the
+// The C ABI (include/tpdraft/tpdraft.h) over a local group of engines (engine/group.h): argument checks, the
 // translation of entries, and errors turned into a status and a per-thread message, so that no
 // exception crosses into the caller.
 #include "tpdraft/tpdraft.h"
@@ -9,7 +9,6 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "capi/caps.h"
@@ -17,12 +16,12 @@
 #include "core/bounds.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/local_group.h"
+#include "engine/group.h"
 #include "engine/runtime.h"
 
 struct tpdraft_drafter {
   std::mutex mutex;
-  std::unique_ptr<tpdraft::engine::LocalGroup> group;
+  std::unique_ptr<tpdraft::engine::Group> group;
   tpdraft::engine::Caps caps;
   std::string backend;
   std::vector<tpdraft::engine::StepEntry> entries;  // reused from step to step
@@ -89,8 +88,7 @@ model::RuntimeOptions runtime_options(const tpdraft_options& o) {
   model::RuntimeOptions r;
   r.backend = o.backend != nullptr ? o.backend : "auto";
   // threads 0: the machine's cores shared among the ranks of this process, as the header says.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  r.threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, o.tp));
+  r.threads = engine::threads_per_rank(o.threads, o.tp);
   r.limits.max_sessions = o.max_sessions;
   r.limits.max_context = o.max_context;
   r.limits.kv_dtype = kv_dtype == "bf16" ? tpdraft::DType::BF16 : tpdraft::DType::F32;
@@ -213,7 +211,7 @@ tpdraft_status tpdraft_open(const char* drafter_dir, const char* target_dir, con
                              "options.token_ids");
     if (o.quant != nullptr) model::quantize_on_load(source, o.quant);
     d->group = std::make_unique<engine::LocalGroup>(std::move(source), ro, std::max(1, o.tp), o.max_open_sessions);
-    d->caps = d->group->leader().caps();
+    d->caps = d->group->caps();
     d->backend = d->group->leader().runtime().ops().name();
     *out = d.release();
   });
@@ -240,12 +238,8 @@ tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
   if (open >= d->caps.max_open_sessions)
     return refuse("tpdraft_session_open: all " + std::to_string(open) + " sessions allowed (max_open_sessions) are open");
   tpdraft_session id = -1;
-  const tpdraft_status st = guarded("tpdraft_session_open", TPDRAFT_ERROR_RUNTIME, [&] {
-    d->group->on_all([&](engine::Engine& e) {
-      const int64_t mine = e.open_session();
-      if (&e == &d->group->leader()) id = mine;
-    });
-  });
+  const tpdraft_status st =
+      guarded("tpdraft_session_open", TPDRAFT_ERROR_RUNTIME, [&] { id = d->group->open_session(); });
   if (st == TPDRAFT_OK) *out = id;
   return st;
 }
@@ -257,7 +251,7 @@ tpdraft_status tpdraft_session_close(tpdraft_drafter* d, tpdraft_session session
       guarded("tpdraft_session_close", TPDRAFT_ERROR_ARGUMENT, [&] { d->group->leader().check_open(session); });
   if (st != TPDRAFT_OK) return st;
   return guarded("tpdraft_session_close", TPDRAFT_ERROR_RUNTIME,
-                 [&] { d->group->on_all([&](engine::Engine& e) { e.close_session(session); }); });
+                 [&] { d->group->close_session(session); });
 }
 
 tpdraft_status tpdraft_session_length(tpdraft_drafter* d, tpdraft_session session, int64_t* out) {
@@ -289,12 +283,7 @@ tpdraft_status tpdraft_step(tpdraft_drafter* d, tpdraft_step_entry* entries, siz
     d->group->leader().check(d->entries);
   });
   if (st != TPDRAFT_OK) return st;
-  st = guarded("tpdraft_step", TPDRAFT_ERROR_RUNTIME, [&] {
-    d->group->on_all([&](engine::Engine& e) {
-      auto results = e.apply(d->entries);
-      if (&e == &d->group->leader()) d->results = std::move(results);
-    });
-  });
+  st = guarded("tpdraft_step", TPDRAFT_ERROR_RUNTIME, [&] { d->results = d->group->apply(d->entries); });
   if (st != TPDRAFT_OK) return st;
   for (size_t i = 0; i < count; ++i) copy_out(d->results[i], entries[i], d->caps.vocab);
   const engine::StepTimes& t = d->group->leader().last_times();

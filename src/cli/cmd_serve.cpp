@@ -14,8 +14,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "engine/group.h"
 #include "engine/runtime.h"
-#include "serve/group.h"
 #include "serve/keys.h"
 #include "serve/server.h"
 #include "serve/transport.h"
@@ -55,7 +55,7 @@ void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
                 o.max_memory > 0 ? "--max-memory allows" : "this machine has available");
 }
 
-void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* mailbox) {
+void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
   model::ModelSource source;
   std::unique_ptr<engine::Engine> engine;
   const bool leader = ctx.comm.rank() == 0;
@@ -67,20 +67,18 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     ro.limits.max_sessions = o.max_sessions;
     ro.limits.max_context = o.max_context;
     engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.max_open_sessions);
-    check_memory(o, *engine, mailbox != nullptr ? ctx.comm.size() : 1);
+    check_memory(o, *engine, ctx.process_ranks);
   });
-  std::unique_ptr<serve::CommandChannel> channel;
-  if (ctx.comm.size() > 1)
-    channel = mailbox != nullptr ? serve::mailbox_channel(*mailbox, ctx.comm.rank()) : serve::mpi_channel(ctx.comm);
-  TPDRAFT_CHECK(ctx.comm.size() == 1 || channel != nullptr, "no command channel for a group of {}", ctx.comm.size());
-  const serve::StepHook hook = [&ctx] { fault_point(ctx, "draft"); };
+  std::unique_ptr<parallel::CommandChannel> channel;
+  if (ctx.comm.size() > 1) channel = ctx.open_channel();
+  const engine::StepHook hook = [&ctx] { fault_point(ctx, "draft"); };
 
-  std::unique_ptr<serve::GroupLeader> group;
+  std::unique_ptr<engine::LeaderGroup> group;
   std::unique_ptr<serve::Server> server;
   std::string endpoint;
   agree_on(ctx.world, kExitUsage, [&] {
     if (!leader) return;
-    group = std::make_unique<serve::GroupLeader>(*engine, ctx.comm, channel.get(), hook);
+    group = std::make_unique<engine::LeaderGroup>(*engine, ctx.comm, channel.get(), hook);
     serve::ServerOptions so;
     so.listen = o.listen;
     so.replica = ctx.replica;
@@ -111,7 +109,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
     address_file.write(o.address_file, text);
   }
   if (!leader) {
-    serve::follow(*engine, ctx.comm, *channel, hook);
+    engine::follow(*engine, ctx.comm, *channel, hook);
     return;
   }
   std::printf("%s\n", endpoint.c_str());
@@ -119,7 +117,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx, serve::Mailbox* m
   TPDRAFT_LOG_INFO("replica {} of {} serving {} (tp {}, {} backend) on {}", ctx.replica, ctx.replicas,
                    engine->caps().architecture, ctx.comm.size(), engine->runtime().ops().name(), endpoint);
   server->run();
-  group->stop();
+  group->close();
   server.reset();  // closes the socket (and removes an ipc:// socket file) before the job ends
 }
 
@@ -173,9 +171,7 @@ void add_serve(CLI::App& app) {
       o->curve_secret = serve::read_curve_key(o->curve_key_file, true, "--curve-secret-key");
     }
     serve::install_stop_signals();
-    std::unique_ptr<serve::Mailbox> mailbox;
-    if (!under_mpi() && o->ranks.tp > 1) mailbox = std::make_unique<serve::Mailbox>(o->ranks.tp);
-    run_ranks(o->ranks, [&](const RankContext& ctx) { serve_on_rank(*o, ctx, mailbox.get()); });
+    run_ranks(o->ranks, [&](const RankContext& ctx) { serve_on_rank(*o, ctx); });
   });
 }
 

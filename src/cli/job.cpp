@@ -1,5 +1,5 @@
-// The job: MPI start and end, the job-wide abort, the argument check across ranks and the
-// agreement on failures that every rank meets alike.
+// The job: the argument check across ranks and the agreement on failures that every rank meets
+// alike.
 #include "cli/job.h"
 
 #include <algorithm>
@@ -10,12 +10,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/strings.h"
-#include "parallel/mpi_comm.h"
+#include "parallel/launch.h"
 
 namespace tpdraft::cli {
 
 namespace {
-bool g_mpi = false;
 
 // The parts of `joined`, each of which ends with a NUL (as check_same_arguments joins them).
 std::vector<std::string> split_nul(const std::string& joined) {
@@ -32,47 +31,10 @@ const char* exit_status_help() {
          "taps file, or a tensor-parallel size the geometry cannot take).";
 }
 
-bool under_mpi() { return g_mpi; }
-
-int job_rank() { return g_mpi ? log::rank() : 0; }
-
-void init_launch(int* argc, char*** argv) {
-#ifdef TPDRAFT_HAVE_MPI
-  if (parallel::mpi_launched()) {
-    parallel::mpi_init(argc, argv);
-    g_mpi = true;
-  }
-#else
-  (void)argc;
-  (void)argv;
-  TPDRAFT_CHECK(!parallel::mpi_launched(), "launched under mpirun, but this tpdraft was built without MPI");
-#endif
-}
-
-void finish_launch() {
-#ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) parallel::mpi_finalize();
-#endif
-}
-
-void abort_launch(const std::string& reason) {
-#ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) parallel::mpi_abort_job(reason);
-#else
-  (void)reason;
-#endif
-}
-
-std::unique_ptr<parallel::Communicator> job_world() {
-#ifdef TPDRAFT_HAVE_MPI
-  if (g_mpi) return parallel::make_mpi(MPI_COMM_WORLD);
-#endif
-  return parallel::make_single_rank();
-}
+int job_rank() { return parallel::multi_process() ? log::rank() : 0; }
 
 void run_alone(const std::function<void()>& command) {
-  const auto world = job_world();
-  agree_on(*world, kExitInput, command);
+  agree_on(*parallel::world(), kExitInput, command);
 }
 
 void agree_on(parallel::Communicator& world, int status, const std::function<void()>& step) {
@@ -93,9 +55,8 @@ void agree_on(parallel::Communicator& world, int status, const std::function<voi
 }
 
 void check_same_arguments(int argc, char** argv) {
-#ifdef TPDRAFT_HAVE_MPI
-  if (!g_mpi) return;
-  auto world = parallel::make_mpi(MPI_COMM_WORLD);
+  if (!parallel::multi_process()) return;
+  auto world = parallel::world();
   std::string mine;
   for (int i = 1; i < argc; ++i) mine.append(argv[i]).push_back('\0');
   uint64_t size = mine.size();
@@ -121,10 +82,6 @@ void check_same_arguments(int argc, char** argv) {
                     world->rank(), what, a, b);
     }
   });
-#else
-  (void)argc;
-  (void)argv;
-#endif
 }
 
 }  // namespace tpdraft::cli

@@ -1,11 +1,10 @@
-// One run of tpdraft as a job: MPI start and end, the exit statuses, and how the ranks agree on a
-// failure, so that an error every rank meets alike (arguments, a config or checkpoint, the shard
+// One run of tpdraft as a job (its processes: parallel/launch.h): the exit statuses, and how the
+// ranks agree on a failure, so that an error every rank meets alike (arguments, a config or checkpoint, the shard
 // plan) is printed once and ends the job cleanly, while a fault on one rank in the middle of a
 // collective still ends every rank at once.
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <string>
 
 #include "parallel/communicator.h"
@@ -27,12 +26,6 @@ struct JobFailure {
   int status;
 };
 
-// Starts MPI when the process was launched by mpirun (call first in main).
-void init_launch(int* argc, char*** argv);
-void finish_launch();
-// Makes every rank of the job give up after an error on this one (no peer hangs).
-void abort_launch(const std::string& reason);
-bool under_mpi();
 // This process's rank in the job (0 without mpirun).
 int job_rank();
 
@@ -40,9 +33,6 @@ int job_rank();
 // subcommand, --dump or --tp on one rank would hang it or split the ranks' tokens). Throws
 // JobFailure(kExitUsage) on every rank after the first differing rank named the argument.
 void check_same_arguments(int argc, char** argv);
-
-// A communicator over every rank of the job: the MPI world, or this one process.
-std::unique_ptr<parallel::Communicator> job_world();
 
 // A command that runs no ranks of its own (init, info): its failures are input errors, reported
 // once per job.

@@ -10,6 +10,7 @@
 #include "cli/job.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/launch.h"
 #include "tpdraft/tpdraft.h"
 
 namespace {
@@ -30,6 +31,7 @@ void check_command(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace tpdraft::cli;
+  namespace parallel = tpdraft::parallel;
   // The program says what it does (info); the library, inside a host's process, only what needs it.
   tpdraft::log::set_default_level(spdlog::level::info);
   CLI::App app{
@@ -49,9 +51,9 @@ int main(int argc, char** argv) {
   add_keys(app);
   int status = kExitOk;
   try {
-    init_launch(&argc, &argv);
+    parallel::launch(&argc, &argv);
     check_same_arguments(argc, argv);
-    agree_on(*job_world(), kExitUsage, [] { tpdraft::log::check_environment(); });
+    agree_on(*parallel::world(), kExitUsage, [] { tpdraft::log::check_environment(); });
     check_command(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -63,19 +65,19 @@ int main(int argc, char** argv) {
   } catch (const tpdraft::InputError& e) {
     // Bad input met while working (a weight row read by a draft). Alone, that is the input
     // status; under mpirun the peers may wait in a collective, so the job ends as below.
-    if (!under_mpi()) {
+    if (!parallel::multi_process()) {
       TPDRAFT_LOG_ERROR("{}", e.what());
       return kExitInput;
     }
-    abort_launch(e.what());
+    parallel::abort_job(e.what());
     return kExitRuntime;
   } catch (const std::exception& e) {
     // Under mpirun the peers may sit in a collective: end the whole job now (the abort reports
     // the error with this rank).
-    if (!under_mpi()) TPDRAFT_LOG_ERROR("{}", e.what());
-    abort_launch(e.what());
+    if (!parallel::multi_process()) TPDRAFT_LOG_ERROR("{}", e.what());
+    parallel::abort_job(e.what());
     return kExitRuntime;
   }
-  finish_launch();
+  parallel::finish();
   return status;
 }

@@ -16,20 +16,15 @@
 #include "core/error.h"
 #include "core/bounds.h"
 #include "core/log.h"
+#include "engine/group.h"
 #include "kernels/backend.h"
-#include "parallel/mpi_comm.h"
+#include "parallel/launch.h"
 #include "parallel/thread_comm.h"
 #include "parallel/watchdog.h"
 
 namespace tpdraft::cli {
 
 namespace {
-int cores() { return machine_cores(); }
-
-// Ranks and threads beyond these (core/bounds.h) are surely a typo: each in-process rank and each
-// CPU thread is an OS thread, and tens of thousands of them exhaust the machine's process table.
-int max_threads() { return max_threads_per_rank(); }
-
 // One rank's body: the watchdog over its group's collectives while fn runs.
 void run_rank(const RankOptions& options, const RankContext& ctx, const std::function<void(const RankContext&)>& fn) {
   parallel::CollectiveWatchdog watchdog(ctx.comm, options.comm_timeout);
@@ -50,10 +45,10 @@ void log_placement(int local_rank, int local_size, int replica, int group_rank) 
 }
 
 void warn_oversubscribed(int ranks_here, int threads) {
-  if (ranks_here * threads > cores())
+  if (ranks_here * threads > machine_cores())
     TPDRAFT_LOG_WARN("{} rank(s) x {} thread(s) on this machine's {} cores: ranks will take turns on the cores "
                      "and run slower than with fewer threads",
-                     ranks_here, threads, cores());
+                     ranks_here, threads, machine_cores());
 }
 
 }  // namespace
@@ -93,11 +88,12 @@ void add_rank_options(CLI::App* cmd, RankOptions* o) {
   cmd->add_option("--backend", o->backend, "Kernels: cpu, cuda, or auto (cuda when a GPU is present, else cpu)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  // Ranks and threads beyond core/bounds.h's are surely a typo: each is an OS thread.
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks: in-process threads, or under mpirun the ranks per replica "
                                  "(default: all of them)")
       ->check(whole_number(0, kMaxInProcessRanks));
   cmd->add_option("--threads", o->threads, "CPU threads per rank (0: the cores shared among the ranks)")
-      ->check(whole_number(0, max_threads(), fmt::format("8 x this machine's {} cores", cores())));
+      ->check(whole_number(0, max_threads_per_rank(), fmt::format("8 x this machine's {} cores", machine_cores())));
   cmd->add_option("--comm-timeout", o->comm_timeout,
                   "End the job when a collective waits longer than this many seconds for the other ranks (a rank "
                   "stopped or gone); 0: wait forever")
@@ -115,45 +111,47 @@ model::RuntimeOptions runtime_options(const RankOptions& options, const RankCont
   r.backend = options.backend;
   r.threads = ctx.threads;
   r.local_rank = ctx.local_rank;
-  r.nccl = under_mpi();
+  r.nccl = parallel::multi_process();
   r.limits.kv_dtype = options.kv_dtype == "bf16" ? DType::BF16 : DType::F32;
   return r;
 }
 
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
   const int tp = options.tp, threads = options.threads;
-#ifdef TPDRAFT_HAVE_MPI
-  if (under_mpi()) {
-    auto world = parallel::make_mpi(MPI_COMM_WORLD);
+  if (parallel::multi_process()) {
+    auto world = parallel::world();
     const int size = world->size(), group = tp == 0 ? size : tp;
     agree_on(*world, kExitUsage, [&] {
       TPDRAFT_CHECK(group <= size, "--tp {} needs at least {} ranks, but mpirun started {}", group, group, size);
       TPDRAFT_CHECK(size % group == 0, "--tp {} does not split the {} MPI ranks into whole replicas", group, size);
     });
-    parallel::ReplicaGroup g = parallel::split_groups(group);
-    const parallel::NodeLocal local = parallel::node_local();
-    const int per_rank = threads > 0 ? threads : std::max(1, cores() / local.size);
-    log_placement(local.rank, local.size, g.replica, g.comm->rank());
-    if (world->rank() == 0) warn_oversubscribed(local.size, per_rank);
-    run_rank(options, RankContext{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), local.rank}, fn);
+    parallel::Replica g = parallel::split_replicas(group);
+    const int per_rank = engine::threads_per_rank(threads, g.local_size);
+    log_placement(g.local_rank, g.local_size, g.replica, g.comm->rank());
+    if (world->rank() == 0) warn_oversubscribed(g.local_size, per_rank);
+    RankContext ctx{*g.comm, *world, g.replica, g.replicas, per_rank, world->rank(), g.local_rank};
+    if (g.comm->size() > 1) ctx.open_channel = g.open_channel;
+    run_rank(options, ctx, fn);
     return;
   }
-#endif
   const int n = std::max(tp, 1);
+  const int per_rank = engine::threads_per_rank(threads, n);
   if (n == 1) {
     auto comm = parallel::make_single_rank();
-    run_rank(options, RankContext{*comm, *comm, 0, 1, threads > 0 ? threads : cores(), 0, 0}, fn);
+    run_rank(options, RankContext{*comm, *comm, 0, 1, per_rank, 0, 0}, fn);
     return;
   }
-  const int per_rank = threads > 0 ? threads : std::max(1, cores() / n);
   warn_oversubscribed(n, per_rank);
+  parallel::Mailbox mailbox(n);
   // A failure every rank reported through agree_on ends every rank at the same point: keep its
   // status and end the job with it once all ranks have returned.
   std::atomic<int> agreed{kExitOk};
   parallel::run_ranks(n, [&](parallel::Communicator& comm) {
     log::set_thread_rank(comm.rank(), comm.size());
+    RankContext ctx{comm, comm, 0, 1, per_rank, comm.rank(), comm.rank(), n};
+    ctx.open_channel = [&mailbox, r = comm.rank()] { return mailbox.channel(r); };
     try {
-      run_rank(options, RankContext{comm, comm, 0, 1, per_rank, comm.rank(), comm.rank()}, fn);
+      run_rank(options, ctx, fn);
     } catch (const JobFailure& f) {
       agreed = f.status;
     }

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "engine/runtime.h"
+#include "parallel/command.h"
 #include "parallel/communicator.h"
 
 namespace tpdraft::cli {
@@ -35,6 +37,10 @@ struct RankContext {
   int threads = 1;               // CPU threads this rank may use
   int world_rank = 0;            // rank in the whole job (MPI world, or the in-process group)
   int local_rank = 0;            // index among the job's ranks on this machine (picks the GPU)
+  int process_ranks = 1;         // ranks in this process (threads of one group)
+  // Opens the command channel from the group's rank 0 to its other ranks (collective over the
+  // group; null for a group of one).
+  std::function<std::unique_ptr<parallel::CommandChannel>()> open_channel;
   bool leader() const { return replica == 0 && comm.rank() == 0; }  // prints results
 };
 
@@ -48,7 +54,7 @@ void fault_point(const RankContext& ctx, const char* stage);
 model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx);
 
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
-// threads = 0: this machine's cores shared among the ranks placed on it. A JobFailure thrown on
+// threads = 0: this machine's cores shared among the ranks placed on it (engine::threads_per_rank). A JobFailure thrown on
 // every rank (agree_on) ends the call with that JobFailure.
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn);
 

@@ -182,27 +182,6 @@ void mpi_abort_job(const std::string& reason) {
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
 
-ReplicaGroup split_groups(int tp) {
-  int rank = 0, size = 1;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  TPDRAFT_CHECK(tp >= 1 && size % tp == 0,
-                "rank {}: tensor-parallel size {} does not split the {} MPI ranks into whole replicas", rank, tp, size);
-  MPI_Comm split = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / tp, rank, &split));
-  ReplicaGroup group;
-  group.replica = rank / tp;
-  group.replicas = size / tp;
-  try {
-    group.comm = std::make_unique<MpiCommunicator>(split);
-  } catch (...) {
-    MPI_Comm_free(&split);
-    throw;
-  }
-  MPI_Comm_free(&split);
-  return group;
-}
-
 NodeLocal node_local() {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));

@@ -17,6 +17,8 @@ bool mpi_launched();
 
 #include <mpi.h>
 
+#include "parallel/command.h"
+
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
 #define MPI_CHECK(call)                                                                  \
@@ -68,21 +70,18 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);
 
-// The world cut into consecutive groups of tp ranks, one per model replica: world ranks
-// [g·tp, (g+1)·tp) form replica g. Throws when the world size is not a multiple of tp.
-struct ReplicaGroup {
-  std::unique_ptr<MpiCommunicator> comm;  // this rank's replica; rank in it = world rank % tp
-  int replica = 0;                        // g
-  int replicas = 1;                       // world size / tp
-};
-ReplicaGroup split_groups(int tp);
-
 // This rank's place among the world's ranks sharing its machine (its GPU index on that machine).
 struct NodeLocal {
   int rank = 0;
   int size = 1;
 };
 NodeLocal node_local();
+
+// The command channel of a group whose ranks are processes of this job: when they all share one
+// machine, a shared-memory segment a waiting follower sleeps on (a futex); otherwise a
+// non-blocking broadcast on a duplicate of the group, polled with a short sleep once the group
+// has been idle for a while. Collective over the group.
+std::unique_ptr<CommandChannel> mpi_command_channel(MPI_Comm group);
 
 }  // namespace tpdraft::parallel
 

@@ -7,13 +7,9 @@
 // the server, a futex wake for the client): no request or reply is ever missed.
 #pragma once
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <climits>
 #include <cstdint>
+
+#include "core/futex.h"
 
 namespace tpdraft::serve {
 
@@ -33,18 +29,10 @@ struct RingControl {
 };
 static_assert(sizeof(RingControl) <= kRingControlBytes, "the control block fits its page");
 
-inline uint32_t ring_load(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-inline void ring_store(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
-
-// Waits while *word == expected, at most `seconds` (the word is in memory shared between
-// processes, so the futex is not private). Returns on a wake, a timeout or a spurious return.
-inline void ring_wait(uint32_t* word, uint32_t expected, double seconds) {
-  timespec t;
-  t.tv_sec = static_cast<time_t>(seconds);
-  t.tv_nsec = static_cast<long>((seconds - static_cast<double>(t.tv_sec)) * 1e9);
-  syscall(SYS_futex, word, FUTEX_WAIT, expected, &t, nullptr, 0);
-}
-
-inline void ring_wake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+// The control block's words, which both sides set and sleep on (core/futex.h).
+inline uint32_t ring_load(const uint32_t* p) { return shared_load(p); }
+inline void ring_store(uint32_t* p, uint32_t v) { shared_store(p, v); }
+inline void ring_wait(uint32_t* word, uint32_t expected, double seconds) { futex_wait(word, expected, seconds); }
+inline void ring_wake(uint32_t* word) { futex_wake(word); }
 
 }  // namespace tpdraft::serve

@@ -87,7 +87,7 @@ void install_stop_signals() {
 }
 
 struct Server::Impl {
-  GroupLeader& group;
+  engine::Group& group;
   engine::Engine& engine;
   ServerOptions options;
   Transport transport{replica_endpoint(options.listen.empty() ? default_listen() : options.listen, options.replica,
@@ -109,7 +109,7 @@ struct Server::Impl {
   int64_t queued_entries = 0;  // over every client
   uint64_t queued_bytes = 0;
 
-  Impl(GroupLeader& g, const ServerOptions& o) : group(g), engine(g.engine()), options(o) {}
+  Impl(engine::Group& g, const ServerOptions& o) : group(g), engine(g.leader()), options(o) {}
 
   const engine::Caps& caps() const { return engine.caps(); }
 
@@ -512,7 +512,7 @@ struct Server::Impl {
 
 };
 
-Server::Server(GroupLeader& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
+Server::Server(engine::Group& group, const ServerOptions& options) : impl_(std::make_unique<Impl>(group, options)) {}
 
 Server::~Server() = default;
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "serve/group.h"
+#include "engine/group.h"
 
 namespace tpdraft::serve {
 
@@ -36,7 +36,7 @@ void install_stop_signals();
 
 class Server {
  public:
-  Server(GroupLeader& group, const ServerOptions& options);
+  Server(engine::Group& group, const ServerOptions& options);
   ~Server();
 
   // Binds the socket; returns the address clients connect to (Transport::bind).

@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "core/bounds.h"
+#include "parallel/launch.h"
 #include "parallel/mpi_comm.h"
-#include "serve/group.h"
 #include "support/collective_checks.h"
 #include "support/test_support.h"
 
@@ -74,7 +74,7 @@ TEST_F(MpiCollectives, RandomSumsAreBitIdenticalAcrossRanks) {
 
 TEST_F(MpiCollectives, SplitGroupsOfTwoAreConsecutiveReplicas) {
   if (n_ % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  ReplicaGroup g = split_groups(2);
+  Replica g = split_replicas(2);
   EXPECT_EQ(g.replica, r_ / 2);
   EXPECT_EQ(g.replicas, n_ / 2);
   EXPECT_EQ(g.comm->size(), 2);
@@ -86,17 +86,17 @@ TEST_F(MpiCollectives, SplitGroupsOfTwoAreConsecutiveReplicas) {
   // The world communicator saw none of it.
   EXPECT_EQ(comm_->stats().all_reduce_calls, 0u);
 
-  ReplicaGroup whole = split_groups(n_);
+  Replica whole = split_replicas(n_);
   EXPECT_EQ(whole.replicas, 1);
   EXPECT_EQ(whole.comm->rank(), r_);
-  ReplicaGroup single = split_groups(1);
+  Replica single = split_replicas(1);
   EXPECT_EQ(single.replica, r_);
   EXPECT_EQ(single.comm->size(), 1);
 }
 
 TEST_F(MpiCollectives, SplitGroupsRefusesATpThatDoesNotDivideTheRanks) {
   const int tp = n_ + 1;
-  testing::expect_error([&] { split_groups(tp); },
+  testing::expect_error([&] { split_replicas(tp); },
                         {"tensor-parallel size " + std::to_string(tp) + " does not split the " + std::to_string(n_) +
                          " MPI ranks"});
 }
@@ -141,7 +141,7 @@ TEST_F(MpiCollectives, CrowdedRanksWaitForALatePeerWithoutHoldingACore) {
 // bursts longer than the channel holds (rank 0 waits for the slowest follower), and after
 // sleeping through a quiet spell (rank 0 wakes it).
 TEST_F(MpiCollectives, ServeCommandChannelDeliversEveryCommandInOrder) {
-  auto channel = serve::mpi_channel(*comm_);
+  auto channel = mpi_command_channel(comm_->handle());
   EXPECT_NE(channel, nullptr);
   if (channel == nullptr) return;  // on every rank alike
   constexpr int kBurst = 1000, kQuiet = 5;
@@ -150,19 +150,19 @@ TEST_F(MpiCollectives, ServeCommandChannelDeliversEveryCommandInOrder) {
     const bool quiet = i >= kBurst;  // the followers have long been asleep when these come
     if (r_ == 0) {
       if (quiet) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      channel->post({serve::kOpStep, i, 8 * i});
+      channel->post({kOpStep, i, 8 * i});
     } else {
       // A slow follower now and then, so that rank 0 finds the channel full.
       if (!quiet && i % 97 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      const serve::Command c = channel->wait();
-      wrong += c.op != serve::kOpStep || c.arg != i || c.bytes != 8 * i;
+      const Command c = channel->wait();
+      wrong += c.op != kOpStep || c.arg != i || c.bytes != 8 * i;
     }
   }
   EXPECT_EQ(wrong, 0) << "rank " << r_;
   if (r_ == 0) {
-    channel->post({serve::kOpStop});
+    channel->post({kOpStop});
   } else {
-    EXPECT_EQ(channel->wait().op, serve::kOpStop);
+    EXPECT_EQ(channel->wait().op, kOpStop);
   }
   comm_->barrier();  // no rank lets the channel go while a peer may still read it
 }
