@@ -180,8 +180,8 @@ struct Client::Impl {
     ctl->reply_offset = reply_at;
     ctl->reply_capacity = ring_bytes - reply_at;
     const uint32_t seq = ++ring_seq;
-    ring_store(&ctl->request_seq, seq);
-    if (ring_load(&ctl->server_sleeping) != 0) {
+    shared_store(&ctl->request_seq, seq);
+    if (shared_load(&ctl->server_sleeping) != 0) {
       std::string bell;
       begin(&bell, kBell);
       if (zmq_send(sock, bell.data(), bell.size(), ZMQ_DONTWAIT) < 0)
@@ -190,7 +190,7 @@ struct Client::Impl {
     const auto started = Clock::now();
     const auto deadline = started + std::chrono::duration<double>(timeout);
     for (;;) {
-      if (ring_load(&ctl->reply_seq) == seq) break;
+      if (shared_load(&ctl->reply_seq) == seq) break;
       const auto now = Clock::now();
       if (now - started < std::chrono::microseconds(200)) {
         sched_yield();  // on a machine with idle cores at once; on a busy one it lets the server run
@@ -199,11 +199,11 @@ struct Client::Impl {
       const double left = std::chrono::duration<double>(deadline - now).count();
       if (left <= 0) too_late(what);
       zmq_pollitem_t mon{monitor, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&mon, 1, 0) > 0 && lost_connection() && ring_load(&ctl->reply_seq) != seq) lost(what);
-      ring_store(&ctl->client_sleeping, 1);
-      const uint32_t now_seq = ring_load(&ctl->reply_seq);
-      if (now_seq != seq) ring_wait(&ctl->reply_seq, now_seq, std::min(left, 0.05));
-      ring_store(&ctl->client_sleeping, 0);
+      if (zmq_poll(&mon, 1, 0) > 0 && lost_connection() && shared_load(&ctl->reply_seq) != seq) lost(what);
+      shared_store(&ctl->client_sleeping, 1);
+      const uint32_t now_seq = shared_load(&ctl->reply_seq);
+      if (now_seq != seq) futex_wait(&ctl->reply_seq, now_seq, std::min(left, 0.05));
+      shared_store(&ctl->client_sleeping, 0);
     }
     const uint64_t bytes = ctl->reply_bytes;
     if (bytes > ring_bytes - reply_at)

@@ -29,10 +29,4 @@ struct RingControl {
 };
 static_assert(sizeof(RingControl) <= kRingControlBytes, "the control block fits its page");
 
-// The control block's words, which both sides set and sleep on (core/futex.h).
-inline uint32_t ring_load(const uint32_t* p) { return shared_load(p); }
-inline void ring_store(uint32_t* p, uint32_t v) { shared_store(p, v); }
-inline void ring_wait(uint32_t* word, uint32_t expected, double seconds) { futex_wait(word, expected, seconds); }
-inline void ring_wake(uint32_t* word) { futex_wake(word); }
-
 }  // namespace tpdraft::serve

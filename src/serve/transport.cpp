@@ -72,10 +72,10 @@ bool fault_free_copy(void* dst, const void* src, size_t n) {
   return n == 0 || fault_free([&] { std::memcpy(dst, src, n); });
 }
 bool fault_free_load(const uint32_t* word, uint32_t* out) {
-  return fault_free([&] { *out = ring_load(word); });
+  return fault_free([&] { *out = shared_load(word); });
 }
 bool fault_free_store(uint32_t* word, uint32_t value) {
-  return fault_free([&] { ring_store(word, value); });
+  return fault_free([&] { shared_store(word, value); });
 }
 
 // Whether a process accepts connections on the unix socket at `path` (a live server's), as
@@ -299,7 +299,7 @@ void Transport::send(const Route& to, const std::string& body) {
       ring_faulted(to.client);
       return;
     }
-    if (sleeping != 0) ring_wake(&ctl->reply_seq);  // a futex on a page that is gone fails, it does not fault
+    if (sleeping != 0) futex_wake(&ctl->reply_seq);  // a futex on a page that is gone fails, it does not fault
     return;
   }
   // A client that has gone is dropped by the ROUTER socket: nothing to do about it here.

@@ -55,6 +55,17 @@ class Layout(unittest.TestCase):
     def test_includes_point_down(self):
         self.assertEqual(violations(sources(), MAY_INCLUDE), [])
 
+    def test_only_parallel_knows_mpi(self):
+        named = [rel for rel, text in sources()
+                 if not rel.startswith("parallel" + os.sep) and re.search(r"TPDRAFT_HAVE_MPI|<mpi\.h>|\bMPI_", text)]
+        self.assertEqual(named, [])
+
+    def test_the_only_dynamic_casts_are_graph_downcasts(self):
+        casts = [(rel, m.group(1)) for rel, text in sources()
+                 for m in re.finditer(r"dynamic_cast<\s*(?:const\s+)?([\w:]+)", text)]
+        self.assertTrue(casts, "the backends' graph downcasts")
+        self.assertEqual([c for c in casts if not c[1].endswith("Graph")], [])
+
     def test_an_include_that_points_up_is_found(self):
         self.assertEqual(violations([("model/drafter.cpp", '#include "engine/engine.h"\n'),
                                      ("model/drafter.h", '#include "kernels/ops.h"\n#include <vector>\n')],

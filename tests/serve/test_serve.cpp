@@ -428,12 +428,12 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
     ctl->request_bytes = request.size();
     ctl->reply_offset = 32768;
     ctl->reply_capacity = 32768;
-    serve::ring_store(&ctl->request_seq, seq);
+    shared_store(&ctl->request_seq, seq);
     zmq_send(ringed.sock, frame(serve::kBell, 0, "").data(), serve::kHeaderBytes, 0);  // wakes it if asleep
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (serve::ring_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
+    while (shared_load(&ctl->reply_seq) != seq && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (serve::ring_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
+    if (shared_load(&ctl->reply_seq) != seq) return {99, "TIMEOUT"};
     return status_of(ring + 32768, ctl->reply_bytes);
   };
   const auto outside = ring_ask(1 << 20, frame(serve::kStats, 0, ""), 1);
