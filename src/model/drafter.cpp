@@ -12,13 +12,11 @@
 #include "core/bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/timing.h"
 
 namespace tpdraft::model {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 

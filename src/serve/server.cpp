@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/timing.h"
 #include "serve/protocol.h"
 #include "serve/transport.h"
 
@@ -41,10 +42,6 @@ bool process_gone(pid_t pid) {
   const size_t paren = line.rfind(')');  // the state follows the command name, which may hold spaces
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Client {
   std::string name;  // "client N", for logs and messages
