@@ -138,9 +138,9 @@ void Ops::silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   do_silu_mul(gate, up, out, n);
 }
 
-void Ops::add(float* y, const float* x, int64_t n) {
-  TPDRAFT_CHECK(n >= 0, "add: element count must be >= 0, got {}", n);
-  do_add(y, x, n);
+void Ops::add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  TPDRAFT_CHECK(rows >= 0 && n > 0, "add_rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
+  do_add_rms_norm(h, x, w, y, rows, n, eps);
 }
 
 void Ops::gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {

@@ -171,8 +171,9 @@ class Ops {
   void dyn_conv(const ConvParams& p);
   // out[i] = silu(gate[i]) * up[i]
   void silu_mul(const float* gate, const float* up, float* out, int64_t n);
-  // y[i] += x[i]
-  void add(float* y, const float* x, int64_t n);
+  // h[r] += x[r], then y[r] = w * h[r] / sqrt(mean(h[r]^2) + eps): a residual add and the norm that
+  // follows it as one op, the same arithmetic as the add then rms_norm(h, w, y).
+  void add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
   // dst[r] = src[index[r]] for r < rows, rows of row_len floats; index [rows] in backend memory
   // (so a captured graph reads each draft's table). src and dst must not overlap.
   void gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst);
@@ -217,7 +218,8 @@ class Ops {
   virtual void do_attention(const AttentionParams& p) = 0;
   virtual void do_dyn_conv(const ConvParams& p) = 0;
   virtual void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
-  virtual void do_add(float* y, const float* x, int64_t n) = 0;
+  virtual void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                               float eps) = 0;
   virtual void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;
   virtual void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                              int64_t first_pos) = 0;

@@ -300,30 +300,27 @@ void Drafter::run_layers(int64_t S) {
   float* xc = conv_out_.f32();
   float* o = partial_.f32();
   float* delta = conv_delta_.f32();
-  // A sublayer's input: the residual stream normed, then (DFlash 2) through the input side of
-  // its dynamic convolution.
-  auto sublayer_in = [&](const float* norm, const kernels::Matrix& conv_proj, const float* conv_base) {
-    ops_.rms_norm(h, norm, x, M, H, eps);
+  // The residual stream normed for the first sublayer; each later norm joins the add before it.
+  ops_.rms_norm(h, weights_->layers[0].input_norm, x, M, H, eps);
+  // A sublayer's input: the normed stream x, (DFlash 2) through the input side of its dynamic
+  // convolution.
+  auto sublayer_in = [&](const kernels::Matrix& conv_proj, const float* conv_base) {
     if (!v2) return static_cast<const float*>(x);
     ops_.matmul(conv_proj, x, M, delta);
     conv(x, xc, conv_base, delta, 0, S);
     return static_cast<const float*>(xc);
   };
   // A sublayer's partial output o: summed over the ranks, then (DFlash 2) through the output side
-  // of the convolution, into the residual stream.
-  auto sublayer_out = [&](const float* conv_base) {
+  // of the convolution, into the residual stream, which is then normed with `next_norm` into y.
+  auto sublayer_out = [&](const float* conv_base, const float* next_norm, float* y) {
     recorder_.all_reduce_sum(o, static_cast<size_t>(M * H));
-    if (v2) {
-      conv(o, xc, conv_base, delta, 1, S);
-      ops_.add(h, xc, M * H);
-    } else {
-      ops_.add(h, o, M * H);
-    }
+    if (v2) conv(o, xc, conv_base, delta, 1, S);
+    ops_.add_rms_norm(h, v2 ? xc : o, next_norm, y, M, H, eps);
   };
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
     // Attention sublayer.
-    const float* xin = sublayer_in(w.input_norm, w.attn_conv_proj, w.attn_conv_base);
+    const float* xin = sublayer_in(w.attn_conv_proj, w.attn_conv_base);
     ops_.matmul(w.q, xin, M, q_.f32(), w.q_bias);
     ops_.matmul(w.k, xin, M, k_.f32(), w.k_bias);
     ops_.matmul(w.v, xin, M, v_.f32(), w.v_bias);
@@ -349,16 +346,17 @@ void Drafter::run_layers(int64_t S) {
     ops_.attention(ap);
     // Row-parallel o: each rank holds a partial sum; the bias joins once, on rank 0.
     ops_.matmul(w.o, attn_.f32(), M, o, comm_.rank() == 0 ? w.o_bias : nullptr);
-    sublayer_out(w.attn_conv_base);
-    // MLP sublayer.
-    xin = sublayer_in(w.post_norm, w.mlp_conv_proj, w.mlp_conv_base);
+    sublayer_out(w.attn_conv_base, w.post_norm, x);
+    // MLP sublayer; the last one's output is normed with the final norm.
+    xin = sublayer_in(w.mlp_conv_proj, w.mlp_conv_base);
     ops_.matmul(w.gate, xin, M, gate_.f32());
     ops_.matmul(w.up, xin, M, up_.f32());
     ops_.silu_mul(gate_.f32(), up_.f32(), gate_.f32(), M * ffn_local_);
     ops_.matmul(w.down, gate_.f32(), M, o);
-    sublayer_out(w.mlp_conv_base);
+    const bool last = l + 1 == cfg_.layers;
+    const float* next_norm = last ? weights_->final_norm : weights_->layers[static_cast<size_t>(l + 1)].input_norm;
+    sublayer_out(w.mlp_conv_base, next_norm, last ? final_normed_.f32() : x);
   }
-  ops_.rms_norm(h, weights_->final_norm, final_normed_.f32(), M, H, eps);
   // The draft rows (1..B-1 of each session) side by side for the head.
   for (int64_t s = 0; s < S; ++s)
     ops_.store_rows(final_normed_.f32() + (s * B + 1) * H, B - 1, H, draft_rows_.f32() + s * (B - 1) * H, B - 1, 0);

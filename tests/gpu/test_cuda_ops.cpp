@@ -147,6 +147,24 @@ TEST_F(CudaOpsTest, RmsNormInPlaceAndNot) {
     }
 }
 
+// The residual add is exact on both backends (one f32 add per element), so the sums agree bit for
+// bit; the norm after it within f32 rounding.
+TEST_F(CudaOpsTest, AddRmsNormMatchesTheTwin) {
+  for (int64_t rows : {1, 5, 17})
+    for (int64_t n : {1, 64, 4097}) {
+      const auto h = randn(static_cast<size_t>(rows * n), rng, 3.0f), x = randn(h.size(), rng);
+      const auto w = randn(static_cast<size_t>(n), rng);
+      Buffer hc = put(*cpu, h), hg = put(*gpu, h), xc = put(*cpu, x), xg = put(*gpu, x), wc = put(*cpu, w),
+             wg = put(*gpu, w);
+      Buffer yc = poisoned(*cpu, h.size()), yg = poisoned(*gpu, h.size());
+      cpu->add_rms_norm(hc.f32(), xc.f32(), wc.f32(), yc.f32(), rows, n, 1e-6f);
+      gpu->add_rms_norm(hg.f32(), xg.f32(), wg.f32(), yg.f32(), rows, n, 1e-6f);
+      const std::string what = "add_rms_norm rows " + std::to_string(rows) + " n " + std::to_string(n);
+      EXPECT_EQ(get<float>(*gpu, hg, h.size()), get<float>(*cpu, hc, h.size())) << what;
+      expect_nmse(get<float>(*gpu, yg, h.size()), get<float>(*cpu, yc, h.size()), kF32Nmse, what);
+    }
+}
+
 TEST_F(CudaOpsTest, HeadNormRopeAtFarPositions) {
   struct Case {
     int64_t rows, heads, d;
@@ -196,7 +214,7 @@ TEST_F(CudaOpsTest, DynConvMatchesTheTwin) {
   }
 }
 
-TEST_F(CudaOpsTest, SiluMulAddAndRingStores) {
+TEST_F(CudaOpsTest, SiluMulAndRingStores) {
   for (int64_t n : {1, 1000, 196608}) {
     const auto a = randn(static_cast<size_t>(n), rng, 4.0f), b = randn(static_cast<size_t>(n), rng);
     Buffer ac = put(*cpu, a), ag = put(*gpu, a), bc = put(*cpu, b), bg = put(*gpu, b);
@@ -204,9 +222,6 @@ TEST_F(CudaOpsTest, SiluMulAddAndRingStores) {
     cpu->silu_mul(ac.f32(), bc.f32(), oc.f32(), n);
     gpu->silu_mul(ag.f32(), bg.f32(), og.f32(), n);
     expect_nmse(get<float>(*gpu, og, a.size()), get<float>(*cpu, oc, a.size()), kF32Nmse, "silu_mul");
-    cpu->add(ac.f32(), bc.f32(), n);
-    gpu->add(ag.f32(), bg.f32(), n);
-    EXPECT_EQ(get<float>(*gpu, ag, a.size()), get<float>(*cpu, ac, a.size())) << "add is exact";
   }
   // Ring stores: wrapping, more rows than slots, far positions; untouched slots keep their data.
   struct Case {
@@ -547,7 +562,7 @@ TEST_F(CudaOpsTest, HeadTopkTiesNanAndShortVocab) {
 
 // ---- graphs ---------------------------------------------------------------------------------------
 
-// A captured attention + head_norm_rope + add replays with the session tables, positions and
+// A captured attention + head_norm_rope + add_rms_norm replays with the session tables, positions and
 // inputs as they are at replay time: equal, bit for bit, to the same ops issued directly.
 TEST_F(CudaOpsTest, CaptureReplaysWithTheTablesOfTheMoment) {
   const int64_t S = 2, B = 8, nq = 4, nkv = 2, D = 64, cap = 600;
@@ -556,7 +571,8 @@ TEST_F(CudaOpsTest, CaptureReplaysWithTheTablesOfTheMoment) {
   const auto ring = randn(static_cast<size_t>(cap * nkv * D), rng);
   Buffer qg = put(*gpu, q), kg = put(*gpu, k), vg = put(*gpu, v), wg = put(*gpu, w), rk = put(*gpu, ring),
          rv = put(*gpu, randn(ring.size(), rng));
-  Buffer out(*gpu, q.size() * sizeof(float)), acc(*gpu, q.size() * sizeof(float));
+  Buffer out(*gpu, q.size() * sizeof(float)), acc(*gpu, q.size() * sizeof(float)),
+      normed(*gpu, q.size() * sizeof(float));
   Buffer anchors(*gpu, S * sizeof(int64_t)), views(*gpu, S * sizeof(ContextView)), pos(*gpu, S * B * sizeof(int64_t));
   auto set_tables = [&](int64_t end0, int64_t end1) {
     const std::vector<int64_t> a{end0, end1};
@@ -577,7 +593,7 @@ TEST_F(CudaOpsTest, CaptureReplaysWithTheTablesOfTheMoment) {
   auto issue = [&] {
     gpu->attention(ap);
     gpu->head_norm_rope(out.f32(), wg.f32(), S * B, nq, D, 1e-6f, static_cast<const int64_t*>(pos.get()), 1e6);
-    gpu->add(acc.f32(), out.f32(), static_cast<int64_t>(q.size()));
+    gpu->add_rms_norm(acc.f32(), out.f32(), wg.f32(), normed.f32(), S * B * nq, D, 1e-6f);
   };
   auto direct = [&](int64_t end0, int64_t end1) {
     set_tables(end0, end1);

@@ -172,6 +172,42 @@ TEST_F(CpuOps, RmsNormMatchesFloat64) {
     }
 }
 
+// The fused residual add + norm is the add (plain f32 sums, computed here) then rms_norm, bit for
+// bit, on every ISA and on the threaded path; and within the norm's tolerance of float64.
+TEST_F(CpuOps, AddRmsNormIsTheAddThenTheNorm) {
+  std::mt19937_64 rng(22);
+  for (int64_t rows : {1, 5, 16, 40})
+    for (int64_t n : {1, 7, 33, 2048}) {
+      const auto h0 = randn(rows * n, rng, 3.0f, 0.5f), x = randn(rows * n, rng, 2.0f);
+      const auto w = randn(n, rng, 0.2f, 1.0f);
+      std::vector<float> sum(rows * n);
+      std::vector<double> exact(rows * n), ref(rows * n), scale(rows * n);
+      for (int64_t i = 0; i < rows * n; ++i) sum[i] = h0[i] + x[i], exact[i] = static_cast<double>(h0[i]) + x[i];
+      for (int64_t r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int64_t c = 0; c < n; ++c) ss += exact[r * n + c] * exact[r * n + c];
+        const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+        for (int64_t c = 0; c < n; ++c) {
+          ref[r * n + c] = w[c] * exact[r * n + c] * inv;
+          scale[r * n + c] = std::fabs(ref[r * n + c]);
+        }
+      }
+      for (Isa isa : sweep.isas()) {
+        cpu::force_isa(isa);
+        const std::string at = fmt::format("add_rms_norm {}x{} {}", rows, n, cpu::isa_name(isa));
+        std::vector<float> h = h0, y(rows * n, kNaN), y_pair(rows * n, kNaN);
+        ops->add_rms_norm(h.data(), x.data(), w.data(), y.data(), rows, n, 1e-6f);
+        ops->rms_norm(sum.data(), w.data(), y_pair.data(), rows, n, 1e-6f);
+        EXPECT_EQ(0, std::memcmp(h.data(), sum.data(), h.size() * sizeof(float))) << at;
+        EXPECT_EQ(0, std::memcmp(y.data(), y_pair.data(), y.size() * sizeof(float))) << at;
+        expect_close(y, ref, scale, 1e-5, at);
+      }
+    }
+  std::vector<float> buf(8, 0.0f);
+  expect_error([&] { ops->add_rms_norm(buf.data(), buf.data(), buf.data(), buf.data(), -1, 8, 1e-6f); },
+               {"add_rms_norm: bad shape"});
+}
+
 TEST_F(CpuOps, HeadNormRopeMatchesFloat64) {
   std::mt19937_64 rng(22);
   for (int64_t d : {8, 64, 128})
@@ -412,27 +448,22 @@ TEST_F(CpuOps, DynConvMatchesFloat64) {
       }
 }
 
-TEST_F(CpuOps, SiluMulAddStoreRows) {
+TEST_F(CpuOps, SiluMulStoreRows) {
   std::mt19937_64 rng(51);
   for (int64_t n : {1, 15, 16, 17, 1000, 300000}) {
     auto gate = randn(n, rng, 4.0f);
     if (n > 4) gate[0] = -100.0f, gate[1] = 100.0f, gate[2] = 0.0f, gate[3] = -30.0f;  // tails of exp
-    const auto up = randn(n, rng), x = randn(n, rng);
-    std::vector<double> ref(n), mag(n), ref_add(n), mag_add(n);
+    const auto up = randn(n, rng);
+    std::vector<double> ref(n), mag(n);
     for (int64_t i = 0; i < n; ++i) {
       ref[i] = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
       mag[i] = std::fabs(ref[i]) + 1e-30;
-      ref_add[i] = static_cast<double>(up[i]) + x[i];
-      mag_add[i] = std::fabs(up[i]) + std::fabs(x[i]);
     }
     for (Isa isa : sweep.isas()) {
       cpu::force_isa(isa);
       std::vector<float> out(n, kNaN);
       ops->silu_mul(gate.data(), up.data(), out.data(), n);
       expect_close(out, ref, mag, 1e-6, fmt::format("silu_mul n={} {}", n, cpu::isa_name(isa)));
-      std::vector<float> y = up;
-      ops->add(y.data(), x.data(), n);
-      expect_close(y, ref_add, mag_add, 1e-7, fmt::format("add n={} {}", n, cpu::isa_name(isa)));
     }
   }
   // Ring writes wrap: 4 rows from position 13 into 5 slots land in slots 3, 4, 0, 1.
@@ -688,12 +719,14 @@ TEST_F(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
   std::vector<float> y(x.size(), 1.0f);
   std::vector<int64_t> pos{5, 6, 7};
   const std::vector<float> x0 = x;
+  std::vector<float> normed(x.size());  // add_rms_norm's other output, unused here
 
   ops1->begin_capture();
-  ops1->add(y.data(), x.data(), static_cast<int64_t>(x.size()));
+  ops1->add_rms_norm(y.data(), x.data(), w.data(), normed.data(), rows * heads, d, 1e-6f);
   ops1->head_norm_rope(y.data(), w.data(), rows, heads, d, 1e-6f, pos.data(), 1e4);
   // Argument checks run when an op is issued, capture or not.
-  expect_error([&] { ops1->add(y.data(), x.data(), -1); }, {"element count must be >= 0"});
+  expect_error([&] { ops1->add_rms_norm(y.data(), x.data(), w.data(), normed.data(), -1, d, 1e-6f); },
+               {"add_rms_norm: bad shape"});
   expect_error([&] { ops1->sync(); }, {"sync during a capture"});
   expect_error([&] { ops1->to_device(y.data(), x.data(), 4); }, {"to_device during a capture"});
   expect_error([&] { ops1->to_host(y.data(), x.data(), 4); }, {"to_host during a capture"});
@@ -706,7 +739,8 @@ TEST_F(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
   // The same two ops issued directly, on copies, are what each replay must give.
   auto expected = [&](const std::vector<float>& xs, const std::vector<float>& y_in, const std::vector<int64_t>& ps) {
     std::vector<float> out = y_in;
-    ops1->add(out.data(), xs.data(), static_cast<int64_t>(xs.size()));
+    std::vector<float> unused(xs.size());
+    ops1->add_rms_norm(out.data(), xs.data(), w.data(), unused.data(), rows * heads, d, 1e-6f);
     ops1->head_norm_rope(out.data(), w.data(), rows, heads, d, 1e-6f, ps.data(), 1e4);
     return out;
   };
@@ -723,11 +757,11 @@ TEST_F(CpuOps, CaptureDefersAndReplayReadsMemoryThen) {
 
   // An aborted capture keeps nothing and leaves the ops running directly again.
   ops1->begin_capture();
-  ops1->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  ops1->add_rms_norm(y.data(), x0.data(), w.data(), normed.data(), rows * heads, d, 1e-6f);
   ops1->abort_capture();
   ops1->abort_capture();  // harmless when no capture runs
   const auto before = y;
-  ops1->add(y.data(), x0.data(), static_cast<int64_t>(x.size()));
+  ops1->add_rms_norm(y.data(), x0.data(), w.data(), normed.data(), rows * heads, d, 1e-6f);
   EXPECT_NE(y, before);
 }
 
@@ -739,8 +773,9 @@ TEST_F(CpuOps, ReleaseDuringCaptureWaitsForItsEnd) {
     auto* buf = static_cast<float*>(ops1->alloc(4 * sizeof(float)));
     std::vector<float> y{1, 2, 3, 4};
     const std::vector<float> x{1, 1, 1, 1};
+    std::vector<float> normed(4);
     ops1->begin_capture();
-    ops1->add(y.data(), x.data(), 4);
+    ops1->add_rms_norm(y.data(), x.data(), x.data(), normed.data(), 1, 4, 1e-6f);
     ops1->release(buf);
     buf[0] = 7.0f;  // still ours until the capture ends
     if (abort) {

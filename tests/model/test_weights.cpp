@@ -58,7 +58,9 @@ class CountingOps final : public kernels::Ops {
   void do_attention(const kernels::AttentionParams& p) override { inner_->attention(p); }
   void do_dyn_conv(const kernels::ConvParams& p) override { inner_->dyn_conv(p); }
   void do_silu_mul(const float* g, const float* u, float* out, int64_t n) override { inner_->silu_mul(g, u, out, n); }
-  void do_add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+  void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    inner_->add_rms_norm(h, x, w, y, rows, n, eps);
+  }
   void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t len, float* dst) override {
     inner_->gather_rows(src, index, rows, len, dst);
   }

@@ -194,10 +194,11 @@ void check_graphs(const std::string& config) {
         EXPECT_FALSE(e.replayed) << at;
         EXPECT_EQ(g.replayed, replayed[i]) << at;
         EXPECT_EQ(g.segments, tp == 1 ? 1u : static_cast<size_t>(2 * cfg.layers + 1)) << at;
-        // The CPU tape holds one call per op: the row gather, per layer 15 ops (21 with DFlash 2's
-        // two convolutions and kernel projections per sublayer), the final norm, and one copy of
-        // the draft rows per session; the all-reduces are not ops.
-        const size_t sessions = g.results.size(), per_layer = cfg.is_dflash2() ? 21 : 15;
+        // The CPU tape holds one call per op: the row gather, the first input norm, per layer 13 ops
+        // (19 with DFlash 2's two convolutions and kernel projections per sublayer; each residual
+        // add is one op with the norm after it, the last layer's with the final norm), and one copy
+        // of the draft rows per session; the all-reduces are not ops.
+        const size_t sessions = g.results.size(), per_layer = cfg.is_dflash2() ? 19 : 13;
         EXPECT_EQ(g.nodes, 1 + static_cast<size_t>(cfg.layers) * per_layer + 1 + sessions) << at;
         ASSERT_EQ(g.results.size(), e.results.size()) << at;
         for (size_t s = 0; s < e.results.size(); ++s) {

@@ -1,4 +1,4 @@
-// Elementwise ops (silu_mul, add, gather_rows, store_rows) and the vector exp they share with attention's
+// Elementwise ops (silu_mul, gather_rows, store_rows) and the vector exp they share with attention's
 // softmax. These are memory bound and small (a draft's silu_mul is 16 x 6144 floats), so threads
 // are used only for large n; the exp is vectorised because expf per element would cost more than
 // the matmul it follows.
@@ -139,16 +139,6 @@ void CpuOps::do_silu_mul(const float* gate, const float* up, float* out, int64_t
   // Chunks in multiples of 64 elements keep every thread's slice vector aligned in length.
   pool_.parallel_for(
       n, [&](int64_t b, int64_t e, int) { kernel(gate + b, up + b, out + b, e - b); }, 64);
-}
-
-void CpuOps::do_add(float* y, const float* x, int64_t n) {
-  if (recording(&CpuOps::do_add, y, x, n)) return;
-  // A plain loop: the compiler vectorises it for the baseline ISA and it is bandwidth bound.
-  auto body = [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) y[i] += x[i];
-  };
-  if (n < kParallelMin) return body(0, n, 0);
-  pool_.parallel_for(n, body, 64);
 }
 
 void CpuOps::do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {

@@ -1,4 +1,4 @@
-// RMSNorm over rows, and the per-head RMSNorm + NeoX rotate-half RoPE applied to q and k.
+// RMSNorm over rows (after a residual add, as one op), and the per-head RMSNorm + NeoX rotate-half RoPE applied to q and k.
 // The bodies are plain loops over 16 fixed partial sums, compiled once per instruction set: every
 // variant performs the same f32 operations in the same order (where the compiler contracts a
 // multiply and an add into an FMA, results differ by f32 rounding).
@@ -33,6 +33,15 @@ TPDRAFT_INLINE void rms_rows_body(const float* x, const float* w, float* y, int6
   }
 }
 
+// h += x, then y = rms_norm(h), row by row: the add's plain loop, then rms_rows_body on h.
+TPDRAFT_INLINE void add_rms_rows_body(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                                      float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < n; ++c) h[r * n + c] += x[r * n + c];
+    rms_rows_body(h + r * n, w, y + r * n, 1, n, eps);
+  }
+}
+
 // One row of [heads, D]: RMSNorm each head with w[D], then rotate pairs (i, i + D/2) by the
 // angles whose cos/sin are in cs[0 .. D/2) and cs[D/2 .. D).
 TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, int64_t d, float eps, const float* cs) {
@@ -58,6 +67,16 @@ void CpuOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows,
   if (rows * n < kParallelMin) return on_isa<rms_rows_body>(isa, x, w, y, rows, n, eps);
   pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
     on_isa<rms_rows_body>(isa, x + b * n, w, y + b * n, e - b, n, eps);
+  });
+}
+
+void CpuOps::do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                             float eps) {
+  if (recording(&CpuOps::do_add_rms_norm, h, x, w, y, rows, n, eps)) return;
+  const Isa isa = active_isa();
+  if (rows * n < kParallelMin) return on_isa<add_rms_rows_body>(isa, h, x, w, y, rows, n, eps);
+  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    on_isa<add_rms_rows_body>(isa, h + b * n, x + b * n, w, y + b * n, e - b, n, eps);
   });
 }
 

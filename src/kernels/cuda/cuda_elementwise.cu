@@ -1,4 +1,4 @@
-// Element-wise kernels: silu_mul, add, 16-bit floats widened to f32 and the row gather that builds a draft's block rows. Memory bound: grid-stride loops, one element per
+// Element-wise kernels: silu_mul, 16-bit floats widened to f32 and the row gather that builds a draft's block rows. Memory bound: grid-stride loops, one element per
 // thread per step; a draft's largest call is 16 x 12288 floats.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,11 +15,6 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
     const float g = gate[i];
     out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
   }
-}
-
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = grid_first(); i < n; i += grid_step())
-    y[i] = __fadd_rn(y[i], x[i]);
 }
 
 // Exact: every bf16 and f16 value is an f32 value.
@@ -55,12 +50,6 @@ void launch_widen_to_f32(const void* src, bool bf16, float* dst, int64_t n, cuda
   if (n <= 0) return;
   widen_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(static_cast<const uint16_t*>(src), bf16, dst, n);
   TPDRAFT_CHECK_LAUNCH("widen_to_f32");
-}
-
-void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  add_kernel<<<stride_blocks(n), kStrideThreads, 0, stream>>>(y, x, n);
-  TPDRAFT_CHECK_LAUNCH("add");
 }
 
 }  // namespace tpdraft::kernels::cuda

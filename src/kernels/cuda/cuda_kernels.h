@@ -14,7 +14,6 @@ namespace tpdraft::kernels::cuda {
 
 // ---- cuda_elementwise.cu ----------------------------------------------------------------------
 void launch_silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
-void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
 // dst [n] f32 = src [n] of 16-bit floats: bf16 (bf16 true) or IEEE f16.
 void launch_widen_to_f32(const void* src, bool bf16, float* dst, int64_t n, cudaStream_t stream);
 // dst[r] = src[index[r]], rows of row_len floats; index on the device.
@@ -22,7 +21,8 @@ void launch_gather_rows(const float* src, const int64_t* index, int64_t rows, in
                         cudaStream_t stream);
 
 // ---- cuda_norm_rope.cu ------------------------------------------------------------------------
-void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+// h += add where add is not null (h is then only read), then y = rms_norm(h).
+void launch_rms_norm(float* h, const float* add, const float* w, float* y, int64_t rows, int64_t n, float eps,
                      cudaStream_t stream);
 // positions [rows] and inv_freq [head_dim / 2] (theta^(-2i/D), computed in double) on the device.
 void launch_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,

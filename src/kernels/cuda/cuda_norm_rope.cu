@@ -1,4 +1,4 @@
-// RMSNorm over rows (one block per row, warp-shuffle reductions), and the per-head RMSNorm +
+// RMSNorm over rows, after a residual add or not (one block per row, warp-shuffle reductions), and the per-head RMSNorm +
 // NeoX rotate-half RoPE on q and k (one block per row, one warp per head). Both follow the CPU
 // twin's formula: s = 1 / sqrt(sum(x^2) / n + eps), y = w * (x * s); angles pos * theta^(-2i/D)
 // in double, their cos / sin rounded to f32, as the CPU does.
@@ -26,16 +26,20 @@ __device__ float block_sum(float v) {
   return warp_sum(v);
 }
 
-// y may alias x: every thread reads its elements for the sum before block_sum's barriers, and
-// reads them again (its own) only to write them.
-__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int64_t n, float eps) {
-  const float* xr = x + blockIdx.x * n;
+// y = rms_norm(h), after h += add where add is not null (a residual add fused with the norm that
+// follows it). y may alias h: every thread reads its elements for the sum before block_sum's
+// barriers, and reads them again (its own) only to write them.
+__global__ void rms_norm_kernel(float* h, const float* add, const float* w, float* y, int64_t n, float eps) {
+  float* hr = h + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) sum = fmaf(xr[c], xr[c], sum);
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    if (add != nullptr) hr[c] = __fadd_rn(hr[c], add[blockIdx.x * n + c]);
+    sum = fmaf(hr[c], hr[c], sum);
+  }
   sum = block_sum(sum);
   const float s = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
-  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) yr[c] = __fmul_rn(w[c], __fmul_rn(xr[c], s));
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) yr[c] = __fmul_rn(w[c], __fmul_rn(hr[c], s));
 }
 
 // Block = one row of [heads, D]; shared cs[0 .. D/2) = cos, cs[D/2 .. D) = sin of the row's angles.
@@ -68,10 +72,10 @@ __global__ void head_norm_rope_kernel(float* x, const float* w, int64_t heads, i
 
 }  // namespace
 
-void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+void launch_rms_norm(float* h, const float* add, const float* w, float* y, int64_t rows, int64_t n, float eps,
                      cudaStream_t stream) {
   if (rows <= 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(x, w, y, n, eps);
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(h, add, w, y, n, eps);
   TPDRAFT_CHECK_LAUNCH("rms_norm");
 }
 

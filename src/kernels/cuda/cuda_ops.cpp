@@ -240,7 +240,13 @@ void CudaOps::replay(const OpGraph& graph) {
 
 void CudaOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   DeviceGuard guard(device_);
-  launch_rms_norm(x, w, y, rows, n, eps, stream_);
+  launch_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps, stream_);  // no add: x is only read
+}
+
+void CudaOps::do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                              float eps) {
+  DeviceGuard guard(device_);
+  launch_rms_norm(h, x, w, y, rows, n, eps, stream_);
 }
 
 void CudaOps::do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
@@ -276,11 +282,6 @@ void CudaOps::do_dyn_conv(const ConvParams& p) {
 void CudaOps::do_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   DeviceGuard guard(device_);
   launch_silu_mul(gate, up, out, n, stream_);
-}
-
-void CudaOps::do_add(float* y, const float* x, int64_t n) {
-  DeviceGuard guard(device_);
-  launch_add(y, x, n, stream_);
 }
 
 void CudaOps::do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) {

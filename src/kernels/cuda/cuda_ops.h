@@ -78,7 +78,8 @@ class CudaOps final : public Ops {
   void do_attention(const AttentionParams& p) override;
   void do_dyn_conv(const ConvParams& p) override;
   void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
-  void do_add(float* y, const float* x, int64_t n) override;
+  void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                       float eps) override;
   void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
   void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
                      int64_t first_pos) override;
