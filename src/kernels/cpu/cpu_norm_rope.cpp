@@ -1,7 +1,8 @@
-// RMSNorm over rows (after a residual add, as one op), and the per-head RMSNorm + NeoX rotate-half RoPE applied to q and k.
-// The bodies are plain loops over 16 fixed partial sums, compiled once per instruction set: every
-// variant performs the same f32 operations in the same order (where the compiler contracts a
-// multiply and an add into an FMA, results differ by f32 rounding).
+// RMSNorm over rows (alone, or after a residual add as one op), and the per-head RMSNorm + NeoX
+// rotate-half RoPE applied to q and k (one op too). The bodies are plain loops over 16 fixed
+// partial sums, compiled once per instruction set: every variant performs the same f32 operations
+// in the same order (where the compiler contracts a multiply and an add into an FMA, results
+// differ by f32 rounding).
 #include <cmath>
 
 #include "core/error.h"
@@ -23,22 +24,17 @@ TPDRAFT_INLINE float inv_rms(const float* x, int64_t n, float eps) {
   return 1.0f / std::sqrt(lanes[0] / static_cast<float>(n) + eps);
 }
 
-// y = w * (x * r), the order of PyTorch's Qwen RMSNorm (normalise, then weight).
-TPDRAFT_INLINE void rms_rows_body(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+// y = w * (h * r), the order of PyTorch's Qwen RMSNorm (normalise, then weight), after h += add
+// where add is not null (a residual add fused with the norm after it: the same f32 sums).
+TPDRAFT_INLINE void rms_rows_body(float* h, const float* add, const float* w, float* y, int64_t rows, int64_t n,
+                                  float eps) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
+    float* hr = h + r * n;
     float* yr = y + r * n;
-    const float s = inv_rms(xr, n, eps);
-    for (int64_t c = 0; c < n; ++c) yr[c] = w[c] * (xr[c] * s);
-  }
-}
-
-// h += x, then y = rms_norm(h), row by row: the add's plain loop, then rms_rows_body on h.
-TPDRAFT_INLINE void add_rms_rows_body(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
-                                      float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < n; ++c) h[r * n + c] += x[r * n + c];
-    rms_rows_body(h + r * n, w, y + r * n, 1, n, eps);
+    if (add != nullptr)
+      for (int64_t c = 0; c < n; ++c) hr[c] += add[r * n + c];
+    const float s = inv_rms(hr, n, eps);
+    for (int64_t c = 0; c < n; ++c) yr[c] = w[c] * (hr[c] * s);
   }
 }
 
@@ -50,7 +46,7 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
   const float* sinv = cs + half;
   for (int64_t h = 0; h < heads; ++h) {
     float* xh = x + h * d;
-    rms_rows_body(xh, w, xh, 1, d, eps);
+    rms_rows_body(xh, nullptr, w, xh, 1, d, eps);
     for (int64_t i = 0; i < half; ++i) {
       const float a = xh[i], b = xh[i + half];
       xh[i] = a * cosv[i] - b * sinv[i];
@@ -61,22 +57,18 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
 
 }  // namespace
 
+// Without an add, h is only read.
 void CpuOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  if (recording(&CpuOps::do_rms_norm, x, w, y, rows, n, eps)) return;
-  const Isa isa = active_isa();
-  if (rows * n < kParallelMin) return on_isa<rms_rows_body>(isa, x, w, y, rows, n, eps);
-  pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    on_isa<rms_rows_body>(isa, x + b * n, w, y + b * n, e - b, n, eps);
-  });
+  do_add_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps);
 }
 
 void CpuOps::do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
                              float eps) {
   if (recording(&CpuOps::do_add_rms_norm, h, x, w, y, rows, n, eps)) return;
   const Isa isa = active_isa();
-  if (rows * n < kParallelMin) return on_isa<add_rms_rows_body>(isa, h, x, w, y, rows, n, eps);
+  if (rows * n < kParallelMin) return on_isa<rms_rows_body>(isa, h, x, w, y, rows, n, eps);
   pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    on_isa<add_rms_rows_body>(isa, h + b * n, x + b * n, w, y + b * n, e - b, n, eps);
+    on_isa<rms_rows_body>(isa, h + b * n, x != nullptr ? x + b * n : nullptr, w, y + b * n, e - b, n, eps);
   });
 }
 
