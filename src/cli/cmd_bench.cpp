@@ -261,6 +261,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["all_reduce_path"] = r.all_reduce_path;
   j["comm_ms"] = r.comm_mean * 1e3;
   j["comm_ms_median"] = r.comm_median * 1e3;
+  j["comm_timing"] = c.timing;  // "events": the device all-reduces outside a graph by CUDA events
   j["compute_ms"] = r.compute * 1e3;  // outside collectives
   j["all_reduce_calls"] = r.per_draft(c.all_reduce_calls);
   j["all_reduce_bytes"] = r.per_draft(c.all_reduce_bytes);

@@ -19,6 +19,9 @@ struct CommStats {
   uint64_t broadcast_calls = 0, broadcast_bytes = 0;
   uint64_t barrier_calls = 0;
   double seconds = 0;  // wall time spent inside collectives
+  // How `seconds` was taken: "host" (around each call), or "events" where a device communicator
+  // put the time between CUDA events around its all-reduces in place of their enqueue's.
+  const char* timing = "host";
   uint64_t total_bytes() const { return all_reduce_bytes + all_gather_bytes + broadcast_bytes; }
   // The counts of `b` added (or taken away); seconds too.
   CommStats& operator+=(const CommStats& b) { return combine(b, [](auto& x, auto y) { x += y; }); }
@@ -83,6 +86,9 @@ class Communicator {
   virtual void do_all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void do_broadcast(void* data, size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
+  // The collectives that only queued work on a device stream took `host` seconds to queue; they
+  // ran for `device` seconds there (read from events once done): the counters take the latter.
+  void retime(double host, double device) { stats_.seconds += device - host, stats_.timing = "events"; }
 
  private:
   // Collectives captured into a graph run when it replays, not when they are issued: the class

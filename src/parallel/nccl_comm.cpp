@@ -295,6 +295,7 @@ class NcclCommunicator final : public Communicator {
     }
     free_window_memory();
     for (cuda::Workspace* w : {&stage_a_, &stage_b_, &barrier_}) w->reset();
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaGetLastError();
   }
 
@@ -307,6 +308,14 @@ class NcclCommunicator final : public Communicator {
     require_live("wait_pending");
     DeviceGuard guard(device_);
     wait(what);
+    double device = 0;
+    for (size_t i = 0; i < timed_; ++i) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+      device += ms * 1e-3;
+    }
+    if (timed_ > 0) retime(enqueue_seconds_, device);
+    timed_ = 0, enqueue_seconds_ = 0;
   }
 
   void abort(const std::string& reason) override {
@@ -328,14 +337,23 @@ class NcclCommunicator final : public Communicator {
       sum_in_place(data, count);
       return;
     }
-    float* d = staged ? static_cast<float*>(stage_in(data, bytes, &stage_a_)) : data;
-    sum_in_place(d, count);
     if (!staged) {
       // Device memory: the kernels queued after it on the same stream wait for it, so the host
-      // need not; the caller waits once for all of them (wait_pending), with the deadline.
+      // need not; the caller waits once for all of them (wait_pending), with the deadline, and
+      // wait_pending reads its time on the device from the events around it.
+      const auto t0 = Clock::now();
+      if (events_.size() < 2 * timed_ + 2)
+        for (int i = 0; i < 2; ++i) CUDA_CHECK(cudaEventCreate(&events_.emplace_back(nullptr)));
+      CUDA_CHECK(cudaEventRecord(events_[2 * timed_], stream_));
+      sum_in_place(data, count);
+      CUDA_CHECK(cudaEventRecord(events_[2 * timed_ + 1], stream_));
+      ++timed_;
       check_async("all_reduce_sum");
+      enqueue_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
       return;
     }
+    float* d = static_cast<float*>(stage_in(data, bytes, &stage_a_));
+    sum_in_place(d, count);
     wait(fmt::format("all_reduce_sum(f32, {} elements)", count));
     stage_out(data, d, bytes);
   }
@@ -557,6 +575,11 @@ class NcclCommunicator final : public Communicator {
   cuda::Workspace stage_a_, stage_b_, barrier_;
   std::string path_;
   float* window_buf_ = nullptr;  // ncclMemAlloc'd, kWindowBytes; null on the ring path
+  // Start and end events of the device all-reduces queued outside a graph since the last
+  // wait_pending (timed_ pairs), and the host time their enqueues took.
+  std::vector<cudaEvent_t> events_;
+  size_t timed_ = 0;
+  double enqueue_seconds_ = 0;
 #ifdef TPDRAFT_NCCL_WINDOWS
   ncclWindow_t window_ = nullptr;
 #endif
