@@ -82,7 +82,7 @@ void Ops::matmul(const Matrix& w, const float* x, int64_t m, float* y, const flo
 
 void Ops::rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   TPDRAFT_CHECK(rows >= 0 && n > 0, "rms_norm: bad shape [{}, {}] (expected rows >= 0, n > 0)", rows, n);
-  do_rms_norm(x, w, y, rows, n, eps);
+  do_add_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps);
 }
 
 void Ops::head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,

@@ -212,12 +212,12 @@ class Ops {
   virtual size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
   virtual Matrix do_upload_quantized(const QuantizedRows& src, void* dst);
   virtual void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) = 0;
-  virtual void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
   virtual void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
                                  const int64_t* positions, double theta) = 0;
   virtual void do_attention(const AttentionParams& p) = 0;
   virtual void do_dyn_conv(const ConvParams& p) = 0;
   virtual void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // rms_norm too, with x null: no add, and h is only read.
   virtual void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
                                float eps) = 0;
   virtual void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;

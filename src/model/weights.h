@@ -64,9 +64,6 @@ class DrafterWeights {
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
   // The draft vocabulary the head scores, or null (every id below V).
   const DraftVocab* draft_vocab() const { return vocab_.get(); }
-  // Where the embedding and the head were read: "drafter" (a speculators checkpoint's own) or "target".
-  const char* embedding_origin() const { return embed_store_ == drafter_.get() ? "drafter" : "target"; }
-  const char* head_origin() const { return head_store_ == drafter_.get() ? "drafter" : "target"; }
 
  private:
   // The rank's share of a tensor (tensor_share of `name`, or the one given), checked against `shape`.

@@ -48,9 +48,6 @@ class CountingOps final : public kernels::Ops {
   void do_matmul(const kernels::Matrix& w, const float* x, int64_t m, float* y, const float* bias) override {
     inner_->matmul(w, x, m, y, bias);
   }
-  void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
-    inner_->rms_norm(x, w, y, rows, n, eps);
-  }
   void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t d, float eps,
                          const int64_t* positions, double theta) override {
     inner_->head_norm_rope(x, w, rows, heads, d, eps, positions, theta);

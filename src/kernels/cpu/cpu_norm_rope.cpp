@@ -57,11 +57,6 @@ TPDRAFT_INLINE void norm_rope_row_body(float* x, const float* w, int64_t heads, 
 
 }  // namespace
 
-// Without an add, h is only read.
-void CpuOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  do_add_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps);
-}
-
 void CpuOps::do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
                              float eps) {
   if (recording(&CpuOps::do_add_rms_norm, h, x, w, y, rows, n, eps)) return;

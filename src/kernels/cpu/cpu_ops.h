@@ -166,7 +166,6 @@ class CpuOps final : public Ops {
   size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix do_upload_quantized(const QuantizedRows& src, void* dst) override;
   void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
-  void do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
   void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
                          const int64_t* positions, double theta) override;
   void do_attention(const AttentionParams& p) override;

@@ -238,11 +238,6 @@ void CudaOps::replay(const OpGraph& graph) {
 
 // ---- element-wise, norms, conv, ring stores --------------------------------------------------------
 
-void CudaOps::do_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-  DeviceGuard guard(device_);
-  launch_rms_norm(const_cast<float*>(x), nullptr, w, y, rows, n, eps, stream_);  // no add: x is only read
-}
-
 void CudaOps::do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
                               float eps) {
   DeviceGuard guard(device_);
