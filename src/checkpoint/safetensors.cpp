@@ -1,6 +1,7 @@
 // Safetensors reading and writing: a mapped file whose header is validated in full before any
 // tensor byte is touched, the store that resolves a model directory (index + shards, one file) and
-// the `model.` prefix, row / column slicing with dtype conversion, and an atomic writer.
+// the `model.` prefix (or holds tensors made in memory), row / column slicing with dtype
+// conversion, and an atomic writer.
 #include "checkpoint/safetensors.h"
 
 #include <fcntl.h>
@@ -409,6 +410,26 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
       TPDRAFT_CHECK(inserted, "{}: tensor '{}' appears twice: as '{}' in {} and as '{}' in {}", path, canon,
                     it->second->name, it->second->file, name, file->path());
     }
+  }
+  return store;
+}
+
+// The same lookups and checks as for files, so the drafter loads random benchmark weights
+// through exactly the path real checkpoints take.
+std::shared_ptr<TensorStore> TensorStore::from_memory(const std::string& label, std::vector<OwnedTensor> tensors) {
+  auto store = std::make_shared<TensorStore>();
+  store->source_ = label;
+  store->owned_ = std::move(tensors);
+  for (const OwnedTensor& t : store->owned_) {
+    auto info =
+        std::make_unique<TensorInfo>(TensorInfo{t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size(), label});
+    // The loader trusts shape x dtype size as the tensor's extent: it must be these bytes exactly.
+    const size_t expected = checked_bytes(t.shape, dtype_size(t.dtype), "{}: tensor '{}'", label, t.name);
+    TPDRAFT_CHECK(expected == t.bytes.size(), "{}: tensor '{}' holds {} bytes, expected {} for shape {} of {}", label,
+                  t.name, t.bytes.size(), expected, info->shape_str(), dtype_name(t.dtype));
+    const std::string canon = canonical_name(t.name);
+    TPDRAFT_CHECK(store->by_name_.emplace(canon, info.get()).second, "{}: tensor '{}' appears twice", label, canon);
+    store->owned_info_.push_back(std::move(info));
   }
   return store;
 }
