@@ -6,7 +6,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,14 +202,8 @@ void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // Never blocks: a FIFO or device given as a checkpoint or taps file is refused, not waited on.
-  const int fd = open_regular_file(path, "safetensors file");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    TPDRAFT_FAIL("{}: cannot read the size of the safetensors file ({})", path, std::strerror(err));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t file_size = 0;
+  const int fd = open_regular_file(path, "safetensors file", &file_size);
   if (file_size < 8) {
     ::close(fd);
     TPDRAFT_FAIL("{}: file is {} bytes, shorter than the 8-byte header length of a safetensors file", path,

@@ -4,13 +4,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace tpdraft {
 
-// A read-only descriptor of the regular file at `path` (the caller closes it). `what` names the
-// file's role in messages ("safetensors file", "drafter config").
-int open_regular_file(const std::string& path, const char* what);
+// A read-only descriptor of the regular file at `path` (the caller closes it), and its size in
+// *size when asked. `what` names the file's role in messages ("safetensors file", "drafter config").
+int open_regular_file(const std::string& path, const char* what, uint64_t* size = nullptr);
 // The whole content of the regular file at `path` (JSON files), refused above `max_bytes`.
 std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes = size_t{256} << 20);
 
