@@ -96,7 +96,6 @@ struct Server::Impl {
   bool shutdown = false;
   WireStats stats{};
   Clock::time_point started = Clock::now();
-  std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
   double last_forward_seconds = 0;
   Route route;  // the route of the request being answered now
@@ -117,11 +116,11 @@ struct Server::Impl {
     transport.send(route, error_reply(h, status, message));
   }
 
-  // An ok reply to `request`: the header, then what `body` writes.
-  void reply(const Header& request, const std::function<void(Writer&)>& body = {}) {
+  // An ok reply to `request` (a STEP's carries `count` entries): the header, then what `body` writes.
+  void reply(const Header& request, const std::function<void(Writer&)>& body = {}, uint32_t count = 0) {
     std::string out;
     Writer w(&out);
-    w.header(reply_header(request));
+    w.header(reply_header(request, kOk, count));
     if (body) body(w);
     transport.send(route, out);
   }
@@ -429,28 +428,27 @@ struct Server::Impl {
     size_t k = 0;
     const int64_t rows = caps().block - 1;
     for (const Pending& p : batch) {
-      reply_buf.clear();
-      Writer w(&reply_buf);
-      w.header(reply_header(p.header, kOk, static_cast<uint32_t>(p.entries.size())));
-      w.put<double>(t.settle);
-      w.put<double>(t.draft);
-      w.put<double>(seconds_since(p.arrived));
-      w.put<uint32_t>(static_cast<uint32_t>(all.size()));
-      w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
-      for (const auto& e : p.entries) {
-        const model::DraftResult& res = results[k++];
-        w.bytes(res.tokens.data(), static_cast<size_t>(rows) * sizeof(int64_t));
-        w.bytes(res.probs.data(), static_cast<size_t>(rows) * sizeof(float));
-        if (e.dist_width == 0) continue;
-        const size_t width = e.dist_width < 0 ? static_cast<size_t>(caps().vocab) : static_cast<size_t>(e.dist_width);
-        for (int64_t row = 0; row < rows; ++row) {
-          const model::RowDistribution& d = res.dists[static_cast<size_t>(row)];
-          if (e.dist_width > 0) w.bytes(d.ids.data(), width * sizeof(int64_t));
-          w.bytes(d.probs.data(), width * sizeof(float));
-          if (e.dist_width > 0) w.put<float>(d.rest);
+      route = p.request.route;
+      reply(p.header, [&](Writer& w) {
+        w.put<double>(t.settle);
+        w.put<double>(t.draft);
+        w.put<double>(seconds_since(p.arrived));
+        w.put<uint32_t>(static_cast<uint32_t>(all.size()));
+        w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
+        for (const auto& e : p.entries) {
+          const model::DraftResult& res = results[k++];
+          w.bytes(res.tokens.data(), static_cast<size_t>(rows) * sizeof(int64_t));
+          w.bytes(res.probs.data(), static_cast<size_t>(rows) * sizeof(float));
+          if (e.dist_width == 0) continue;
+          const size_t width = e.dist_width < 0 ? static_cast<size_t>(caps().vocab) : static_cast<size_t>(e.dist_width);
+          for (int64_t row = 0; row < rows; ++row) {
+            const model::RowDistribution& d = res.dists[static_cast<size_t>(row)];
+            if (e.dist_width > 0) w.bytes(d.ids.data(), width * sizeof(int64_t));
+            w.bytes(d.probs.data(), width * sizeof(float));
+            if (e.dist_width > 0) w.put<float>(d.rest);
+          }
         }
-      }
-      transport.send(p.request.route, reply_buf);
+      }, static_cast<uint32_t>(p.entries.size()));
     }
   }
 
