@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -67,6 +69,16 @@ std::string read_regular_file(const std::string& path, const char* what, size_t 
   }
   ::close(fd);
   return text;
+}
+
+bool write_file_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << text;
+  out.close();  // a file that did not open fails here too
+  if (out.good() && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  std::remove(tmp.c_str());
+  return false;
 }
 
 FileIdentity file_identity(const std::string& path) {
