@@ -495,6 +495,20 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
   }
 }
 
+int64_t integer_at(const TensorInfo& t, size_t i) {
+  auto at = [&](auto v) {
+    std::memcpy(&v, t.data + i * sizeof(v), sizeof(v));
+    return static_cast<int64_t>(v);
+  };
+  switch (t.dtype) {
+    case DType::I64: return at(int64_t{});
+    case DType::I32: return at(int32_t{});
+    case DType::I16: return at(int16_t{});
+    case DType::U8: return at(uint8_t{});
+    default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not integers", t.file, t.name, dtype_name(t.dtype));
+  }
+}
+
 std::vector<float> to_f32(const TensorInfo& t) { return to_vector<float>(t, DType::F32); }
 std::vector<double> to_f64(const TensorInfo& t) { return to_vector<double>(t, DType::F64); }
 
