@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -31,33 +30,13 @@ struct tpdraft_drafter {
 
 namespace {
 
-using tpdraft::Error;
-using tpdraft::capi::fail;
+using tpdraft::capi::guarded;
 using tpdraft::capi::ok;
+using tpdraft::capi::refuse;
 namespace engine = tpdraft::engine;
 namespace model = tpdraft::model;
 
 thread_local std::string t_last_error;
-
-// Runs fn; a tpdraft::Error becomes `on_error`, its message prefixed with the entry point
-// `where`; anything else TPDRAFT_ERROR_RUNTIME.
-template <typename F>
-tpdraft_status guarded(const char* where, tpdraft_status on_error, F&& fn) noexcept {
-  try {
-    fn();
-    return ok();
-  } catch (const Error& e) {
-    return fail(on_error, std::string(where) + ": " + e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": out of memory");
-  } catch (const std::exception& e) {
-    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": " + e.what());
-  } catch (...) {
-    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": unknown failure");
-  }
-}
-
-tpdraft_status refuse(const std::string& why) { return fail(TPDRAFT_ERROR_ARGUMENT, why); }
 
 // Refuses an option field outside [least, most] (core/bounds.h: the program's bounds), naming it.
 void check_range(const char* field, int64_t value, int64_t least, int64_t most) {

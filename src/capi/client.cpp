@@ -2,7 +2,6 @@
 // entries' buffers checked before anything is sent, and failures turned into a status and a
 // per-thread message, so that no exception crosses into the caller.
 #include <cstring>
-#include <new>
 #include <string>
 
 #include "capi/caps.h"
@@ -18,23 +17,9 @@ struct tpdraft_client : serve::Client {
 
 namespace {
 
-using tpdraft::capi::fail;
+using tpdraft::capi::guarded;
 using tpdraft::capi::ok;
-
-// Runs fn; a failure becomes its status and message (the call `where` names itself in it).
-template <typename F>
-tpdraft_status call(const char* where, F&& fn) noexcept {
-  try {
-    fn();
-    return ok();
-  } catch (const serve::ClientError& e) {
-    return fail(e.status, e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": out of memory");
-  } catch (const std::exception& e) {
-    return fail(TPDRAFT_ERROR_RUNTIME, std::string(where) + ": " + e.what());
-  }
-}
+using tpdraft::capi::refuse;
 
 // The entry's checks against the server's caps; the message names the entry.
 std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
@@ -67,7 +52,7 @@ void tpdraft_client_options_init(tpdraft_client_options* o) {
 }
 
 tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_options* options, tpdraft_client** out) {
-  auto refused = [](const std::string& why) { return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_open: " + why); };
+  auto refused = [](const std::string& why) { return refuse("tpdraft_client_open: " + why); };
   if (out == nullptr) return refused("out is NULL");
   *out = nullptr;
   if (address == nullptr) return refused("address is NULL");
@@ -83,62 +68,60 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
     return refused(fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
   serve::ClientOptions co{o.timeout_seconds, o.shared_memory, o.ring_bytes, {}};
   if (o.server_key != nullptr) co.server_key = o.server_key;
-  return call("tpdraft_client_open", [&] { *out = new tpdraft_client(address, co); });
+  return guarded("tpdraft_client_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = new tpdraft_client(address, co); });
 }
 
 void tpdraft_client_close(tpdraft_client* c) {
   if (c == nullptr) return;
-  call("tpdraft_client_close", [c] { c->close(); });
+  guarded("tpdraft_client_close", TPDRAFT_ERROR_RUNTIME, [c] { c->close(); });
   delete c;
 }
 
 tpdraft_status tpdraft_client_caps_get(const tpdraft_client* c, tpdraft_caps* out) {
-  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_caps_get: client or out is NULL");
+  if (c == nullptr || out == nullptr) return refuse("tpdraft_client_caps_get: client or out is NULL");
   return tpdraft::capi::fill_caps("tpdraft_client_caps_get", c->caps(), c->caps().backend, out);
 }
 
 int32_t tpdraft_client_shared_memory(const tpdraft_client* c) { return c != nullptr && c->shared_memory() ? 1 : 0; }
 
 tpdraft_status tpdraft_client_session_open(tpdraft_client* c, tpdraft_session* out) {
-  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_open: client or out is NULL");
-  return call("tpdraft_client_session_open", [&] { *out = c->open_session(); });
+  if (c == nullptr || out == nullptr) return refuse("tpdraft_client_session_open: client or out is NULL");
+  return guarded("tpdraft_client_session_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = c->open_session(); });
 }
 
 tpdraft_status tpdraft_client_session_close(tpdraft_client* c, tpdraft_session session) {
-  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_close: client is NULL");
-  return call("tpdraft_client_session_close", [&] { c->close_session(session); });
+  if (c == nullptr) return refuse("tpdraft_client_session_close: client is NULL");
+  return guarded("tpdraft_client_session_close", TPDRAFT_ERROR_RUNTIME, [&] { c->close_session(session); });
 }
 
 tpdraft_status tpdraft_client_session_length(tpdraft_client* c, tpdraft_session session, int64_t* out) {
-  if (c == nullptr || out == nullptr)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_session_length: client or out is NULL");
-  return call("tpdraft_client_session_length", [&] { *out = c->session_length(session); });
+  if (c == nullptr || out == nullptr) return refuse("tpdraft_client_session_length: client or out is NULL");
+  return guarded("tpdraft_client_session_length", TPDRAFT_ERROR_RUNTIME, [&] { *out = c->session_length(session); });
 }
 
 tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entries, size_t count) {
-  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: client is NULL");
-  if (entries == nullptr && count > 0) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: entries is NULL");
+  if (c == nullptr) return refuse("tpdraft_client_step: client is NULL");
+  if (entries == nullptr && count > 0) return refuse("tpdraft_client_step: entries is NULL");
   const serve::WireCaps& caps = c->caps();
-  return call("tpdraft_client_step", [&] {
+  return guarded("tpdraft_client_step", TPDRAFT_ERROR_RUNTIME, [&] {
     c->step(entries, count, [&](const tpdraft_step_entry& e, size_t i) { return check_entry(e, i, caps); });
   });
 }
 
 tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_times* out) {
-  if (c == nullptr || out == nullptr)
-    return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_last_step_times: client or out is NULL");
+  if (c == nullptr || out == nullptr) return refuse("tpdraft_client_last_step_times: client or out is NULL");
   *out = c->last_times();
   return ok();
 }
 
 tpdraft_status tpdraft_client_stats(tpdraft_client* c, tpdraft_server_stats* out) {
-  if (c == nullptr || out == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_stats: client or out is NULL");
-  return call("tpdraft_client_stats", [&] { *out = c->stats(); });
+  if (c == nullptr || out == nullptr) return refuse("tpdraft_client_stats: client or out is NULL");
+  return guarded("tpdraft_client_stats", TPDRAFT_ERROR_RUNTIME, [&] { *out = c->stats(); });
 }
 
 tpdraft_status tpdraft_client_shutdown(tpdraft_client* c) {
-  if (c == nullptr) return fail(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_shutdown: client is NULL");
-  return call("tpdraft_client_shutdown", [&] { c->shutdown(); });
+  if (c == nullptr) return refuse("tpdraft_client_shutdown: client is NULL");
+  return guarded("tpdraft_client_shutdown", TPDRAFT_ERROR_RUNTIME, [&] { c->shutdown(); });
 }
 
 }  // extern "C"

@@ -386,14 +386,18 @@ DrafterConfig DrafterConfig::from_file(const std::string& path) {
 }
 
 json DrafterConfig::to_json() const {
+  // The geometry read_geometry() reads, in both layouts (json objects keep their keys sorted).
+  json geometry = {{"hidden_size", hidden}, {"num_hidden_layers", layers}, {"num_attention_heads", n_q},
+                   {"num_key_value_heads", n_kv}, {"head_dim", head_dim}, {"intermediate_size", ffn},
+                   {"vocab_size", vocab}, {"rms_norm_eps", eps}, {"rope_theta", rope_theta}, {"attention_bias", bias},
+                   {"layer_types", json::array()}};
+  for (bool s : sliding) geometry["layer_types"].push_back(s ? "sliding_attention" : "full_attention");
+  if (window > 0) geometry["sliding_window"] = window;
   if (layout == Layout::Speculators) {
     validate("speculators config");
-    json layer = {{"model_type", "qwen3"}, {"hidden_size", hidden}, {"num_hidden_layers", layers},
-                  {"num_attention_heads", n_q}, {"num_key_value_heads", n_kv}, {"head_dim", head_dim},
-                  {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", eps}, {"rope_theta", rope_theta},
-                  {"attention_bias", bias}, {"hidden_act", "silu"}, {"layer_types", json::array()}};
-    for (bool s : sliding) layer["layer_types"].push_back(s ? "sliding_attention" : "full_attention");
-    if (window > 0) layer["sliding_window"] = window;
+    json layer = geometry;
+    layer["model_type"] = "qwen3";
+    layer["hidden_act"] = "silu";
     std::vector<int64_t> aux;
     for (int64_t t : taps) aux.push_back(t + 1);
     bool non_causal = false;
@@ -412,12 +416,8 @@ json DrafterConfig::to_json() const {
   }
   const std::string name = arch_name.empty() ? (arch == Arch::DFlash2 ? "DFlash2DraftModel" : "DFlashDraftModel")
                                               : arch_name;
-  json j = {{"architectures", json::array({name})}, {"hidden_size", hidden}, {"num_hidden_layers", layers},
-            {"num_attention_heads", n_q}, {"num_key_value_heads", n_kv}, {"head_dim", head_dim},
-            {"intermediate_size", ffn}, {"vocab_size", vocab}, {"rms_norm_eps", eps}, {"rope_theta", rope_theta},
-            {"attention_bias", bias}, {"layer_types", json::array()}};
-  for (bool s : sliding) j["layer_types"].push_back(s ? "sliding_attention" : "full_attention");
-  if (window > 0) j["sliding_window"] = window;
+  json j = geometry;
+  j["architectures"] = json::array({name});
   // Written explicitly only when it differs from the per-layer default (causal == sliding).
   const bool all_same =
       std::adjacent_find(causal.begin(), causal.end(), std::not_equal_to<>()) == causal.end();

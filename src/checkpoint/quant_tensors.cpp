@@ -158,16 +158,7 @@ void check_quantized_tensor(const TensorStore& store, const std::string& weight_
   TPDRAFT_CHECK((ws.dtype == DType::I64 || ws.dtype == DType::I32) && ws.shape == std::vector<int64_t>{2},
                 "{}: tensor '{}' must be an I64 or I32 vector of 2 elements, found {} {}", ws.file, ws.name,
                 dtype_name(ws.dtype), ws.shape_str());
-  int64_t dims[2];
-  for (int i = 0; i < 2; ++i) {
-    if (ws.dtype == DType::I64) {
-      std::memcpy(&dims[i], ws.data + 8 * i, 8);
-    } else {
-      int32_t v;
-      std::memcpy(&v, ws.data + 4 * i, 4);
-      dims[i] = v;
-    }
-  }
+  const int64_t dims[2] = {integer_at(ws, 0), integer_at(ws, 1)};
   TPDRAFT_CHECK(dims[0] == n && dims[1] == k, "{}: tensor '{}' says [{}, {}], but '{}' must be {}", ws.file, ws.name,
                 dims[0], dims[1], weight_name, shape_string(shape));
 }

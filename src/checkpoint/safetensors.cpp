@@ -1,11 +1,11 @@
 // Safetensors reading and writing: a mapped file whose header is validated in full before any
 // tensor byte is touched, the store that resolves a model directory (index + shards, one file) and
-// the `model.` prefix, row / column slicing with dtype conversion, and an atomic writer.
+// the `model.` prefix (or holds tensors made in memory), row / column slicing with dtype
+// conversion, and an atomic writer.
 #include "checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -202,14 +202,8 @@ void check_no_overlap(const std::string& path, std::vector<Range> ranges) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // Never blocks: a FIFO or device given as a checkpoint or taps file is refused, not waited on.
-  const int fd = open_regular_file(path, "safetensors file");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    TPDRAFT_FAIL("{}: cannot read the size of the safetensors file ({})", path, std::strerror(err));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t file_size = 0;
+  const int fd = open_regular_file(path, "safetensors file", &file_size);
   if (file_size < 8) {
     ::close(fd);
     TPDRAFT_FAIL("{}: file is {} bytes, shorter than the 8-byte header length of a safetensors file", path,
@@ -413,6 +407,26 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
   return store;
 }
 
+// The same lookups and checks as for files, so the drafter loads random benchmark weights
+// through exactly the path real checkpoints take.
+std::shared_ptr<TensorStore> TensorStore::from_memory(const std::string& label, std::vector<OwnedTensor> tensors) {
+  auto store = std::make_shared<TensorStore>();
+  store->source_ = label;
+  store->owned_ = std::move(tensors);
+  for (const OwnedTensor& t : store->owned_) {
+    auto info =
+        std::make_unique<TensorInfo>(TensorInfo{t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size(), label});
+    // The loader trusts shape x dtype size as the tensor's extent: it must be these bytes exactly.
+    const size_t expected = checked_bytes(t.shape, dtype_size(t.dtype), "{}: tensor '{}'", label, t.name);
+    TPDRAFT_CHECK(expected == t.bytes.size(), "{}: tensor '{}' holds {} bytes, expected {} for shape {} of {}", label,
+                  t.name, t.bytes.size(), expected, info->shape_str(), dtype_name(t.dtype));
+    const std::string canon = canonical_name(t.name);
+    TPDRAFT_CHECK(store->by_name_.emplace(canon, info.get()).second, "{}: tensor '{}' appears twice", label, canon);
+    store->owned_info_.push_back(std::move(info));
+  }
+  return store;
+}
+
 const TensorInfo* TensorStore::find(const std::string& name) const {
   // The spelling stored in the file wins, then a canonical match, then the name without `model.`.
   const std::string canon = canonical_name(name);
@@ -478,6 +492,20 @@ void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type,
   for (int64_t r = 0; r < rows; ++r) {
     const std::byte* src = t.data + static_cast<size_t>(r * cols + col0) * ss;
     convert_span(t, src, dst_type, out + static_cast<size_t>(r * ncols) * ds, static_cast<size_t>(ncols));
+  }
+}
+
+int64_t integer_at(const TensorInfo& t, size_t i) {
+  auto at = [&](auto v) {
+    std::memcpy(&v, t.data + i * sizeof(v), sizeof(v));
+    return static_cast<int64_t>(v);
+  };
+  switch (t.dtype) {
+    case DType::I64: return at(int64_t{});
+    case DType::I32: return at(int32_t{});
+    case DType::I16: return at(int16_t{});
+    case DType::U8: return at(uint8_t{});
+    default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not integers", t.file, t.name, dtype_name(t.dtype));
   }
 }
 

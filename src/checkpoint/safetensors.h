@@ -98,6 +98,8 @@ TensorInfo row_view(const TensorInfo& t, int64_t row0, int64_t n);
 // Copies columns [col0, col0 + ncols) of a 2-D tensor, row by row, into a dense
 // [rows, ncols] dst of dst_type. Only the bytes of those columns are read.
 void copy_cols(const TensorInfo& t, int64_t col0, int64_t ncols, DType dst_type, void* dst);
+// Element i of an integer tensor (I64, I32, I16 or U8) as an int64; throws for another dtype.
+int64_t integer_at(const TensorInfo& t, size_t i);
 // The whole tensor as f32 / f64 (small tensors, tests, the reference).
 std::vector<float> to_f32(const TensorInfo& t);
 std::vector<double> to_f64(const TensorInfo& t);

@@ -57,28 +57,13 @@ float f8e4m3_to_f32(uint8_t v) {
 }
 
 float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (man == 0) {
-      u = sign;
-    } else {  // subnormal: renormalise
-      exp = 127 - 15 + 1;
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      man &= 0x3ffu;
-      u = sign | (exp << 23) | (man << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (man << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign != 0 ? -v : v;
   }
-  return bit_cast<float>(u);
+  // Infinity and NaN (exponent all ones) keep their mantissa; normals are rebiased.
+  return bit_cast<float>(sign | ((exp == 31 ? 0xffu : exp + 127 - 15) << 23) | (man << 13));
 }
 
 uint16_t f32_to_f16(float f) {

@@ -9,7 +9,9 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -28,7 +30,7 @@ const char* kind_of(mode_t mode) {
 
 }  // namespace
 
-int open_regular_file(const std::string& path, const char* what) {
+int open_regular_file(const std::string& path, const char* what, uint64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   TPDRAFT_CHECK(fd >= 0, "{}: cannot open {} ({})", path, what, std::strerror(errno));
   struct stat st {};
@@ -41,16 +43,16 @@ int open_regular_file(const std::string& path, const char* what) {
     ::close(fd);
     TPDRAFT_FAIL("{}: is {}, expected the {} as a regular file", path, kind_of(st.st_mode), what);
   }
+  if (size != nullptr) *size = static_cast<uint64_t>(st.st_size);
   return fd;
 }
 
 std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes) {
-  const int fd = open_regular_file(path, what);
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > max_bytes) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, what, &size);
+  if (size > max_bytes) {
     ::close(fd);
-    TPDRAFT_FAIL("{}: the {} is {} bytes, more than the {} bytes such a file may take", path, what,
-                 static_cast<uint64_t>(st.st_size), max_bytes);
+    TPDRAFT_FAIL("{}: the {} is {} bytes, more than the {} bytes such a file may take", path, what, size, max_bytes);
   }
   std::string text;
   char buf[1 << 16];
@@ -67,6 +69,16 @@ std::string read_regular_file(const std::string& path, const char* what, size_t 
   }
   ::close(fd);
   return text;
+}
+
+bool write_file_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  out << text;
+  out.close();  // a file that did not open fails here too
+  if (out.good() && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
+  std::remove(tmp.c_str());
+  return false;
 }
 
 FileIdentity file_identity(const std::string& path) {

@@ -4,15 +4,20 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace tpdraft {
 
-// A read-only descriptor of the regular file at `path` (the caller closes it). `what` names the
-// file's role in messages ("safetensors file", "drafter config").
-int open_regular_file(const std::string& path, const char* what);
+// A read-only descriptor of the regular file at `path` (the caller closes it), and its size in
+// *size when asked. `what` names the file's role in messages ("safetensors file", "drafter config").
+int open_regular_file(const std::string& path, const char* what, uint64_t* size = nullptr);
 // The whole content of the regular file at `path` (JSON files), refused above `max_bytes`.
 std::string read_regular_file(const std::string& path, const char* what, size_t max_bytes = size_t{256} << 20);
+
+// Writes `text` to `path` whole: into PATH.tmp, then renamed over it; false when it cannot (no
+// PATH.tmp is left behind).
+bool write_file_whole(const std::string& path, const std::string& text);
 
 // Which file a path named when it was taken (device and inode), so that a file this process made
 // is removed only while it is still the same one (another process may have replaced it).

@@ -86,9 +86,7 @@ RankMemory rank_memory(const DrafterConfig& c, const ShardPlan& p,
     const TensorShare share = tensor_share(c, p, name, shape);
     const QuantScheme q = c.quant.scheme_for(name);
     // dtype_of only for a float tensor: a quantized one is stored as its parts, under other names.
-    const double bytes = static_cast<double>(q.quantized() ? quantized_share_bytes(q, share.rows.size(), share.cols.size())
-                                                           : share.backend_bytes(dtype_of(name)));
-    (share.sharded() ? m.sharded : m.replicated) += bytes;
+    (share.sharded() ? m.sharded : m.replicated) += share_bytes(share, q, q.quantized() ? head_dtype : dtype_of(name));
   }
   m.head = head_bytes(c, p, head_dtype);
   return m;

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -24,25 +23,8 @@ namespace tpdraft::model {
 
 namespace {
 
-// The dtypes token ids come in, and element i of such a tensor.
+// The dtypes token ids come in (integer_at reads them).
 bool holds_ids(DType t) { return t == DType::I64 || t == DType::I32 || t == DType::I16 || t == DType::U8; }
-
-template <typename T>
-int64_t element(const TensorInfo& t, size_t i) {
-  T v;
-  std::memcpy(&v, t.data + i * sizeof(T), sizeof(T));
-  return static_cast<int64_t>(v);
-}
-
-int64_t id_at(const TensorInfo& t, size_t i) {
-  switch (t.dtype) {
-    case DType::I64: return element<int64_t>(t, i);
-    case DType::I32: return element<int32_t>(t, i);
-    case DType::I16: return element<int16_t>(t, i);
-    case DType::U8: return element<uint8_t>(t, i);
-    default: TPDRAFT_FAIL("{}: tensor '{}' is {}, not token ids", t.file, t.name, dtype_name(t.dtype));
-  }
-}
 
 // The integers of a 1-D integer tensor (I64 or I32).
 std::vector<int64_t> integer_tensor(const TensorInfo& t, const char* what) {
@@ -51,7 +33,7 @@ std::vector<int64_t> integer_tensor(const TensorInfo& t, const char* what) {
   TPDRAFT_CHECK(t.dtype == DType::I64 || t.dtype == DType::I32, "{}: tensor '{}' has dtype {}, expected I64", t.file,
                 t.name, dtype_name(t.dtype));
   std::vector<int64_t> out(static_cast<size_t>(t.shape[0]));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = id_at(t, i);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = integer_at(t, i);
   return out;
 }
 
@@ -127,21 +109,7 @@ std::vector<int64_t> read_token_map(const std::string& path, int64_t vocab) {
 }
 
 void write_token_map(const std::string& path, const std::vector<int64_t>& ids) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    TPDRAFT_CHECK(f.good(), "{}: cannot write the token map", path);
-    f << nlohmann::json(ids).dump() << "\n";
-    f.close();
-    if (!f.good()) {
-      std::remove(tmp.c_str());
-      TPDRAFT_FAIL("{}: writing the token map failed", path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    TPDRAFT_FAIL("{}: cannot move the token map into place", path);
-  }
+  TPDRAFT_CHECK(write_file_whole(path, nlohmann::json(ids).dump() + "\n"), "{}: cannot write the token map", path);
 }
 
 std::vector<int64_t> read_d2t(const TensorStore& store, int64_t draft_vocab, int64_t vocab) {
@@ -179,7 +147,7 @@ uint64_t count_tensor(const TensorInfo& t, std::vector<uint64_t>& counts) {
   const int64_t vocab = static_cast<int64_t>(counts.size());
   const size_t n = static_cast<size_t>(t.numel());
   for (size_t i = 0; i < n; ++i) {
-    const int64_t id = id_at(t, i);
+    const int64_t id = integer_at(t, i);
     TPDRAFT_CHECK(id >= 0 && id < vocab, "{}: tensor '{}' holds the token id {} at element {}, outside the vocabulary "
                   "[0, {})", t.file, t.name, id, i, vocab);
     ++counts[static_cast<size_t>(id)];

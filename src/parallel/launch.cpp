@@ -17,12 +17,10 @@ bool multi_process() {
 #endif
 }
 
-void launch(int* argc, char*** argv) {
+void launch([[maybe_unused]] int* argc, [[maybe_unused]] char*** argv) {
 #ifdef TPDRAFT_HAVE_MPI
   if (mpi_launched()) mpi_init(argc, argv);
 #else
-  (void)argc;
-  (void)argv;
   TPDRAFT_CHECK(!mpi_launched(), "launched under mpirun, but this tpdraft was built without MPI");
 #endif
 }
@@ -33,11 +31,9 @@ void finish() {
 #endif
 }
 
-void abort_job(const std::string& reason) {
+void abort_job([[maybe_unused]] const std::string& reason) {
 #ifdef TPDRAFT_HAVE_MPI
   if (multi_process()) mpi_abort_job(reason);
-#else
-  (void)reason;
 #endif
 }
 
@@ -59,14 +55,11 @@ Replica split_replicas(int tp) {
                   "rank {}: tensor-parallel size {} does not split the {} MPI ranks into whole replicas", rank, tp, size);
     MPI_Comm split = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, rank / tp, rank, &split));
-    std::unique_ptr<MpiCommunicator> comm;
-    try {
-      comm = std::make_unique<MpiCommunicator>(split);  // a duplicate: the split itself is freed below
-    } catch (...) {
-      MPI_Comm_free(&split);
-      throw;
-    }
-    MPI_Comm_free(&split);
+    struct Free {
+      MPI_Comm& c;
+      ~Free() { MPI_Comm_free(&c); }
+    } free_split{split};
+    auto comm = std::make_unique<MpiCommunicator>(split);  // a duplicate: the split itself is freed on return
     const NodeLocal local = node_local();
     r.replica = rank / tp;
     r.replicas = size / tp;

@@ -27,6 +27,7 @@ bool mpi_launched() {
 #include "core/bounds.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/launch.h"
 
 namespace tpdraft::parallel {
 
@@ -34,16 +35,9 @@ namespace {
 
 constexpr size_t kMaxChunk = size_t{1} << 30;  // elements per MPI call, well inside int
 
-bool mpi_usable() {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
-
 int world_rank() {
   int rank = -1;
-  if (mpi_usable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (multi_process()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
 
@@ -65,16 +59,6 @@ bool g_crowded = false;
 constexpr auto kPollBusy = std::chrono::microseconds(50);
 constexpr auto kPollNap = std::chrono::microseconds(20);
 
-void wait_for(MPI_Request* req) {
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    int done = 0;
-    MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (std::chrono::steady_clock::now() - start > kPollBusy) std::this_thread::sleep_for(kPollNap);
-  }
-}
-
 // One collective call: the blocking one, or on a crowded machine its non-blocking twin (started
 // by `start` into the request it is given) waited for by wait_for().
 template <typename Blocking, typename Start>
@@ -85,10 +69,20 @@ void collective(const Blocking& blocking, const Start& start) {
   }
   MPI_Request req = MPI_REQUEST_NULL;
   start(&req);
-  wait_for(&req);
+  wait_for(&req, kPollBusy, kPollNap);
 }
 
 }  // namespace
+
+void wait_for(MPI_Request* req, std::chrono::microseconds busy, std::chrono::microseconds nap) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() - start > busy) std::this_thread::sleep_for(nap);
+  }
+}
 
 void mpi_fail(const char* call, int code, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
@@ -114,7 +108,7 @@ void mpi_init(int* argc, char*** argv) {
 }
 
 void mpi_finalize() {
-  if (mpi_usable()) MPI_Finalize();
+  if (multi_process()) MPI_Finalize();
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
@@ -130,7 +124,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (comm_ != MPI_COMM_NULL && mpi_usable()) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL && multi_process()) MPI_Comm_free(&comm_);
 }
 
 void MpiCommunicator::do_all_reduce_sum(float* data, size_t count) {
@@ -176,7 +170,7 @@ void mpi_abort_job(const std::string& reason) {
   TPDRAFT_LOG_ERROR("rank {}: aborting the job: {}", world_rank(), reason);
   log::logger().flush();
   std::fflush(stderr);
-  if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (multi_process()) MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);  // MPI_Abort does not return; without MPI up there are no peers to stop
 }
 

@@ -17,6 +17,8 @@ bool mpi_launched();
 
 #include <mpi.h>
 
+#include <chrono>
+
 #include "parallel/command.h"
 
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
@@ -31,6 +33,8 @@ bool mpi_launched();
 namespace tpdraft::parallel {
 
 [[noreturn]] void mpi_fail(const char* call, int code, const char* file, int line);
+// Tests the request until it completes: busily for `busy`, then between naps of `nap`.
+void wait_for(MPI_Request* req, std::chrono::microseconds busy, std::chrono::microseconds nap);
 
 // Initialises MPI (funneled threading: collectives come from one thread) unless it already is,
 // and tags the log with the world rank. mpi_finalize() is a no-op unless MPI is up.

@@ -31,20 +31,13 @@ class MpiChannel final : public CommandChannel {
     MPI_CHECK(MPI_Wait(&req, MPI_STATUS_IGNORE));
   }
   Command wait() override {
-    using Clock = std::chrono::steady_clock;
     Command c;
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(&c, sizeof(c), MPI_BYTE, 0, comm_, &req));
     // Busy while the group is busy (a step follows the last within microseconds); past 50 ms
     // of quiet, test every half millisecond so that an idle group costs no core.
-    const auto since = Clock::now();
-    for (;;) {
-      int done = 0;
-      MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (done) return c;
-      if (Clock::now() - since > std::chrono::milliseconds(50))
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
+    wait_for(&req, std::chrono::milliseconds(50), std::chrono::microseconds(500));
+    return c;
   }
 
  private:

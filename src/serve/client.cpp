@@ -223,11 +223,7 @@ struct Client::Impl {
     const bool by_ring = ring_on && at < ring_bytes && frame.size() + reply_room + 64 <= ring_bytes - at;
     ring_free = 0;
     reply_room = 8192;
-    if (by_ring) {
-      exchange_ring(what, id, at);
-    } else {
-      exchange_socket(what, id);
-    }
+    by_ring ? exchange_ring(what, id, at) : exchange_socket(what, id);
     Reader r(reply.data(), reply.size());
     r.header();
     return r;
@@ -363,19 +359,16 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
         failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
     }
+    // Once HELLO is answered both sides have mapped the ring (or the server said why not): its
+    // name is no longer needed, however the call ends.
+    struct Unlink {
+      const std::string& name;
+      ~Unlink() { if (!name.empty()) shm_unlink(name.c_str()); }
+    } unlink_ring{ring_name};
     Writer w = begin(&frame, kHello);
     w.str(ring_name);
     w.put<uint64_t>(ring_name.empty() ? 0 : ring_bytes);
-    std::optional<Reader> hello;
-    try {
-      hello = exchange("tpdraft_client_open (HELLO)");
-    } catch (...) {
-      // Both sides have mapped the ring (or the server said why not): its name is no longer needed.
-      if (!ring_name.empty()) shm_unlink(ring_name.c_str());
-      throw;
-    }
-    if (!ring_name.empty()) shm_unlink(ring_name.c_str());
-    Reader& r = *hello;
+    Reader r = exchange("tpdraft_client_open (HELLO)");
     caps = get_caps(r);
     r.get<double>("hello.idle_timeout");
     ring_on = r.get<uint32_t>("hello.ring_mapped") == 1 && ring != nullptr;

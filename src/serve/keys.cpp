@@ -69,13 +69,6 @@ std::string server_key_from(const std::string& key_or_file, const std::string& o
   return read_curve_key(key_or_file, false, option);
 }
 
-std::string curve_public_of(const std::string& secret) {
-  char pub[kCurveKeyChars + 1] = {0};
-  TPDRAFT_CHECK(is_curve_key(secret) && zmq_curve_public(pub, secret.c_str()) == 0,
-                "cannot derive the public key of a CURVE secret key: {}", zmq_strerror(zmq_errno()));
-  return pub;
-}
-
 std::string write_curve_keys(const std::string& prefix) {
   TPDRAFT_CHECK(curve_available(), "this ZeroMQ was built without CURVE (libsodium): no keys can be made");
   char pub[kCurveKeyChars + 1] = {0}, sec[kCurveKeyChars + 1] = {0};

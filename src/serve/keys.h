@@ -19,8 +19,6 @@ bool is_curve_key(const std::string& text);
 std::string read_curve_key(const std::string& path, bool secret, const std::string& option);
 // A server key given as the key itself or as the file holding it; throws naming `option`.
 std::string server_key_from(const std::string& key_or_file, const std::string& option);
-// The public key of a secret key.
-std::string curve_public_of(const std::string& secret);
 // Writes a fresh pair: PREFIX.secret (mode 600) and PREFIX.public; returns the public key.
 // Refuses to overwrite either file; on failure leaves neither behind.
 std::string write_curve_keys(const std::string& prefix);

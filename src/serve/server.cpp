@@ -64,12 +64,11 @@ struct Pending {
   Clock::time_point arrived;
 };
 
-struct Refusal {  // a request refused for its arguments or a limit (kArgument)
+// A request refused for its arguments or a limit (kArgument), or a STEP not taken because the
+// queue is full (kBusy: the client may ask again).
+struct Refusal {
   std::string message;
-};
-
-struct Busy {  // a STEP not taken because the queue is full (kBusy): the client may ask again
-  std::string message;
+  uint32_t status = kArgument;
 };
 
 }  // namespace
@@ -97,7 +96,6 @@ struct Server::Impl {
   bool shutdown = false;
   WireStats stats{};
   Clock::time_point started = Clock::now();
-  std::string reply_buf;
   std::set<std::string> last_batch;  // the clients the last forward answered
   double last_forward_seconds = 0;
   Route route;  // the route of the request being answered now
@@ -118,11 +116,11 @@ struct Server::Impl {
     transport.send(route, error_reply(h, status, message));
   }
 
-  // An ok reply to `request`: the header, then what `body` writes.
-  void reply(const Header& request, const std::function<void(Writer&)>& body = {}) {
+  // An ok reply to `request` (a STEP's carries `count` entries): the header, then what `body` writes.
+  void reply(const Header& request, const std::function<void(Writer&)>& body = {}, uint32_t count = 0) {
     std::string out;
     Writer w(&out);
-    w.header(reply_header(request));
+    w.header(reply_header(request, kOk, count));
     if (body) body(w);
     transport.send(route, out);
   }
@@ -181,9 +179,8 @@ struct Server::Impl {
     const int64_t all_entries = 2 * std::max<int64_t>(S, options.max_open_sessions);
     const uint64_t client_bytes = options.max_queued_bytes / 4, all_bytes = options.max_queued_bytes;
     auto busy = [&](const std::string& what) {
-      return Busy{fmt::format("the server's queue is full ({}); the step was not taken: ask again once an earlier "
-                              "reply has come",
-                              what)};
+      return Refusal{fmt::format("the server's queue is full ({}); the step was not taken: ask again once an "
+                                 "earlier reply has come", what), kBusy};
     };
     if (c.queued_entries + entries > client_entries)
       throw busy(fmt::format("{} holds {} queued entries, at most {} per client", c.name, c.queued_entries,
@@ -260,11 +257,7 @@ struct Server::Impl {
     }
     p.request = std::move(req);
     p.bytes = frame_bytes + copied_bytes;
-    ++c.pending;
-    c.queued_entries += static_cast<int64_t>(p.entries.size());
-    c.queued_bytes += p.bytes;
-    queued_entries += static_cast<int64_t>(p.entries.size());
-    queued_bytes += p.bytes;
+    account(p, 1);
     pending.push_back(std::move(p));
   }
 
@@ -297,6 +290,9 @@ struct Server::Impl {
                                         h.kind, h.status));
       if (h.kind != kStep && h.count != 0)
         throw ProtocolError(fmt::format("header.count is {}; only STEP takes a count", h.count));
+      // The kinds whose request is the header alone.
+      if (h.kind == kOpen || h.kind == kStats || h.kind == kShutdown || h.kind == kBell || h.kind == kBye)
+        expect_end(r, kind_name(h.kind));
       switch (h.kind) {
         case kHello:
           // It may replace the ring this request came through: only through the socket.
@@ -308,7 +304,6 @@ struct Server::Impl {
           on_hello(c, h, r);
           break;
         case kOpen: {
-          expect_end(r, "OPEN");
           const int64_t open = engine.open_sessions();
           if (open >= options.max_open_sessions)
             throw Refusal{fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
@@ -335,7 +330,6 @@ struct Server::Impl {
         }
         case kStep: on_step(c, h, r, req); break;
         case kStats: {
-          expect_end(r, "STATS");
           stats.clients = clients.size();
           stats.open_sessions = static_cast<uint64_t>(engine.open_sessions());
           stats.uptime_seconds = seconds_since(started);
@@ -343,16 +337,12 @@ struct Server::Impl {
           break;
         }
         case kShutdown:
-          expect_end(r, "SHUTDOWN");
           TPDRAFT_LOG_INFO("{} asked the server to shut down", c.name);
           shutdown = true;
           reply(h);
           break;
-        case kBell:  // poll_rings() finds the request
-          expect_end(r, "BELL");
-          break;
+        case kBell: break;  // poll_rings() finds the request
         case kBye:
-          expect_end(r, "BYE");
           reply(h);
           if (c.pending == 0) close_client(rid, "said goodbye");
           break;
@@ -361,9 +351,7 @@ struct Server::Impl {
     } catch (const ProtocolError& e) {
       refuse(h, kMalformed, fmt::format("malformed {} request: {}", kind_name(h.kind), e.what()));
     } catch (const Refusal& e) {
-      refuse(h, kArgument, e.message);
-    } catch (const Busy& e) {
-      refuse(h, kBusy, e.message);
+      refuse(h, e.status, e.message);
     } catch (const std::bad_alloc&) {
       refuse(h, kArgument, fmt::format("out of memory for the {} request", kind_name(h.kind)));
     }
@@ -404,7 +392,7 @@ struct Server::Impl {
         rest.push_back(std::move(p));
         continue;
       }
-      dequeued(p);
+      account(p, -1);
       try {
         engine.check(p.entries);
       } catch (const Error& e) {
@@ -440,40 +428,42 @@ struct Server::Impl {
     size_t k = 0;
     const int64_t rows = caps().block - 1;
     for (const Pending& p : batch) {
-      reply_buf.clear();
-      Writer w(&reply_buf);
-      w.header(reply_header(p.header, kOk, static_cast<uint32_t>(p.entries.size())));
-      w.put<double>(t.settle);
-      w.put<double>(t.draft);
-      w.put<double>(seconds_since(p.arrived));
-      w.put<uint32_t>(static_cast<uint32_t>(all.size()));
-      w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
-      for (const auto& e : p.entries) {
-        const model::DraftResult& res = results[k++];
-        w.bytes(res.tokens.data(), static_cast<size_t>(rows) * sizeof(int64_t));
-        w.bytes(res.probs.data(), static_cast<size_t>(rows) * sizeof(float));
-        if (e.dist_width == 0) continue;
-        const size_t width = e.dist_width < 0 ? static_cast<size_t>(caps().vocab) : static_cast<size_t>(e.dist_width);
-        for (int64_t row = 0; row < rows; ++row) {
-          const model::RowDistribution& d = res.dists[static_cast<size_t>(row)];
-          if (e.dist_width > 0) w.bytes(d.ids.data(), width * sizeof(int64_t));
-          w.bytes(d.probs.data(), width * sizeof(float));
-          if (e.dist_width > 0) w.put<float>(d.rest);
+      route = p.request.route;
+      reply(p.header, [&](Writer& w) {
+        w.put<double>(t.settle);
+        w.put<double>(t.draft);
+        w.put<double>(seconds_since(p.arrived));
+        w.put<uint32_t>(static_cast<uint32_t>(all.size()));
+        w.put<uint32_t>(static_cast<uint32_t>(batch.size()));
+        for (const auto& e : p.entries) {
+          const model::DraftResult& res = results[k++];
+          w.bytes(res.tokens.data(), static_cast<size_t>(rows) * sizeof(int64_t));
+          w.bytes(res.probs.data(), static_cast<size_t>(rows) * sizeof(float));
+          if (e.dist_width == 0) continue;
+          const size_t width = e.dist_width < 0 ? static_cast<size_t>(caps().vocab) : static_cast<size_t>(e.dist_width);
+          for (int64_t row = 0; row < rows; ++row) {
+            const model::RowDistribution& d = res.dists[static_cast<size_t>(row)];
+            if (e.dist_width > 0) w.bytes(d.ids.data(), width * sizeof(int64_t));
+            w.bytes(d.probs.data(), width * sizeof(float));
+            if (e.dist_width > 0) w.put<float>(d.rest);
+          }
         }
-      }
-      transport.send(p.request.route, reply_buf);
+      }, static_cast<uint32_t>(p.entries.size()));
     }
   }
 
-  // A queued request leaves the queue (to run, or refused).
-  void dequeued(const Pending& p) {
-    queued_entries -= static_cast<int64_t>(p.entries.size());
-    queued_bytes -= p.bytes;
+  // A request joins (+1) or leaves (-1: to run, or refused) the queue: its client's counts and
+  // the server's.
+  void account(const Pending& p, int sign) {
+    const int64_t entries = sign * static_cast<int64_t>(p.entries.size());
+    const uint64_t bytes = sign > 0 ? p.bytes : 0 - p.bytes;  // modulo 2^64: a subtraction
+    queued_entries += entries;
+    queued_bytes += bytes;
     auto it = clients.find(p.request.route.client);
     if (it == clients.end()) return;
-    --it->second.pending;
-    it->second.queued_entries -= static_cast<int64_t>(p.entries.size());
-    it->second.queued_bytes -= p.bytes;
+    it->second.pending += sign;
+    it->second.queued_entries += entries;
+    it->second.queued_bytes += bytes;
   }
 
   // Closes the sessions of clients gone: over ipc:// at once when the client's process has
@@ -496,15 +486,11 @@ struct Server::Impl {
   }
 
   void fail_pending(uint32_t status, const std::string& why) {
-    for (const Pending& p : pending) transport.send(p.request.route, error_reply(p.header, status, why));
-    pending.clear();
-    queued_entries = 0;
-    queued_bytes = 0;
-    for (auto& c : clients) {
-      c.second.pending = 0;
-      c.second.queued_entries = 0;
-      c.second.queued_bytes = 0;
+    for (const Pending& p : pending) {
+      account(p, -1);
+      transport.send(p.request.route, error_reply(p.header, status, why));
     }
+    pending.clear();
   }
 
 };

@@ -13,10 +13,8 @@
 #include <atomic>
 #include <csetjmp>
 #include <csignal>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
 #include <zmq.h>
 
@@ -139,12 +137,7 @@ AddressFile::~AddressFile() {
 }
 
 void AddressFile::write(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp);
-  out << text;
-  out.close();  // a file that did not open fails here too
-  TPDRAFT_CHECK(out.good(), "--address-file {}: cannot write {}", path, tmp);
-  TPDRAFT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--address-file {}: cannot rename {} to it", path, tmp);
+  TPDRAFT_CHECK(write_file_whole(path, text), "--address-file {}: cannot write it (through {}.tmp)", path, path);
   path_ = path;
   written_ = file_identity(path);
 }

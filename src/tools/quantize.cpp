@@ -3,7 +3,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -69,9 +68,7 @@ QuantizeSummary quantize_checkpoint(const std::string& drafter_dir, const std::s
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(config_text);
   j["quantization_config"] = nlohmann::ordered_json::parse(plan.to_json().dump());
   const std::string out_config = (fs::path(out_dir) / "config.json").string();
-  std::ofstream f(out_config);
-  f << j.dump(2) << "\n";
-  TPDRAFT_CHECK(f.good(), "{}: writing failed", out_config);
+  TPDRAFT_CHECK(write_file_whole(out_config, j.dump(2) + "\n"), "{}: writing failed", out_config);
   return sum;
 }
 

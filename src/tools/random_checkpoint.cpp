@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 
@@ -22,6 +21,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "core/strings.h"
 #include "core/thread_pool.h"
@@ -202,9 +202,7 @@ void write_tensors(const std::vector<OwnedTensor>& tensors, const std::string& p
 }
 
 void write_json(const nlohmann::json& j, const std::string& path) {
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  TPDRAFT_CHECK(out.good(), "{}: cannot write", path);
+  TPDRAFT_CHECK(write_file_whole(path, j.dump(2) + "\n"), "{}: cannot write", path);
 }
 
 }  // namespace
