@@ -129,33 +129,24 @@ T get(const py::dict& d, const char* key, T fallback) {
                        ", got " + py::repr(v).cast<std::string>());
 }
 
-// The calls of an in-process drafter and of a client of a served one: the same shape, so that one
-// Python class body (Handle) serves both.
-struct InProcess {
-  using Handle = tpdraft_drafter;
-  static constexpr bool served = false;
-  static constexpr const char* closed = "the drafter is closed";
-  static constexpr auto close = tpdraft_close;
-  static constexpr auto caps = tpdraft_caps_get;
-  static constexpr auto open_session = tpdraft_session_open;
-  static constexpr auto close_session = tpdraft_session_close;
-  static constexpr auto length = tpdraft_session_length;
-  static constexpr auto step = tpdraft_step;
-  static constexpr auto times = tpdraft_last_step_times;
-};
-
-struct Served {
-  using Handle = tpdraft_client;
-  static constexpr bool served = true;
-  static constexpr const char* closed = "the client is closed";
-  static constexpr auto close = tpdraft_client_close;
-  static constexpr auto caps = tpdraft_client_caps_get;
-  static constexpr auto open_session = tpdraft_client_session_open;
-  static constexpr auto close_session = tpdraft_client_session_close;
-  static constexpr auto length = tpdraft_client_session_length;
-  static constexpr auto step = tpdraft_client_step;
-  static constexpr auto times = tpdraft_client_last_step_times;
-};
+// The calls of an in-process drafter (tpdraft_*) and of a client of a served one
+// (tpdraft_client_*): the same names after the prefix, so that one Python class body serves both.
+#define TPDRAFT_ENDPOINT_API(Name, H, is_served, what, P)   \
+  struct Name {                                             \
+    using Handle = H;                                       \
+    static constexpr bool served = is_served;               \
+    static constexpr const char* closed = what;             \
+    static constexpr auto close = P##close;                 \
+    static constexpr auto caps = P##caps_get;               \
+    static constexpr auto open_session = P##session_open;   \
+    static constexpr auto close_session = P##session_close; \
+    static constexpr auto length = P##session_length;       \
+    static constexpr auto step = P##step;                   \
+    static constexpr auto times = P##last_step_times;       \
+  };
+TPDRAFT_ENDPOINT_API(InProcess, tpdraft_drafter, false, "the drafter is closed", tpdraft_)
+TPDRAFT_ENDPOINT_API(Served, tpdraft_client, true, "the client is closed", tpdraft_client_)
+#undef TPDRAFT_ENDPOINT_API
 
 template <typename Api>
 class Endpoint {
