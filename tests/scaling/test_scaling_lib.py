@@ -352,14 +352,15 @@ class QuantizedProjection(unittest.TestCase):
         self.assertLess(quant, full)
         self.assertAlmostEqual(points[0]["total_ms"]["q4"], quant + 0.1)
         self.assertEqual(points[0]["total_ms"]["bf16"], 1.0)
-        self.assertIn("| 1x2 | 2 | 1 | ", project.quant_table(points, ["q4"]))
+        self.assertIn("| 1x2 | 2 | 1 | ", project.variants_table(points, {"bf16": "float weights ms", "q4": "q4 ms"}))
 
     def test_a_preset_whose_groups_a_tp_cuts_is_marked_not_projected(self):
         s = project.Setting({}, [], FakeInfo(), compute.Machine("G", 1e15, 1e12), None, None, {}, False, "bf16")
         rows = [{"layout": "1x8", "tp": 8, "total_ms": 1.0, "comm_ms": 0.1}]
         points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
         self.assertEqual(points[0]["total_ms"], {"bf16": 1.0, "q4": None})
-        self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |", project.quant_table(points, ["q4"]))
+        self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |",
+                      project.variants_table(points, {"bf16": "float weights ms", "q4": "q4 ms"}))
 
 
 class DraftVocabularyProjection(unittest.TestCase):
@@ -377,7 +378,8 @@ class DraftVocabularyProjection(unittest.TestCase):
         self.assertAlmostEqual(mapped / full, (0.55 * 2e8 + 5e7) / 2.5e8)
         self.assertAlmostEqual(points[0]["total_ms"]["32000"], mapped)  # no comm on this fabric
         self.assertEqual(points[0]["total_ms"]["full"], 1.0)
-        self.assertIn("| 1x2 | 2 | 1 | ", project.draft_vocab_table(points, [32000]))
+        self.assertIn("| 1x2 | 2 | 1 | ",
+                      project.variants_table(points, {"full": "full head ms", "32000": "draft vocabulary 32000 ms"}))
 
 
 class VocabularyStudy(unittest.TestCase):
