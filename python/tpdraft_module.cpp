@@ -62,6 +62,11 @@ struct Caps {
   std::vector<int64_t> target_layer_ids;
 };
 
+// Caps' fields in the order Python lists them.
+#define TPDRAFT_CAPS_FIELDS(X)                                                                                   \
+  X(architecture) X(backend) X(block_size) X(tp) X(taps_width) X(hidden_size) X(vocab_size) X(draft_vocab_size) \
+  X(mask_token_id) X(target_layer_ids) X(max_sessions) X(max_open_sessions) X(max_context)
+
 // The arrays one step entry as Python gave it keeps alive during the call.
 struct Staged {
   py::array taps;
@@ -539,18 +544,6 @@ void set_log_callback(const py::object& callback) {
   raise_for(st);
 }
 
-std::string repr_caps(const Caps& c) {
-  std::string layers;
-  for (const int64_t id : c.target_layer_ids) layers += (layers.empty() ? "" : ", ") + std::to_string(id);
-  return "Caps(architecture='" + c.architecture + "', backend='" + c.backend + "', block_size=" +
-         std::to_string(c.block_size) + ", tp=" + std::to_string(c.tp) + ", taps_width=" + std::to_string(c.taps_width) +
-         ", hidden_size=" + std::to_string(c.hidden_size) + ", vocab_size=" + std::to_string(c.vocab_size) +
-         ", draft_vocab_size=" + std::to_string(c.draft_vocab_size) + ", mask_token_id=" +
-         std::to_string(c.mask_token_id) + ", target_layer_ids=[" + layers + "], max_sessions=" +
-         std::to_string(c.max_sessions) + ", max_open_sessions=" + std::to_string(c.max_open_sessions) +
-         ", max_context=" + std::to_string(c.max_context) + ")";
-}
-
 template <typename T>
 std::string repr_endpoint(const char* name, const T& x) {
   if (!x.open()) return std::string("<tpdraft.") + name + " (closed)>";
@@ -575,21 +568,18 @@ PYBIND11_MODULE(_core, m) {
   // client stays open.
   g_busy_error = py::exception<void>(m, "BusyError", g_unavailable_error).release().ptr();
 
-  py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
-      .def_readonly("architecture", &Caps::architecture)
-      .def_readonly("backend", &Caps::backend)
-      .def_readonly("block_size", &Caps::block_size)
-      .def_readonly("tp", &Caps::tp)
-      .def_readonly("taps_width", &Caps::taps_width)
-      .def_readonly("hidden_size", &Caps::hidden_size)
-      .def_readonly("vocab_size", &Caps::vocab_size)
-      .def_readonly("draft_vocab_size", &Caps::draft_vocab_size)
-      .def_readonly("mask_token_id", &Caps::mask_token_id)
-      .def_readonly("target_layer_ids", &Caps::target_layer_ids)
-      .def_readonly("max_sessions", &Caps::max_sessions)
-      .def_readonly("max_open_sessions", &Caps::max_open_sessions)
-      .def_readonly("max_context", &Caps::max_context)
-      .def("__repr__", &repr_caps);
+  py::class_<Caps> caps(m, "Caps", "What a caller needs to know to drive the drafter");
+#define X(field) caps.def_readonly(#field, &Caps::field);
+  TPDRAFT_CAPS_FIELDS(X)
+#undef X
+  caps.def("__repr__", [](const Caps& c) {
+    std::string out;
+#define X(field) \
+  out += (out.empty() ? "Caps(" : ", ") + std::string(#field "=") + py::repr(py::cast(c.field)).cast<std::string>();
+    TPDRAFT_CAPS_FIELDS(X)
+#undef X
+    return out + ")";
+  });
 
   g_log_callback = new py::object(py::none());
   m.def("set_log_level", [](const std::string& level) { raise_for(tpdraft_set_log_level(whole_string(level, "level").c_str())); },
