@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quantized drafts against bf16, A/B in one run: `tpdraft bench` on the same random weights at
 # bf16, --quant q8, q4, q8+head and q4+head, taking turns for several rounds (so that a machine whose speed
-# drifts affects all three alike), then the median of each one's per-round medians.
+# drifts affects them all alike), then the median of each one's per-round medians.
 
 usage() {
   cat <<'USAGE'
