@@ -20,10 +20,10 @@ import compute  # noqa: E402
 import geometry  # noqa: E402
 import plots  # noqa: E402
 import project  # noqa: E402
-import record  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
 import tables as tb  # noqa: E402
+import timing  # noqa: E402  (bench/timing.py, on the path through records)
 import vocab  # noqa: E402
 
 
@@ -104,13 +104,13 @@ class Records(unittest.TestCase):
 
 class MachineLoad(unittest.TestCase):
     def test_stat_line(self):
-        busy, steal, total = record.parse_stat_line("cpu  100 5 20 800 10 3 2 7 0 0")
+        busy, steal, total = timing.parse_stat_line("cpu  100 5 20 800 10 3 2 7 0 0")
         self.assertEqual((busy, steal, total), (130, 7, 947))
 
     def test_load_between_separates_our_time_from_others(self):
         before = {"t": 0.0, "busy": 0, "steal": 0, "total": 0, "loadavg": [0.5, 0, 0]}
         after = {"t": 2.0, "busy": 500, "steal": 20, "total": 1000, "loadavg": [1.5, 0, 0]}
-        load = record.load_between(before, after, 3.0, 100)  # 5 s busy, 3 s ours
+        load = timing.load_between(before, after, 3.0, 100)  # 5 s busy, 3 s ours
         self.assertEqual(load["other_cpu_s"], 2.0)
         self.assertEqual(load["other_cores"], 1.0)
         self.assertEqual(load["steal_share"], 0.02)
