@@ -42,11 +42,9 @@ for ((r = 0; r < rounds; ++r)); do
   done
 done
 
-"$py" - "$out" "$rounds" "$threads" "$here/bench" <<'PY'
+"$py" - "$out" "$rounds" "$threads" <<'PY'
 import json, statistics, sys
-out, rounds, threads, bench = sys.argv[1:]
-sys.dont_write_bytecode = True
-sys.path.insert(0, bench)
+out, rounds, threads = sys.argv[1:]
 import timing  # the machine's load, judged as every benchmark judges it
 med_of = lambda rows, f: statistics.median(f(r) for r in rows)
 runs = {side: [json.loads(l) for l in open(f"{out}/{side}.jsonl")] for side in ("before", "after")}

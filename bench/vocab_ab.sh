@@ -45,11 +45,9 @@ for config in "${list[@]}"; do
   done
 done
 
-"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" "$here/bench" <<'PY'
+"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" <<'PY'
 import json, os, statistics, sys
-out, ctx, threads, rounds, configs, bench = sys.argv[1:]
-sys.dont_write_bytecode = True
-sys.path.insert(0, bench)
+out, ctx, threads, rounds, configs = sys.argv[1:]
 import timing  # the machine's load, judged as every benchmark judges it
 print(f"{ctx} context rows, 1 session, {threads} threads, {rounds} rounds of full and mapped heads taking turns")
 print(f"{'config':26} {'V':>7} {'N':>6} {'N/V':>6} {'head full':>10} {'head N':>8} {'ratio':>6} {'<=1.2N/V':>8} "

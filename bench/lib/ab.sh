@@ -5,6 +5,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 me=$(basename "$0")
 py=$(command -v python3)
+# The summaries import bench/timing.py, leaving no byte code in the tree.
+export PYTHONPATH="$here/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
 
 # ab_options "NAME..." ARGS...: --NAME VALUE sets $NAME (a dash in the option, _ in the name);
 # -h / --help prints usage. With "--" among the names, what follows a lone -- goes to extra=().
