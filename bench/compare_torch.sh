@@ -54,72 +54,44 @@ log "writing a random bf16 checkpoint for $(basename "$CONFIG") with $CTX tap ro
 "$TPDRAFT_BIN" init --config "$CONFIG" --out "$CKPT" --seed 1 --dtype bf16 --taps "$CTX" >/dev/null \
   || die "tpdraft init failed"
 
-# The last line of a program's stdout that is a JSON object ("" when there is none: the caller
-# says so, where under pipefail grep's status would end the script without a word).
-last_json() { grep -E '^\{' "$1" | tail -n 1 || true; }
+# The last JSON line a program printed; a failed run or one without a JSON line ends the script.
+last_json() { "$@" | grep -E '^\{' | tail -n 1; }
 
-# A field of a JSON line: the draft's median is "draft_ms" for tpdraft, "draft_ms_median" for
-# torch_draft.py.
-json_field() {
-  "$PY" - "$1" "$2" <<'EOF'
-import json, sys
-obj, key = json.loads(sys.argv[1]), sys.argv[2]
-if key == "median":
-    v = obj.get("draft_ms_median", obj.get("draft_ms"))
-    if v is None:
-        sys.exit("no draft_ms / draft_ms_median in: " + sys.argv[1])
-    print(v)
-else:
-    print(json.dumps(obj.get(key)))
-EOF
-}
-
-TP_MS=() TORCH_MS=()
 for run in $(seq 1 "$RUNS"); do
   log "run $run/$RUNS: tpdraft"
-  "$TPDRAFT_BIN" bench --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" --threads "$THREADS" \
-    --warmup 2 --repeat 7 --json >"$TMP/tp.out" || die "tpdraft bench failed"
-  TP_JSON="$(last_json "$TMP/tp.out")"
-  [ -n "$TP_JSON" ] || die "tpdraft bench printed no JSON line"
-  TP_MS+=("$(json_field "$TP_JSON" median)")
-
+  last_json "$TPDRAFT_BIN" bench --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" --threads "$THREADS" \
+    --warmup 2 --repeat 7 --json >>"$TMP/tp.jsonl" || die "tpdraft bench failed or printed no JSON line"
   log "run $run/$RUNS: torch"
-  "$PY" "$TORCH_DRAFT" --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" --anchor "$ANCHOR" \
-    --threads "$THREADS" --warmup 2 --repeat 7 --json >"$TMP/torch.out" || die "torch_draft.py failed"
-  TORCH_JSON="$(last_json "$TMP/torch.out")"
-  [ -n "$TORCH_JSON" ] || die "torch_draft.py printed no JSON line"
-  TORCH_MS+=("$(json_field "$TORCH_JSON" median)")
-  echo "tpdraft run $run: $TP_JSON"
-  echo "torch   run $run: $TORCH_JSON"
+  last_json "$PY" "$TORCH_DRAFT" --drafter "$CKPT/drafter" --target "$CKPT/target" --ctx "$CTX" --anchor "$ANCHOR" \
+    --threads "$THREADS" --warmup 2 --repeat 7 --json >>"$TMP/torch.jsonl" || die "torch_draft.py failed or printed no JSON line"
+  echo "tpdraft run $run: $(tail -n 1 "$TMP/tp.jsonl")"
+  echo "torch   run $run: $(tail -n 1 "$TMP/torch.jsonl")"
 done
 
 # Token cross-check on the checkpoint's own taps (informational: fp32 sums in another order can
 # flip a near-tie on random weights).
-TOKENS_NOTE="skipped (tpdraft draft gave no JSON)"
-if "$TPDRAFT_BIN" draft --drafter "$CKPT/drafter" --target "$CKPT/target" --taps "$CKPT/taps.safetensors" \
-     --anchor "$ANCHOR" --threads "$THREADS" >"$TMP/tp_draft.out" 2>"$TMP/tp_draft.err"; then
-  TP_DRAFT_JSON="$(last_json "$TMP/tp_draft.out")"
-  if [ -n "$TP_DRAFT_JSON" ]; then
-    "$PY" "$TORCH_DRAFT" --drafter "$CKPT/drafter" --target "$CKPT/target" --taps "$CKPT/taps.safetensors" \
-      --anchor "$ANCHOR" --threads "$THREADS" --warmup 0 --repeat 1 --json >"$TMP/torch_draft.out" \
-      || die "torch_draft.py failed on the checkpoint's taps"
-    TORCH_DRAFT_JSON="$(last_json "$TMP/torch_draft.out")"
-    [ -n "$TORCH_DRAFT_JSON" ] || die "torch_draft.py printed no JSON line for the checkpoint's taps"
-    A="$(json_field "$TP_DRAFT_JSON" tokens)"
-    B="$(json_field "$TORCH_DRAFT_JSON" tokens)"
-    if [ "$A" = "$B" ]; then TOKENS_NOTE="agree $A"; else TOKENS_NOTE="differ: tpdraft $A, torch $B"; fi
-  fi
+if last_json "$TPDRAFT_BIN" draft --drafter "$CKPT/drafter" --target "$CKPT/target" --taps "$CKPT/taps.safetensors" \
+     --anchor "$ANCHOR" --threads "$THREADS" >"$TMP/tp_draft.json" 2>"$TMP/tp_draft.err"; then
+  last_json "$PY" "$TORCH_DRAFT" --drafter "$CKPT/drafter" --target "$CKPT/target" --taps "$CKPT/taps.safetensors" \
+    --anchor "$ANCHOR" --threads "$THREADS" --warmup 0 --repeat 1 --json >"$TMP/torch_draft.json" \
+    || die "torch_draft.py failed on the checkpoint's taps or printed no JSON line"
 fi
 
-"$PY" - "$THREADS" "$CTX" "$(basename "$CONFIG")" "${TP_MS[*]}" "${TORCH_MS[*]}" "$TOKENS_NOTE" <<'EOF'
-import statistics, sys
-threads, ctx, config = sys.argv[1], sys.argv[2], sys.argv[3]
-tp = [float(x) for x in sys.argv[4].split()]
-th = [float(x) for x in sys.argv[5].split()]
+"$PY" - "$THREADS" "$CTX" "$(basename "$CONFIG")" "$TMP" <<'EOF'
+import json, os, statistics, sys
+threads, ctx, config, tmp = sys.argv[1:]
+rows = lambda name: [json.loads(line) for line in open(os.path.join(tmp, name))]
+# The draft's median is "draft_ms" for tpdraft, "draft_ms_median" for torch_draft.py.
+tp = [r["draft_ms"] for r in rows("tp.jsonl")]
+th = [r["draft_ms_median"] for r in rows("torch.jsonl")]
 m_tp, m_th = statistics.median(tp), statistics.median(th)
+tokens = "skipped (tpdraft draft gave no JSON)"
+if os.path.exists(os.path.join(tmp, "torch_draft.json")):
+    a, b = (json.dumps(rows(f)[0]["tokens"]) for f in ("tp_draft.json", "torch_draft.json"))
+    tokens = f"agree {a}" if a == b else f"differ: tpdraft {a}, torch {b}"
 print(f"config {config}, context {ctx} rows, {threads} threads, {len(tp)} A/B runs")
 print(f"tpdraft draft median {m_tp:9.2f} ms   runs: " + " ".join(f"{x:.2f}" for x in tp))
 print(f"torch   draft median {m_th:9.2f} ms   runs: " + " ".join(f"{x:.2f}" for x in th))
 print(f"ratio torch / tpdraft: {m_th / m_tp:.2f}x")
-print(f"tokens on the checkpoint's taps: {sys.argv[6]}")
+print(f"tokens on the checkpoint's taps: {tokens}")
 EOF

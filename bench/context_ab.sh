@@ -3,7 +3,6 @@
 # one run: `tpdraft bench --ctx LIST --json` with each, taking turns for several rounds (a machine
 # whose speed drifts affects both alike); then per program and context the median of the
 # per-round medians of the draft, its layers and head, the roofline bench prints and the ratio.
-set -euo pipefail
 
 usage() {
   cat <<'USAGE'
@@ -26,53 +25,26 @@ bench/scaling/record.py).
 USAGE
 }
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/lib/ab.sh"
 before="" after=$here/build/tpdraft config=$here/configs/bench-dflash2-2048.json
-ctx=1024,8192,32768,131072 threads=2 rounds=3 repeat=10 extra=()
-while (($#)); do
-  case $1 in
-    --before) before=$2; shift 2 ;;
-    --after) after=$2; shift 2 ;;
-    --config) config=$2; shift 2 ;;
-    --ctx) ctx=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --repeat) repeat=$2; shift 2 ;;
-    --) shift; extra=("$@"); break ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "context_ab.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-  esac
-done
+ctx=1024,8192,32768,131072 threads=2 rounds=3 repeat=10
+ab_options "before after config ctx threads rounds repeat --" "$@"
 [[ -n $before ]] || { echo "context_ab.sh: give --before PATH" >&2; usage >&2; exit 2; }
-for bin in "$before" "$after"; do
-  [[ -x $bin ]] || { echo "context_ab.sh: no tpdraft program at $bin" >&2; exit 2; }
-done
 [[ -f $config ]] || { echo "context_ab.sh: config '$config' not found" >&2; exit 2; }
-py=$(command -v python3)
-
-out=$(mktemp -d "${TMPDIR:-/tmp}/tpdraft-context-ab.XXXXXX")
-trap 'rm -rf "$out"' EXIT
+ab_start "$before" "$after"
 for ((r = 0; r < rounds; ++r)); do
   for side in before after; do
     bin=$before
     [[ $side == before ]] || bin=$after
     echo "context_ab.sh: round $((r + 1))/$rounds, $side ($bin)" >&2
-    "$py" "$here/bench/scaling/record.py" measure --load "$out/load" -- \
-      env TPDRAFT_LOG_LEVEL=warn "$bin" bench --config "$config" --ctx "$ctx" --threads "$threads" --backend cpu \
-      --repeat "$repeat" --warmup 2 --json "${extra[@]}" >"$out/run.json"
-    "$py" -c 'import json, sys
-load = json.load(open(sys.argv[2]))
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        r = json.loads(line); r["load"] = load; print(json.dumps(r))' "$out/run.json" "$out/load" >>"$out/$side.jsonl"
+    ab_bench "$out/$side.jsonl" "$bin" --config "$config" --ctx "$ctx" --threads "$threads" --repeat "$repeat" \
+      "${extra[@]}"
   done
 done
 
-"$py" - "$out" "$rounds" "$threads" "$here/bench" <<'PY'
+"$py" - "$out" "$rounds" "$threads" <<'PY'
 import json, statistics, sys
-out, rounds, threads, bench = sys.argv[1:]
-sys.dont_write_bytecode = True
-sys.path.insert(0, bench)
+out, rounds, threads = sys.argv[1:]
 import timing  # the machine's load, judged as every benchmark judges it
 med_of = lambda rows, f: statistics.median(f(r) for r in rows)
 runs = {side: [json.loads(l) for l in open(f"{out}/{side}.jsonl")] for side in ("before", "after")}

@@ -6,14 +6,12 @@
 //   matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "bench_main.h"
 #include "checkpoint/config.h"
 #include "checkpoint/quant_tensors.h"
 #include "core/dtype.h"
@@ -35,24 +33,6 @@ struct Args {
   int64_t rows = 16, group = 128;
   int threads = 2, rounds = 5, repeat = 5;
 };
-
-Args parse(int argc, char** argv) {
-  Args a;
-  CLI::App app{"The CPU matmul on bf16, int8 and int4 weights at a drafter's layer shapes, A/B in one run",
-               "matmul_ab"};
-  app.add_option("--config", a.config, "Drafter config.json whose layer shapes are timed")->capture_default_str();
-  app.add_option("--rows", a.rows, "Activation rows M (16: one draft)")->capture_default_str();
-  app.add_option("--group", a.group, "Quantization group along the input")->capture_default_str();
-  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
-  app.add_option("--rounds", a.rounds, "Rounds in which the variants take turns")->capture_default_str();
-  app.add_option("--repeat", a.repeat, "Passes over the layer matrices per round")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
-  return a;
-}
 
 struct Shape {
   int64_t n, k;
@@ -151,10 +131,15 @@ int run(const Args& a) {
 }  // namespace tpdraft::bench
 
 int main(int argc, char** argv) {
-  try {
-    return tpdraft::bench::run(tpdraft::bench::parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "matmul_ab: %s\n", e.what());
-    return 1;
-  }
+  using namespace tpdraft::bench;
+  Args a;
+  CLI::App app{"The CPU matmul on bf16, int8 and int4 weights at a drafter's layer shapes, A/B in one run",
+               "matmul_ab"};
+  app.add_option("--config", a.config, "Drafter config.json whose layer shapes are timed")->capture_default_str();
+  app.add_option("--rows", a.rows, "Activation rows M (16: one draft)")->capture_default_str();
+  app.add_option("--group", a.group, "Quantization group along the input")->capture_default_str();
+  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
+  app.add_option("--rounds", a.rounds, "Rounds in which the variants take turns")->capture_default_str();
+  app.add_option("--repeat", a.repeat, "Passes over the layer matrices per round")->capture_default_str();
+  return bench_main(app, argc, argv, [&] { return run(a); });
 }

@@ -10,12 +10,12 @@ default build/; the checkpoint made by DIR/tpdraft init in a temp dir)."""
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 import timing  # noqa: E402
+from served import checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTEXT, NEW_ROWS = 64, 2
@@ -54,8 +54,7 @@ def extra_seconds(d, steps, kind, context, new_rows):
 def measure(config, steps, context, new_rows):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([os.path.join(ARGS.build, "tpdraft"), "init", "--config", os.path.join(REPO, config), "--out",
-                        tmp + "/ck"], check=True, capture_output=True)
+        checkpoint(os.path.join(ARGS.build, "tpdraft"), os.path.join(REPO, config), tmp + "/ck")
         with tpdraft.Drafter(tmp + "/ck/drafter", tmp + "/ck/target", backend="cpu", threads=1,
                              max_context=context + 64) as d:
             for kind in KINDS:

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Quantized drafts against bf16, A/B in one run: `tpdraft bench` on the same random weights at
 # bf16, --quant q8, q4, q8+head and q4+head, taking turns for several rounds (so that a machine whose speed
-# drifts affects all three alike), then the median of each one's per-round medians.
-set -euo pipefail
+# drifts affects them all alike), then the median of each one's per-round medians.
 
 usage() {
   cat <<'USAGE'
@@ -21,33 +20,18 @@ parts, and the speed relative to bf16 (draft and layers).
 USAGE
 }
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/lib/ab.sh"
 config=$here/configs/bench-dflash2-2048.json ctx=1024 threads=2 rounds=3 repeat=10 bin=$here/build/tpdraft
 variants=q8,q4,q8+head,q4+head
-while (($#)); do
-  case $1 in
-    --config) config=$2; shift 2 ;;
-    --ctx) ctx=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --repeat) repeat=$2; shift 2 ;;
-    --variants) variants=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "quant_ab.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-  esac
-done
-[[ -x $bin ]] || { echo "quant_ab.sh: no tpdraft program at $bin (build it, or give --bin)" >&2; exit 2; }
-
-out=$(mktemp -d "${TMPDIR:-/tmp}/tpdraft-quant-ab.XXXXXX")
-trap 'rm -rf "$out"' EXIT
+ab_options "config ctx threads rounds repeat variants bin" "$@"
+ab_start "$bin"
 IFS=, read -ra quants <<<"$variants"
 for ((r = 0; r < rounds; ++r)); do
   for q in bf16 "${quants[@]}"; do
     extra=()
     [[ $q == bf16 ]] || extra=(--quant "$q")
-    TPDRAFT_LOG_LEVEL=warn "$bin" bench --config "$config" --ctx "$ctx" --threads "$threads" --backend cpu \
-      --repeat "$repeat" --warmup 2 --json "${extra[@]}" | tail -1 >>"$out/${q/+/-}.jsonl"
+    ab_bench "$out/${q/+/-}.jsonl" "$bin" --config "$config" --ctx "$ctx" --threads "$threads" --repeat "$repeat" \
+      "${extra[@]}"
   done
 done
 

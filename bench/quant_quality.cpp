@@ -8,14 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "bench_main.h"
 #include "checkpoint/quant_config.h"
 #include "core/error.h"
 #include "engine/runtime.h"
@@ -32,23 +30,6 @@ struct Args {
   double outliers = 8.0;  // scale of the outlier channels (1: none)
   int threads = 2;
 };
-
-Args parse(int argc, char** argv) {
-  Args a;
-  CLI::App app{"How far quantized drafts are from the bf16 ones on random weights", "quant_quality"};
-  app.add_option("--config", a.config, "Drafter config.json")->capture_default_str();
-  app.add_option("--ctx", a.ctx, "Context rows settled per context")->capture_default_str();
-  app.add_option("--contexts", a.contexts, "Random contexts")->capture_default_str();
-  app.add_option("--anchors", a.anchors, "Drafts per context")->capture_default_str();
-  app.add_option("--outliers", a.outliers, "Scale of the outlier input channels (1: none)")->capture_default_str();
-  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
-  return a;
-}
 
 // Scales 1 in 64 input columns of every quantizable matrix by `factor` (the same columns in every
 // row: an outlier channel of the activations the matrix reads).
@@ -112,8 +93,7 @@ std::vector<Draft> run_variant(const model::ModelSource& source, const Args& a) 
   return out;
 }
 
-int run(int argc, char** argv) {
-  const Args a = parse(argc, argv);
+int run(const Args& a) {
   model::ModelSource base;
   base.config = model::DrafterConfig::from_file(a.config);
   model::RandomCheckpointOptions ro;
@@ -187,10 +167,14 @@ int run(int argc, char** argv) {
 }  // namespace tpdraft::bench
 
 int main(int argc, char** argv) {
-  try {
-    return tpdraft::bench::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "quant_quality: %s\n", e.what());
-    return 1;
-  }
+  using namespace tpdraft::bench;
+  Args a;
+  CLI::App app{"How far quantized drafts are from the bf16 ones on random weights", "quant_quality"};
+  app.add_option("--config", a.config, "Drafter config.json")->capture_default_str();
+  app.add_option("--ctx", a.ctx, "Context rows settled per context")->capture_default_str();
+  app.add_option("--contexts", a.contexts, "Random contexts")->capture_default_str();
+  app.add_option("--anchors", a.anchors, "Drafts per context")->capture_default_str();
+  app.add_option("--outliers", a.outliers, "Scale of the outlier input channels (1: none)")->capture_default_str();
+  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
+  return bench_main(app, argc, argv, [&] { return run(a); });
 }

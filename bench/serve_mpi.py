@@ -18,15 +18,14 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 import timing  # noqa: E402
+from served import Server, checkpoint  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTEXT, NEW_ROWS = 64, 2
@@ -52,42 +51,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(A.bin)), "python
 import tpdraft  # noqa: E402
 
 
-class Server:
-    """`tpdraft serve` (optionally under mpirun) on an ipc socket in `tmp`, stopped with SIGTERM."""
-
-    def __init__(self, launcher, extra, ck, tmp, name):
-        self.address_file = os.path.join(tmp, name + ".address")
-        self.log = open(os.path.join(tmp, name + ".log"), "w")
-        cmd = launcher + [os.path.abspath(A.bin), "serve", "--drafter", ck + "/drafter", "--target", ck + "/target",
-                          "--listen", f"ipc://{tmp}/{name}.sock", "--address-file", self.address_file,
-                          "--backend", "cpu", "--threads", "1", "--max-sessions", "1",
-                          "--max-context", str(CONTEXT + 64), *extra]
-        # Its own process group, so that a server which does not stop is killed with its ranks.
-        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
-        deadline = time.monotonic() + 120
-        while not (os.path.exists(self.address_file) and open(self.address_file).read().strip()):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                sys.exit(f"the server did not start: see {self.log.name}:\n{open(self.log.name).read()}")
-            time.sleep(0.02)
-        self.address = open(self.address_file).read().split()[0]
-
-    def kill(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)  # mpirun returns once its ranks have
-        except subprocess.TimeoutExpired:
-            print(f"warning: the server did not stop on SIGTERM; killed (log {self.log.name})", file=sys.stderr)
-            self.kill()
-        self.log.close()
-
-
 def timed_steps(client, steps, warmup, seed):
     """(wall seconds, server settle + draft seconds) of each of `steps` steps of one session after
     `warmup` untimed ones, made as a decoding loop makes them: roll back to the prompt, settle the
@@ -97,7 +60,8 @@ def timed_steps(client, steps, warmup, seed):
 
 
 def measure(launcher, extra, ck, tmp, name, seed):
-    server = Server(launcher, extra, ck, tmp, name)
+    server = Server(A.bin, ck, f"ipc://{tmp}/{name}.sock", os.path.join(tmp, name),
+                    ["--max-sessions", "1", "--max-context", str(CONTEXT + 64), *extra], launcher)
     try:
         with tpdraft.Client(server.address, timeout=120) as client:
             return timed_steps(client, A.steps, A.warmup, seed)
@@ -119,8 +83,7 @@ def main():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck")
-        subprocess.run([A.bin, "init", "--config", os.path.join(REPO, A.config), "--out", ck], check=True,
-                       capture_output=True, env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
+        checkpoint(A.bin, os.path.join(REPO, A.config), ck)
         for busy in phases:
             results.append((busy, *timing.with_load(lambda: phase(launcher, ck, tmp, busy))))
     print(f"{'phase':>8} {'server':>11} {'median ms':>10} {'p90 ms':>8} {'server median ms':>17} "

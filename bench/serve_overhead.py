@@ -15,9 +15,7 @@ checkpoint made by build/tpdraft init in a temp dir)."""
 import argparse
 import concurrent.futures
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,36 +25,10 @@ sys.path.insert(0, os.path.join(REPO, "build", "python"))
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 import timing  # noqa: E402
 import tpdraft  # noqa: E402
+from served import Server, checkpoint  # noqa: E402
 
 TPDRAFT = os.path.join(REPO, "build", "tpdraft")
 CONTEXT, NEW_ROWS = 64, 2
-
-
-class Server:
-    def __init__(self, ck, listen, tmp, clients):
-        self.address_file = os.path.join(tmp, "address")
-        self.log = open(os.path.join(tmp, "server.log"), "w")
-        self.process = subprocess.Popen(
-            [TPDRAFT, "serve", "--drafter", ck + "/drafter", "--target", ck + "/target", "--listen", listen,
-             "--address-file", self.address_file, "--backend", "cpu", "--threads", "1", "--max-sessions",
-             str(clients), "--max-open-sessions", str(2 * clients), "--max-context", str(CONTEXT + 64)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ, TPDRAFT_LOG_LEVEL="warn"))
-        while not (os.path.exists(self.address_file) and open(self.address_file).read().strip()):
-            if self.process.poll() is not None:
-                sys.exit(f"the server ended: see {self.log.name}")
-            time.sleep(0.02)
-        self.address = open(self.address_file).read().split()[0]
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
-        self.log.close()
-
-
-def make_checkpoint(config, out):
-    """A random checkpoint of `config` (relative to the repository) written by `tpdraft init` to out."""
-    subprocess.run([TPDRAFT, "init", "--config", os.path.join(REPO, config), "--out", out], check=True,
-                   capture_output=True)
 
 
 def loop(handle, steps, seed, out):
@@ -97,7 +69,7 @@ def measure(config, steps):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ck = tmp + "/ck"
-        make_checkpoint(config, ck)
+        checkpoint(TPDRAFT, os.path.join(REPO, config), ck)
         local = []
         with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1, max_sessions=8,
                              max_context=CONTEXT + 64) as d:
@@ -107,7 +79,8 @@ def measure(config, steps):
         in_process = beyond(local)
         draft_ms = statistics.median(d for _, d in local) * 1e3
         for name, listen in (("ipc+shm", f"ipc://{tmp}/s.sock"), ("tcp", "tcp://127.0.0.1:*")):
-            server = Server(ck, listen, tmp, 8)
+            server = Server(TPDRAFT, ck, listen, os.path.join(tmp, "server"),
+                            ["--max-sessions", "8", "--max-open-sessions", "16", "--max-context", str(CONTEXT + 64)])
             try:
                 one, one_rate, shm, entries, forwards = run_clients(server.address, 1, steps)
                 eight, eight_rate, _, entries8, forwards8 = run_clients(server.address, 8, max(3, steps // 4))

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench_main.h"
 #include "core/error.h"
 #include "core/summary.h"
 #include "core/timing.h"
@@ -35,23 +35,6 @@ struct Args {
   int64_t context = 0;  // 0: 64 on a tiny geometry, 1024 on a large one
   int threads = 1;
 };
-
-Args parse(int argc, char** argv) {
-  Args a;
-  CLI::App app{"What one tpdraft_step costs through the C ABI beyond the draft itself", "step_overhead"};
-  app.add_option("--config", a.configs, "Drafter config.json (repeatable; default tiny-dflash2 and "
-                                        "bench-dflash2-2048)");
-  app.add_option("--steps", a.steps, "Steps per way (0: 6000 on a tiny geometry, 40 on a large one)");
-  app.add_option("--context", a.context, "Context kept per step (0: 64 on a tiny geometry, 1024 on a large one)");
-  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
-  if (a.configs.empty()) a.configs = {"configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"};
-  return a;
-}
 
 // A temp directory holding a random checkpoint (generated on every core), removed at the end.
 struct ScratchCheckpoint {
@@ -344,8 +327,15 @@ void print_table(const std::vector<Measured>& all) {
 
 int main(int argc, char** argv) {
   using namespace tpdraft::bench;
-  try {
-    const Args a = parse(argc, argv);
+  Args a;
+  CLI::App app{"What one tpdraft_step costs through the C ABI beyond the draft itself", "step_overhead"};
+  app.add_option("--config", a.configs, "Drafter config.json (repeatable; default tiny-dflash2 and "
+                                        "bench-dflash2-2048)");
+  app.add_option("--steps", a.steps, "Steps per way (0: 6000 on a tiny geometry, 40 on a large one)");
+  app.add_option("--context", a.context, "Context kept per step (0: 64 on a tiny geometry, 1024 on a large one)");
+  app.add_option("--threads", a.threads, "Threads")->capture_default_str();
+  return bench_main(app, argc, argv, [&] {
+    if (a.configs.empty()) a.configs = {"configs/tiny-dflash2.json", "configs/bench-dflash2-2048.json"};
     std::vector<Measured> all;
     for (const std::string& c : a.configs) all.push_back(measure(c, a));
     print_table(all);
@@ -354,8 +344,5 @@ int main(int argc, char** argv) {
       if (m.mismatches > 0) std::fprintf(stderr, "%s: %lld steps drafted different tokens\n", m.config.c_str(),
                                          static_cast<long long>(m.mismatches));
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "step_overhead: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -3,7 +3,6 @@
 # weights with the full head and with --token-map-size N, taking turns for several rounds (a
 # machine whose speed drifts affects both alike), per config; then the median of each one's
 # per-round medians, the head's time against N / V, and the draft's speed-up with its spread.
-set -euo pipefail
 
 usage() {
   cat <<'USAGE'
@@ -26,27 +25,11 @@ whether the machine was idle (other processes' CPU time around each run, bench/s
 USAGE
 }
 
-here=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/lib/ab.sh"
 configs=$here/configs/bench-dflash2-2048.json,$here/configs/minimax-m2.7-dflash.json
 size=32000 ctx=1024 threads=2 rounds=3 repeat=10 bin=$here/build/tpdraft
-while (($#)); do
-  case $1 in
-    --configs) configs=$2; shift 2 ;;
-    --size) size=$2; shift 2 ;;
-    --ctx) ctx=$2; shift 2 ;;
-    --threads) threads=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --repeat) repeat=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
-    *) echo "vocab_ab.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-  esac
-done
-[[ -x $bin ]] || { echo "vocab_ab.sh: no tpdraft program at $bin (build it, or give --bin)" >&2; exit 2; }
-py=$(command -v python3)
-
-out=$(mktemp -d "${TMPDIR:-/tmp}/tpdraft-vocab-ab.XXXXXX")
-trap 'rm -rf "$out"' EXIT
+ab_options "configs size ctx threads rounds repeat bin" "$@"
+ab_start "$bin"
 IFS=, read -ra list <<<"$configs"
 for config in "${list[@]}"; do
   [[ -f $config ]] || { echo "vocab_ab.sh: config '$config' not found" >&2; exit 2; }
@@ -56,20 +39,15 @@ for config in "${list[@]}"; do
       extra=()
       [[ $variant == full ]] || extra=(--token-map-size "$size")
       echo "vocab_ab.sh: $name round $((r + 1))/$rounds, $variant head" >&2
-      "$py" "$here/bench/scaling/record.py" measure --load "$out/load" -- \
-        env TPDRAFT_LOG_LEVEL=warn "$bin" bench --config "$config" --ctx "$ctx" --threads "$threads" --backend cpu \
-        --repeat "$repeat" --warmup 2 --json "${extra[@]}" >"$out/run.json"
-      "$py" -c 'import json, sys; r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); r["load"] = json.load(open(sys.argv[2])); print(json.dumps(r))' \
-        "$out/run.json" "$out/load" >>"$out/$name-$variant.jsonl"
+      ab_bench "$out/$name-$variant.jsonl" "$bin" --config "$config" --ctx "$ctx" --threads "$threads" \
+        --repeat "$repeat" "${extra[@]}"
     done
   done
 done
 
-"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" "$here/bench" <<'PY'
+"$py" - "$out" "$ctx" "$threads" "$rounds" "$configs" <<'PY'
 import json, os, statistics, sys
-out, ctx, threads, rounds, configs, bench = sys.argv[1:]
-sys.dont_write_bytecode = True
-sys.path.insert(0, bench)
+out, ctx, threads, rounds, configs = sys.argv[1:]
 import timing  # the machine's load, judged as every benchmark judges it
 print(f"{ctx} context rows, 1 session, {threads} threads, {rounds} rounds of full and mapped heads taking turns")
 print(f"{'config':26} {'V':>7} {'N':>6} {'N/V':>6} {'head full':>10} {'head N':>8} {'ratio':>6} {'<=1.2N/V':>8} "

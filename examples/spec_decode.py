@@ -168,20 +168,6 @@ class Sequence:
     rounds: list = field(default_factory=list)  # (drafts, accepted) per round
 
 
-@dataclass
-class RoundReport:
-    """One round of every active sequence: accepted drafts each, and where the time went (seconds).
-    step: the Python call (d.step); draft, settle and library: what the library reports for it
-    (tpdraft_last_step_times: the draft, the roll-back and settle, and the whole call inside the
-    library); verify: the target's forward and the acceptance test."""
-    accepted: list
-    step: float
-    draft: float
-    settle: float
-    library: float
-    verify: float
-
-
 class SpeculativeDecoder:
     """Drives one drafter and one target over a batch of prompts, each in its own session."""
 
@@ -194,7 +180,7 @@ class SpeculativeDecoder:
         self.draft, self.dist = draft_rule(self.caps, drafter_dir, sampling, draft)
         self.verify_q = verify_q or (lambda q: q)  # what the verifier takes for q (tests perturb it)
 
-    def decode(self, prompts, n_tokens, rng, on_round=None, sessions=None, prompt_held=0):
+    def decode(self, prompts, n_tokens, rng, sessions=None, prompt_held=0):
         """n_tokens after each prompt, and each sequence's rounds. `sessions`, when given, are used
         (and left open) instead of new ones; they hold the first `prompt_held` positions of their
         prompt (from an earlier decode of the same prompts, whose continuation the first step's
@@ -207,9 +193,7 @@ class SpeculativeDecoder:
             active = [s for s in sequences if len(s.tokens) - s.prompt_length < n_tokens]
             if not active:
                 break
-            report = self._round(active, rng)
-            if on_round:
-                on_round(report, active)
+            self._round(active, rng)
         if sessions is None:
             for s in sequences:
                 self.drafter.close_session(s.session)
@@ -236,19 +220,13 @@ class SpeculativeDecoder:
         return entry
 
     def _round(self, active, rng):
-        entries = [self._entry(s, rng) for s in active]
-        start = time.perf_counter()
-        results = self.drafter.step(entries)
-        step = time.perf_counter() - start
-        times = self.drafter.last_times
-        start = time.perf_counter()
+        results = self.drafter.step([self._entry(s, rng) for s in active])
         blocks = [[s.tokens[-1]] + r["tokens"].tolist() for s, r in zip(active, results)]
         logits, taps = self.target.forward(blocks, [len(s.tokens) - 1 for s in active], self.cache,
                                            self.caps.target_layer_ids, rows=[s.row for s in active])
         judged = logits if self.sampling.greedy else target_probs(logits, self.sampling)
-        accepted = [self._commit(s, r, judged[i], taps[i], rng) for i, (s, r) in enumerate(zip(active, results))]
-        return RoundReport(accepted, step, times["draft"], times["settle"], times["total"],
-                           time.perf_counter() - start)
+        for i, (s, r) in enumerate(zip(active, results)):
+            self._commit(s, r, judged[i], taps[i], rng)
 
     def _commit(self, s, result, judged, taps, rng):
         """Verifies one block and commits its accepted drafts and the target's next token. judged:
@@ -262,7 +240,6 @@ class SpeculativeDecoder:
         s.held = len(s.tokens) - 1
         s.tokens += drafts[:accepted] + [following]
         s.rounds.append((drafts, accepted))
-        return accepted
 
 
 # ---- an engine's scheduler over tpdraft.Proposer ---------------------------------------------------

@@ -30,8 +30,7 @@ that was not idle are marked in the reports. The reports take bytes, work and co
   --repeat N         timed drafts per run (default: 10; --quick: 5)
   --warmup N         untimed drafts first (default: 2; --quick: 1)
   --quick            few repeats, for a first look
-  --backend B        cpu, cuda or auto (default: auto = cuda when tpdraft has --backend and a GPU is
-                     visible, else cpu)
+  --backend B        cpu, cuda or auto (default: auto = cuda when a GPU is visible, else cpu)
   --vocab LIST       vocabulary sizes of the head study (default: 151936,202048,248320; "none" skips it)
   --vocab-base FILE  config the vocabulary study varies (default: configs/bench-dflash2-2048.json)
   --vocab-tp LIST    tp sizes of the vocabulary study (default: the --tp list); each tp >= 2 also
@@ -109,25 +108,21 @@ ensure_gnuplot() {
 
 run_sweep() {
   [ -x "$bin" ] || { echo "scale.sh: $bin is not built; run scripts/setup.sh (or pass --bin)" >&2; exit 2; }
-  local cores gpus=0 has_backend=0 has_gather=0 bench_help gpu_name="" nodes=1
+  local cores gpus=0 gpu_name="" nodes=1
   if [ -n "$hostfile" ]; then
     [ -f "$hostfile" ] || { echo "scale.sh: --hostfile '$hostfile' not found" >&2; exit 2; }
     nodes=$(grep -cvE '^\s*(#|$)' "$hostfile" || true)
     ((nodes > 0)) || { echo "scale.sh: --hostfile '$hostfile' lists no node" >&2; exit 2; }
   fi
   cores=$(nproc)
-  bench_help=$("$bin" bench --help 2>/dev/null || true)
-  if grep -q -- '--backend' <<<"$bench_help"; then has_backend=1; fi
-  if grep -q -- '--gather-logits' <<<"$bench_help"; then has_gather=1; fi
   if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
   if [ "$backend" = auto ]; then
     backend=cpu
-    if ((has_backend && gpus > 0)); then backend=cuda; fi
+    if ((gpus > 0)); then backend=cuda; fi
   fi
   case "$backend" in
     cpu) ;;
-    cuda) ((has_backend)) || { echo "scale.sh: --backend cuda, but $bin has no --backend option yet" >&2; exit 2; }
-          ((gpus > 0)) || { echo "scale.sh: --backend cuda, but nvidia-smi lists no GPU" >&2; exit 2; } ;;
+    cuda) ((gpus > 0)) || { echo "scale.sh: --backend cuda, but nvidia-smi lists no GPU" >&2; exit 2; } ;;
     *) echo "scale.sh: --backend must be cpu, cuda or auto, got '$backend'" >&2; exit 2 ;;
   esac
   local limit=$cores
@@ -161,8 +156,7 @@ run_sweep() {
       echo "scale.sh: skip tp=$tp: only $gpus GPU(s)" >&2; skipped=$((skipped + 1)); return 0
     fi
     local args=(bench --config "$config" --ctx "$ctx" --batch "$b" --threads "$threads" --repeat "$repeat"
-                --warmup "$warmup" --json)
-    ((has_backend)) && args+=(--backend "$backend")
+                --warmup "$warmup" --backend "$backend" --json)
     ((gather)) && args+=(--gather-logits)
     local cmd launcher=single over=0
     if ((tp == 1)); then
@@ -224,14 +218,13 @@ run_sweep() {
   if [ "$vocab" != none ]; then
     [ -f "$vocab_base" ] || { echo "scale.sh: --vocab-base '$vocab_base' not found" >&2; exit 2; }
     local vcfg v vctx=${ctxs%%,*} vb=${batches%%,*}  # the study runs at the first context and batch
-    ((has_gather)) || echo "scale.sh: $bin bench has no --gather-logits: the full-logits exchange is projected only" >&2
     for vcfg in $("$py" "$tools/record.py" vocab-configs --base "$vocab_base" --vocab "$vocab" --dir "$out/vocab-configs"); do
       v=${vcfg##*-v}
       v=${v%.json}
       for tp in ${vocab_tps//,/ }; do
         run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 0 "vocab_size=$v"
         # The same point with the full logits all-gathered: that exchange measured, not only projected.
-        if ((tp >= 2 && has_gather)); then run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 1 "vocab_size=$v"; fi
+        if ((tp >= 2)); then run_one "$vcfg" "$tp" "$vb" "$vctx" vocab 1 "vocab_size=$v"; fi
       done
     done
   fi

@@ -62,6 +62,11 @@ struct Caps {
   std::vector<int64_t> target_layer_ids;
 };
 
+// Caps' fields in the order Python lists them.
+#define TPDRAFT_CAPS_FIELDS(X)                                                                                   \
+  X(architecture) X(backend) X(block_size) X(tp) X(taps_width) X(hidden_size) X(vocab_size) X(draft_vocab_size) \
+  X(mask_token_id) X(target_layer_ids) X(max_sessions) X(max_open_sessions) X(max_context)
+
 // The arrays one step entry as Python gave it keeps alive during the call.
 struct Staged {
   py::array taps;
@@ -129,33 +134,24 @@ T get(const py::dict& d, const char* key, T fallback) {
                        ", got " + py::repr(v).cast<std::string>());
 }
 
-// The calls of an in-process drafter and of a client of a served one: the same shape, so that one
-// Python class body (Handle) serves both.
-struct InProcess {
-  using Handle = tpdraft_drafter;
-  static constexpr bool served = false;
-  static constexpr const char* closed = "the drafter is closed";
-  static constexpr auto close = tpdraft_close;
-  static constexpr auto caps = tpdraft_caps_get;
-  static constexpr auto open_session = tpdraft_session_open;
-  static constexpr auto close_session = tpdraft_session_close;
-  static constexpr auto length = tpdraft_session_length;
-  static constexpr auto step = tpdraft_step;
-  static constexpr auto times = tpdraft_last_step_times;
-};
-
-struct Served {
-  using Handle = tpdraft_client;
-  static constexpr bool served = true;
-  static constexpr const char* closed = "the client is closed";
-  static constexpr auto close = tpdraft_client_close;
-  static constexpr auto caps = tpdraft_client_caps_get;
-  static constexpr auto open_session = tpdraft_client_session_open;
-  static constexpr auto close_session = tpdraft_client_session_close;
-  static constexpr auto length = tpdraft_client_session_length;
-  static constexpr auto step = tpdraft_client_step;
-  static constexpr auto times = tpdraft_client_last_step_times;
-};
+// The calls of an in-process drafter (tpdraft_*) and of a client of a served one
+// (tpdraft_client_*): the same names after the prefix, so that one Python class body serves both.
+#define TPDRAFT_ENDPOINT_API(Name, H, is_served, what, P)   \
+  struct Name {                                             \
+    using Handle = H;                                       \
+    static constexpr bool served = is_served;               \
+    static constexpr const char* closed = what;             \
+    static constexpr auto close = P##close;                 \
+    static constexpr auto caps = P##caps_get;               \
+    static constexpr auto open_session = P##session_open;   \
+    static constexpr auto close_session = P##session_close; \
+    static constexpr auto length = P##session_length;       \
+    static constexpr auto step = P##step;                   \
+    static constexpr auto times = P##last_step_times;       \
+  };
+TPDRAFT_ENDPOINT_API(InProcess, tpdraft_drafter, false, "the drafter is closed", tpdraft_)
+TPDRAFT_ENDPOINT_API(Served, tpdraft_client, true, "the client is closed", tpdraft_client_)
+#undef TPDRAFT_ENDPOINT_API
 
 template <typename Api>
 class Endpoint {
@@ -548,18 +544,6 @@ void set_log_callback(const py::object& callback) {
   raise_for(st);
 }
 
-std::string repr_caps(const Caps& c) {
-  std::string layers;
-  for (const int64_t id : c.target_layer_ids) layers += (layers.empty() ? "" : ", ") + std::to_string(id);
-  return "Caps(architecture='" + c.architecture + "', backend='" + c.backend + "', block_size=" +
-         std::to_string(c.block_size) + ", tp=" + std::to_string(c.tp) + ", taps_width=" + std::to_string(c.taps_width) +
-         ", hidden_size=" + std::to_string(c.hidden_size) + ", vocab_size=" + std::to_string(c.vocab_size) +
-         ", draft_vocab_size=" + std::to_string(c.draft_vocab_size) + ", mask_token_id=" +
-         std::to_string(c.mask_token_id) + ", target_layer_ids=[" + layers + "], max_sessions=" +
-         std::to_string(c.max_sessions) + ", max_open_sessions=" + std::to_string(c.max_open_sessions) +
-         ", max_context=" + std::to_string(c.max_context) + ")";
-}
-
 template <typename T>
 std::string repr_endpoint(const char* name, const T& x) {
   if (!x.open()) return std::string("<tpdraft.") + name + " (closed)>";
@@ -584,21 +568,18 @@ PYBIND11_MODULE(_core, m) {
   // client stays open.
   g_busy_error = py::exception<void>(m, "BusyError", g_unavailable_error).release().ptr();
 
-  py::class_<Caps>(m, "Caps", "What a caller needs to know to drive the drafter")
-      .def_readonly("architecture", &Caps::architecture)
-      .def_readonly("backend", &Caps::backend)
-      .def_readonly("block_size", &Caps::block_size)
-      .def_readonly("tp", &Caps::tp)
-      .def_readonly("taps_width", &Caps::taps_width)
-      .def_readonly("hidden_size", &Caps::hidden_size)
-      .def_readonly("vocab_size", &Caps::vocab_size)
-      .def_readonly("draft_vocab_size", &Caps::draft_vocab_size)
-      .def_readonly("mask_token_id", &Caps::mask_token_id)
-      .def_readonly("target_layer_ids", &Caps::target_layer_ids)
-      .def_readonly("max_sessions", &Caps::max_sessions)
-      .def_readonly("max_open_sessions", &Caps::max_open_sessions)
-      .def_readonly("max_context", &Caps::max_context)
-      .def("__repr__", &repr_caps);
+  py::class_<Caps> caps(m, "Caps", "What a caller needs to know to drive the drafter");
+#define X(field) caps.def_readonly(#field, &Caps::field);
+  TPDRAFT_CAPS_FIELDS(X)
+#undef X
+  caps.def("__repr__", [](const Caps& c) {
+    std::string out;
+#define X(field) \
+  out += (out.empty() ? "Caps(" : ", ") + std::string(#field "=") + py::repr(py::cast(c.field)).cast<std::string>();
+    TPDRAFT_CAPS_FIELDS(X)
+#undef X
+    return out + ")";
+  });
 
   g_log_callback = new py::object(py::none());
   m.def("set_log_level", [](const std::string& level) { raise_for(tpdraft_set_log_level(whole_string(level, "level").c_str())); },

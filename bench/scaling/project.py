@@ -218,22 +218,15 @@ def long_context_lines(s, name, sessions, rows):
             "no measured efficiency enters.", "", long_context_table(rows), ""]
 
 
-def draft_vocab_table(points, sizes):
-    header = ["layout", "tp", "full head ms"] + [f"draft vocabulary {n} ms" for n in sizes]
-    body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["full"])]
-            + [f"{tb.fmt_ms(p['total_ms'][str(n)])} ({p['total_ms']['full'] / p['total_ms'][str(n)]:.2f}x)"
-               for n in sizes]
+def variants_table(points, columns):
+    """The total per layout with each variant, {its key in total_ms: its column}, the first the one
+    the others' speed is against (the float weights, the full head)."""
+    base = next(iter(columns))
+    body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"][base])]
+            + [f"{tb.fmt_ms(p['total_ms'][k])} ({p['total_ms'][base] / p['total_ms'][k]:.2f}x)"
+               if p["total_ms"][k] is not None else "– (tp cuts its groups)" for k in list(columns)[1:]]
             for p in points]
-    return tb.md_table(header, body)
-
-
-def quant_table(points, quants):
-    header = ["layout", "tp", "float weights ms"] + [f"{q} ms" for q in quants]
-    body = [[p["layout"], p["tp"], tb.fmt_ms(p["total_ms"]["bf16"])]
-            + [f"{tb.fmt_ms(p['total_ms'][q])} ({p['total_ms']['bf16'] / p['total_ms'][q]:.2f}x)"
-               if p["total_ms"][q] is not None else "– (tp cuts its groups)" for q in quants]
-            for p in points]
-    return tb.md_table(header, body)
+    return tb.md_table(["layout", "tp", *columns.values()], body)
 
 
 def gpu_table(rows, alt_names):
@@ -336,7 +329,8 @@ def main(argv=None):
                     md += [f"### Projected on {machine.label} nodes with quantized weights (PROJECTED)", "",
                            "Compute at the roofline of the quantized weights' bytes (`tpdraft info --json --quant`) "
                            "at the float run's efficiency, collectives unchanged; in brackets the speed against the "
-                           "float weights.", "", quant_table(qpoints, quants), ""]
+                           "float weights.", "",
+                           variants_table(qpoints, {"bf16": "float weights ms", **{q: f"{q} ms" for q in quants}}), ""]
                     out["quant_points"] += [{**where, **p} for p in qpoints]
                 sizes = [n for n in vocab_sizes if n < geometry.vocab(s.info.query(path, 1, b, ctx, s.dtype))]
                 if sizes:
@@ -345,7 +339,8 @@ def main(argv=None):
                            "The head cut to N of the V target ids (a token map or a speculators checkpoint; "
                            "`tpdraft info --json --token-map-size N`): compute at the roofline of that head at the "
                            "full head's efficiency, collectives of that draft; in brackets the speed against the "
-                           "full head.", "", draft_vocab_table(vpoints, sizes), ""]
+                           "full head.", "", variants_table(vpoints, {"full": "full head ms",
+                                                                **{str(n): f"draft vocabulary {n} ms" for n in sizes}}), ""]
                     out["draft_vocab_points"] += [{**where, **p} for p in vpoints]
                 crow = project_cpu(s, path, ctx, b, a.cpu_tp, cpu_fab, clegend)
                 if crow:

@@ -16,8 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import geometry  # noqa: E402
 import records  # noqa: E402
 import tables as tb  # noqa: E402
-# bench/timing.py (records.py puts bench/ on the path): the load around a run.
-from timing import load_between, parse_stat_line, snapshot, with_load  # noqa: E402,F401
+from timing import with_load  # noqa: E402  (bench/timing.py: records.py puts bench/ on the path)
 
 
 def cpu_model():

@@ -1,7 +1,7 @@
 """tpdraft across two hosts: the two network namespaces tests/multinode/hosts.sh makes (each with
 its own host name, /dev/shm and address, joined by a veth pair, Open MPI's daemons started in them
 instead of over ssh). This file runs on the first host (`hosts.sh run`); the second is reached
-only through mpirun. Each job is `launch/run-multinode.sh` with 2 ranks per host:
+only through mpirun. Each job is `launch/run-node.sh --hostfile` with 2 ranks per host:
 
 - a draft by one tp-4 group (spanning the hosts) and by two tp-2 replicas (one per host) is the
   single-process tp 4 / tp 2 draft token for token, and every rank reports the node-local rank of
@@ -54,7 +54,7 @@ def note_time(what, seconds):
 
 
 def multinode(tp, *command):
-    return [os.path.join(REPO, "launch", "run-multinode.sh"), "--hostfile", HOSTFILE, "--per-node", "2",
+    return [os.path.join(REPO, "launch", "run-node.sh"), "--hostfile", HOSTFILE, "-n", "2",
             "--tp", str(tp), "--iface", NET, "--bin", BIN, "--", *command]
 
 
@@ -87,7 +87,7 @@ def ck(tmp_path_factory):
 
 
 class Job:
-    """A run-multinode.sh job in the background, its output in a log of the test's directory;
+    """A run-node.sh --hostfile job in the background, its output in a log of the test's directory;
     killed (its process group) if the test leaves it running."""
 
     def __init__(self, tmp_path, tp, *command):
@@ -153,7 +153,7 @@ def test_a_draft_across_two_hosts_is_the_single_process_draft(ck, tp):
 
 
 class Served(Job):
-    """run-multinode.sh ... serve on tcp, every replica on a port of its own; the address file
+    """run-node.sh --hostfile ... serve on tcp, every replica on a port of its own; the address file
     holds one address per replica."""
 
     def __init__(self, tmp_path, ck, tp):

@@ -20,10 +20,10 @@ import compute  # noqa: E402
 import geometry  # noqa: E402
 import plots  # noqa: E402
 import project  # noqa: E402
-import record  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
 import tables as tb  # noqa: E402
+import timing  # noqa: E402  (bench/timing.py, on the path through records)
 import vocab  # noqa: E402
 
 
@@ -104,13 +104,13 @@ class Records(unittest.TestCase):
 
 class MachineLoad(unittest.TestCase):
     def test_stat_line(self):
-        busy, steal, total = record.parse_stat_line("cpu  100 5 20 800 10 3 2 7 0 0")
+        busy, steal, total = timing.parse_stat_line("cpu  100 5 20 800 10 3 2 7 0 0")
         self.assertEqual((busy, steal, total), (130, 7, 947))
 
     def test_load_between_separates_our_time_from_others(self):
         before = {"t": 0.0, "busy": 0, "steal": 0, "total": 0, "loadavg": [0.5, 0, 0]}
         after = {"t": 2.0, "busy": 500, "steal": 20, "total": 1000, "loadavg": [1.5, 0, 0]}
-        load = record.load_between(before, after, 3.0, 100)  # 5 s busy, 3 s ours
+        load = timing.load_between(before, after, 3.0, 100)  # 5 s busy, 3 s ours
         self.assertEqual(load["other_cpu_s"], 2.0)
         self.assertEqual(load["other_cores"], 1.0)
         self.assertEqual(load["steal_share"], 0.02)
@@ -352,14 +352,15 @@ class QuantizedProjection(unittest.TestCase):
         self.assertLess(quant, full)
         self.assertAlmostEqual(points[0]["total_ms"]["q4"], quant + 0.1)
         self.assertEqual(points[0]["total_ms"]["bf16"], 1.0)
-        self.assertIn("| 1x2 | 2 | 1 | ", project.quant_table(points, ["q4"]))
+        self.assertIn("| 1x2 | 2 | 1 | ", project.variants_table(points, {"bf16": "float weights ms", "q4": "q4 ms"}))
 
     def test_a_preset_whose_groups_a_tp_cuts_is_marked_not_projected(self):
         s = project.Setting({}, [], FakeInfo(), compute.Machine("G", 1e15, 1e12), None, None, {}, False, "bf16")
         rows = [{"layout": "1x8", "tp": 8, "total_ms": 1.0, "comm_ms": 0.1}]
         points = project.project_quant(s, "x.json", 256, 2, rows, ["q4"])
         self.assertEqual(points[0]["total_ms"], {"bf16": 1.0, "q4": None})
-        self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |", project.quant_table(points, ["q4"]))
+        self.assertIn("| 1x8 | 8 | 1 | – (tp cuts its groups) |",
+                      project.variants_table(points, {"bf16": "float weights ms", "q4": "q4 ms"}))
 
 
 class DraftVocabularyProjection(unittest.TestCase):
@@ -377,7 +378,8 @@ class DraftVocabularyProjection(unittest.TestCase):
         self.assertAlmostEqual(mapped / full, (0.55 * 2e8 + 5e7) / 2.5e8)
         self.assertAlmostEqual(points[0]["total_ms"]["32000"], mapped)  # no comm on this fabric
         self.assertEqual(points[0]["total_ms"]["full"], 1.0)
-        self.assertIn("| 1x2 | 2 | 1 | ", project.draft_vocab_table(points, [32000]))
+        self.assertIn("| 1x2 | 2 | 1 | ",
+                      project.variants_table(points, {"full": "full head ms", "32000": "draft vocabulary 32000 ms"}))
 
 
 class VocabularyStudy(unittest.TestCase):
