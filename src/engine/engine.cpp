@@ -1,6 +1,7 @@
-// A step on one rank: check every entry, then roll back, settle and draft.
+// A step on one rank: check every entry, then roll back, settle and draft (and dump, when asked).
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -8,8 +9,42 @@
 #include "core/bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/shard_plan.h"
 
 namespace tpdraft::engine {
+
+namespace {
+// Every layer's context of every kv head, [n, Nk, D], assembled from the ranks' slices (collective).
+void gather_context(const model::Drafter& drafter, const model::Session& session, parallel::Communicator& comm,
+                    StepDump* dump) {
+  const model::DrafterConfig& cfg = drafter.config();
+  const int tp = comm.size();
+  const int64_t n = session.length(), D = cfg.head_dim;
+  std::vector<float> lk, lv;
+  dump->k.resize(static_cast<size_t>(cfg.layers));
+  dump->v.resize(dump->k.size());
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    drafter.read_context(session, l, &lk, &lv);
+    std::vector<float> ak(lk.size() * static_cast<size_t>(tp)), av(lv.size() * static_cast<size_t>(tp));
+    comm.all_gather(lk.data(), ak.data(), lk.size() * sizeof(float));
+    comm.all_gather(lv.data(), av.data(), lv.size() * sizeof(float));
+    std::vector<float>& k = dump->k[static_cast<size_t>(l)];
+    std::vector<float>& v = dump->v[static_cast<size_t>(l)];
+    k.assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
+    v.assign(k.size(), 0.0f);
+    for (int q = 0; q < tp; ++q) {
+      const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
+      const int64_t w = heads.size() * D;
+      for (int64_t p = 0; p < n; ++p) {
+        const size_t src = static_cast<size_t>(q) * lk.size() + static_cast<size_t>(p * w);
+        const size_t dst = static_cast<size_t>((p * cfg.n_kv + heads.begin) * D);
+        std::copy_n(ak.data() + src, w, k.data() + dst);
+        std::copy_n(av.data() + src, w, v.data() + dst);
+      }
+    }
+  }
+}
+}  // namespace
 
 Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, const model::RuntimeOptions& options,
                int64_t max_open_sessions)
@@ -128,12 +163,12 @@ const float* Engine::taps_f32(const StepEntry& e) {
   return staged_.data();
 }
 
-std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
+std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries, StepDump* dump) {
   check(entries);
   return apply(entries, dump);
 }
 
-std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
+std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
   using Clock = std::chrono::steady_clock;
   model::Drafter& d = rt_->drafter();
   std::vector<model::DraftRequest> requests;
@@ -147,9 +182,12 @@ std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entr
     requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
   }
   const auto t1 = Clock::now();
-  auto results = d.draft(requests, dump);
+  const parallel::CommStats comm0 = rt_->comm().stats();
+  auto results = d.draft(requests, dump != nullptr ? &dump->draft : nullptr);
   times_.settle = std::chrono::duration<double>(t1 - t0).count();
   times_.draft = std::chrono::duration<double>(Clock::now() - t1).count();
+  (times_.comm = rt_->comm().stats()) -= comm0;
+  if (dump != nullptr && dump->context) gather_context(d, session(entries[0].session), rt_->comm(), dump);
   return results;
 }
 
