@@ -1,6 +1,7 @@
 // How one invocation of tpdraft runs its ranks: a single rank; N in-process ranks (--tp N, one
 // thread each, the in-process communicator); or, under mpirun, every process one rank, grouped
-// into replicas of tp consecutive ranks (tensor parallelism inside a group, replicas across).
+// into replicas of tp consecutive ranks (tensor parallelism inside a group, replicas across);
+// and how a command drives its group once each rank has its engine.
 #pragma once
 
 #include <functional>

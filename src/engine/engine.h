@@ -1,7 +1,7 @@
 // The drafter as a speculative-decoding loop drives it, on one rank: sessions by id, and a step
 // that for each entry rolls a session back, settles the taps of the positions the target just
 // committed and drafts one block from the anchor, every entry in one batched forward. Every
-// entry is checked before anything changes. The library, `tpdraft draft` and `tpdraft serve`
+// entry is checked before anything changes. The library and `tpdraft draft`, `bench` and `serve`
 // all drive ranks through this class; every rank of a group makes the same calls in the same
 // order (sessions get the same ids everywhere).
 #pragma once

@@ -1,9 +1,9 @@
 // A tensor-parallel group of engines driven as one: sessions opened and closed on every rank
 // (they get the same ids everywhere) and steps checked once, on rank 0, then applied on every rank,
 // so that the step's collectives meet. Two kinds: ranks as threads of this process (the
-// library's handle), and ranks led by rank 0 over a command channel (a served group, whose
-// ranks are MPI processes or threads of `tpdraft serve`): rank 0 drives a LeaderGroup, every
-// other rank follows. How many CPU threads each rank takes is decided here too.
+// library's handle), and ranks led by rank 0 over a command channel (the program's groups, whose
+// ranks are MPI processes or threads of `tpdraft draft`, `bench` or `serve`): rank 0 drives a
+// LeaderGroup, every other rank follows. How many CPU threads each rank takes is decided here too.
 #pragma once
 
 #include <condition_variable>
