@@ -25,21 +25,17 @@ void gather_context(const model::Drafter& drafter, const model::Session& session
   dump->v.resize(dump->k.size());
   for (int64_t l = 0; l < cfg.layers; ++l) {
     drafter.read_context(session, l, &lk, &lv);
-    std::vector<float> ak(lk.size() * static_cast<size_t>(tp)), av(lv.size() * static_cast<size_t>(tp));
-    comm.all_gather(lk.data(), ak.data(), lk.size() * sizeof(float));
-    comm.all_gather(lv.data(), av.data(), lv.size() * sizeof(float));
-    std::vector<float>& k = dump->k[static_cast<size_t>(l)];
-    std::vector<float>& v = dump->v[static_cast<size_t>(l)];
-    k.assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
-    v.assign(k.size(), 0.0f);
-    for (int q = 0; q < tp; ++q) {
-      const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
-      const int64_t w = heads.size() * D;
-      for (int64_t p = 0; p < n; ++p) {
-        const size_t src = static_cast<size_t>(q) * lk.size() + static_cast<size_t>(p * w);
-        const size_t dst = static_cast<size_t>((p * cfg.n_kv + heads.begin) * D);
-        std::copy_n(ak.data() + src, w, k.data() + dst);
-        std::copy_n(av.data() + src, w, v.data() + dst);
+    const size_t at = static_cast<size_t>(l);
+    for (const auto& [mine, out] : {std::pair{&lk, &dump->k[at]}, std::pair{&lv, &dump->v[at]}}) {
+      std::vector<float> all(mine->size() * static_cast<size_t>(tp));
+      comm.all_gather(mine->data(), all.data(), mine->size() * sizeof(float));
+      out->assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
+      for (int q = 0; q < tp; ++q) {
+        const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
+        const int64_t w = heads.size() * D;
+        for (int64_t p = 0; p < n; ++p)
+          std::copy_n(all.data() + static_cast<size_t>(q) * mine->size() + static_cast<size_t>(p * w), w,
+                      out->data() + static_cast<size_t>((p * cfg.n_kv + heads.begin) * D));
       }
     }
   }
