@@ -18,6 +18,7 @@ PLAN=(
   "bench-graph    60  checkpoint,gpu         HEADLINE: graph replay, bf16, tp 1, greedy DFlash, ctx \$CTX"
   "kernels        90  checkpoint,gpu         per-kernel time (nsys, else a CUPTI trace): kernels.csv, top 5"
   "bench-op       45  checkpoint,gpu         op by op (the graph's launch saving; same tokens)"
+  "bench-sampled  30  checkpoint,gpu         sampled drafts (temperature 0.8, top-k 50, top-p 0.95) beside greedy"
   "bench-context  45  checkpoint,gpu         ctx 256 and 32768: the context's cost (attention)"
   "build-tests   150  configure              the GPU test binaries"
   "gpu-tests     120  build-tests,gpu        ctest -L gpu: ops vs CPU, quantized matmuls, drafts, graphs, NCCL"
@@ -247,6 +248,8 @@ tables() {
   python3 scripts/lib/gpu-table.py "$LOGS"
   echo "draft ms bf16 q8 q4 q4+head  $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=bf16 bench-q8=q8 \
     bench-q4=q4 bench-q4+head=q4+head)"
+  echo "draft ms greedy, sampled $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=greedy \
+    bench-sampled=sampled)"
   echo "draft ms by context      $(python3 scripts/lib/gpu-table.py --by-context "$LOGS" bench-graph bench-context)"
   echo "draft ms tp 2, DFlash 2  $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=tp1 bench-tp2=tp2 \
     bench-dflash2=dflash2-2048)"
@@ -292,6 +295,8 @@ run_step bench-graph "${bench[@]}" --graphs on --ctx "$CTX" --repeat 30 --warmup
 run_step kernels scripts/lib/gpu-kernels.sh "$LOGS" 5 25 "${bench[@]}" --graphs on --ctx "$CTX" \
   --warmup 3 || true
 run_step bench-op "${bench[@]}" --graphs off --ctx "$CTX" --repeat 30 --warmup 3 || true
+run_step bench-sampled "${bench[@]}" --graphs on --ctx "$CTX" --temperature 0.8 --top-k 50 --top-p 0.95 \
+  --repeat 20 --warmup 3 || true
 run_step bench-context "${bench[@]}" --graphs on --ctx 256,32768 --repeat 20 --warmup 3 || true
 
 run_step build-tests cmake --build "$BUILD" -j "$jobs" --target test_cuda_ops test_cuda_drafter \

@@ -1,14 +1,16 @@
 // `tpdraft bench`: random weights in memory (or a checkpoint), N context rows settled, timed
-// drafts; reports the median and spread of one draft, settle throughput, and the achieved FLOP
-// and byte rates beside this machine's measured ceilings (read bandwidth, our GEMM rate) and the
-// roofline they set, and whether the machine was idle while the drafts ran. A list of contexts
-// sweeps them on one loaded drafter.
+// drafts (greedy or sampled), all as steps of the group; reports the median and spread of one
+// draft, settle throughput (warm), and the achieved FLOP and byte rates beside this machine's
+// measured ceilings (read bandwidth, our GEMM rate) and the roofline they set, and whether the
+// machine was idle while the drafts ran. A list of contexts sweeps them on one loaded drafter.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "core/summary.h"
 #include "core/thread_pool.h"
 #include "core/timing.h"
+#include "engine/group.h"
 #include "engine/runtime.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
@@ -43,6 +46,7 @@ struct BenchOpts {
   int64_t batch = 1, repeat = 10, warmup = 2;
   int64_t token_map_size = 0;  // a random draft vocabulary of this many ids (timing)
   uint64_t seed = 0;
+  model::SamplingParams sampling;  // of the timed drafts; its seed is --seed
   bool json = false, gather_logits = false;
   RankOptions ranks;
   std::string graphs = "auto";
@@ -121,6 +125,7 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
 // What one bench run measured: the JSON and the table are both written from it.
 struct BenchResult {
   std::string config, architecture, backend, communicator, dtype;
+  std::string sampling;  // of the timed drafts: "greedy", or "temperature T, top-k K, top-p P"
   std::string all_reduce_path;  // how device all-reduces travel ("" where the name says it)
   int threads = 0, tp = 1, replicas = 1;
   int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
@@ -148,51 +153,88 @@ struct BenchResult {
   double settle_gflops() const { return settle_work.flops / settle_seconds / 1e9; }
 };
 
-// Settles `ctx` random tap rows into each of o.batch sessions; returns the seconds it took.
-double settle_sessions(const BenchOpts& o, int64_t ctx, model::RankRuntime& rt,
-                       std::vector<std::unique_ptr<model::Session>>* sessions) {
-  const model::DrafterConfig& cfg = rt.config();
+// Settles `rows` random tap rows into each session, one step each (which drafts a block too,
+// untimed); returns the seconds rank 0 took to settle.
+double settle_sessions(const BenchOpts& o, int64_t rows, engine::Group& group, const std::vector<int64_t>& sessions) {
+  model::RankRuntime& rt = group.leader().runtime();
   double seconds = 0;
-  for (int64_t s = 0; s < o.batch; ++s) {
-    sessions->push_back(rt.drafter().new_session());
-    const std::vector<float> taps = model::random_taps(cfg, ctx, o.seed + static_cast<uint64_t>(s));
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    const std::vector<float> taps = model::random_taps(rt.config(), rows, o.seed + s);
+    engine::StepEntry e;
+    e.session = sessions[s];
+    e.n_new = rows;
+    e.taps = {taps.data(), DType::F32, false, nullptr};
+    e.anchor = static_cast<int64_t>(17 + s) % rt.config().vocab;
     // On a GPU the taps start on the device, where a target model leaves its hidden states; the
     // settle then times the drafter's own work, not a copy from pageable host memory.
     kernels::Buffer device_taps;
-    const float* from = taps.data();
     if (!rt.ops().host_memory() && !taps.empty()) {
       device_taps = kernels::Buffer(rt.ops(), taps.size() * sizeof(float));
       rt.ops().to_device(device_taps.get(), taps.data(), taps.size() * sizeof(float));
-      from = device_taps.f32();
+      e.taps = {device_taps.get(), DType::F32, true, nullptr};
     }
-    const auto t0 = Clock::now();
-    rt.drafter().settle(*sessions->back(), 0, from, ctx);
-    seconds += seconds_since(t0);
+    group.leader().check({e});
+    group.apply({e});
+    seconds += group.leader().last_times().settle;
   }
   return seconds;
 }
 
-// Warm-up and timed drafts; fills the timing, collective and token fields of `r`.
-void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<model::DraftRequest>& reqs,
-                 BenchResult* r) {
-  parallel::Communicator& comm = rt.comm();
+// The job's other processes on this machine (mpirun starts a process per rank; ranks that are
+// threads of one process count once): their CPU time is the run's own work, not other load.
+// Collective over the job.
+std::vector<int64_t> job_processes_here(const RankContext& ctx) {
+  struct Process {
+    int64_t pid;
+    uint64_t host;
+  };
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const Process mine{static_cast<int64_t>(getpid()), std::hash<std::string>{}(host)};
+  std::vector<Process> all(static_cast<size_t>(ctx.world.size()));
+  ctx.world.all_gather(&mine, all.data(), sizeof(Process));
+  std::set<int64_t> seen{mine.pid};
+  std::vector<int64_t> pids;
+  for (const Process& p : all)
+    if (p.host == mine.host && seen.insert(p.pid).second) pids.push_back(p.pid);
+  return pids;
+}
+
+// The CPU seconds these processes have used (utime + stime, fields 14 and 15 of /proc/PID/stat).
+double cpu_seconds(const std::vector<int64_t>& pids) {
+  double ticks = 0;
+  for (const int64_t pid : pids) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line, skip;
+    std::getline(in, line);
+    std::istringstream fields(line.substr(line.rfind(')') + 1));  // after the name, field 3 on
+    for (int f = 3; f < 14; ++f) fields >> skip;
+    double user = 0, system = 0;
+    fields >> user >> system;
+    ticks += user + system;
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Warm-up and timed drafts, steps of the group; fills the timing, collective and token fields of
+// `r` from rank 0's engine (`pids`: the job's other processes here, see job_processes_here).
+void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<engine::StepEntry>& entries,
+                 const std::vector<int64_t>& pids, BenchResult* r) {
   // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
   r->load = MachineLoad();
+  const double others0 = cpu_seconds(pids);
   SampleSummary layers, head, select, comm_times, compute_times;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
-    if (i == o.warmup) comm.reset_stats();
-    const double comm0 = comm.stats().seconds;
-    const auto t0 = Clock::now();
-    model::DraftDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
-    const auto res = rt.drafter().draft(reqs, o.gather_logits ? &full : nullptr);
-    const double dt = seconds_since(t0);
+    engine::StepDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
+    const auto res = group.apply(entries, o.gather_logits ? &full : nullptr);
+    const engine::StepTimes& t = group.leader().last_times();
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
-      const double dc = comm.stats().seconds - comm0;
-      comm_times.add(dc);
-      compute_times.add(dt - dc);
-      r->draft.add(dt);
-      const model::DraftTimes& phases = rt.drafter().last_times();
+      comm_times.add(t.comm.seconds);
+      compute_times.add(t.draft - t.comm.seconds);
+      r->draft.add(t.draft);
+      r->comm += t.comm;
+      const model::DraftTimes& phases = group.leader().runtime().drafter().last_times();
       layers.add(phases.layers);
       head.add(phases.head);
       select.add(phases.select);
@@ -201,31 +243,13 @@ void time_drafts(const BenchOpts& o, model::RankRuntime& rt, const std::vector<m
     if (i + 1 == o.warmup + o.repeat) r->tokens = res[0].tokens;
   }
   r->load.stop();
-  r->comm = comm.stats();
+  r->load.add_own_cpu(cpu_seconds(pids) - others0);
   r->layers = layers.median();
   r->head = head.median();
   r->select = select.median();
   r->comm_mean = r->comm.seconds / static_cast<double>(o.repeat);
   r->comm_median = comm_times.median();
   r->compute = compute_times.median();
-}
-
-// The job's other ranks on this machine (mpirun starts a process per rank) are the run's own work,
-// not other load: their CPU time joins rank 0's. Ranks that are threads of one process count once.
-void count_job_cpu(const RankContext& ctx, MachineLoad* load) {
-  struct Cpu {
-    int64_t pid;
-    uint64_t host;
-    double seconds;
-  };
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  const Cpu mine{static_cast<int64_t>(getpid()), std::hash<std::string>{}(host), load->process_cpu()};
-  std::vector<Cpu> all(static_cast<size_t>(ctx.world.size()));
-  ctx.world.all_gather(&mine, all.data(), sizeof(Cpu));
-  std::set<int64_t> counted{mine.pid};
-  for (const Cpu& c : all)
-    if (c.host == mine.host && counted.insert(c.pid).second) load->add_own_cpu(c.seconds);
 }
 
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
@@ -253,6 +277,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["threads"] = r.threads;
   j["tp"] = r.tp;
   j["gather_logits"] = r.gather_logits;
+  j["sampling"] = r.sampling;
   j["graphs"] = r.graphs;
   j["replayed_drafts"] = r.replayed;
   j["graph_nodes"] = r.graph_nodes;
@@ -283,6 +308,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["select_ms"] = r.select * 1e3;
   j["settle_rows_per_s"] = r.settle_rows_per_s();
   j["settle_gflops"] = r.settle_gflops();
+  j["settle_warm"] = true;  // timed after one untimed settle: no first use in the figure
   j["draft_gflop"] = r.work.flops / 1e9;
   j["draft_gbytes"] = r.work.bytes() / 1e9;
   j["draft_weight_gbytes"] = r.work.weight_bytes / 1e9;
@@ -312,9 +338,9 @@ std::string calls_and_bytes(const BenchResult& r, uint64_t calls, uint64_t bytes
 void print_table(const BenchResult& r) {
   const parallel::CommStats& c = r.comm;
   std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld "
-              "context rows\n",
+              "context rows, %s drafts\n",
               r.architecture.c_str(), r.dtype.c_str(), r.backend.c_str(), r.tp, r.communicator.c_str(), r.threads,
-              static_cast<long long>(r.sessions), static_cast<long long>(r.context));
+              static_cast<long long>(r.sessions), static_cast<long long>(r.context), r.sampling.c_str());
   if (r.draft_vocab > 0)
     std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n", static_cast<long long>(r.draft_vocab),
                 static_cast<long long>(r.vocab));
@@ -338,28 +364,38 @@ void print_table(const BenchResult& r) {
               100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
               r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median() / r.roofline());
-  std::printf("  settle     %.0f rows/s (%.1f GFLOP/s)\n", r.settle_rows_per_s(), r.settle_gflops());
+  std::printf("  settle     %.0f rows/s (%.1f GFLOP/s), warm (after one untimed settle)\n", r.settle_rows_per_s(),
+              r.settle_gflops());
   std::printf("  machine    %s\n", r.load.describe().c_str());
   if (r.blas_peak_gflops > 0)
     std::printf("  cuBLAS     %.0f GFLOP/s at 8192^3, %.0f at the settle's fc shape: settle reaches %.0f%% of the first\n",
                 r.blas_peak_gflops, r.blas_settle_gflops, 100 * r.settle_gflops() / r.blas_peak_gflops);
 }
 
-// Settles `context` rows into fresh sessions and times drafts over them. `first`: the sweep's first
-// result, whose machine ceilings are reused (nullptr: measure them).
-BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::RankRuntime& rt, DType dtype,
-                          int64_t context, const BenchResult* first) {
+// Settles `context` rows into fresh sessions and times drafts over them, through the group (on
+// its rank 0). `first`: the sweep's first result, whose machine ceilings are reused (nullptr:
+// measure them).
+BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Group& group, DType dtype,
+                          int64_t context, const std::vector<int64_t>& pids, const BenchResult* first) {
+  model::RankRuntime& rt = group.leader().runtime();
   const model::DrafterConfig& cfg = rt.config();
   BenchResult r;
   r.gpu = !rt.ops().host_memory();
-  std::vector<std::unique_ptr<model::Session>> sessions;
-  r.settle_seconds = settle_sessions(o, context, rt, &sessions);
-  std::vector<model::DraftRequest> reqs;
-  for (int64_t s = 0; s < o.batch; ++s) reqs.push_back({sessions[static_cast<size_t>(s)].get(), (17 + s) % cfg.vocab, {}});
+  std::vector<int64_t> sessions;
+  for (int64_t s = 0; s < o.batch; ++s) sessions.push_back(group.open_session());
+  r.settle_seconds = settle_sessions(o, context, group, sessions);
+  std::vector<engine::StepEntry> entries(sessions.size());
+  for (size_t s = 0; s < sessions.size(); ++s) {
+    entries[s].session = sessions[s];
+    entries[s].anchor = static_cast<int64_t>(17 + s) % cfg.vocab;
+    entries[s].sampling = o.sampling;
+  }
+  group.leader().check(entries);
   if (ctx.leader())
     TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, context, o.repeat, o.warmup);
   r.repeat = o.repeat;
-  time_drafts(o, rt, reqs, &r);
+  time_drafts(o, group, entries, pids, &r);
+  for (const int64_t s : sessions) group.close_session(s);
   const double wbytes = static_cast<double>(dtype_size(rt.weights().head_dtype));
   r.work = model::draft_work(cfg, rt.plan(), o.batch, context, wbytes,
                              static_cast<double>(dtype_size(rt.drafter().limits().kv_dtype)));
@@ -367,8 +403,6 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::Ran
   if (cfg.quant.any())
     r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
   r.settle_work = model::settle_work(cfg, rt.plan(), context * o.batch, wbytes);
-  count_job_cpu(ctx, &r.load);
-  rt.comm().barrier();
   if (!ctx.leader()) return r;  // the ceilings and the report come from one rank
   if (first == nullptr) {
     measure_ceilings(rt, dtype, ctx.threads, context, &r);
@@ -394,6 +428,9 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, model::Ran
   r.vocab = cfg.vocab;
   r.draft_vocab = cfg.draft_vocab;
   r.gather_logits = o.gather_logits;
+  const model::SamplingParams& sp = o.sampling;
+  r.sampling = sp.greedy() ? "greedy"
+                           : fmt::format("temperature {}, top-k {}, top-p {}", sp.temperature, sp.top_k, sp.top_p);
   r.graphs = rt.drafter().graphs();
   r.graph_nodes = rt.drafter().graph_nodes(o.batch);
   r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
@@ -416,7 +453,7 @@ void print_sweep(const std::vector<BenchResult>& rows) {
 
 void run_bench(const BenchOpts& o, const RankContext& ctx) {
   const DType dtype = weight_dtype(o.dtype);
-  std::unique_ptr<model::RankRuntime> runtime;
+  std::unique_ptr<engine::Engine> engine;
   agree_on(ctx.world, kExitInput, [&] {
     model::ModelSource source = bench_source(o, ctx, dtype);
     if (o.token_map_size > 0)
@@ -427,20 +464,30 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     ro.limits.max_sessions = o.batch;
     ro.limits.max_context = std::max<int64_t>(1, *std::max_element(o.ctx.begin(), o.ctx.end()));
     ro.graphs = o.graphs == "on" ? model::GraphMode::On : o.graphs == "off" ? model::GraphMode::Off : model::GraphMode::Auto;
-    runtime = std::make_unique<model::RankRuntime>(source, ctx.comm, ro);
+    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.batch);
   });
-  model::RankRuntime& rt = *runtime;
-  std::vector<BenchResult> rows;
-  for (const int64_t context : o.ctx) {
-    rows.push_back(bench_context(o, ctx, rt, dtype, context, rows.empty() ? nullptr : &rows[0]));
-    if (!ctx.leader()) continue;
-    if (o.json)
-      std::printf("%s\n", to_json(rows.back()).dump().c_str());
-    else if (o.ctx.size() == 1)
-      print_table(rows.back());
-    std::fflush(stdout);
-  }
-  if (ctx.leader() && !o.json && o.ctx.size() > 1) print_sweep(rows);
+  // Sampling options this drafter cannot take (top-k and top-p on DFlash 2) are the command line's error.
+  agree_on(ctx.world, kExitUsage, [&] { model::Drafter::check_request(engine->runtime().config(), 0, o.sampling); });
+  const std::vector<int64_t> pids = job_processes_here(ctx);
+  drive_group(ctx, *engine, [&](engine::Group* group) {
+    if (group == nullptr) return;
+    // One untimed settle first (a session opened, settled and closed): the timed settles then
+    // pay no first use (allocations, a GPU's library handles and kernels).
+    const int64_t warm = group->open_session();
+    settle_sessions(o, std::min(o.ctx[0], engine->runtime().drafter().limits().settle_chunk), *group, {warm});
+    group->close_session(warm);
+    std::vector<BenchResult> rows;
+    for (const int64_t context : o.ctx) {
+      rows.push_back(bench_context(o, ctx, *group, dtype, context, pids, rows.empty() ? nullptr : &rows[0]));
+      if (!ctx.leader()) continue;
+      if (o.json)
+        std::printf("%s\n", to_json(rows.back()).dump().c_str());
+      else if (o.ctx.size() == 1)
+        print_table(rows.back());
+      std::fflush(stdout);
+    }
+    if (ctx.leader() && !o.json && o.ctx.size() > 1) print_sweep(rows);
+  });
 }
 
 }  // namespace
@@ -464,7 +511,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(whole_number(1));
   cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(whole_number(0));
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random weights and taps")->check(seed_number());
+  cmd->add_option("--seed", o->seed, "Seed of the random weights, taps and sampling noise")->check(seed_number());
+  add_sampling_options(cmd, &o->sampling);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--gather-logits", o->gather_logits,
                 "Also gather the full logits [rows, V] on every rank each draft (what a caller wanting whole "
@@ -484,6 +532,7 @@ void add_bench(CLI::App& app) {
       throw CLI::ValidationError("bench", "give either --config FILE (random weights) or --drafter DIR and --target DIR");
     if (o->token_map_size > 0 && !o->ranks.token_map.empty())
       throw CLI::ValidationError("bench", "give --token-map FILE or --token-map-size N, not both");
+    o->sampling.seed = o->seed;
     run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); });
   });
 }

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,7 +23,6 @@
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/runtime.h"
-#include "parallel/communicator.h"
 
 namespace tpdraft::cli {
 
@@ -38,7 +36,8 @@ struct DraftOpts {
 };
 
 // The tap rows of a taps file, read in place from the mapping when they are aligned f32 (no
-// copy: a long context's rows are the largest input a rank holds), else converted to f32.
+// copy: a long context's rows are the largest input a rank holds), else converted to f32. Only a
+// group's rank 0 reads the rows (`rows`): its step sends them to the others.
 struct Taps {
   std::shared_ptr<model::TensorStore> store;
   const model::TensorInfo* info = nullptr;
@@ -47,7 +46,7 @@ struct Taps {
   int64_t n = 0;
 };
 
-Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
+Taps read_taps(const std::string& path, const model::DrafterConfig& cfg, bool rows) {
   Taps taps;
   taps.store = model::TensorStore::open(path);
   const model::TensorInfo* t = taps.store->find("taps");
@@ -58,6 +57,7 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
                 t->shape_str(), width, cfg.n_taps(), cfg.hidden);
   taps.info = t;
   taps.n = t->shape[0];
+  if (!rows) return taps;
   if (t->dtype == DType::F32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0) {
     taps.rows = reinterpret_cast<const float*>(t->data);
   } else {
@@ -65,31 +65,6 @@ Taps read_taps(const std::string& path, const model::DrafterConfig& cfg) {
     taps.rows = taps.converted.data();
   }
   return taps;
-}
-
-// Layer l's context of every kv head, [n, Nk, D], assembled from the ranks' slices (collective).
-void gather_context(const model::Drafter& drafter, const model::Session& session, int64_t layer,
-                    parallel::Communicator& comm, std::vector<float>* k, std::vector<float>* v) {
-  const model::DrafterConfig& cfg = drafter.config();
-  std::vector<float> lk, lv;
-  drafter.read_context(session, layer, &lk, &lv);
-  const int tp = comm.size();
-  const int64_t n = session.length(), D = cfg.head_dim;
-  std::vector<float> ak(lk.size() * static_cast<size_t>(tp)), av(lv.size() * static_cast<size_t>(tp));
-  comm.all_gather(lk.data(), ak.data(), lk.size() * sizeof(float));
-  comm.all_gather(lv.data(), av.data(), lv.size() * sizeof(float));
-  k->assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
-  v->assign(k->size(), 0.0f);
-  for (int q = 0; q < tp; ++q) {
-    const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
-    const int64_t w = heads.size() * D;
-    for (int64_t p = 0; p < n; ++p) {
-      const size_t src = static_cast<size_t>(q) * lk.size() + static_cast<size_t>(p * w);
-      const size_t dst = static_cast<size_t>((p * cfg.n_kv + heads.begin) * D);
-      std::copy_n(ak.data() + src, w, k->data() + dst);
-      std::copy_n(av.data() + src, w, v->data() + dst);
-    }
-  }
 }
 
 // --dump is written last, after the draft: check first that it can be, so that a bad path
@@ -106,8 +81,10 @@ void check_dump_destination(const std::string& path) {
 }
 
 // Everything a rank loads and checks before drafting; every rank meets its errors alike. The
-// draft is one step of the engine, as a library caller's would be: one session, every tap row
-// of the file settled, one block drafted from the anchor.
+// draft is one step of the group, as a library caller's would be: one session, every tap row
+// of the file settled, one block drafted from the anchor. The session is opened on every rank's
+// engine here (the same id everywhere, as the group would open it), so that rank 0's check of
+// the step is an input error the ranks agree on before the group runs.
 struct Prepared {
   model::ModelSource source;
   Taps taps;
@@ -119,7 +96,7 @@ void load(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   if (!o.dump.empty() && ctx.leader()) check_dump_destination(o.dump);
   p->source = model::ModelSource::open(o.drafter, o.target);
   apply_load_options(p->source, o.ranks);
-  p->taps = read_taps(o.taps, p->source.config);
+  p->taps = read_taps(o.taps, p->source.config, ctx.comm.rank() == 0);
   fault_point(ctx, "load");
 }
 
@@ -136,32 +113,25 @@ void prepare(const DraftOpts& o, const RankContext& ctx, Prepared* p) {
   e.taps = {p->taps.rows, DType::F32, false, nullptr};
   e.anchor = o.anchor;
   e.sampling = o.sampling;
-  p->engine->check({e});
+  if (ctx.comm.rank() == 0) p->engine->check({e});
 }
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return std::round(ms * 1000) / 1000;  // microseconds are all a single timing can tell
-}
-
-void write_dump(const DraftOpts& o, const RankContext& ctx, model::RankRuntime& rt, const model::Session& session,
-                const model::DraftDump& dump, const model::DraftResult& result) {
-  const model::DrafterConfig& cfg = rt.config();
-  const int64_t B = cfg.block, H = cfg.hidden, N = cfg.head_vocab(), n = session.length();
+void write_dump(const DraftOpts& o, const model::DrafterConfig& cfg, int64_t n, const engine::StepDump& dump,
+                const model::DraftResult& result) {
+  const int64_t B = cfg.block, H = cfg.hidden, N = cfg.head_vocab();
   model::SafetensorsWriter w;
-  w.add("hidden", DType::F32, {B, H}, dump.hidden.data(), dump.hidden.size() * sizeof(float));
+  w.add("hidden", DType::F32, {B, H}, dump.draft.hidden.data(), dump.draft.hidden.size() * sizeof(float));
   // Over a draft vocabulary: its N columns in ascending target id, and those ids.
-  w.add("logits", DType::F32, {B - 1, N}, dump.logits.data(), dump.logits.size() * sizeof(float));
-  if (!dump.logit_ids.empty())
-    w.add("logit_ids", DType::I64, {N}, dump.logit_ids.data(), dump.logit_ids.size() * sizeof(int64_t));
+  w.add("logits", DType::F32, {B - 1, N}, dump.draft.logits.data(), dump.draft.logits.size() * sizeof(float));
+  if (!dump.draft.logit_ids.empty())
+    w.add("logit_ids", DType::I64, {N}, dump.draft.logit_ids.data(), dump.draft.logit_ids.size() * sizeof(int64_t));
   w.add("tokens", DType::I64, {B - 1}, result.tokens.data(), result.tokens.size() * sizeof(int64_t));
-  std::vector<float> k, v;
   for (int64_t l = 0; l < cfg.layers; ++l) {
-    gather_context(rt.drafter(), session, l, rt.comm(), &k, &v);
+    const std::vector<float>& k = dump.k[static_cast<size_t>(l)];
+    const std::vector<float>& v = dump.v[static_cast<size_t>(l)];
     w.add("context_k." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, k.data(), k.size() * sizeof(float));
     w.add("context_v." + std::to_string(l), DType::F32, {n, cfg.n_kv, cfg.head_dim}, v.data(), v.size() * sizeof(float));
   }
-  if (!ctx.leader()) return;
   w.write(o.dump);
   TPDRAFT_LOG_INFO("wrote {}", o.dump);
 }
@@ -173,30 +143,32 @@ void run_draft_on_rank(const DraftOpts& o, const RankContext& ctx) {
   // drafter): the command line's error, not the input's. (Token 0 is an anchor every drafter takes.)
   agree_on(ctx.world, kExitUsage, [&] { model::Drafter::check_request(p.source.config, 0, o.sampling); });
   agree_on(ctx.world, kExitInput, [&] { prepare(o, ctx, &p); });
-  model::RankRuntime& rt = p.engine->runtime();
-  fault_point(ctx, "settle");
-  fault_point(ctx, "draft");
-  model::DraftDump dump;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto results = p.engine->apply({p.entry}, o.dump.empty() ? nullptr : &dump);
-  const double step_ms = ms_since(t0);
-  model::release_pages(*p.taps.info);  // settled: the mapped rows are no longer needed
-  const model::DraftTimes& t = rt.drafter().last_times();
-  const double draft_ms = std::round((t.layers + t.head + t.select) * 1e6) / 1000;
-  const model::Session& session = p.engine->session_state(p.entry.session);
-  if (!o.dump.empty()) write_dump(o, ctx, rt, session, dump, results[0]);
-  // The other replicas drafted the same block: each group's rank 0 logs its tokens (the first
-  // prints them below), so that a run across machines shows every replica's.
-  if (ctx.replicas > 1 && ctx.comm.rank() == 0)
-    TPDRAFT_LOG_INFO("replica {} of {} drafted tokens {}", ctx.replica, ctx.replicas,
-                     nlohmann::json(results[0].tokens).dump());
-  if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
-  const nlohmann::json out = {{"tokens", results[0].tokens}, {"probs", results[0].probs}, {"anchor", o.anchor},
-                              {"anchor_position", p.taps.n}, {"architecture", rt.config().arch_name},
-                              {"tp", rt.comm().size()}, {"backend", rt.ops().name()},
-                              {"settle_ms", std::max(0.0, step_ms - draft_ms)}, {"draft_ms", draft_ms}};
-  std::printf("%s\n", out.dump().c_str());
-  std::fflush(stdout);
+  drive_group(ctx, *p.engine, [&](engine::Group* group) {
+    if (group == nullptr) return;
+    model::RankRuntime& rt = group->leader().runtime();
+    engine::StepDump dump;
+    dump.context = true;
+    const auto results = group->apply({p.entry}, o.dump.empty() ? nullptr : &dump);
+    model::release_pages(*p.taps.info);  // settled: the mapped rows are no longer needed
+    const engine::StepTimes& st = group->leader().last_times();
+    const model::DraftTimes& t = rt.drafter().last_times();
+    // microseconds are all a single timing can tell
+    const double step_ms = std::round((st.settle + st.draft) * 1e6) / 1000;
+    const double draft_ms = std::round((t.layers + t.head + t.select) * 1e6) / 1000;
+    if (!o.dump.empty() && ctx.leader()) write_dump(o, rt.config(), p.taps.n, dump, results[0]);
+    // The other replicas drafted the same block: each group's rank 0 logs its tokens (the first
+    // prints them below), so that a run across machines shows every replica's.
+    if (ctx.replicas > 1)
+      TPDRAFT_LOG_INFO("replica {} of {} drafted tokens {}", ctx.replica, ctx.replicas,
+                       nlohmann::json(results[0].tokens).dump());
+    if (!ctx.leader()) return;  // results are printed last, and only once all of it succeeded
+    const nlohmann::json out = {{"tokens", results[0].tokens}, {"probs", results[0].probs}, {"anchor", o.anchor},
+                                {"anchor_position", p.taps.n}, {"architecture", rt.config().arch_name},
+                                {"tp", group->caps().tp}, {"backend", rt.ops().name()},
+                                {"settle_ms", std::max(0.0, step_ms - draft_ms)}, {"draft_ms", draft_ms}};
+    std::printf("%s\n", out.dump().c_str());
+    std::fflush(stdout);
+  });
 }
 
 }  // namespace
@@ -212,11 +184,7 @@ void add_draft(CLI::App& app) {
   cmd->add_option("--anchor", o->anchor, "The last committed token (sits at position n)")
       ->required()
       ->check(whole_number(0));
-  cmd->add_option("--temperature", o->sampling.temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
-  cmd->add_option("--top-k", o->sampling.top_k, "Keep the k best tokens before sampling (DFlash only)")
-      ->check(whole_number(0));
-  cmd->add_option("--top-p", o->sampling.top_p, "Nucleus mass to keep before sampling (DFlash only)")
-      ->check(kept_mass());
+  add_sampling_options(cmd, &o->sampling);
   cmd->add_option("--seed", o->sampling.seed, "Seed of the sampling noise")->check(seed_number());
   add_rank_options(cmd, &o->ranks);
   cmd->add_option("--dump", o->dump, "Write hidden, logits, tokens and every layer's context K/V to this safetensors file");

@@ -1,4 +1,4 @@
-// Numeric option validators (options.h).
+// Numeric option validators and the sampling options (options.h).
 #include "cli/options.h"
 
 #include <cerrno>
@@ -71,6 +71,12 @@ CLI::Validator seed_number() {
         return std::string();
       },
       "0..2^64-1");
+}
+
+void add_sampling_options(CLI::App* cmd, model::SamplingParams* s) {
+  cmd->add_option("--temperature", s->temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
+  cmd->add_option("--top-k", s->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
+  cmd->add_option("--top-p", s->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(kept_mass());
 }
 
 DType weight_dtype(const std::string& name) {

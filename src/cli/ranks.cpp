@@ -116,6 +116,22 @@ model::RuntimeOptions runtime_options(const RankOptions& options, const RankCont
   return r;
 }
 
+void drive_group(const RankContext& ctx, engine::Engine& engine, const std::function<void(engine::Group*)>& fn) {
+  std::unique_ptr<parallel::CommandChannel> channel;
+  if (ctx.comm.size() > 1) channel = ctx.open_channel();
+  const engine::StepHook hook = [&ctx] {
+    fault_point(ctx, "settle");
+    fault_point(ctx, "draft");
+  };
+  if (ctx.comm.rank() == 0) {
+    engine::LeaderGroup group(engine, ctx.comm, channel.get(), hook);
+    fn(&group);
+    return;
+  }
+  fn(nullptr);
+  engine::follow(engine, ctx.comm, *channel, hook);
+}
+
 void run_ranks(const RankOptions& options, const std::function<void(const RankContext&)>& fn) {
   const int tp = options.tp, threads = options.threads;
   if (parallel::multi_process()) {

@@ -1,6 +1,7 @@
 // How one invocation of tpdraft runs its ranks: a single rank; N in-process ranks (--tp N, one
 // thread each, the in-process communicator); or, under mpirun, every process one rank, grouped
-// into replicas of tp consecutive ranks (tensor parallelism inside a group, replicas across).
+// into replicas of tp consecutive ranks (tensor parallelism inside a group, replicas across);
+// and how a command drives its group once each rank has its engine.
 #pragma once
 
 #include <functional>
@@ -9,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/group.h"
 #include "engine/runtime.h"
 #include "parallel/command.h"
 #include "parallel/communicator.h"
@@ -52,6 +54,12 @@ void fault_point(const RankContext& ctx, const char* stage);
 // The runtime options of this rank: the backend, its threads and its place on its machine (which
 // picks its GPU); under mpirun NCCL carries device buffers.
 model::RuntimeOptions runtime_options(const RankOptions& options, const RankContext& ctx);
+
+// Drives this rank's tensor-parallel group (collective over it): fn runs on every rank, with a
+// LeaderGroup over `engine` on the group's rank 0 and nullptr on the others, which then follow
+// rank 0's commands until its group closes (when fn returns or throws there). Before its share of
+// each step every rank passes the "settle" and "draft" fault points.
+void drive_group(const RankContext& ctx, engine::Engine& engine, const std::function<void(engine::Group*)>& fn);
 
 // Runs fn on every rank of this process. tp = 0: all MPI ranks form one group (1 without MPI).
 // threads = 0: this machine's cores shared among the ranks placed on it (engine::threads_per_rank). A JobFailure thrown on

@@ -1,6 +1,7 @@
-// A step on one rank: check every entry, then roll back, settle and draft.
+// A step on one rank: check every entry, then roll back, settle and draft (and dump, when asked).
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <set>
@@ -8,8 +9,38 @@
 #include "core/bounds.h"
 #include "core/checked.h"
 #include "core/error.h"
+#include "model/shard_plan.h"
 
 namespace tpdraft::engine {
+
+namespace {
+// Every layer's context of every kv head, [n, Nk, D], assembled from the ranks' slices (collective).
+void gather_context(const model::Drafter& drafter, const model::Session& session, parallel::Communicator& comm,
+                    StepDump* dump) {
+  const model::DrafterConfig& cfg = drafter.config();
+  const int tp = comm.size();
+  const int64_t n = session.length(), D = cfg.head_dim;
+  std::vector<float> lk, lv;
+  dump->k.resize(static_cast<size_t>(cfg.layers));
+  dump->v.resize(dump->k.size());
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    drafter.read_context(session, l, &lk, &lv);
+    const size_t at = static_cast<size_t>(l);
+    for (const auto& [mine, out] : {std::pair{&lk, &dump->k[at]}, std::pair{&lv, &dump->v[at]}}) {
+      std::vector<float> all(mine->size() * static_cast<size_t>(tp));
+      comm.all_gather(mine->data(), all.data(), mine->size() * sizeof(float));
+      out->assign(static_cast<size_t>(n * cfg.n_kv * D), 0.0f);
+      for (int q = 0; q < tp; ++q) {
+        const model::Range heads = model::ShardPlan::make(cfg, q, tp).kv_heads;
+        const int64_t w = heads.size() * D;
+        for (int64_t p = 0; p < n; ++p)
+          std::copy_n(all.data() + static_cast<size_t>(q) * mine->size() + static_cast<size_t>(p * w), w,
+                      out->data() + static_cast<size_t>((p * cfg.n_kv + heads.begin) * D));
+      }
+    }
+  }
+}
+}  // namespace
 
 Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, const model::RuntimeOptions& options,
                int64_t max_open_sessions)
@@ -128,12 +159,12 @@ const float* Engine::taps_f32(const StepEntry& e) {
   return staged_.data();
 }
 
-std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
+std::vector<model::DraftResult> Engine::step(const std::vector<StepEntry>& entries, StepDump* dump) {
   check(entries);
   return apply(entries, dump);
 }
 
-std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, model::DraftDump* dump) {
+std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
   using Clock = std::chrono::steady_clock;
   model::Drafter& d = rt_->drafter();
   std::vector<model::DraftRequest> requests;
@@ -147,9 +178,12 @@ std::vector<model::DraftResult> Engine::apply(const std::vector<StepEntry>& entr
     requests.push_back({&s, e.anchor, e.sampling, e.dist_width});
   }
   const auto t1 = Clock::now();
-  auto results = d.draft(requests, dump);
+  const parallel::CommStats comm0 = rt_->comm().stats();
+  auto results = d.draft(requests, dump != nullptr ? &dump->draft : nullptr);
   times_.settle = std::chrono::duration<double>(t1 - t0).count();
   times_.draft = std::chrono::duration<double>(Clock::now() - t1).count();
+  (times_.comm = rt_->comm().stats()) -= comm0;
+  if (dump != nullptr && dump->context) gather_context(d, session(entries[0].session), rt_->comm(), dump);
   return results;
 }
 

@@ -1,7 +1,7 @@
 // The drafter as a speculative-decoding loop drives it, on one rank: sessions by id, and a step
 // that for each entry rolls a session back, settles the taps of the positions the target just
 // committed and drafts one block from the anchor, every entry in one batched forward. Every
-// entry is checked before anything changes. The library, `tpdraft draft` and `tpdraft serve`
+// entry is checked before anything changes. The library and `tpdraft draft`, `bench` and `serve`
 // all drive ranks through this class; every rank of a group makes the same calls in the same
 // order (sessions get the same ids everywhere).
 #pragma once
@@ -50,6 +50,16 @@ struct TapRows {
 struct StepTimes {
   double settle = 0;  // roll-backs and settling the new rows
   double draft = 0;   // the batched draft: forward, head, selection (and a dump, when asked)
+  parallel::CommStats comm;  // the draft's collectives
+};
+
+// What a step dumps when asked: the drafter's dump of the draft and, with `context`, each layer's
+// whole context [n, Nk, D] of the first entry's session after it, assembled from the ranks'
+// slices. Every rank of the group takes part, so every rank must ask alike.
+struct StepDump {
+  bool context = false;
+  model::DraftDump draft;
+  std::vector<std::vector<float>> k, v;  // per layer
 };
 
 struct StepEntry {
@@ -84,16 +94,13 @@ class Engine {
   // outside the vocabulary, bad sampling): a bad entry throws tpdraft::Error naming the entry and
   // nothing changes. Then each session is rolled back and settled, and all are drafted together.
   // A collective: every rank of the group calls it with the same entries.
-  // With `dump`, what the drafter's dump holds (DraftDump) for the entries' draft.
-  std::vector<model::DraftResult> step(const std::vector<StepEntry>& entries, model::DraftDump* dump = nullptr);
+  std::vector<model::DraftResult> step(const std::vector<StepEntry>& entries, StepDump* dump = nullptr);
   // The two halves of step: the checks (no collective, no change; the same verdict on every
   // rank, so one rank may check for all), and the work on entries that passed them.
   void check(const std::vector<StepEntry>& entries) const;
-  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries, model::DraftDump* dump = nullptr);
+  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries, StepDump* dump = nullptr);
   // Throws naming the session when it is not open.
   void check_open(int64_t id) const { session(id); }
-  // The session itself (for reading its context back, as dumps do).
-  const model::Session& session_state(int64_t id) const { return session(id); }
 
  private:
   model::Session& session(int64_t id) const;

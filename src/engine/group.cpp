@@ -140,11 +140,14 @@ void LocalGroup::close_session(int64_t id) {
   on_all([&](Engine& e) { e.close_session(id); });
 }
 
-std::vector<model::DraftResult> LocalGroup::apply(const std::vector<StepEntry>& entries) {
+std::vector<model::DraftResult> LocalGroup::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
   std::vector<model::DraftResult> results;
   on_all([&](Engine& e) {
-    auto mine = e.apply(entries);
-    if (&e == &leader()) results = std::move(mine);
+    StepDump own;
+    own.context = dump != nullptr && dump->context;
+    const bool lead = &e == &leader();
+    auto mine = e.apply(entries, dump == nullptr ? nullptr : lead ? dump : &own);
+    if (lead) results = std::move(mine);
   });
   return results;
 }
@@ -160,7 +163,8 @@ size_t taps_bytes(const StepEntry& e, int64_t taps_width) {
   return e.n_new > 0 ? static_cast<size_t>(e.n_new * taps_width) * dtype_size(e.taps.dtype) : 0;
 }
 
-void encode_step(const std::vector<StepEntry>& entries, int64_t taps_width, std::vector<uint64_t>* out) {
+void encode_step(const std::vector<StepEntry>& entries, int64_t taps_width, kernels::Ops& ops,
+                 std::vector<uint64_t>* out) {
   size_t words = 1 + entries.size() * sizeof(StepEntry) / 8;
   for (const StepEntry& e : entries) words += (taps_bytes(e, taps_width) + 7) / 8;
   out->assign(words, 0);
@@ -169,7 +173,12 @@ void encode_step(const std::vector<StepEntry>& entries, int64_t taps_width, std:
   char* taps = reinterpret_cast<char*>(out->data() + 1 + entries.size() * sizeof(StepEntry) / 8);
   for (const StepEntry& e : entries) {
     const size_t bytes = taps_bytes(e, taps_width);
-    if (bytes > 0) std::memcpy(taps, e.taps.data, bytes);
+    if (bytes > 0 && e.taps.on_device) {
+      ops.wait_for(e.taps.stream);
+      ops.to_host(taps, e.taps.data, bytes);
+    } else if (bytes > 0) {
+      std::memcpy(taps, e.taps.data, bytes);
+    }
     taps += (bytes + 7) / 8 * 8;
   }
 }
@@ -203,17 +212,16 @@ void LeaderGroup::close_session(int64_t id) {
   engine_.close_session(id);
 }
 
-std::vector<model::DraftResult> LeaderGroup::apply(const std::vector<StepEntry>& entries) {
+std::vector<model::DraftResult> LeaderGroup::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
   if (channel_ != nullptr) {
-    encode_step(entries, engine_.caps().taps_width, &payload_);
-    parallel::Command step;
-    step.op = parallel::kOpStep;
-    step.bytes = static_cast<int64_t>(payload_.size() * 8);
-    channel_->post(step);
+    encode_step(entries, engine_.caps().taps_width, engine_.runtime().ops(), &payload_);
+    // arg: 0 no dump, 1 the drafter's, 2 that and the context
+    channel_->post({parallel::kOpStep, dump == nullptr ? 0 : dump->context ? 2 : 1,
+                    static_cast<int64_t>(payload_.size() * 8)});
     comm_.broadcast(payload_.data(), payload_.size() * 8, 0);
   }
   if (hook_) hook_();
-  return engine_.apply(entries);
+  return engine_.apply(entries, dump);
 }
 
 void LeaderGroup::close() {
@@ -235,8 +243,10 @@ void follow(Engine& engine, parallel::Communicator& comm, parallel::CommandChann
         payload.assign(static_cast<size_t>(c.bytes / 8), 0);
         comm.broadcast(payload.data(), payload.size() * 8, 0);
         const auto entries = decode_step(payload, engine.caps().taps_width);
+        StepDump dump;
+        dump.context = c.arg == 2;
         if (hook) hook();
-        engine.apply(entries);
+        engine.apply(entries, c.arg != 0 ? &dump : nullptr);
         break;
       }
       default: TPDRAFT_FAIL("rank 0 sent an unknown command {}", c.op);

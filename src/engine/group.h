@@ -1,9 +1,9 @@
 // A tensor-parallel group of engines driven as one: sessions opened and closed on every rank
 // (they get the same ids everywhere) and steps checked once, on rank 0, then applied on every rank,
 // so that the step's collectives meet. Two kinds: ranks as threads of this process (the
-// library's handle), and ranks led by rank 0 over a command channel (a served group, whose
-// ranks are MPI processes or threads of `tpdraft serve`): rank 0 drives a LeaderGroup, every
-// other rank follows. How many CPU threads each rank takes is decided here too.
+// library's handle), and ranks led by rank 0 over a command channel (the program's groups, whose
+// ranks are MPI processes or threads of `tpdraft draft`, `bench` or `serve`): rank 0 drives a
+// LeaderGroup, every other rank follows. How many CPU threads each rank takes is decided here too.
 #pragma once
 
 #include <condition_variable>
@@ -36,7 +36,8 @@ class Group {
   virtual void close_session(int64_t id) = 0;
   // A step: the entries were checked on rank 0 first (leader().check(): a bad one throws and
   // nothing changes; one rank's verdict is every rank's); their taps stay valid during the call.
-  virtual std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries) = 0;
+  // With `dump`, every rank dumps alike and rank 0's lands there.
+  virtual std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries, StepDump* dump = nullptr) = 0;
   // Ends the other ranks' part (once; also on destruction).
   virtual void close() = 0;
 };
@@ -58,7 +59,7 @@ class LocalGroup final : public Group {
   Engine& leader() override { return *engines_[0]; }
   int64_t open_session() override;
   void close_session(int64_t id) override;
-  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries) override;
+  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries, StepDump* dump = nullptr) override;
   void close() override;  // ends and joins the rank threads
 
  private:
@@ -84,8 +85,8 @@ class LocalGroup final : public Group {
 using StepHook = std::function<void()>;
 
 // Rank 0 of a group led over a command channel: each call posts the command, then makes the
-// engine call itself; the step's entries, tap rows inline, follow on the group's communicator.
-// With one rank there is no channel.
+// engine call itself; the step's entries, tap rows inline (copied to the host from a device),
+// follow on the group's communicator. With one rank there is no channel.
 class LeaderGroup final : public Group {
  public:
   LeaderGroup(Engine& engine, parallel::Communicator& comm, parallel::CommandChannel* channel, StepHook hook)
@@ -95,7 +96,7 @@ class LeaderGroup final : public Group {
   Engine& leader() override { return engine_; }
   int64_t open_session() override;
   void close_session(int64_t id) override;
-  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries) override;
+  std::vector<model::DraftResult> apply(const std::vector<StepEntry>& entries, StepDump* dump = nullptr) override;
   void close() override;
 
  private:

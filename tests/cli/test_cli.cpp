@@ -203,6 +203,32 @@ TEST(Cli, BenchReportsTheFigureAndTheMachine) {
   EXPECT_NE(table.out.find("  machine    "), std::string::npos) << table.out;
 }
 
+// bench's sampled drafts: the JSON says which sampling ran, the settle is timed warm, the tokens
+// are the sampled ones (not greedy's) and the same at tp 1 and tp 2; top-k on DFlash 2 is refused.
+TEST(Cli, BenchTimesSampledDrafts) {
+  const std::string args = "bench --config " + testing::source_path("configs/tiny-dflash.json") +
+                           " --ctx 8 --repeat 2 --warmup 1 --threads 1 --backend cpu --json";
+  const std::string sampling = " --temperature 1.5 --top-k 20 --top-p 0.9 --seed 3";
+  Result greedy = run(args + " --seed 3"), tp1 = run(args + sampling), tp2 = run(args + sampling + " --tp 2");
+  ASSERT_EQ(greedy.status, 0) << greedy.out;
+  ASSERT_EQ(tp1.status, 0) << tp1.out;
+  ASSERT_EQ(tp2.status, 0) << tp2.out;
+  const auto g = nlohmann::json::parse(json_line(greedy.out)), s1 = nlohmann::json::parse(json_line(tp1.out)),
+             s2 = nlohmann::json::parse(json_line(tp2.out));
+  EXPECT_EQ(g["sampling"], "greedy");
+  EXPECT_EQ(s1["sampling"], "temperature 1.5, top-k 20, top-p 0.9");
+  EXPECT_EQ(s1["settle_warm"], true);
+  EXPECT_NE(s1["tokens"], g["tokens"]);
+  EXPECT_EQ(s1["tokens"], s2["tokens"]);
+  Result table = run("bench --config " + testing::source_path("configs/tiny-dflash.json") +
+                     " --ctx 8 --repeat 1 --warmup 0 --threads 1 --backend cpu" + sampling);
+  EXPECT_NE(table.out.find("temperature 1.5, top-k 20, top-p 0.9 drafts"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("warm (after one untimed settle)"), std::string::npos) << table.out;
+  Result refused = run("bench --config " + testing::source_path("configs/tiny-dflash2.json") +
+                       " --ctx 8 --repeat 1 --warmup 0 --threads 1 --top-k 5 --temperature 1");
+  EXPECT_EQ(refused.status, 2) << refused.out;
+}
+
 TEST(Cli, EveryCommandAnswersHelp) {
   for (const char* c : {"", "init ", "info ", "draft ", "bench ", "quantize "}) {
     Result r = run(std::string(c) + "--help");

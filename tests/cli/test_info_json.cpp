@@ -97,6 +97,16 @@ TEST(InfoJson, CheckpointAgreesWithConfigAndBench) {
     EXPECT_EQ(m[std::string(op) + "_calls"].get<double>(), rank0["collectives"]["greedy"][op]["calls"].get<double>()) << op;
     EXPECT_EQ(m[std::string(op) + "_bytes"].get<double>(), rank0["collectives"]["greedy"][op]["bytes"].get<double>()) << op;
   }
+  // Sampled drafts (temperature 1, info's "sampled" mode) exchange what the cost model says too.
+  const Result sampled = run("bench" + ck + " --tp 2 --batch 2 --ctx 24 --repeat 2 --warmup 1 --threads 1 --json "
+                             "--temperature 1", dir);
+  ASSERT_EQ(sampled.status, 0) << sampled.errors;
+  const json ms = last_json(sampled);
+  EXPECT_EQ(ms["sampling"], "temperature 1, top-k 0, top-p 1");
+  for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
+    EXPECT_EQ(ms[std::string(op) + "_calls"].get<double>(), rank0["collectives"]["sampled"][op]["calls"].get<double>()) << op;
+    EXPECT_EQ(ms[std::string(op) + "_bytes"].get<double>(), rank0["collectives"]["sampled"][op]["bytes"].get<double>()) << op;
+  }
 }
 
 TEST(InfoJson, ErrorsNameWhatIsWrong) {

@@ -126,7 +126,7 @@ class Plan(unittest.TestCase):
             self.assertTrue(states["bench-graph"].startswith("CUT after"), states)
             self.assertTrue(states["gpu-alive"].startswith("ok"), states)
             # No-cancel: what does not need the cut step (or the failed one) still runs.
-            for name in ("kernels", "bench-op", "bench-context", "bench-q8", "bench-q4+head", "bench-tp2",
+            for name in ("kernels", "bench-op", "bench-sampled", "bench-context", "bench-q8", "bench-q4+head", "bench-tp2",
                          "bench-dflash2", "attention", "torch"):
                 self.assertTrue(states[name].startswith("ok"), (name, states[name]))
             self.assertTrue(states["build-tests"].startswith("FAILED"), states)
