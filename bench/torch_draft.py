@@ -62,7 +62,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from qwen3_target import write_safetensors  # noqa: E402  (the layout of tpdraft draft --dump)
+# The checkpoints' reader, and the layout of tpdraft draft --dump.
+from qwen3_target import SafetensorsError, SafetensorsFile, write_safetensors  # noqa: E402
 
 DEVICE = torch.device(ARGS.device)
 DTYPE = torch.bfloat16 if ARGS.dtype == "bf16" else torch.float32
@@ -70,48 +71,6 @@ DTYPE = torch.bfloat16 if ARGS.dtype == "bf16" else torch.float32
 
 def fail(msg):
     raise SystemExit("torch_draft: error: " + msg)
-
-
-# ---------------------------------------------------------------------------------------------
-# Safetensors (8-byte little-endian header length, JSON header, data area), converted to f32.
-
-_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4)}
-
-
-class SafetensorsFile:
-    def __init__(self, path):
-        self.path = path
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                fail(f"{path}: too short for a safetensors header")
-            n = int.from_bytes(raw, "little")
-            size = os.path.getsize(path)
-            if n <= 0 or 8 + n > size:
-                fail(f"{path}: header length {n} does not fit the file of {size} bytes")
-            header = json.loads(f.read(n))
-        self.base = 8 + n
-        header.pop("__metadata__", None)
-        self.tensors = header
-
-    def load(self, name, rows=None):
-        """Tensor `name` as an f32 numpy array; `rows` reads only the first rows of a 2-D tensor."""
-        info = self.tensors[name]
-        dtype = info["dtype"]
-        if dtype not in _DTYPES:
-            fail(f"{self.path}: tensor '{name}' has dtype {dtype}, expected BF16, F16 or F32")
-        np_type, width = _DTYPES[dtype]
-        shape = list(info["shape"])
-        begin, end = info["data_offsets"]
-        if (end - begin) != int(np.prod(shape, dtype=np.int64)) * width:
-            fail(f"{self.path}: tensor '{name}' byte range does not match shape {shape} x {dtype}")
-        if rows is not None:
-            shape[0] = min(rows, shape[0])
-        count = int(np.prod(shape, dtype=np.int64))
-        a = np.fromfile(self.path, dtype=np_type, count=count, offset=self.base + begin)
-        if dtype == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        return a.astype(np.float32, copy=False).reshape(shape)
 
 
 def canonical(name):
@@ -563,4 +522,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    try:
+        main(ARGS)
+    except SafetensorsError as e:
+        fail(str(e))

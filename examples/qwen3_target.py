@@ -10,25 +10,50 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4), "F64": (np.float64, 8)}
 
 
-def read_safetensors(path):
-    """Every tensor of a safetensors file (8-byte header length, JSON header, raw data) as float32."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    size = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + size])
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+class SafetensorsError(ValueError):
+    """A safetensors file this reader cannot read: the message names the file (and the tensor)."""
+
+
+class SafetensorsFile:
+    """A safetensors file (8-byte little-endian header length, JSON header, data area): `tensors`
+    holds its header's entries, load() reads one tensor as float32."""
+
+    def __init__(self, path):
+        self.path = path
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise SafetensorsError(f"{path}: too short for a safetensors header")
+            n = int.from_bytes(raw, "little")
+            size = os.path.getsize(path)
+            if n <= 0 or 8 + n > size:
+                raise SafetensorsError(f"{path}: header length {n} does not fit the file of {size} bytes")
+            header = json.loads(f.read(n))
+        self.base = 8 + n
+        header.pop("__metadata__", None)
+        self.tensors = header
+
+    def load(self, name, rows=None):
+        """Tensor `name` as an f32 numpy array; `rows` reads only the first rows of a 2-D tensor."""
+        info = self.tensors[name]
+        dtype = info["dtype"]
+        if dtype not in _DTYPES:
+            raise SafetensorsError(f"{self.path}: tensor '{name}' has dtype {dtype}, expected BF16, F16, F32 or F64")
+        np_type, width = _DTYPES[dtype]
+        shape = list(info["shape"])
         begin, end = info["data_offsets"]
-        values = np.frombuffer(raw[8 + size + begin:8 + size + end], dtype=_NUMPY_DTYPES[info["dtype"]])
-        if info["dtype"] == "BF16":  # the upper half of an f32
-            values = (values.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = values.astype(np.float32).reshape(info["shape"])
-    return tensors
+        if (end - begin) != int(np.prod(shape, dtype=np.int64)) * width:
+            raise SafetensorsError(f"{self.path}: tensor '{name}' byte range does not match shape {shape} x {dtype}")
+        if rows is not None:
+            shape[0] = min(rows, shape[0])
+        count = int(np.prod(shape, dtype=np.int64))
+        a = np.fromfile(self.path, dtype=np_type, count=count, offset=self.base + begin)
+        if dtype == "BF16":  # the upper half of an f32
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32, copy=False).reshape(shape)
 
 
 def write_safetensors(path, tensors):
@@ -50,9 +75,9 @@ def write_safetensors(path, tensors):
 def read_target_tables(target_dir):
     """(embedding [Vt, H], head [Vt, H]) of a target checkpoint in one model.safetensors (as
     `tpdraft init` writes it); a tied model's head is its embedding."""
-    tensors = read_safetensors(os.path.join(target_dir, "model.safetensors"))
-    embed = tensors["model.embed_tokens.weight"]
-    return embed, tensors.get("lm_head.weight", embed)
+    tables = SafetensorsFile(os.path.join(target_dir, "model.safetensors"))
+    embed = tables.load("model.embed_tokens.weight")
+    return embed, tables.load("lm_head.weight") if "lm_head.weight" in tables.tensors else embed
 
 
 @dataclass

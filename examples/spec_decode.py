@@ -114,13 +114,13 @@ def judge(judged, drafts, sampling, rng, q_rows):
     return verify_sampled(judged[:len(drafts) + 1], drafts, q_rows(), rng)
 
 
-def dense_rows(result, vocab):
-    """The drafter's distribution of each draft row as [B-1, V], from what step() returned."""
-    if "dist_ids" not in result:
-        return result["dist_probs"].astype(np.float64)
-    if result["dist_rest"].max() > 1e-6:
-        raise RuntimeError(f"the draft distribution leaves mass {result['dist_rest'].max()} outside its listed tokens")
-    ids, probs = result["dist_ids"], result["dist_probs"]
+def dense_rows(ids, probs, rest, vocab):
+    """The drafter's distribution of each draft row as [B-1, V], from the dist_ids, dist_probs and
+    dist_rest of a step's result or a Proposal (ids None: probs are the full rows)."""
+    if ids is None:
+        return probs.astype(np.float64)
+    if rest.max() > 1e-6:
+        raise RuntimeError(f"the draft distribution leaves mass {rest.max()} outside its listed tokens")
     rows = np.zeros((ids.shape[0], vocab))
     listed = ids >= 0
     rows[np.nonzero(listed)[0], ids[listed]] = probs[listed]
@@ -233,7 +233,8 @@ class SpeculativeDecoder:
         the target's logits (greedy) or distributions at the anchor and each draft; taps: its rows."""
         drafts = result["tokens"].tolist()
         accepted, following = judge(judged, drafts, self.sampling, rng,
-                                    lambda: self.verify_q(dense_rows(result, self.caps.vocab_size)))
+                                    lambda: self.verify_q(dense_rows(result.get("dist_ids"), result["dist_probs"],
+                                                                     result.get("dist_rest"), self.caps.vocab_size)))
         # The anchor and the accepted drafts are committed: their tap rows (from this forward) go
         # to the drafter next round. The session holds positions < anchor after this step.
         s.rows = taps[:accepted + 1].astype(np.float32)
@@ -358,7 +359,8 @@ class Engine:
         if self.cap and drafts:  # a bound drawn before looking at the drafts
             drafts = drafts[:int(self.rng.integers(len(drafts) + 1))]
         accepted, following = judge(judged, drafts, self.sampling, self.rng,
-                                    lambda: self.verify_q(dense_rows(proposal_result(proposal), judged.shape[-1])))
+                                    lambda: self.verify_q(dense_rows(proposal.dist_ids, proposal.dist_probs,
+                                                                     proposal.dist_rest, judged.shape[-1])))
         job.tokens += drafts[:accepted] + [following]
         job.new_rows = taps[:accepted + 1].astype(np.float32)
         job.computed += accepted + 1
@@ -376,13 +378,6 @@ class Engine:
             self.stats.preemptions += 1
             if self.drop:
                 self.proposer.drop([job.id])
-
-
-def proposal_result(proposal):
-    """A Proposal as the dict a drafter's step returns (what dense_rows reads)."""
-    if proposal.dist_ids is None:
-        return {"dist_probs": proposal.dist_probs}
-    return {"dist_ids": proposal.dist_ids, "dist_probs": proposal.dist_probs, "dist_rest": proposal.dist_rest}
 
 
 def target_decode(target, tap_layers, prompts, n_tokens, sampling, rng):

@@ -16,8 +16,6 @@ import numpy as np
 
 from . import ArgumentError, BusyError, UnavailableError
 
-_SAMPLING = ("temperature", "top_k", "top_p", "seed")
-
 
 @dataclass
 class Request:
@@ -263,7 +261,7 @@ class Proposer:
 
     def _entry(self, request, track):
         entry = {"session": track.session, "keep": track.base, "anchor": request.anchor, "dist": self._dist}
-        for key in _SAMPLING[:3]:
+        for key in self._defaults:
             value = getattr(request, key)
             entry[key] = self._defaults[key] if value is None else value
         if request.seed is not None:
