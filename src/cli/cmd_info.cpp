@@ -66,6 +66,10 @@ struct Source {
     const double n = static_cast<double>(cfg.n_q * cfg.head_dim) * static_cast<double>(cfg.hidden);
     return static_cast<double>(model::quantized_share_bytes(s, cfg.n_q * cfg.head_dim, cfg.hidden)) / n;
   }
+  // What a rank of `plan` holds.
+  model::RankMemory memory(const model::ShardPlan& plan) const {
+    return model::rank_memory(cfg, plan, [this](const std::string& n) { return dtype_of(n); }, head_dtype);
+  }
 };
 
 void read_target(const std::string& dir, Source* src) {
@@ -89,14 +93,9 @@ Source open_source(const InfoOpts& o) {
   Source src;
   src.assumed = weight_dtype(o.dtype);
   src.head_dtype = src.assumed;
-  if (!o.drafter.empty()) {
-    src.path = o.drafter;
-    src.cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
-    src.store = model::TensorStore::open(o.drafter);
-  } else {
-    src.path = o.config;
-    src.cfg = model::DrafterConfig::from_file(o.config);
-  }
+  src.path = o.drafter.empty() ? o.config : o.drafter;
+  src.cfg = model::DrafterConfig::from_file(o.drafter.empty() ? o.config : o.drafter + "/config.json");
+  if (!o.drafter.empty()) src.store = model::TensorStore::open(o.drafter);
   if (!o.target.empty()) read_target(o.target, &src);
   // A speculators drafter's own head is the one it drafts with.
   if (const model::TensorInfo* own = src.store && src.cfg.layout == model::Layout::Speculators
@@ -204,8 +203,7 @@ void print_shares(const Source& src, int tp) {
 void print_ranks(const Source& src, int tp) {
   for (int r = 0; r < tp; ++r) {
     const auto plan = model::ShardPlan::make(src.cfg, r, tp);
-    const model::RankMemory m =
-        model::rank_memory(src.cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+    const model::RankMemory m = src.memory(plan);
     const std::string assumed = src.head_from_target || src.cfg.quant.head.quantized() ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
     const std::string head = human_bytes(m.head) + assumed;
     std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
@@ -231,8 +229,7 @@ nlohmann::json work_json(const model::WorkCount& w) {
 nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
   const model::DrafterConfig& cfg = src.cfg;
   const auto plan = model::ShardPlan::make(cfg, r, o.tp);
-  const model::RankMemory m =
-      model::rank_memory(cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+  const model::RankMemory m = src.memory(plan);
   const double wb = src.weight_bytes();
   const model::WorkCount settle = model::settle_work(cfg, plan, 1, wb);
   model::WorkCount draft = model::draft_work(cfg, plan, o.sessions, o.ctx, wb);
