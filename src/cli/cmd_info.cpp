@@ -135,23 +135,22 @@ void print_geometry(const Source& src) {
   const model::DrafterConfig& cfg = src.cfg;
   std::printf("drafter     %s (%s)%s\n", src.path.c_str(), cfg.arch_name.c_str(),
               src.store ? "" : fmt::format(", no checkpoint: {} assumed", dtype_name(src.assumed)).c_str());
-  std::printf("%s\n", fmt::format("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]", cfg.hidden,
-                                  cfg.layers, cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block,
-                                  cfg.n_taps(), fmt::join(cfg.taps, ", ")).c_str());
+  fmt::print("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]\n", cfg.hidden, cfg.layers,
+             cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block, cfg.n_taps(), fmt::join(cfg.taps, ", "));
   std::string attention;
   for (int64_t l = 0; l < cfg.layers; ++l)
     attention += fmt::format(" {}{}", cfg.sliding[static_cast<size_t>(l)] ? fmt::format("sliding({})", cfg.window) : "full",
                              cfg.causal[static_cast<size_t>(l)] ? "/causal" : "");
   std::printf("attention  %s\n", attention.c_str());
   if (cfg.is_dflash2())
-    std::printf("%s\n", fmt::format("dflash2     conv K {}, group {} (G {}); selector rank {}, top-k {}", cfg.conv_kernel,
-                                    cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk).c_str());
+    fmt::print("dflash2     conv K {}, group {} (G {}); selector rank {}, top-k {}\n", cfg.conv_kernel,
+               cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk);
   std::printf("head        m_in %g, m_out %g, soft cap %g, mask token %lld, bias %s\n", cfg.in_scale, cfg.out_scale,
               cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
   if (cfg.draft_vocab > 0)
-    std::printf("%s\n", fmt::format("draft vocab {} of the {} target ids ({:.1f}%; {}): the head holds {} rows", cfg.draft_vocab,
-                                    cfg.vocab, 100.0 * static_cast<double>(cfg.draft_vocab) / static_cast<double>(cfg.vocab),
-                                    src.vocab_line, cfg.draft_vocab).c_str());
+    fmt::print("draft vocab {} of the {} target ids ({:.1f}%; {}): the head holds {} rows\n", cfg.draft_vocab, cfg.vocab,
+               100.0 * static_cast<double>(cfg.draft_vocab) / static_cast<double>(cfg.vocab), src.vocab_line,
+               cfg.draft_vocab);
 }
 
 // Parameters and bytes of every drafter tensor: the checkpoint's, or the expected ones.
