@@ -127,9 +127,8 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
 struct BenchResult {
   const BenchOpts* o = nullptr;
   model::RankRuntime* rt = nullptr;
-  int threads = 0, replicas = 1;
+  const RankContext* ctx = nullptr;
   int64_t context = 0, replayed = 0;
-  bool gpu = false;
   SampleSummary draft, layers, head, select;            // seconds
   SampleSummary comm_times, compute_times;              // seconds per draft in and out of collectives
   MachineLoad load;                                     // around the timed drafts; the job counts as ours
@@ -140,6 +139,7 @@ struct BenchResult {
   std::vector<int64_t> tokens;
 
   const model::DrafterConfig& cfg() const { return rt->config(); }
+  bool gpu() const { return !rt->ops().host_memory(); }
   double per_draft(uint64_t total) const { return static_cast<double>(total) / static_cast<double>(o->repeat); }
   double comm_mean() const { return comm.seconds / static_cast<double>(o->repeat); }
   // The weights' dtype, and how they were quantized.
@@ -259,11 +259,11 @@ void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t 
   kernels::Ops& ops = rt.ops();
   const model::DrafterConfig& cfg = rt.config();
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
-  r->read_gbps = r->gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
+  r->read_gbps = r->gpu() ? measure_copy_gbps(ops) : measure_read_gbps(threads);
   r->gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
-  if (r->gpu && dtype != DType::F32) {
+  if (r->gpu() && dtype != DType::F32) {
     const int64_t chunk = std::min<int64_t>(rt.drafter().limits().settle_chunk, std::max<int64_t>(1, ctx));
     r->blas_settle_gflops = kernels::cublas_gemm_gflops(ops, dtype, chunk, cfg.hidden, cfg.n_taps() * cfg.hidden);
     r->blas_peak_gflops = kernels::cublas_gemm_gflops(ops, dtype, 8192, 8192, 8192);
@@ -276,14 +276,14 @@ nlohmann::json to_json(const BenchResult& r) {
   j["config"] = r.o->drafter.empty() ? r.o->config : r.o->drafter;
   j["architecture"] = r.cfg().arch_name;
   j["backend"] = r.rt->ops().name();
-  j["threads"] = r.threads;
+  j["threads"] = r.ctx->threads;
   j["tp"] = r.rt->comm().size();
   j["gather_logits"] = r.o->gather_logits;
   j["sampling"] = r.sampling();
   j["graphs"] = r.rt->drafter().graphs();
   j["replayed_drafts"] = r.replayed;
   j["graph_nodes"] = r.rt->drafter().graph_nodes(r.o->batch);
-  j["replicas"] = r.replicas;
+  j["replicas"] = r.ctx->replicas;
   j["communicator"] = r.rt->comm().name();
   j["all_reduce_path"] = r.rt->comm().all_reduce_path();
   j["comm_ms"] = r.comm_mean() * 1e3;
@@ -318,7 +318,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["achieved_gflops"] = r.achieved_gflops();
   j["achieved_gbps"] = r.achieved_gbps();
   j["machine_read_gbps"] = r.read_gbps;
-  j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
+  j["machine_memory_ceiling"] = r.gpu() ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = r.gemm_gflops;
   j["roofline_ms"] = r.roofline() * 1e3;
   j["roofline_ratio"] = r.draft.median() / r.roofline();
@@ -344,7 +344,8 @@ void print_table(const BenchResult& r) {
   std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld "
               "context rows, %s drafts\n",
               r.cfg().arch_name.c_str(), r.dtype().c_str(), rt.ops().name(), rt.comm().size(), rt.comm().name().c_str(),
-              r.threads, static_cast<long long>(r.o->batch), static_cast<long long>(r.context), r.sampling().c_str());
+              r.ctx->threads, static_cast<long long>(r.o->batch), static_cast<long long>(r.context),
+              r.sampling().c_str());
   if (r.cfg().draft_vocab > 0)
     std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n",
                 static_cast<long long>(r.cfg().draft_vocab), static_cast<long long>(r.cfg().vocab));
@@ -365,9 +366,9 @@ void print_table(const BenchResult& r) {
               r.work.bytes() / 1e9, r.work.weight_bytes / 1e9, r.work.context_bytes / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
               r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
-              100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
+              100 * r.achieved_gbps() / r.read_gbps, r.gpu() ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
-              r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median() / r.roofline());
+              r.roofline() * 1e3, r.gpu() ? "copy" : "read", r.draft.median() / r.roofline());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s), warm (after one untimed settle)\n", r.settle_rows_per_s(),
               r.settle_gflops());
   std::printf("  machine    %s\n", r.load.describe().c_str());
@@ -386,10 +387,8 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   BenchResult r;
   r.o = &o;
   r.rt = &rt;
-  r.threads = ctx.threads;
-  r.replicas = ctx.replicas;
+  r.ctx = &ctx;
   r.context = context;
-  r.gpu = !rt.ops().host_memory();
   std::vector<int64_t> sessions;
   for (int64_t s = 0; s < o.batch; ++s) sessions.push_back(group.open_session());
   r.settle_seconds = settle_sessions(o, context, group, sessions);
@@ -427,7 +426,7 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
 // One row per context of a sweep.
 void print_sweep(const std::vector<BenchResult>& rows) {
   std::printf("context sweep (%s, %d thread(s), tp %d; roofline: max of FLOPs / %.0f GFLOP/s, bytes / %.1f GB/s)\n",
-              rows[0].cfg().arch_name.c_str(), rows[0].threads, rows[0].rt->comm().size(), rows[0].gemm_gflops,
+              rows[0].cfg().arch_name.c_str(), rows[0].ctx->threads, rows[0].rt->comm().size(), rows[0].gemm_gflops,
               rows[0].read_gbps);
   std::printf("  %9s %10s %10s %9s %12s %6s  %s\n", "context", "draft ms", "layers ms", "head ms", "roofline ms",
               "ratio", "machine");
