@@ -6,7 +6,6 @@
 //   matmul_ab [--config FILE] [--rows M] [--threads N] [--rounds N] [--repeat N] [--group G]
 #include <algorithm>
 #include <cstdio>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/timing.h"
+#include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "model/weights.h"
@@ -56,12 +56,8 @@ int run(const Args& a) {
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
-  std::vector<std::shared_ptr<void>> keep;
-  auto buffer = [&](size_t bytes) {
-    void* p = ops->alloc(bytes);
-    keep.emplace_back(p, [&ops](void* q) { ops->release(q); });
-    return p;
-  };
+  std::vector<kernels::Buffer> keep;
+  auto buffer = [&](size_t bytes) { return keep.emplace_back(*ops, bytes).get(); };
   Variant bf16{"bf16", {}}, q8{"int8", {}}, q4{"int4", {}};
   double macs = 0;
   for (const Shape& s : shapes) {

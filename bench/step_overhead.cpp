@@ -199,7 +199,7 @@ struct Measured {
   Series abi, engine, drafter;
   // Per round: the median step of one path less the other's.
   SampleSummary abi_minus_engine{100000}, engine_minus_drafter{100000};
-  SampleSummary checks{100000};  // Engine::check of one step's entry, timed on its own
+  SampleSummary checks;  // Engine::check of one step's entry, timed on its own
   int64_t mismatches = 0;  // steps whose tokens differed between the paths
   MachineLoad load;        // around the steps and checks
   double per_step(const Series& s) const { return static_cast<double>(s.allocations) / static_cast<double>(steps); }
@@ -248,15 +248,6 @@ void run_steps(const Workload& w, int64_t vocab, int64_t warmup_rounds, AbiPath&
   m->steps = rounds * m->round;
 }
 
-// Engine::check of the steps' entries, many times: a short, steady piece of work whose cost
-// (the NaN scan grows with the tap rows) the draft's noise would hide.
-void time_checks(const Workload& w, int64_t vocab, EnginePaths& eng, Measured* m) {
-  for (int64_t i = 0; i < 4000; ++i) {
-    const Timed t = timed([&] { eng.check_step(w, i, vocab); });
-    if (i >= 400) m->checks.add(t.seconds);
-  }
-}
-
 Measured measure(const std::string& config, const Args& a) {
   const model::DrafterConfig cfg = model::DrafterConfig::from_file(config);
   const bool tiny = cfg.hidden * cfg.vocab < (int64_t{1} << 24);
@@ -274,7 +265,9 @@ Measured measure(const std::string& config, const Args& a) {
   std::fprintf(stderr, "%s: %lld steps...\n", config.c_str(), static_cast<long long>(m.steps));
   m.load = MachineLoad();
   run_steps(w, cfg.vocab, tiny ? 3 : 1, abi, eng, &m);
-  time_checks(w, cfg.vocab, eng, &m);
+  // Engine::check of the steps' entries, many times: a short, steady piece of work whose cost
+  // (the NaN scan grows with the tap rows) the draft's noise would hide.
+  m.checks = time_runs(400, 3600, [&](int64_t i) { eng.check_step(w, i, cfg.vocab); });
   m.load.stop();
   return m;
 }

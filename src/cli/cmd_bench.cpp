@@ -122,34 +122,43 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
                                                                   model::random_target_tensors(cfg, ro)));
 }
 
-// What one bench run measured: the JSON and the table are both written from it.
+// What one bench run measured, and what it ran on (rank 0's runtime and the options): the JSON
+// and the table are both written from it.
 struct BenchResult {
-  std::string config, architecture, backend, communicator, dtype;
-  std::string sampling;  // of the timed drafts: "greedy", or "temperature T, top-k K, top-p P"
-  std::string all_reduce_path;  // how device all-reduces travel ("" where the name says it)
-  int threads = 0, tp = 1, replicas = 1;
-  int64_t sessions = 0, context = 0, repeat = 0, replayed = 0;
-  int64_t vocab = 0, draft_vocab = 0;  // V, and the draft vocabulary's N (0: none)
-  size_t graph_nodes = 0;  // nodes of the captured forward (0: not captured)
-  bool gather_logits = false, graphs = false, gpu = false;
-  SampleSummary draft;                                  // seconds
+  const BenchOpts* o = nullptr;
+  model::RankRuntime* rt = nullptr;
+  const RankContext* ctx = nullptr;
+  int64_t context = 0, replayed = 0;
+  SampleSummary draft, layers, head, select;            // seconds
+  SampleSummary comm_times, compute_times;              // seconds per draft in and out of collectives
   MachineLoad load;                                     // around the timed drafts; the job counts as ours
-  double layers = 0, head = 0, select = 0;              // medians, seconds
-  double comm_mean = 0, comm_median = 0, compute = 0;   // seconds per draft
   parallel::CommStats comm;                             // over the timed drafts
-  double weights_bytes = 0, context_bytes = 0;
   model::WorkCount work, settle_work;
   double settle_seconds = 0;
   double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
   std::vector<int64_t> tokens;
 
-  double per_draft(uint64_t total) const { return static_cast<double>(total) / static_cast<double>(repeat); }
+  const model::DrafterConfig& cfg() const { return rt->config(); }
+  bool gpu() const { return !rt->ops().host_memory(); }
+  double per_draft(uint64_t total) const { return static_cast<double>(total) / static_cast<double>(o->repeat); }
+  double comm_mean() const { return comm.seconds / static_cast<double>(o->repeat); }
+  // The weights' dtype, and how they were quantized.
+  std::string dtype() const {
+    const std::string d = dtype_name(rt->weights().head_dtype);
+    if (!o->ranks.quant.empty()) return d + " --quant " + o->ranks.quant;
+    return cfg().quant.any() ? d + " (quantized checkpoint)" : d;
+  }
+  // Of the timed drafts: "greedy", or "temperature T, top-k K, top-p P".
+  std::string sampling() const {
+    const model::SamplingParams& sp = o->sampling;
+    return sp.greedy() ? "greedy" : fmt::format("temperature {}, top-k {}, top-p {}", sp.temperature, sp.top_k, sp.top_p);
+  }
   // The fastest a draft can be on this machine: its FLOPs at our GEMM rate or its bytes at the
   // memory ceiling, whichever takes longer (seconds).
   double roofline() const { return std::max(work.flops / (gemm_gflops * 1e9), work.bytes() / (read_gbps * 1e9)); }
   double achieved_gflops() const { return work.flops / draft.median() / 1e9; }
   double achieved_gbps() const { return work.bytes() / draft.median() / 1e9; }
-  double settle_rows_per_s() const { return static_cast<double>(context * sessions) / settle_seconds; }
+  double settle_rows_per_s() const { return static_cast<double>(context * o->batch) / settle_seconds; }
   double settle_gflops() const { return settle_work.flops / settle_seconds / 1e9; }
 };
 
@@ -223,33 +232,26 @@ void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<eng
   // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
   r->load = MachineLoad();
   const double others0 = cpu_seconds(pids);
-  SampleSummary layers, head, select, comm_times, compute_times;
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
     engine::StepDump full;  // --gather-logits: every rank assembles the whole [rows, V] logits
     const auto res = group.apply(entries, o.gather_logits ? &full : nullptr);
     const engine::StepTimes& t = group.leader().last_times();
     if (i >= o.warmup) {
       // Per draft, so that the medians of the time in and out of collectives resist outliers.
-      comm_times.add(t.comm.seconds);
-      compute_times.add(t.draft - t.comm.seconds);
+      r->comm_times.add(t.comm.seconds);
+      r->compute_times.add(t.draft - t.comm.seconds);
       r->draft.add(t.draft);
       r->comm += t.comm;
       const model::DraftTimes& phases = group.leader().runtime().drafter().last_times();
-      layers.add(phases.layers);
-      head.add(phases.head);
-      select.add(phases.select);
+      r->layers.add(phases.layers);
+      r->head.add(phases.head);
+      r->select.add(phases.select);
       r->replayed += phases.replayed ? 1 : 0;
     }
     if (i + 1 == o.warmup + o.repeat) r->tokens = res[0].tokens;
   }
   r->load.stop();
   r->load.add_own_cpu(cpu_seconds(pids) - others0);
-  r->layers = layers.median();
-  r->head = head.median();
-  r->select = select.median();
-  r->comm_mean = r->comm.seconds / static_cast<double>(o.repeat);
-  r->comm_median = comm_times.median();
-  r->compute = compute_times.median();
 }
 
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
@@ -257,11 +259,11 @@ void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t 
   kernels::Ops& ops = rt.ops();
   const model::DrafterConfig& cfg = rt.config();
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
-  r->read_gbps = r->gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
+  r->read_gbps = r->gpu() ? measure_copy_gbps(ops) : measure_read_gbps(threads);
   r->gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
-  if (r->gpu && dtype != DType::F32) {
+  if (r->gpu() && dtype != DType::F32) {
     const int64_t chunk = std::min<int64_t>(rt.drafter().limits().settle_chunk, std::max<int64_t>(1, ctx));
     r->blas_settle_gflops = kernels::cublas_gemm_gflops(ops, dtype, chunk, cfg.hidden, cfg.n_taps() * cfg.hidden);
     r->blas_peak_gflops = kernels::cublas_gemm_gflops(ops, dtype, 8192, 8192, 8192);
@@ -271,41 +273,42 @@ void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t 
 nlohmann::json to_json(const BenchResult& r) {
   const parallel::CommStats& c = r.comm;
   nlohmann::json j;
-  j["config"] = r.config;
-  j["architecture"] = r.architecture;
-  j["backend"] = r.backend;
-  j["threads"] = r.threads;
-  j["tp"] = r.tp;
-  j["gather_logits"] = r.gather_logits;
-  j["sampling"] = r.sampling;
-  j["graphs"] = r.graphs;
+  j["config"] = r.o->drafter.empty() ? r.o->config : r.o->drafter;
+  j["architecture"] = r.cfg().arch_name;
+  j["backend"] = r.rt->ops().name();
+  j["threads"] = r.ctx->threads;
+  j["tp"] = r.rt->comm().size();
+  j["gather_logits"] = r.o->gather_logits;
+  j["sampling"] = r.sampling();
+  j["graphs"] = r.rt->drafter().graphs();
   j["replayed_drafts"] = r.replayed;
-  j["graph_nodes"] = r.graph_nodes;
-  j["replicas"] = r.replicas;
-  j["communicator"] = r.communicator;
-  j["all_reduce_path"] = r.all_reduce_path;
-  j["comm_ms"] = r.comm_mean * 1e3;
-  j["comm_ms_median"] = r.comm_median * 1e3;
+  j["graph_nodes"] = r.rt->drafter().graph_nodes(r.o->batch);
+  j["replicas"] = r.ctx->replicas;
+  j["communicator"] = r.rt->comm().name();
+  j["all_reduce_path"] = r.rt->comm().all_reduce_path();
+  j["comm_ms"] = r.comm_mean() * 1e3;
+  j["comm_ms_median"] = r.comm_times.median() * 1e3;
   j["comm_timing"] = c.timing;  // "events": the device all-reduces outside a graph by CUDA events
-  j["compute_ms"] = r.compute * 1e3;  // outside collectives
+  j["compute_ms"] = r.compute_times.median() * 1e3;  // outside collectives
   j["all_reduce_calls"] = r.per_draft(c.all_reduce_calls);
   j["all_reduce_bytes"] = r.per_draft(c.all_reduce_bytes);
   j["all_gather_calls"] = r.per_draft(c.all_gather_calls);
   j["all_gather_bytes"] = r.per_draft(c.all_gather_bytes);
   j["broadcast_calls"] = r.per_draft(c.broadcast_calls);
   j["broadcast_bytes"] = r.per_draft(c.broadcast_bytes);
-  j["weights_bytes_per_rank"] = r.weights_bytes;
-  j["context_bytes_per_rank"] = r.context_bytes;
-  j["vocab"] = r.vocab;
-  j["draft_vocab"] = r.draft_vocab;
-  j["sessions"] = r.sessions;
+  j["weights_bytes_per_rank"] = static_cast<double>(r.rt->weights().backend_bytes());
+  j["context_bytes_per_rank"] = static_cast<double>(r.rt->drafter().context_bytes_per_position() *
+                                                    static_cast<size_t>(r.context * r.o->batch));
+  j["vocab"] = r.cfg().vocab;
+  j["draft_vocab"] = r.cfg().draft_vocab;
+  j["sessions"] = r.o->batch;
   j["context"] = r.context;
-  j["dtype"] = r.dtype;
+  j["dtype"] = r.dtype();
   j["draft_ms"] = r.draft.median() * 1e3;  // the median, under the name the scaling scripts read
   put_figure(j, "draft_ms", r.draft, 1e3);
-  j["layers_ms"] = r.layers * 1e3;
-  j["head_ms"] = r.head * 1e3;
-  j["select_ms"] = r.select * 1e3;
+  j["layers_ms"] = r.layers.median() * 1e3;
+  j["head_ms"] = r.head.median() * 1e3;
+  j["select_ms"] = r.select.median() * 1e3;
   j["settle_rows_per_s"] = r.settle_rows_per_s();
   j["settle_gflops"] = r.settle_gflops();
   j["settle_warm"] = true;  // timed after one untimed settle: no first use in the figure
@@ -315,7 +318,7 @@ nlohmann::json to_json(const BenchResult& r) {
   j["achieved_gflops"] = r.achieved_gflops();
   j["achieved_gbps"] = r.achieved_gbps();
   j["machine_read_gbps"] = r.read_gbps;
-  j["machine_memory_ceiling"] = r.gpu ? "device copy (read + write)" : "host read";
+  j["machine_memory_ceiling"] = r.gpu() ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = r.gemm_gflops;
   j["roofline_ms"] = r.roofline() * 1e3;
   j["roofline_ratio"] = r.draft.median() / r.roofline();
@@ -337,33 +340,35 @@ std::string calls_and_bytes(const BenchResult& r, uint64_t calls, uint64_t bytes
 
 void print_table(const BenchResult& r) {
   const parallel::CommStats& c = r.comm;
+  model::RankRuntime& rt = *r.rt;
   std::printf("tpdraft bench: %s, %s weights, %s backend, tp %d (%s), %d thread(s) per rank, %lld session(s) x %lld "
               "context rows, %s drafts\n",
-              r.architecture.c_str(), r.dtype.c_str(), r.backend.c_str(), r.tp, r.communicator.c_str(), r.threads,
-              static_cast<long long>(r.sessions), static_cast<long long>(r.context), r.sampling.c_str());
-  if (r.draft_vocab > 0)
-    std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n", static_cast<long long>(r.draft_vocab),
-                static_cast<long long>(r.vocab));
+              r.cfg().arch_name.c_str(), r.dtype().c_str(), rt.ops().name(), rt.comm().size(), rt.comm().name().c_str(),
+              r.ctx->threads, static_cast<long long>(r.o->batch), static_cast<long long>(r.context),
+              r.sampling().c_str());
+  if (r.cfg().draft_vocab > 0)
+    std::printf("  head       a draft vocabulary of %lld of the %lld tokens\n",
+                static_cast<long long>(r.cfg().draft_vocab), static_cast<long long>(r.cfg().vocab));
   std::printf("  draft      median %8.2f ms   min %8.2f   max %8.2f   p10..p90 %.2f..%.2f  (%lld runs)\n",
               r.draft.median() * 1e3, r.draft.min() * 1e3, r.draft.max() * 1e3, r.draft.quantile(0.1) * 1e3,
-              r.draft.quantile(0.9) * 1e3,
-              static_cast<long long>(r.repeat));
+              r.draft.quantile(0.9) * 1e3, static_cast<long long>(r.o->repeat));
   std::printf("  phases     layers %.2f ms, head %.2f ms, selection %.2f ms (medians); forward %s (%lld of %lld "
               "replayed, %zu graph nodes)\n",
-              r.layers * 1e3, r.head * 1e3, r.select * 1e3, r.graphs ? "captured once, replayed" : "issued op by op",
-              static_cast<long long>(r.replayed), static_cast<long long>(r.repeat), r.graph_nodes);
-  std::printf("  comm       %.3f ms per draft: all-reduce %s, all-gather %s, broadcast %s\n", r.comm_mean * 1e3,
+              r.layers.median() * 1e3, r.head.median() * 1e3, r.select.median() * 1e3,
+              rt.drafter().graphs() ? "captured once, replayed" : "issued op by op", static_cast<long long>(r.replayed),
+              static_cast<long long>(r.o->repeat), rt.drafter().graph_nodes(r.o->batch));
+  std::printf("  comm       %.3f ms per draft: all-reduce %s, all-gather %s, broadcast %s\n", r.comm_mean() * 1e3,
               calls_and_bytes(r, c.all_reduce_calls, c.all_reduce_bytes).c_str(),
               calls_and_bytes(r, c.all_gather_calls, c.all_gather_bytes).c_str(),
               calls_and_bytes(r, c.broadcast_calls, c.broadcast_bytes).c_str());
-  if (!r.all_reduce_path.empty()) std::printf("  all-reduce %s\n", r.all_reduce_path.c_str());
+  if (!rt.comm().all_reduce_path().empty()) std::printf("  all-reduce %s\n", rt.comm().all_reduce_path().c_str());
   std::printf("  work       %.2f GFLOP, %.3f GB per draft (weights %.3f GB, context %.3f GB)\n", r.work.flops / 1e9,
               r.work.bytes() / 1e9, r.work.weight_bytes / 1e9, r.work.context_bytes / 1e9);
   std::printf("  achieved   %.1f GFLOP/s (%.0f%% of our GEMM's %.1f), %.1f GB/s (%.0f%% of %s bandwidth %.1f)\n",
               r.achieved_gflops(), 100 * r.achieved_gflops() / r.gemm_gflops, r.gemm_gflops, r.achieved_gbps(),
-              100 * r.achieved_gbps() / r.read_gbps, r.gpu ? "device copy" : "read", r.read_gbps);
+              100 * r.achieved_gbps() / r.read_gbps, r.gpu() ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
-              r.roofline() * 1e3, r.gpu ? "copy" : "read", r.draft.median() / r.roofline());
+              r.roofline() * 1e3, r.gpu() ? "copy" : "read", r.draft.median() / r.roofline());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s), warm (after one untimed settle)\n", r.settle_rows_per_s(),
               r.settle_gflops());
   std::printf("  machine    %s\n", r.load.describe().c_str());
@@ -380,7 +385,10 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   model::RankRuntime& rt = group.leader().runtime();
   const model::DrafterConfig& cfg = rt.config();
   BenchResult r;
-  r.gpu = !rt.ops().host_memory();
+  r.o = &o;
+  r.rt = &rt;
+  r.ctx = &ctx;
+  r.context = context;
   std::vector<int64_t> sessions;
   for (int64_t s = 0; s < o.batch; ++s) sessions.push_back(group.open_session());
   r.settle_seconds = settle_sessions(o, context, group, sessions);
@@ -393,7 +401,6 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   group.leader().check(entries);
   if (ctx.leader())
     TPDRAFT_LOG_INFO("settled {} x {} rows; timing {} drafts after {} warm-up", o.batch, context, o.repeat, o.warmup);
-  r.repeat = o.repeat;
   time_drafts(o, group, entries, pids, &r);
   for (const int64_t s : sessions) group.close_session(s);
   const double wbytes = static_cast<double>(dtype_size(rt.weights().head_dtype));
@@ -412,29 +419,6 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
     r.blas_settle_gflops = first->blas_settle_gflops;
     r.blas_peak_gflops = first->blas_peak_gflops;
   }
-  r.config = o.drafter.empty() ? o.config : o.drafter;
-  r.architecture = cfg.arch_name;
-  r.backend = rt.ops().name();
-  r.communicator = rt.comm().name();
-  r.all_reduce_path = rt.comm().all_reduce_path();
-  r.dtype = dtype_name(rt.weights().head_dtype);
-  if (!o.ranks.quant.empty()) r.dtype += " --quant " + o.ranks.quant;
-  else if (cfg.quant.any()) r.dtype += " (quantized checkpoint)";
-  r.threads = ctx.threads;
-  r.tp = rt.comm().size();
-  r.replicas = ctx.replicas;
-  r.sessions = o.batch;
-  r.context = context;
-  r.vocab = cfg.vocab;
-  r.draft_vocab = cfg.draft_vocab;
-  r.gather_logits = o.gather_logits;
-  const model::SamplingParams& sp = o.sampling;
-  r.sampling = sp.greedy() ? "greedy"
-                           : fmt::format("temperature {}, top-k {}, top-p {}", sp.temperature, sp.top_k, sp.top_p);
-  r.graphs = rt.drafter().graphs();
-  r.graph_nodes = rt.drafter().graph_nodes(o.batch);
-  r.weights_bytes = static_cast<double>(rt.weights().backend_bytes());
-  r.context_bytes = static_cast<double>(rt.drafter().context_bytes_per_position() * static_cast<size_t>(context * o.batch));
   return r;
 }
 
@@ -442,12 +426,13 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
 // One row per context of a sweep.
 void print_sweep(const std::vector<BenchResult>& rows) {
   std::printf("context sweep (%s, %d thread(s), tp %d; roofline: max of FLOPs / %.0f GFLOP/s, bytes / %.1f GB/s)\n",
-              rows[0].architecture.c_str(), rows[0].threads, rows[0].tp, rows[0].gemm_gflops, rows[0].read_gbps);
+              rows[0].cfg().arch_name.c_str(), rows[0].ctx->threads, rows[0].rt->comm().size(), rows[0].gemm_gflops,
+              rows[0].read_gbps);
   std::printf("  %9s %10s %10s %9s %12s %6s  %s\n", "context", "draft ms", "layers ms", "head ms", "roofline ms",
               "ratio", "machine");
   for (const BenchResult& r : rows)
     std::printf("  %9lld %10.2f %10.2f %9.2f %12.2f %6.2f  %s\n", static_cast<long long>(r.context),
-                r.draft.median() * 1e3, r.layers * 1e3, r.head * 1e3, r.roofline() * 1e3,
+                r.draft.median() * 1e3, r.layers.median() * 1e3, r.head.median() * 1e3, r.roofline() * 1e3,
                 r.draft.median() / r.roofline(), r.load.describe().c_str());
 }
 

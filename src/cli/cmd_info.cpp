@@ -66,6 +66,10 @@ struct Source {
     const double n = static_cast<double>(cfg.n_q * cfg.head_dim) * static_cast<double>(cfg.hidden);
     return static_cast<double>(model::quantized_share_bytes(s, cfg.n_q * cfg.head_dim, cfg.hidden)) / n;
   }
+  // What a rank of `plan` holds.
+  model::RankMemory memory(const model::ShardPlan& plan) const {
+    return model::rank_memory(cfg, plan, [this](const std::string& n) { return dtype_of(n); }, head_dtype);
+  }
 };
 
 void read_target(const std::string& dir, Source* src) {
@@ -89,14 +93,9 @@ Source open_source(const InfoOpts& o) {
   Source src;
   src.assumed = weight_dtype(o.dtype);
   src.head_dtype = src.assumed;
-  if (!o.drafter.empty()) {
-    src.path = o.drafter;
-    src.cfg = model::DrafterConfig::from_file(o.drafter + "/config.json");
-    src.store = model::TensorStore::open(o.drafter);
-  } else {
-    src.path = o.config;
-    src.cfg = model::DrafterConfig::from_file(o.config);
-  }
+  src.path = o.drafter.empty() ? o.config : o.drafter;
+  src.cfg = model::DrafterConfig::from_file(o.drafter.empty() ? o.config : o.drafter + "/config.json");
+  if (!o.drafter.empty()) src.store = model::TensorStore::open(o.drafter);
   if (!o.target.empty()) read_target(o.target, &src);
   // A speculators drafter's own head is the one it drafts with.
   if (const model::TensorInfo* own = src.store && src.cfg.layout == model::Layout::Speculators
@@ -136,23 +135,22 @@ void print_geometry(const Source& src) {
   const model::DrafterConfig& cfg = src.cfg;
   std::printf("drafter     %s (%s)%s\n", src.path.c_str(), cfg.arch_name.c_str(),
               src.store ? "" : fmt::format(", no checkpoint: {} assumed", dtype_name(src.assumed)).c_str());
-  std::printf("%s\n", fmt::format("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]", cfg.hidden,
-                                  cfg.layers, cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block,
-                                  cfg.n_taps(), fmt::join(cfg.taps, ", ")).c_str());
+  fmt::print("geometry    H {}, L {}, heads {}/{} x {}, F {}, V {}, B {}, taps {} [{}]\n", cfg.hidden, cfg.layers,
+             cfg.n_q, cfg.n_kv, cfg.head_dim, cfg.ffn, cfg.vocab, cfg.block, cfg.n_taps(), fmt::join(cfg.taps, ", "));
   std::string attention;
   for (int64_t l = 0; l < cfg.layers; ++l)
     attention += fmt::format(" {}{}", cfg.sliding[static_cast<size_t>(l)] ? fmt::format("sliding({})", cfg.window) : "full",
                              cfg.causal[static_cast<size_t>(l)] ? "/causal" : "");
   std::printf("attention  %s\n", attention.c_str());
   if (cfg.is_dflash2())
-    std::printf("%s\n", fmt::format("dflash2     conv K {}, group {} (G {}); selector rank {}, top-k {}", cfg.conv_kernel,
-                                    cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk).c_str());
+    fmt::print("dflash2     conv K {}, group {} (G {}); selector rank {}, top-k {}\n", cfg.conv_kernel,
+               cfg.conv_group, cfg.conv_groups(), cfg.selector_rank, cfg.selector_topk);
   std::printf("head        m_in %g, m_out %g, soft cap %g, mask token %lld, bias %s\n", cfg.in_scale, cfg.out_scale,
               cfg.softcap, static_cast<long long>(cfg.mask_token), cfg.bias ? "yes" : "no");
   if (cfg.draft_vocab > 0)
-    std::printf("%s\n", fmt::format("draft vocab {} of the {} target ids ({:.1f}%; {}): the head holds {} rows", cfg.draft_vocab,
-                                    cfg.vocab, 100.0 * static_cast<double>(cfg.draft_vocab) / static_cast<double>(cfg.vocab),
-                                    src.vocab_line, cfg.draft_vocab).c_str());
+    fmt::print("draft vocab {} of the {} target ids ({:.1f}%; {}): the head holds {} rows\n", cfg.draft_vocab, cfg.vocab,
+               100.0 * static_cast<double>(cfg.draft_vocab) / static_cast<double>(cfg.vocab), src.vocab_line,
+               cfg.draft_vocab);
 }
 
 // Parameters and bytes of every drafter tensor: the checkpoint's, or the expected ones.
@@ -204,8 +202,7 @@ void print_shares(const Source& src, int tp) {
 void print_ranks(const Source& src, int tp) {
   for (int r = 0; r < tp; ++r) {
     const auto plan = model::ShardPlan::make(src.cfg, r, tp);
-    const model::RankMemory m =
-        model::rank_memory(src.cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+    const model::RankMemory m = src.memory(plan);
     const std::string assumed = src.head_from_target || src.cfg.quant.head.quantized() ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
     const std::string head = human_bytes(m.head) + assumed;
     std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
@@ -231,8 +228,7 @@ nlohmann::json work_json(const model::WorkCount& w) {
 nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
   const model::DrafterConfig& cfg = src.cfg;
   const auto plan = model::ShardPlan::make(cfg, r, o.tp);
-  const model::RankMemory m =
-      model::rank_memory(cfg, plan, [&](const std::string& n) { return src.dtype_of(n); }, src.head_dtype);
+  const model::RankMemory m = src.memory(plan);
   const double wb = src.weight_bytes();
   const model::WorkCount settle = model::settle_work(cfg, plan, 1, wb);
   model::WorkCount draft = model::draft_work(cfg, plan, o.sessions, o.ctx, wb);

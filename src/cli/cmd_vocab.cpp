@@ -43,11 +43,10 @@ void run_vocab(const VocabOpts& o) {
   for (int64_t id : ids) covered += counts[static_cast<size_t>(id)];
   for (uint64_t c : counts) distinct += c > 0 ? 1 : 0;
   model::write_token_map(o.out, ids);
-  std::printf("%s\n", fmt::format("wrote {}: {} target ids ({} kept by --keep) of {}; they cover {:.2f}% of the "
-                                  "corpus's {} tokens ({} distinct ids seen)",
-                                  o.out, ids.size(), o.keep.size(), V,
-                                  100.0 * static_cast<double>(covered) / static_cast<double>(total), total, distinct)
-                          .c_str());
+  fmt::print("wrote {}: {} target ids ({} kept by --keep) of {}; they cover {:.2f}% of the corpus's {} tokens ({} "
+             "distinct ids seen)\n",
+             o.out, ids.size(), o.keep.size(), V, 100.0 * static_cast<double>(covered) / static_cast<double>(total),
+             total, distinct);
   if (static_cast<int64_t>(ids.size()) < o.size)
     std::printf("note: the corpus holds fewer distinct ids than --size %lld; the map lists only those seen\n",
                 static_cast<long long>(o.size));

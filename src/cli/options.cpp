@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,19 @@ std::string bound_text(long long lo, long long hi) {
 std::string bound_text(double lo, double hi) {
   if (hi == std::numeric_limits<double>::max()) return fmt::format("at least {}", lo);
   return fmt::format("in [{}, {}]", lo, hi);
+}
+
+// A finite number that `in_range` takes; `bound` says which.
+CLI::Validator finite_number(const std::string& bound, const std::function<bool(double)>& in_range) {
+  return CLI::Validator(
+      [bound, in_range](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !std::isfinite(v)) return "expected a number, got '" + value + "'";
+        if (!in_range(v)) return "must be " + bound + ", got " + value;
+        return std::string();
+      },
+      bound);
 }
 }  // namespace
 
@@ -35,29 +49,10 @@ CLI::Validator whole_number(long long lo, long long hi, const std::string& why) 
 }
 
 CLI::Validator real_number(double lo, double hi) {
-  const std::string bound = bound_text(lo, hi);
-  return CLI::Validator(
-      [lo, hi, bound](std::string& value) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || !std::isfinite(v)) return "expected a number, got '" + value + "'";
-        if (v < lo || v > hi) return "must be " + bound + ", got " + value;
-        return std::string();
-      },
-      bound);
+  return finite_number(bound_text(lo, hi), [lo, hi](double v) { return v >= lo && v <= hi; });
 }
 
-CLI::Validator kept_mass() {
-  return CLI::Validator(
-      [](std::string& value) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || !std::isfinite(v)) return "expected a number, got '" + value + "'";
-        if (!(v > 0 && v <= 1)) return "must be in (0, 1], got " + value;
-        return std::string();
-      },
-      "in (0, 1]");
-}
+CLI::Validator kept_mass() { return finite_number("in (0, 1]", [](double v) { return v > 0 && v <= 1; }); }
 
 CLI::Validator seed_number() {
   return CLI::Validator(
