@@ -34,13 +34,7 @@ const char* weight_format_name(WeightFormat f) {
 }
 
 Matrix quantized_matrix(const QuantizedRows& src, const void* packed) {
-  Matrix m;
-  m.format = quantized_format(src.bits);
-  m.rows = src.rows;
-  m.cols = src.cols;
-  m.group = src.group;
-  m.data = packed;
-  return m;
+  return {DType::F32, src.rows, src.cols, packed, quantized_format(src.bits), src.group};
 }
 
 void Ops::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {

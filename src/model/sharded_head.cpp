@@ -194,10 +194,7 @@ Pick draw_from(const std::vector<Candidate>& cand, size_t keep, double inv_t, ui
       best = i;
     }
   }
-  const double mx = cand.front().value * inv_t;
-  double z = 0;
-  for (size_t i = 0; i < keep; ++i) z += std::exp(cand[i].value * inv_t - mx);
-  return {cand[best].id, static_cast<float>(std::exp(cand[best].value * inv_t - mx) / z)};
+  return {cand[best].id, static_cast<float>(pool_support(cand, keep, inv_t)[best].second)};
 }
 
 }  // namespace

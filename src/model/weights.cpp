@@ -272,11 +272,7 @@ const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
 
 kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
                                             const std::vector<int64_t>& shape) {
-  return load_matrix(store, name, shape, tensor_share(cfg_, plan_, name, shape));
-}
-
-kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
-                                            const std::vector<int64_t>& shape, const TensorShare& share) {
+  const TensorShare share = tensor_share(cfg_, plan_, name, shape);
   // Memory estimates (tpdraft info) count what tensor_share says; the load must agree.
   TPDRAFT_CHECK(!share.as_f32 && share.placement != Placement::HostMapped,
                 "the shard rules do not keep tensor '{}' as a matrix in backend memory", name);

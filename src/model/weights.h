@@ -66,10 +66,8 @@ class DrafterWeights {
   const DraftVocab* draft_vocab() const { return vocab_.get(); }
 
  private:
-  // The rank's share of a tensor (tensor_share of `name`, or the one given), checked against `shape`.
+  // The rank's share of a tensor (tensor_share of `name`), checked against `shape`.
   kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);
-  kernels::Matrix load_matrix(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
-                              const TensorShare& share);
   kernels::Matrix load_quantized(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape,
                                  const TensorShare& share, const QuantScheme& scheme);
   const float* load_vector(const TensorStore& store, const std::string& name, const std::vector<int64_t>& shape);

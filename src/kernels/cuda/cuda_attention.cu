@@ -462,20 +462,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attn_mma_kernel(AttnArgs a, in
 }
 
 // The mma instantiation for a head dim (64 or 128) and ring element type.
-template <typename KV>
-auto* mma_kernel_for(int64_t d) {
-  return d == 64 ? attn_mma_kernel<64, KV> : attn_mma_kernel<128, KV>;
+auto* mma_kernel_for(int64_t d, bool kv_bf16) {
+  if (kv_bf16) return d == 64 ? attn_mma_kernel<64, __nv_bfloat16> : attn_mma_kernel<128, __nv_bfloat16>;
+  return d == 64 ? attn_mma_kernel<64, float> : attn_mma_kernel<128, float>;
 }
 
-template <int DC>
-void launch_partial(const AttnArgs& a, dim3 grid, int64_t qgroups, cudaStream_t stream) {
-  const size_t shared = partial_shared_bytes(a.p.head_dim);
-  // Above the default 48 KiB a kernel must opt in (D > 128 here). The setting is per device,
-  // so it is made on every such launch (a cheap host call).
+// The simt instantiation for a head dim, allowed its shared memory: above the default 48 KiB a
+// kernel must opt in (D > 128 here). The setting is per device, so it is made on every call (a
+// cheap host call).
+auto* partial_kernel_for(int64_t d) {
+  auto* fn = d <= 64 ? attn_partial_kernel<2> : d <= 128 ? attn_partial_kernel<4> : attn_partial_kernel<8>;
+  const size_t shared = partial_shared_bytes(d);
   if (shared > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(attn_partial_kernel<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(shared)));
-  attn_partial_kernel<DC><<<grid, kWarps * 32, shared, stream>>>(a, qgroups);
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+  return fn;
 }
 
 }  // namespace
@@ -484,20 +484,12 @@ bool attention_mma_supports(int64_t head_dim) { return head_dim == 64 || head_di
 
 int attention_blocks_per_sm(AttnKernel kernel, int64_t head_dim, bool kv_bf16) {
   int blocks = 0;
-  if (kernel == AttnKernel::mma) {
-    if (kv_bf16)
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_kernel_for<__nv_bfloat16>(head_dim),
-                                                               kMmaWarps * 32, 0));
-    else
-      CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_kernel_for<float>(head_dim), kMmaWarps * 32, 0));
-  } else {
-    const size_t shared = partial_shared_bytes(head_dim);
-    auto* fn = head_dim <= 64 ? attn_partial_kernel<2> : head_dim <= 128 ? attn_partial_kernel<4> : attn_partial_kernel<8>;
-    if (shared > 48 * 1024)
-      CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kWarps * 32, shared));
-  }
+  if (kernel == AttnKernel::mma)
+    CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_kernel_for(head_dim, kv_bf16), kMmaWarps * 32, 0));
+  else
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, partial_kernel_for(head_dim), kWarps * 32,
+                                                             partial_shared_bytes(head_dim)));
   return blocks > 0 ? blocks : 1;
 }
 
@@ -507,18 +499,10 @@ void launch_attention(const AttnArgs& a, AttnKernel kernel, cudaStream_t stream)
   const int64_t qgroups = (ratio * a.p.block + rows - 1) / rows;
   const dim3 grid(static_cast<unsigned>(a.splits + 1), static_cast<unsigned>(a.p.n_kv * qgroups),
                   static_cast<unsigned>(a.p.sessions));
-  if (kernel == AttnKernel::mma) {
-    if (a.p.kv_dtype == DType::BF16)
-      mma_kernel_for<__nv_bfloat16>(a.p.head_dim)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
-    else
-      mma_kernel_for<float>(a.p.head_dim)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
-  } else if (a.p.head_dim <= 64) {
-    launch_partial<2>(a, grid, qgroups, stream);
-  } else if (a.p.head_dim <= 128) {
-    launch_partial<4>(a, grid, qgroups, stream);
-  } else {
-    launch_partial<8>(a, grid, qgroups, stream);
-  }
+  if (kernel == AttnKernel::mma)
+    mma_kernel_for(a.p.head_dim, a.p.kv_dtype == DType::BF16)<<<grid, kMmaWarps * 32, 0, stream>>>(a, qgroups);
+  else
+    partial_kernel_for(a.p.head_dim)<<<grid, kWarps * 32, partial_shared_bytes(a.p.head_dim), stream>>>(a, qgroups);
   TPDRAFT_CHECK_LAUNCH("attention (chunk partials)");
   attn_merge_kernel<<<static_cast<unsigned>(a.p.sessions * a.p.n_q * a.p.block), kMergeThreads, 0, stream>>>(a);
   TPDRAFT_CHECK_LAUNCH("attention (merge)");

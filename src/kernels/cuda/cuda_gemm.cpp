@@ -32,18 +32,32 @@ void check_int(int64_t v, const char* what, const char* op) {
   TPDRAFT_CHECK(v >= 0 && v <= INT_MAX, "{}: {} = {} exceeds cuBLAS's int range", op, what, v);
 }
 
+// y [m, n] (ldy floats per row) = x [m, k] . W^T for row-major W [n, k] and x of dtype t, with f32
+// accumulation and output (see gemm_parts): cublasSgemm for f32, cublasGemmEx for 16-bit operands.
+void blas_gemm(cublasHandle_t blas, DType t, const void* w, int64_t n, int64_t k, const void* x, int64_t m, float* y,
+               int64_t ldy) {
+  const float one = 1.0f, zero = 0.0f;
+  const int in = static_cast<int>(n), ik = static_cast<int>(k), im = static_cast<int>(m), ld = static_cast<int>(ldy);
+  if (t == DType::F32)
+    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSgemm)(blas, CUBLAS_OP_T, CUBLAS_OP_N, in, im, ik, &one,
+                                                   static_cast<const float*>(w), ik, static_cast<const float*>(x), ik,
+                                                   &zero, y, ld));
+  else
+    CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(blas, CUBLAS_OP_T, CUBLAS_OP_N, in, im, ik, &one, w,
+                                                                blas_type(t), ik, x, blas_type(t), ik, &zero, y,
+                                                                CUDA_R_32F, ld, CUBLAS_COMPUTE_32F,
+                                                                CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 // Column-major view of the row-major product: y^T [n, rows] = W [n, K] . x^T [K, rows], i.e.
 // op(A) = W^T of the column-major [K, n] weight buffer, B = the [K, rows] activation buffer.
 int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, float** parts_out) {
   const int64_t k = w.cols;
-  const float one = 1.0f, zero = 0.0f;
   if (w.dtype == DType::F32) {
     float* out = parts_.as<float>(static_cast<size_t>(m * n), stream_);
-    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSgemm)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                             static_cast<int>(k), &one, static_cast<const float*>(w.data), static_cast<int>(k), x,
-                             static_cast<int>(k), &zero, out, static_cast<int>(n)));
+    blas_gemm(blas_, DType::F32, w.data, n, k, x, m, out, n);
     *parts_out = out;
     return 1;
   }
@@ -52,11 +66,7 @@ int CudaOps::gemm_parts(const Matrix& w, const float* x, int64_t m, int64_t n, f
   void* xa = act_.get(static_cast<size_t>(parts * m * k) * 2, stream_);
   launch_split_activations(x, m, k, w.dtype, parts, xa, stream_);
   float* out = parts_.as<float>(static_cast<size_t>(parts * m * n), stream_);
-  const cudaDataType_t t = blas_type(w.dtype);
-  CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(parts * m),
-                            static_cast<int>(k), &one, w.data, t, static_cast<int>(k), xa, t, static_cast<int>(k),
-                            &zero,
-                            out, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  blas_gemm(blas_, w.dtype, w.data, n, k, xa, parts * m, out, n);
   *parts_out = out;
   return parts;
 }
@@ -66,11 +76,7 @@ void CudaOps::gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x,
   check_int(k, "weight cols", "matmul");
   check_int(m, "rows", "matmul");
   check_int(ldy, "output row length", "matmul");
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(
-      blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, w,
-      CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF, static_cast<int>(k), &zero, y, CUDA_R_32F,
-      static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  blas_gemm(blas_, DType::BF16, w, n, k, x, m, y, ldy);
 }
 
 void CudaOps::do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) {
@@ -82,10 +88,7 @@ void CudaOps::do_matmul(const Matrix& w, const float* x, int64_t m, float* y, co
   DeviceGuard guard(device_);
   if (w.dtype == DType::F32) {
     // Straight into y; the bias (if any) added in place.
-    const float one = 1.0f, zero = 0.0f;
-    const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
-    CUBLAS_CHECK(TPDRAFT_LAZY(cublas, cublasSgemm)(blas_, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(m), k, &one,
-                             static_cast<const float*>(w.data), k, x, k, &zero, y, n));
+    blas_gemm(blas_, DType::F32, w.data, w.rows, w.cols, x, m, y, w.rows);
     if (bias != nullptr) launch_sum_parts(y, 1, m, w.rows, bias, y, stream_);
     return;
   }
@@ -160,6 +163,7 @@ namespace tpdraft::kernels {
 // in `dtype`, f32 accumulation and output), timed with events, best of 10 after a warm-up, on a
 // cuBLAS handle of its own (the settings of the backend's: host pointers, default math).
 double cuda_cublas_gemm_gflops(int device, cudaStream_t stream, DType dtype, int64_t m, int64_t n, int64_t k) {
+  using cuda::blas_gemm;
   using cuda::check_int;
   TPDRAFT_CHECK(dtype == DType::BF16 || dtype == DType::F16, "cublas_gemm_gflops: dtype must be BF16 or F16, got {}",
                 dtype_name(dtype));
@@ -190,14 +194,9 @@ double cuda_cublas_gemm_gflops(int device, cudaStream_t stream, DType dtype, int
     CUDA_CHECK(cudaMemsetAsync(b, 0, static_cast<size_t>(k * m) * 2, stream));
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
-    const float one = 1.0f, zero = 0.0f;
-    const cudaDataType_t t = cuda::blas_type(dtype);
     for (int rep = 0; rep < 11; ++rep) {
       CUDA_CHECK(cudaEventRecord(start, stream));
-      CUBLAS_CHECK(TPDRAFT_LAZY_T(cublas, cublasGemmEx, GemmExFn)(
-          blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, a, t,
-          static_cast<int>(k), b, t, static_cast<int>(k), &zero, c, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT));
+      blas_gemm(blas, dtype, a, n, k, b, m, static_cast<float*>(c), n);
       CUDA_CHECK(cudaEventRecord(stop, stream));
       CUDA_CHECK(cudaEventSynchronize(stop));
       float ms = 0;

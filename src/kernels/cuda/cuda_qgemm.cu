@@ -209,42 +209,26 @@ __global__ void dequant_kernel(QuantTiles w, int64_t n0, int64_t rows, __nv_bflo
   }
 }
 
+// The tensor-core instantiation for a bit width, row tiles (MT = 1..4, 16 rows each) and whether
+// the scale steps are uniform.
 template <int BITS, int MT>
-void launch_tc(const TcArgs& a, bool uniform, dim3 grid, cudaStream_t stream) {
-  if (uniform)
-    qgemm_tc_kernel<BITS, MT, true><<<grid, kThreads, 0, stream>>>(a);
-  else
-    qgemm_tc_kernel<BITS, MT, false><<<grid, kThreads, 0, stream>>>(a);
-}
-
-template <int BITS, int MT>
-int tc_blocks_per_sm(bool uniform) {
-  int blocks = 0;
-  if (uniform)
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, qgemm_tc_kernel<BITS, MT, true>, kThreads, 0));
-  else
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, qgemm_tc_kernel<BITS, MT, false>, kThreads, 0));
-  return blocks;
+auto* tc_kernel(bool uniform) {
+  return uniform ? qgemm_tc_kernel<BITS, MT, true> : qgemm_tc_kernel<BITS, MT, false>;
 }
 
 template <int BITS>
-int tc_blocks_per_sm(int mt, bool uniform) {
+auto* tc_kernel(int mt, bool uniform) {
   switch (mt) {
-    case 1: return tc_blocks_per_sm<BITS, 1>(uniform);
-    case 2: return tc_blocks_per_sm<BITS, 2>(uniform);
-    case 3: return tc_blocks_per_sm<BITS, 3>(uniform);
-    default: return tc_blocks_per_sm<BITS, 4>(uniform);
+    case 1: return tc_kernel<BITS, 1>(uniform);
+    case 2: return tc_kernel<BITS, 2>(uniform);
+    case 3: return tc_kernel<BITS, 3>(uniform);
+    default: return tc_kernel<BITS, 4>(uniform);
   }
 }
 
-template <int BITS>
-void launch_tc(const TcArgs& a, int mt, bool uniform, dim3 grid, cudaStream_t stream) {
-  switch (mt) {
-    case 1: launch_tc<BITS, 1>(a, uniform, grid, stream); break;
-    case 2: launch_tc<BITS, 2>(a, uniform, grid, stream); break;
-    case 3: launch_tc<BITS, 3>(a, uniform, grid, stream); break;
-    default: launch_tc<BITS, 4>(a, uniform, grid, stream); break;
-  }
+auto* tc_kernel_for(int bits, int64_t m, bool uniform) {
+  const int mt = static_cast<int>((m + 15) / 16);
+  return bits == 8 ? tc_kernel<8>(mt, uniform) : tc_kernel<4>(mt, uniform);
 }
 
 }  // namespace
@@ -270,13 +254,9 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
   a.chunks = plan.chunks;
   a.chunks_per_split = plan.chunks_per_split;
   a.splits = plan.splits;
-  const int mt = static_cast<int>((m + 15) / 16);
   const bool uniform = qtile::step_uniform(w.l.group, w.l.groups);
   const dim3 grid(static_cast<unsigned>(plan.block_columns), static_cast<unsigned>(plan.splits));
-  if (w.l.bits == 8)
-    launch_tc<8>(a, mt, uniform, grid, stream);
-  else
-    launch_tc<4>(a, mt, uniform, grid, stream);
+  tc_kernel_for(w.l.bits, m, uniform)<<<grid, kThreads, 0, stream>>>(a);
   TPDRAFT_CHECK_LAUNCH("qgemm (tensor cores)");
   if (plan.splits > 1) {
     sum_splits_kernel<<<stride_blocks(m * w.l.rows), kStrideThreads, 0, stream>>>(partials, plan.splits, m, w.l.rows,
@@ -286,8 +266,8 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
 }
 
 int qgemm_tc_blocks_per_sm(int bits, int64_t m, bool uniform) {
-  const int mt = static_cast<int>((m + 15) / 16);
-  const int blocks = bits == 8 ? tc_blocks_per_sm<8>(mt, uniform) : tc_blocks_per_sm<4>(mt, uniform);
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tc_kernel_for(bits, m, uniform), kThreads, 0));
   return blocks > 0 ? blocks : 1;
 }
 
