@@ -57,14 +57,10 @@ class SharedChannel final : public CommandChannel {
   // Null when the group's ranks are not all on this machine, or the segment cannot be made here
   // (every rank of the group gets the same answer).
   static std::unique_ptr<CommandChannel> open(MPI_Comm group) {
-    int rank = 0, size = 1, local = 0;
+    int rank = 0, size = 1;
     MPI_CHECK(MPI_Comm_rank(group, &rank));
     MPI_CHECK(MPI_Comm_size(group, &size));
-    MPI_Comm node = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    if (local != size) return nullptr;  // the same answer everywhere: every rank saw the whole group
+    if (node_local(group).size != size) return nullptr;  // the same answer everywhere: each saw the whole group
     const size_t bytes = Layout::bytes(size);
     // Rank 0 makes the segment and names it; the others map it; all agree that every rank did
     // before rank 0 unlinks the name (the mappings keep the memory for as long as they last).
