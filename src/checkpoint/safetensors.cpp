@@ -524,7 +524,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
                 shape_string(shape), dtype_name(dtype), expected, nbytes);
-  Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
+  OwnedTensor e{name, dtype, shape, std::vector<std::byte>(nbytes)};
   if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
   entries_.push_back(std::move(e));
 }
