@@ -19,6 +19,11 @@ std::string read_regular_file(const std::string& path, const char* what, size_t 
 // PATH.tmp is left behind).
 bool write_file_whole(const std::string& path, const std::string& text);
 
+// Makes (`create`: a new segment, mode 600, sized to `bytes` and read as zeros) or opens (one of
+// at least `bytes`) the POSIX shared-memory segment `name`, and maps `bytes` of it read-write;
+// null (errno set) when it cannot. A segment made here is unlinked again on failure.
+void* map_shared_memory(const char* name, size_t bytes, bool create);
+
 // Which file a path named when it was taken (device and inode), so that a file this process made
 // is removed only while it is still the same one (another process may have replaced it).
 struct FileIdentity {
