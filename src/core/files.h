@@ -1,6 +1,6 @@
-// Opening input files safely: a path given as a checkpoint, config or taps file may name a FIFO,
-// a device or a directory. These open without blocking, check that a regular file is there and
-// fail naming the path and what it is, before anything is read.
+// Files and shared memory. Input files are opened safely: a path given as a checkpoint, config or
+// taps file may name a FIFO, a device or a directory; these open without blocking, check that a
+// regular file is there and fail naming the path and what it is, before anything is read.
 #pragma once
 
 #include <cstddef>
