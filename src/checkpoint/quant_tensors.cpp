@@ -48,13 +48,11 @@ void refuse_unsupported(const TensorStore& store, const std::string& weight_name
                  gi->file, gi->name, weight_name);
 }
 
-// One scale as f32 from a float tensor at element i (unaligned safe).
+// One scale as f32 from a float tensor at element i (convert_to_f32 reads it where it lies,
+// aligned or not).
 float scale_at(const TensorInfo& t, int64_t i) {
-  const size_t es = dtype_size(t.dtype);
-  alignas(8) std::byte buf[8];
-  std::memcpy(buf, t.data + static_cast<size_t>(i) * es, es);
   float f = 0.0f;
-  convert_to_f32(t.dtype, buf, &f, 1);
+  convert_to_f32(t.dtype, t.data + static_cast<size_t>(i) * dtype_size(t.dtype), &f, 1);
   TPDRAFT_CHECK(std::isfinite(f), "{}: tensor '{}' holds a non-finite scale (NaN or Inf) at element {}", t.file,
                 t.name, i);
   return f;

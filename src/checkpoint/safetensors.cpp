@@ -42,8 +42,9 @@ bool convertible(DType t) { return t == DType::F32 || t == DType::F16 || t == DT
 // FP8 converts to the float dtypes (exactly), never from them.
 bool convertible(DType from, DType to) { return (convertible(from) || from == DType::F8E4M3) && convertible(to); }
 
-// Converts n elements from the (possibly unaligned) src to dst. Goes through small aligned
-// buffers, since safetensors does not promise that a tensor's bytes are aligned to its dtype.
+// Converts n elements from src to dst through a small f32 buffer. Either may be unaligned
+// (safetensors does not promise that a tensor's bytes are aligned to its dtype): the dtype
+// conversions load and store each element bytewise.
 void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std::byte* dst, size_t n) {
   if (n == 0) return;  // an empty tensor: its buffers may be null
   const size_t ss = dtype_size(t.dtype);
@@ -56,13 +57,11 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
                 dtype_name(t.dtype), dtype_name(dst_type));
   const size_t ds = dtype_size(dst_type);
   constexpr size_t kChunk = 1024;
-  alignas(8) std::byte in[kChunk * 8];
-  alignas(8) std::byte out[kChunk * 8];
   float f32[kChunk];
   for (size_t off = 0; off < n; off += kChunk) {
     const size_t m = std::min(kChunk, n - off);
-    std::memcpy(in, src + off * ss, m * ss);
-    convert_to_f32(t.dtype, in, f32, m);
+    convert_to_f32(t.dtype, src + off * ss, f32, m);
+    std::byte* out = dst + off * ds;
     if (dst_type == DType::F64) {
       for (size_t i = 0; i < m; ++i) {
         const double d = f32[i];
@@ -71,7 +70,6 @@ void convert_span(const TensorInfo& t, const std::byte* src, DType dst_type, std
     } else {
       convert_from_f32(dst_type, f32, out, m);
     }
-    std::memcpy(dst + off * ds, out, m * ds);
   }
 }
 
@@ -524,7 +522,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   TPDRAFT_CHECK(expected == nbytes,
                 "safetensors writer: tensor '{}' with shape {} and dtype {} needs {} bytes, got {}", name,
                 shape_string(shape), dtype_name(dtype), expected, nbytes);
-  Entry e{name, dtype, shape, std::vector<std::byte>(nbytes)};
+  OwnedTensor e{name, dtype, shape, std::vector<std::byte>(nbytes)};
   if (nbytes) std::memcpy(e.bytes.data(), data, nbytes);
   entries_.push_back(std::move(e));
 }

@@ -122,13 +122,7 @@ class SafetensorsWriter {
   void write(const std::string& path) const;
 
  private:
-  struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<std::byte> bytes;
-  };
-  std::vector<Entry> entries_;
+  std::vector<OwnedTensor> entries_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -43,9 +43,9 @@ float f16_to_f32(uint16_t h);
 float f8e4m3_to_f32(uint8_t v);
 uint16_t f32_to_f16(float f);
 
-// Converts n elements of type `src_type` at src to f32 at dst.
+// Converts n elements of type `src_type` at src (no alignment needed) to f32 at dst.
 void convert_to_f32(DType src_type, const void* src, float* dst, size_t n);
-// Converts n f32 values to `dst_type` (F32, F16 or BF16).
+// Converts n f32 values to `dst_type` (F32, F16 or BF16) at dst (no alignment needed).
 void convert_from_f32(DType dst_type, const float* src, void* dst, size_t n);
 
 // Index of the first NaN or infinity among n elements of type t at p (no alignment needed), or

@@ -4,6 +4,7 @@
 #include "core/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +80,21 @@ bool write_file_whole(const std::string& path, const std::string& text) {
   if (out.good() && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
   std::remove(tmp.c_str());
   return false;
+}
+
+void* map_shared_memory(const char* name, size_t bytes, bool create) {
+  const int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR | O_NOFOLLOW, 0);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  const bool ok = create ? ftruncate(fd, static_cast<off_t>(bytes)) == 0
+                         : fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes;
+  void* p = ok ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (create) shm_unlink(name);
+    return nullptr;
+  }
+  return p;
 }
 
 FileIdentity file_identity(const std::string& path) {

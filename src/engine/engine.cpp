@@ -143,19 +143,17 @@ void Engine::check_entry(const StepEntry& e, std::set<int64_t>* seen) const {
 
 const float* Engine::taps_f32(const StepEntry& e) {
   if (e.n_new == 0) return nullptr;
+  if (e.taps.on_device) rt_->ops().wait_for(e.taps.stream);
+  if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
+  const int64_t count = e.n_new * caps_.taps_width;
   if (e.taps.on_device) {
-    rt_->ops().wait_for(e.taps.stream);
-    if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
-    const int64_t count = e.n_new * caps_.taps_width;
     const size_t bytes = static_cast<size_t>(count) * sizeof(float);
     if (device_staged_.bytes() < bytes) device_staged_ = kernels::Buffer(rt_->ops(), bytes);
     rt_->ops().widen_to_f32(e.taps.dtype, e.taps.data, device_staged_.f32(), count);
     return device_staged_.f32();
   }
-  if (e.taps.dtype == DType::F32) return static_cast<const float*>(e.taps.data);
-  const size_t count = static_cast<size_t>(e.n_new * caps_.taps_width);
-  if (staged_.size() < count) staged_.resize(count);
-  convert_to_f32(e.taps.dtype, e.taps.data, staged_.data(), count);
+  staged_.resize(std::max(staged_.size(), static_cast<size_t>(count)));
+  convert_to_f32(e.taps.dtype, e.taps.data, staged_.data(), static_cast<size_t>(count));
   return staged_.data();
 }
 

@@ -114,13 +114,11 @@ void LocalGroup::run(const std::function<void(int)>& job) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0; });
   }
-  std::exception_ptr first;
-  for (const auto& e : errors_)
-    if (e && !first) first = e;
-  if (!first) return;
+  const auto first = std::find_if(errors_.begin(), errors_.end(), [](const auto& e) { return e != nullptr; });
+  if (first == errors_.end()) return;
   // A failed rank aborted the group's communicator, so no rank can rely on it any more.
-  broken_ = message_of(first);
-  std::rethrow_exception(first);
+  broken_ = message_of(*first);
+  std::rethrow_exception(*first);
 }
 
 void LocalGroup::on_all(const std::function<void(Engine&)>& fn) {

@@ -176,11 +176,11 @@ void mpi_abort_job(const std::string& reason) {
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm) { return std::make_unique<MpiCommunicator>(comm); }
 
-NodeLocal node_local() {
+NodeLocal node_local(MPI_Comm comm) {
   int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_Comm shared = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
   NodeLocal local;
   MPI_Comm_rank(shared, &local.rank);
   MPI_Comm_size(shared, &local.size);

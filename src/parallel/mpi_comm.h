@@ -74,12 +74,13 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);
 
-// This rank's place among the world's ranks sharing its machine (its GPU index on that machine).
+// This rank's place among the ranks of `comm` sharing its machine (in the world: its GPU index
+// on that machine). Collective over `comm`.
 struct NodeLocal {
   int rank = 0;
   int size = 1;
 };
-NodeLocal node_local();
+NodeLocal node_local(MPI_Comm comm = MPI_COMM_WORLD);
 
 // The command channel of a group whose ranks are processes of this job: when they all share one
 // machine, a shared-memory segment a waiting follower sleeps on (a futex); otherwise a

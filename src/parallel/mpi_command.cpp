@@ -2,9 +2,7 @@
 // ranks share one machine, else a non-blocking broadcast. Built only with TPDRAFT_HAVE_MPI.
 #ifdef TPDRAFT_HAVE_MPI
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +10,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "core/files.h"
 #include "core/futex.h"
 #include "parallel/mpi_comm.h"
 
@@ -57,14 +56,10 @@ class SharedChannel final : public CommandChannel {
   // Null when the group's ranks are not all on this machine, or the segment cannot be made here
   // (every rank of the group gets the same answer).
   static std::unique_ptr<CommandChannel> open(MPI_Comm group) {
-    int rank = 0, size = 1, local = 0;
+    int rank = 0, size = 1;
     MPI_CHECK(MPI_Comm_rank(group, &rank));
     MPI_CHECK(MPI_Comm_size(group, &size));
-    MPI_Comm node = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split_type(group, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    if (local != size) return nullptr;  // the same answer everywhere: every rank saw the whole group
+    if (node_local(group).size != size) return nullptr;  // the same answer everywhere: each saw the whole group
     const size_t bytes = Layout::bytes(size);
     // Rank 0 makes the segment and names it; the others map it; all agree that every rank did
     // before rank 0 unlinks the name (the mappings keep the memory for as long as they last).
@@ -74,11 +69,11 @@ class SharedChannel final : public CommandChannel {
       static std::atomic<uint64_t> counter{0};
       std::snprintf(name, sizeof(name), "/tpdraft-group-%d-%llu", static_cast<int>(getpid()),
                     static_cast<unsigned long long>(counter++));
-      base = map_segment(name, bytes, true);
+      base = map_shared_memory(name, bytes, true);  // reads as zeros: nothing posted, taken or asleep
       if (base == nullptr) name[0] = '\0';
     }
     MPI_CHECK(MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, group));
-    if (rank != 0 && name[0] != '\0') base = map_segment(name, bytes, false);
+    if (rank != 0 && name[0] != '\0') base = map_shared_memory(name, bytes, false);
     int mapped = base != nullptr ? 1 : 0, everywhere = 0;
     MPI_CHECK(MPI_Allreduce(&mapped, &everywhere, 1, MPI_INT, MPI_MIN, group));
     if (rank == 0 && name[0] != '\0') shm_unlink(name);
@@ -140,22 +135,6 @@ class SharedChannel final : public CommandChannel {
 
   SharedChannel(char* base, size_t bytes, int rank, int size) : base_(base), bytes_(bytes), rank_(rank), size_(size) {}
   Layout layout() const { return Layout{base_}; }
-
-  // Makes (create) or opens the segment `name` of `bytes` and maps it; null when it cannot.
-  static void* map_segment(const char* name, size_t bytes, bool create) {
-    const int fd = create ? shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600) : shm_open(name, O_RDWR | O_NOFOLLOW, 0);
-    if (fd < 0) return nullptr;
-    struct stat st {};
-    const bool ok = create ? ftruncate(fd, static_cast<off_t>(bytes)) == 0
-                           : fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= bytes;
-    void* p = ok ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    close(fd);
-    if (p == MAP_FAILED) {
-      if (create) shm_unlink(name);
-      return nullptr;
-    }
-    return p;  // a new segment reads as zeros: nothing posted, taken or asleep
-  }
 
   char* base_;
   size_t bytes_;

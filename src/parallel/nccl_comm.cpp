@@ -13,20 +13,17 @@
 
 namespace tpdraft::parallel {
 
-std::unique_ptr<Communicator> make_backend_comm(Communicator& group, kernels::Ops& ops, bool prefer_nccl) {
+std::unique_ptr<Communicator> make_backend_comm([[maybe_unused]] Communicator& group, kernels::Ops& ops,
+                                               [[maybe_unused]] bool prefer_nccl) {
   if (ops.host_memory()) return nullptr;
 #ifdef TPDRAFT_HAVE_CUDA
   const int device = ops.device();
   auto stream = static_cast<cudaStream_t>(ops.stream());
 #ifdef TPDRAFT_HAVE_NCCL
   if (prefer_nccl) return make_nccl(group, device, stream);  // at one rank too: nothing moves, but graphs hold it
-#else
-  (void)prefer_nccl;
 #endif
   return make_host_staged(group, device, stream);
 #else
-  (void)group;
-  (void)prefer_nccl;
   TPDRAFT_FAIL("a 'cuda' backend in a build without CUDA");
 #endif
 }
@@ -418,9 +415,8 @@ class NcclCommunicator final : public Communicator {
   // Queues data[i] = sum over ranks on the stream: through the symmetric window when there is
   // one and the data fits (a device copy on each side of NCCL's symmetric kernel), else in place.
   void sum_in_place(float* d, size_t count) {
-    const size_t bytes = count * sizeof(float);
 #ifdef TPDRAFT_NCCL_WINDOWS
-    if (window_ != nullptr && bytes <= kWindowBytes) {
+    if (const size_t bytes = count * sizeof(float); window_ != nullptr && bytes <= kWindowBytes) {
       CUDA_CHECK(cudaMemcpyAsync(window_buf_, d, bytes, cudaMemcpyDeviceToDevice, stream_));
       start("all_reduce_sum",
             TPDRAFT_LAZY(nccl, ncclAllReduce)(window_buf_, window_buf_, count, ncclFloat, ncclSum, comm_, stream_));
@@ -428,8 +424,6 @@ class NcclCommunicator final : public Communicator {
       CUDA_CHECK(cudaMemcpyAsync(d, window_buf_, bytes, cudaMemcpyDeviceToDevice, stream_));
       return;
     }
-#else
-    (void)bytes;
 #endif
     start("all_reduce_sum", TPDRAFT_LAZY(nccl, ncclAllReduce)(d, d, count, ncclFloat, ncclSum, comm_, stream_));
   }
@@ -522,11 +516,15 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  // NCCL's name for `rc` and its last error message on this communicator.
+  std::string described(ncclResult_t rc) const {
+    return fmt::format("{} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_));
+  }
+
   // A nonblocking call has been issued: wait (bounded) until NCCL has taken it.
   void start(const char* what, ncclResult_t rc) {
     require_live(what);
-    if (rc != ncclSuccess && rc != ncclInProgress)
-      give_up(what, fmt::format("could not start: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
+    if (rc != ncclSuccess && rc != ncclInProgress) give_up(what, "could not start: " + described(rc));
     if (rc == ncclInProgress) finish_call(what);
   }
 
@@ -537,8 +535,7 @@ class NcclCommunicator final : public Communicator {
       const ncclResult_t rc = TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state);
       if (rc != ncclSuccess) give_up(what, fmt::format("failed: {}", TPDRAFT_LAZY(nccl, ncclGetErrorString)(rc)));
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress)
-        give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state), TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
+      if (state != ncclInProgress) give_up(what, "failed: " + described(state));
       if (Clock::now() > deadline)
         give_up(what, fmt::format("did not complete within {} s (TPDRAFT_NCCL_TIMEOUT_S)", timeout_));
       std::this_thread::yield();
@@ -550,8 +547,7 @@ class NcclCommunicator final : public Communicator {
     ncclResult_t state = ncclSuccess;
     if (TPDRAFT_LAZY(nccl, ncclCommGetAsyncError)(comm_, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress)
-      give_up(what, fmt::format("failed: {} ({})", TPDRAFT_LAZY(nccl, ncclGetErrorString)(state),
-                                TPDRAFT_LAZY(nccl, ncclGetLastError)(comm_)));
+      give_up(what, "failed: " + described(state));
   }
 
   // Polls the stream (and NCCL's error state while it is busy) until the collective is done.

@@ -1,7 +1,6 @@
 // The client of `tpdraft serve` (serve/client.h).
 #include "serve/client.h"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <zmq.h>
 
 #include "core/bounds.h"
+#include "core/files.h"
 #include "serve/keys.h"
 #include "serve/message.h"
 #include "serve/ring.h"
@@ -286,16 +286,8 @@ struct Client::Impl {
     static std::atomic<uint64_t> counter{0};
     *name = fmt::format("{}{}-{}-{}", kRingNamePrefix, getpid(), counter++,
                         std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-    const int fd = shm_open(name->c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return false;
-    void* p = ftruncate(fd, bytes) == 0
-                  ? mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      shm_unlink(name->c_str());
-      return false;
-    }
+    void* p = map_shared_memory(name->c_str(), static_cast<size_t>(bytes), true);
+    if (p == nullptr) return false;
     ring = static_cast<char*>(p);
     ring_bytes = static_cast<size_t>(bytes);
     return true;

@@ -64,12 +64,9 @@ Law law_for(const std::string& name, const std::vector<int64_t>& shape, const Dr
 
 OwnedTensor generate(const std::string& name, const std::vector<int64_t>& shape, DType dtype, const Law& law,
                      uint64_t seed, ThreadPool& pool) {
-  OwnedTensor t;
-  t.name = name;
-  t.dtype = dtype;
-  t.shape = shape;
   const int64_t n = checked_numel(shape, "random tensor '{}'", name);
-  t.bytes.resize(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name));
+  OwnedTensor t{name, dtype, shape,
+                std::vector<std::byte>(checked_bytes(shape, dtype_size(dtype), "random tensor '{}'", name))};
   const uint64_t key = splitmix64(seed ^ name_hash(name));
   const double a = std::sqrt(3.0) * law.sigma;
   const bool base_kernel = ends_with(name, "base_kernel");
