@@ -144,22 +144,31 @@ TEST_F(CpuOps, IsaVariantsAgree) {
 // ------------------------------------------------------------------------------------------------
 // norms and RoPE
 
+// rms_norm in float64 over rows of x: ref = w * x / sqrt(mean(x^2) + 1e-6), scale = |ref|.
+template <typename T>
+void rms_norm_f64(const std::vector<T>& x, const std::vector<float>& w, int64_t rows, int64_t n,
+                  std::vector<double>& ref, std::vector<double>& scale) {
+  ref.assign(rows * n, 0.0);
+  scale.assign(rows * n, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(x[r * n + c]) * x[r * n + c];
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (int64_t c = 0; c < n; ++c) {
+      ref[r * n + c] = w[c] * static_cast<double>(x[r * n + c]) * inv;
+      scale[r * n + c] = std::fabs(ref[r * n + c]);
+    }
+  }
+}
+
 TEST_F(CpuOps, RmsNormMatchesFloat64) {
   std::mt19937_64 rng(21);
   for (int64_t rows : {1, 5, 16, 40})
     for (int64_t n : {1, 7, 33, 2048}) {
       const auto x = randn(rows * n, rng, 3.0f, 0.5f);
       const auto w = randn(n, rng, 0.2f, 1.0f);
-      std::vector<double> ref(rows * n), scale(rows * n);
-      for (int64_t r = 0; r < rows; ++r) {
-        double ss = 0;
-        for (int64_t c = 0; c < n; ++c) ss += static_cast<double>(x[r * n + c]) * x[r * n + c];
-        const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
-        for (int64_t c = 0; c < n; ++c) {
-          ref[r * n + c] = w[c] * x[r * n + c] * inv;
-          scale[r * n + c] = std::fabs(ref[r * n + c]);
-        }
-      }
+      std::vector<double> ref, scale;
+      rms_norm_f64(x, w, rows, n, ref, scale);
       for (Isa isa : sweep.isas()) {
         cpu::force_isa(isa);
         std::vector<float> y(rows * n, kNaN);
@@ -181,17 +190,9 @@ TEST_F(CpuOps, AddRmsNormIsTheAddThenTheNorm) {
       const auto h0 = randn(rows * n, rng, 3.0f, 0.5f), x = randn(rows * n, rng, 2.0f);
       const auto w = randn(n, rng, 0.2f, 1.0f);
       std::vector<float> sum(rows * n);
-      std::vector<double> exact(rows * n), ref(rows * n), scale(rows * n);
+      std::vector<double> exact(rows * n), ref, scale;
       for (int64_t i = 0; i < rows * n; ++i) sum[i] = h0[i] + x[i], exact[i] = static_cast<double>(h0[i]) + x[i];
-      for (int64_t r = 0; r < rows; ++r) {
-        double ss = 0;
-        for (int64_t c = 0; c < n; ++c) ss += exact[r * n + c] * exact[r * n + c];
-        const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
-        for (int64_t c = 0; c < n; ++c) {
-          ref[r * n + c] = w[c] * exact[r * n + c] * inv;
-          scale[r * n + c] = std::fabs(ref[r * n + c]);
-        }
-      }
+      rms_norm_f64(exact, w, rows, n, ref, scale);
       for (Isa isa : sweep.isas()) {
         cpu::force_isa(isa);
         const std::string at = fmt::format("add_rms_norm {}x{} {}", rows, n, cpu::isa_name(isa));
