@@ -454,10 +454,12 @@ def load_taps(args, cfg):
     return torch.from_numpy(np.ascontiguousarray(u)).to(DEVICE, DTYPE)
 
 
+# Waits for the device, so that host timers measure the work and not its launch.
+sync = torch.cuda.synchronize if DEVICE.type == "cuda" else lambda device: None
+
+
 def timed(work):
-    """(work(), its seconds), waiting for the device at both ends so that host timers measure the
-    work and not its launch."""
-    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else lambda device: None
+    """(work(), its seconds), waiting for the device at both ends."""
     sync(DEVICE)
     t0 = time.perf_counter()
     out = work()
@@ -475,17 +477,14 @@ def main(args):
         taps = load_taps(args, cfg)
         _, settle_s = timed(lambda: model.settle(taps))
         rows = taps.shape[0]
+        last = []  # the last draft's outputs
 
-        def drafts():  # the last draft's outputs, the seconds of each timed one
-            for _ in range(args.warmup):
-                model.draft(args.anchor)
-            times = []
-            for _ in range(args.repeat):
-                out, seconds = timed(lambda: model.draft(args.anchor))
-                times.append(seconds)
-            return out, times
+        def draft(_):  # ends waiting for the device, so that the next run's timer starts on an idle one
+            last[:] = model.draft(args.anchor)
+            sync(DEVICE)
 
-        ((tokens, hidden, logits), times), load = timing.with_load(drafts)
+        times, load = timing.with_load(lambda: timing.time_runs(draft, args.warmup, args.repeat))
+        tokens, hidden, logits = last
 
         if args.dump:
             arrays = {"hidden": hidden.float().cpu().numpy(), "logits": logits.float().cpu().numpy(),
