@@ -121,6 +121,7 @@ say() { echo "gpu-check [$(elapsed)s]: $*" >&2; }
 declare -A state=()  # step -> ok | FAILED | CUT | skipped
 declare -a summary=()
 record() { summary+=("$(printf '%-24s %s' "$1" "$2")"); }
+mark() { state[$1]=$2; record "$1" "$3"; }  # NAME STATE LINE: a step's state and its summary line
 
 write_summary() {  # the probe and the steps so far; finish() adds the tables
   {
@@ -129,6 +130,8 @@ write_summary() {  # the probe and the steps so far; finish() adds the tables
     printf '%s\n' "${summary[@]}"
   } >"$OUT/summary.txt"
 }
+
+skip() { mark "$1" skipped "skipped ($2)"; write_summary; }  # NAME WHY
 
 in_list() {  # NAME LIST: whether LIST (words, or "all") holds NAME
   [ "$2" = all ] && return 0
@@ -166,19 +169,14 @@ run_limited() {
   local name=$1 limit=$2 needs=$3 need
   shift 3
   for need in ${needs//,/ }; do
-    [ "$need" = - ] && continue
-    if [ "${state[$need]:-}" != ok ]; then
-      state[$name]=skipped
-      record "$name" "skipped (needs $need: ${state[$need]:-not run})"
-      write_summary
+    if [ "$need" != - ] && [ "${state[$need]:-}" != ok ]; then
+      skip "$name" "needs $need: ${state[$need]:-not run}"
       return 1
     fi
   done
   local left=$((DEADLINE - $(elapsed)))
   if ((left <= 5)); then
-    state[$name]=skipped
-    record "$name" "skipped (the deadline is spent)"
-    write_summary
+    skip "$name" "the deadline is spent"
     return 1
   fi
   if [ -n "$STUB" ]; then
@@ -192,15 +190,12 @@ run_limited() {
   t0=$(elapsed)
   step --timeout "$limit" "$@" >"$LOGS/$name.out" 2>"$LOGS/$name.log" || rc=$?
   if ((rc == 0)); then
-    state[$name]=ok
-    record "$name" "ok ($(($(elapsed) - t0)) s)"
+    mark "$name" ok "ok ($(($(elapsed) - t0)) s)"
   elif ((rc == 124 || rc == 137)); then
-    state[$name]=CUT
-    record "$name" "CUT after $(($(elapsed) - t0)) s (limit $limit s; see $name.log)"
+    mark "$name" CUT "CUT after $(($(elapsed) - t0)) s (limit $limit s; see $name.log)"
     tail -20 "$LOGS/$name.log" >&2 || true
   else
-    state[$name]=FAILED
-    record "$name" "FAILED (exit $rc; see $name.log)"
+    mark "$name" FAILED "FAILED (exit $rc; see $name.log)"
     tail -30 "$LOGS/$name.log" "$LOGS/$name.out" >&2 || true
   fi
   write_summary
@@ -283,8 +278,7 @@ run_step configure cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTPDRAFT_C
   -DTPDRAFT_PYTHON=OFF -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" "${mpi_flag[@]}" "${nccl_flag[@]}" "${prefix_flag[@]}" || true
 run_step build-cli cmake --build "$BUILD" -j "$jobs" --target tpdraft_cli || true
 if [ -f "$CKPT/drafter/config.json" ] && [ -z "$STUB" ]; then
-  state[checkpoint]=ok
-  record checkpoint "ok (reused $CKPT)"
+  mark checkpoint ok "ok (reused $CKPT)"
 else
   run_step checkpoint sh -c "rm -rf \"$CKPT\" && \"$BUILD/tpdraft\" init --config configs/qwen3-8b-dflash-b16.json \
     --out \"$CKPT\" --seed 1 --dtype bf16" || true
