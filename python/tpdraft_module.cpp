@@ -400,9 +400,10 @@ const std::string& whole_string(const std::string& s, const char* name) {
   return s;
 }
 
-std::string path_or_str(const py::object& v, const char* name) {
+// A str or os.PathLike as the path it names; anything else is a TypeError saying what `name` must be.
+std::string path_or_str(const py::object& v, const char* name, const char* must_be) {
   if (!py::isinstance<py::str>(v) && !py::hasattr(v, "__fspath__"))
-    throw py::type_error(std::string(name) + " must be a str or a path, got " + py::repr(v).cast<std::string>());
+    throw py::type_error(std::string(name) + " must be " + must_be + ", got " + py::repr(v).cast<std::string>());
   return whole_string(py::module_::import("os").attr("fspath")(v).cast<std::string>(), name);
 }
 
@@ -437,7 +438,7 @@ class Drafter : public Endpoint<InProcess> {
     py::array_t<int64_t> map_ids;
     if (!token_map.is_none()) {
       if (py::isinstance<py::str>(token_map) || py::hasattr(token_map, "__fspath__")) {
-        map_path = path_or_str(token_map, "token_map");
+        map_path = path_or_str(token_map, "token_map", "a str or a path");
         o.token_map = map_path.c_str();
       } else {
         map_ids = token_ids(token_map);
@@ -460,10 +461,7 @@ class Client : public Endpoint<Served> {
     whole_string(address, "address");
     std::string key;
     if (!server_key.is_none()) {
-      if (!py::isinstance<py::str>(server_key) && !py::hasattr(server_key, "__fspath__"))
-        throw py::type_error("server_key must be a str (the key, or the file holding it) or a path, got " +
-                             py::repr(server_key).cast<std::string>());
-      key = path_or_str(server_key, "server_key");
+      key = path_or_str(server_key, "server_key", "a str (the key, or the file holding it) or a path");
       o.server_key = key.c_str();
     }
     o.timeout_seconds = timeout;
