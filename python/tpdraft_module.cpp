@@ -258,14 +258,12 @@ class Endpoint {
       std::lock_guard<std::mutex> lock(calls_mutex_);
       ++in_flight_;
     }
-    tpdraft_status st;
-    {
-      py::gil_scoped_release unlocked;
-      st = f(h);
+    call_unlocked([&] {
+      const tpdraft_status st = f(h);
       std::lock_guard<std::mutex> lock(calls_mutex_);
       if (--in_flight_ == 0) calls_done_.notify_all();
-    }
-    raise_for(st);
+      return st;
+    });
   }
 
  private:
