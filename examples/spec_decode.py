@@ -32,19 +32,13 @@ except ImportError:  # run from a source tree built into build/
 
 import qwen3_target  # noqa: E402  (beside this file)
 
-# One round of a sequence whose last committed token, the anchor, sits at position a:
-# - The drafter's session holds positions 0 .. held - 1; the tap rows of held .. a - 1 come from
-#   the target's previous forward. One library step: keep = held, settle those rows at held,
-#   draft d_1 .. d_{B-1} for positions a + 1 .. a + B - 1 from the anchor.
-# - The target runs [anchor, d_1 .. d_{B-1}] at positions a .. a + B - 1 in one forward over its
-#   KV cache (rows past the committed length are overwritten or masked, never rolled back).
-# - m drafts are accepted and the target's own token follows at a + m + 1: the next anchor. The
-#   tap rows of a .. a + m (the anchor and the accepted drafts) are committed; they go to the
-#   drafter next round. Rows of refused drafts are dropped here and never given to it.
-# So keep is always the session's length: the drafter only settles committed positions, and a
-# drafted block never enters its context, so a refusal leaves it nothing to roll back. keep below
-# the length matters when a session holds positions that are no longer committed: one reused for
-# a new continuation of the same prompt (decode's prompt_held), or a target that takes tokens back.
+# One round of a sequence is docs/model.md's speculative round: the drafter's session holds
+# positions 0 .. held - 1, and one library step settles the tap rows of held .. a - 1 (from the
+# target's previous forward) and drafts from the anchor at a. The drafter only settles committed
+# positions (docs/library.md), so keep is always the session's length: a refusal leaves it nothing
+# to roll back. keep below the length matters when a session holds positions that are no longer
+# committed: one reused for a new continuation of the same prompt (decode's prompt_held), or a
+# target that takes tokens back.
 
 
 @dataclass(frozen=True)
