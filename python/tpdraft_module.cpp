@@ -590,13 +590,11 @@ PYBIND11_MODULE(_core, m) {
   py::module_::import("atexit").attr("register")(py::cpp_function([] { set_log_callback(py::none()); }));
 
   py::class_<Drafter> drafter(m, "Drafter",
-                              "Drafter(drafter_dir, target_dir, *, backend='auto', threads=0, tp=1, max_sessions=8, "
-                              "max_context=4096, max_open_sessions=64, graphs=None, quant=None, token_map=None, "
-                              "kv_dtype=None); kv_dtype: None or 'f32', or 'bf16' (the context cache in bf16, cpu "
-                              "backend only); quant: "
-                              "None, 'q8', 'q4', 'q8+head' or 'q4+head' (quantize a float checkpoint while loading; "
-                              "+head: the target's head too); token_map: a token map file (JSON list of target ids, or "
-                              "safetensors with 'token_ids') or a sequence of target ids: draft over those ids only");
+                              "A drafter in this process (__init__ has the options). kv_dtype: None or 'f32', or "
+                              "'bf16' (the context cache in bf16, cpu backend only); quant: None, 'q8', 'q4', 'q8+head' "
+                              "or 'q4+head' (quantize a float checkpoint while loading; +head: the target's head too); "
+                              "token_map: a token map file (JSON list of target ids, or safetensors with 'token_ids') "
+                              "or a sequence of target ids: draft over those ids only");
   drafter.def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int,
                        py::object, py::object, py::object, py::object>(),
               py::arg("drafter_dir"), py::arg("target_dir"), py::kw_only(), py::arg("backend") = "auto",
@@ -615,9 +613,8 @@ PYBIND11_MODULE(_core, m) {
                "Where the last step's time went (seconds): settle, draft, total (inside the library)");
 
   py::class_<Client> client(m, "Client",
-                            "Client(address, *, timeout=10.0, shared_memory=None, ring_bytes=0, server_key=None): a "
-                            "drafter served by `tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with the "
-                            "calls of Drafter. A call the server does not answer within timeout seconds raises "
+                            "A drafter served by `tpdraft serve` at address (ipc://PATH or tcp://HOST:PORT), with "
+                            "the calls of Drafter. A call the server does not answer within timeout seconds raises "
                             "UnavailableError and closes the client; a step the server's full queue did not take "
                             "raises BusyError (an UnavailableError) and leaves it open. shared_memory: taps through a "
                             "shared-memory ring (None: for ipc:// addresses). server_key: the public CURVE key of a "
