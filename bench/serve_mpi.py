@@ -51,20 +51,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(A.bin)), "python
 import tpdraft  # noqa: E402
 
 
-def timed_steps(client, steps, warmup, seed):
-    """(wall seconds, server settle + draft seconds) of each of `steps` steps of one session after
-    `warmup` untimed ones, made as a decoding loop makes them: roll back to the prompt, settle the
-    new rows, draft."""
-    return [(wall, client.last_times["settle"] + client.last_times["draft"])
-            for wall in timing.decode_steps(client, steps, warmup, seed, CONTEXT, NEW_ROWS)]
-
-
 def measure(launcher, extra, ck, tmp, name, seed):
     server = Server(A.bin, ck, f"ipc://{tmp}/{name}.sock", os.path.join(tmp, name),
                     ["--max-sessions", "1", "--max-context", str(CONTEXT + 64), *extra], launcher)
     try:
         with tpdraft.Client(server.address, timeout=120) as client:
-            return timed_steps(client, A.steps, A.warmup, seed)
+            return timing.step_times(client, A.steps, warmup=A.warmup, seed=seed, context=CONTEXT,
+                                     new_rows=NEW_ROWS)
     finally:
         server.stop()
 

@@ -31,13 +31,6 @@ TPDRAFT = os.path.join(REPO, "build", "tpdraft")
 CONTEXT, NEW_ROWS = 64, 2
 
 
-def loop(handle, steps, seed, out):
-    """`steps` steps of one session; appends (wall seconds, settle + draft seconds) per step."""
-    for wall in timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS):
-        t = handle.last_times
-        out.append((wall, t["settle"] + t["draft"]))
-
-
 def batched_rate(handle, steps, n, seed):
     """Sequences per second of `steps` steps that each carry n sessions' entries (in process)."""
     return n / statistics.median(timing.decode_steps(handle, steps, seed=seed, context=CONTEXT, new_rows=NEW_ROWS,
@@ -48,10 +41,10 @@ def run_clients(address, n, steps):
     """n clients at once; returns (per-step samples, sequences drafted per second, whether the
     ring was used, entries per forward)."""
     clients = [tpdraft.Client(address, timeout=600) for _ in range(n)]
-    per = [[] for _ in range(n)]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda i: loop(clients[i], steps, i, per[i]), range(n)))
+        per = list(pool.map(lambda i: timing.step_times(clients[i], steps, seed=i, context=CONTEXT,
+                                                        new_rows=NEW_ROWS), range(n)))
     elapsed = time.perf_counter() - start
     stats = clients[0].stats()
     shm = clients[0].shared_memory
@@ -70,10 +63,9 @@ def measure(config, steps):
     with tempfile.TemporaryDirectory() as tmp:
         ck = tmp + "/ck"
         checkpoint(TPDRAFT, os.path.join(REPO, config), ck)
-        local = []
         with tpdraft.Drafter(ck + "/drafter", ck + "/target", backend="cpu", threads=1, max_sessions=8,
                              max_context=CONTEXT + 64) as d:
-            loop(d, steps, 0, local)
+            local = timing.step_times(d, steps, seed=0, context=CONTEXT, new_rows=NEW_ROWS)
             few = max(3, steps // 4)
             ceiling = batched_rate(d, few, 8, 1) / batched_rate(d, few, 1, 1)
         in_process = beyond(local)

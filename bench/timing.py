@@ -51,6 +51,13 @@ def decode_steps(handle, steps, warmup=0, seed=0, context=64, new_rows=2, n=1, m
         handle.close_session(s)
 
 
+def step_times(handle, steps, **kw):
+    """(wall seconds, settle + draft seconds the library or the server measured) of each timed step
+    of decode_steps(handle, steps, **kw)."""
+    return [(wall, handle.last_times["settle"] + handle.last_times["draft"])
+            for wall in decode_steps(handle, steps, **kw)]
+
+
 def quantile(values, q):
     """The value at rank round(q * (n - 1)) of the sorted values."""
     v = sorted(values)
