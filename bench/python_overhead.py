@@ -43,22 +43,16 @@ if torch is not None:
                   "torch f32, out=torch": (torch.from_numpy, "torch")})
 
 
-def extra_seconds(d, steps, kind, context, new_rows):
-    """Per step of a decoding loop (roll back to the prompt, settle new_rows, draft): wall seconds
-    of Drafter.step minus those inside tpdraft_step."""
-    make, out = KINDS[kind]
-    return [wall - d.last_step_seconds for wall in timing.decode_steps(d, steps, context=context, new_rows=new_rows,
-                                                                       make=make, out=out)]
-
-
 def measure(config, steps, context, new_rows):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint(os.path.join(ARGS.build, "tpdraft"), os.path.join(REPO, config), tmp + "/ck")
         with tpdraft.Drafter(tmp + "/ck/drafter", tmp + "/ck/target", backend="cpu", threads=1,
                              max_context=context + 64) as d:
-            for kind in KINDS:
-                extra = extra_seconds(d, steps, kind, context, new_rows)
+            for kind, (make, out) in KINDS.items():
+                # Per step of a decoding loop: wall seconds of Drafter.step minus those inside tpdraft_step.
+                extra = [wall - d.last_step_seconds for wall in timing.decode_steps(
+                    d, steps, context=context, new_rows=new_rows, make=make, out=out)]
                 rows.append({"config": config, "taps": kind, "steps": steps, "context": context,
                              "new_rows": new_rows, "step_us": d.last_step_seconds * 1e6,
                              **timing.figure("python_us", extra, 1e6)})
