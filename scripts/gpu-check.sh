@@ -237,24 +237,22 @@ EOF
 trap finish EXIT
 
 # The tables under the step lines (each only from the steps that ran).
+table() { python3 scripts/lib/gpu-table.py "$1" "$LOGS" "${@:2}"; }  # MODE STEP...: gpu-table.py's lines
 tables() {
   [ -s "$LOGS/bench-graph.out" ] || return 0
   echo "-- drafts (bench-graph, bench-op, torch)"
   python3 scripts/lib/gpu-table.py "$LOGS"
-  echo "draft ms bf16 q8 q4 q4+head  $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=bf16 bench-q8=q8 \
-    bench-q4=q4 bench-q4+head=q4+head)"
-  echo "draft ms greedy, sampled $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=greedy \
-    bench-sampled=sampled)"
-  echo "draft ms by context      $(python3 scripts/lib/gpu-table.py --by-context "$LOGS" bench-graph bench-context)"
-  echo "draft ms tp 2, DFlash 2  $(python3 scripts/lib/gpu-table.py --draft-ms "$LOGS" bench-graph=tp1 bench-tp2=tp2 \
-    bench-dflash2=dflash2-2048)"
+  echo "draft ms bf16 q8 q4 q4+head  $(table --draft-ms bench-graph=bf16 bench-q8=q8 bench-q4=q4 bench-q4+head=q4+head)"
+  echo "draft ms greedy, sampled $(table --draft-ms bench-graph=greedy bench-sampled=sampled)"
+  echo "draft ms by context      $(table --by-context bench-graph bench-context)"
+  echo "draft ms tp 2, DFlash 2  $(table --draft-ms bench-graph=tp1 bench-tp2=tp2 bench-dflash2=dflash2-2048)"
   if [ -s "$LOGS/kernels.top" ]; then
     echo "-- per kernel, per draft (kernels.csv)"
     cat "$LOGS/kernels.top"
   fi
   if [ -s "$LOGS/attention.out" ]; then
     echo "-- attention kernels, draft ms by context"
-    python3 scripts/lib/gpu-table.py --by-context "$LOGS" attention
+    table --by-context attention
   fi
   grep -h "TPDRAFT_NCCL_SYMMETRIC=" "$LOGS/gpu-tests.out" 2>/dev/null | sort -u | sed 's/^/all-reduce path: /'
 }
