@@ -62,14 +62,11 @@ fi
 # The headers tpdraft builds against, with the Debian package that has each.
 if command -v "$cxx" >/dev/null 2>&1; then
   headers_missing=()
-  check_header() {  # HEADER PACKAGE
-    echo "#include <$1>" | "$cxx" -std=c++17 -E -x c++ - >/dev/null 2>&1 || headers_missing+=("$1 [$2]")
-  }
-  check_header fmt/format.h libfmt-dev
-  check_header spdlog/spdlog.h libspdlog-dev
-  check_header nlohmann/json.hpp nlohmann-json3-dev
-  check_header CLI/CLI.hpp libcli11-dev
-  check_header gtest/gtest.h libgtest-dev
+  for pair in fmt/format.h=libfmt-dev spdlog/spdlog.h=libspdlog-dev nlohmann/json.hpp=nlohmann-json3-dev \
+              CLI/CLI.hpp=libcli11-dev gtest/gtest.h=libgtest-dev; do  # HEADER=PACKAGE
+    header=${pair%=*}
+    echo "#include <$header>" | "$cxx" -std=c++17 -E -x c++ - >/dev/null 2>&1 || headers_missing+=("$header [${pair#*=}]")
+  done
   if ((${#headers_missing[@]})); then
     missing+=("${headers_missing[@]}")
     [ "$carried" = yes ] || say "carry .gpu-deps/ with the tree: make it here with scripts/gpu-deps.sh"
