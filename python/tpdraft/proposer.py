@@ -126,8 +126,7 @@ def _rows_of(taps, taps_width, request_id):
 
 
 class Proposer:
-    """Proposer(drafter, *, temperature=0.0, top_k=0, top_p=1.0, dist=0, seed=None, out="numpy"):
-    drafts for an engine's requests through `drafter`, a tpdraft.Drafter or tpdraft.Client, which
+    """Drafts for an engine's requests through `drafter`, a tpdraft.Drafter or tpdraft.Client, which
     it does not own.
 
     temperature, top_k, top_p: the draft sampling of requests that do not set their own (0: greedy).
