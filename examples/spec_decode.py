@@ -166,8 +166,7 @@ class SpeculativeDecoder:
     """Drives one drafter and one target over a batch of prompts, each in its own session."""
 
     def __init__(self, target, drafter, drafter_dir, sampling, draft=None, verify_q=None):
-        """sampling: the target's rule; draft: the drafter's (default: the target's; a DFlash 2
-        drafter draws among its selector's candidates, without top_k)."""
+        """sampling: the target's rule; draft: the drafter's (default: draft_rule's)."""
         self.target, self.drafter, self.sampling = target, drafter, sampling
         self.caps = drafter.caps
         self.block = self.caps.block_size
