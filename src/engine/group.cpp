@@ -1,7 +1,7 @@
-// The two kinds of group. A local group's rank threads each wait for the next job, run it with
-// their rank, and report; the caller runs rank 0 itself and then waits for the others. A led
-// group's rank 0 posts each command, and for a step broadcasts the entries with every tap row
-// inline, which each follower decodes and applies as rank 0 does.
+// Leading and following. Rank 0 posts each command and makes the engine call itself; for a step
+// across processes it broadcasts the entries with every tap row inline, which each follower
+// decodes and applies as rank 0 does, while threads of this process read them in place. A local
+// group's rank threads build their engines, then follow, reporting each failure to rank 0.
 #include "engine/group.h"
 
 #include <algorithm>
@@ -19,138 +19,19 @@ int threads_per_rank(int threads, int ranks_here) {
   return threads > 0 ? threads : std::max(1, machine_cores() / std::max(1, ranks_here));
 }
 
-LocalGroup::LocalGroup(const model::ModelSource& source, const model::RuntimeOptions& options, int tp,
-                       int64_t max_open_sessions) {
-  TPDRAFT_CHECK(tp >= 1, "tensor-parallel size must be at least 1, got {}", tp);
-  comms_ = tp == 1 ? std::vector<std::unique_ptr<parallel::Communicator>>{} : parallel::make_thread_group(tp);
-  if (tp == 1) comms_.push_back(parallel::make_single_rank());
-  engines_.resize(static_cast<size_t>(tp));
-  errors_.resize(static_cast<size_t>(tp));
-  threads_.reserve(static_cast<size_t>(tp - 1));
-  for (int r = 1; r < tp; ++r) {
-    try {
-      threads_.emplace_back([this, r] { worker(r); });
-    } catch (const std::system_error& e) {
-      close();  // joins the rank threads that did start
-      TPDRAFT_FAIL("cannot start the thread of rank {} of {}: {} (lower tp, or raise the process's memory or thread "
-                   "limits)",
-                   r, tp, e.what());
-    }
-  }
-  try {
-    run([&](int r) {
-      engines_[static_cast<size_t>(r)] =
-          std::make_unique<Engine>(source, *comms_[static_cast<size_t>(r)], options, max_open_sessions);
-    });
-  } catch (...) {
-    close();
-    throw;
-  }
-}
-
-LocalGroup::~LocalGroup() {
-  close();
-  // Engines go before the communicators they use, each on any thread: no collective runs now.
-  engines_.clear();
-}
-
-void LocalGroup::close() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-}
-
-void LocalGroup::worker(int rank) {
-  log::set_thread_rank(rank, static_cast<int>(errors_.size()));
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(int)>* job = nullptr;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-    }
-    std::exception_ptr error;
-    try {
-      (*job)(rank);
-    } catch (...) {
-      error = std::current_exception();
-      comms_[static_cast<size_t>(rank)]->abort(message_of(error));  // peers in a collective give up too
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    errors_[static_cast<size_t>(rank)] = error;
-    if (--pending_ == 0) done_.notify_all();
-  }
-}
-
-void LocalGroup::run(const std::function<void(int)>& job) {
-  TPDRAFT_CHECK(broken_.empty(), "the drafter's ranks can no longer work together after an earlier failure: {}",
-                broken_);
-  if (threads_.empty()) {  // one rank: the caller's thread is the group
-    job(0);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    pending_ = static_cast<int>(threads_.size());
-    ++generation_;
-    for (auto& e : errors_) e = nullptr;
-  }
-  wake_.notify_all();
-  try {
-    job(0);
-  } catch (...) {
-    errors_[0] = std::current_exception();
-    comms_[0]->abort(message_of(errors_[0]));
-  }
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-  }
-  const auto first = std::find_if(errors_.begin(), errors_.end(), [](const auto& e) { return e != nullptr; });
-  if (first == errors_.end()) return;
-  // A failed rank aborted the group's communicator, so no rank can rely on it any more.
-  broken_ = message_of(*first);
-  std::rethrow_exception(*first);
-}
-
-void LocalGroup::on_all(const std::function<void(Engine&)>& fn) {
-  run([&](int r) { fn(*engines_[static_cast<size_t>(r)]); });
-}
-
-int64_t LocalGroup::open_session() {
-  int64_t id = -1;
-  on_all([&](Engine& e) {
-    const int64_t mine = e.open_session();
-    if (&e == &leader()) id = mine;
-  });
-  return id;
-}
-
-void LocalGroup::close_session(int64_t id) {
-  on_all([&](Engine& e) { e.close_session(id); });
-}
-
-std::vector<model::DraftResult> LocalGroup::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
-  std::vector<model::DraftResult> results;
-  on_all([&](Engine& e) {
-    StepDump own;
-    own.context = dump != nullptr && dump->context;
-    const bool lead = &e == &leader();
-    auto mine = e.apply(entries, dump == nullptr ? nullptr : lead ? dump : &own);
-    if (lead) results = std::move(mine);
-  });
-  return results;
-}
-
 namespace {
+
+// Runs fn; its failure is returned, once the group's communicator is aborted so that peers in a
+// collective give up too.
+std::exception_ptr attempt(parallel::Communicator& comm, const std::function<void()>& fn) {
+  try {
+    fn();
+    return nullptr;
+  } catch (...) {
+    comm.abort(message_of(std::current_exception()));
+    return std::current_exception();
+  }
+}
 
 // A step as rank 0 broadcasts it: the count, the entries as they are, then each entry's tap rows
 // padded to 8 bytes (the ranks run one build of the program, so the layout is theirs alone; a
@@ -201,25 +82,43 @@ std::vector<StepEntry> decode_step(const std::vector<uint64_t>& payload, int64_t
 }  // namespace
 
 int64_t LeaderGroup::open_session() {
-  if (channel_ != nullptr) channel_->post({parallel::kOpOpen});
-  return engine_.open_session();
+  int64_t id = -1;
+  lead({parallel::kOpOpen}, [&] { id = engine_.open_session(); });
+  return id;
 }
 
 void LeaderGroup::close_session(int64_t id) {
-  if (channel_ != nullptr) channel_->post({parallel::kOpClose, id});
-  engine_.close_session(id);
+  lead({parallel::kOpClose, id}, [&] { engine_.close_session(id); });
 }
 
 std::vector<model::DraftResult> LeaderGroup::apply(const std::vector<StepEntry>& entries, StepDump* dump) {
+  // arg: 0 no dump, 1 the drafter's, 2 that and the context
+  parallel::Command c{parallel::kOpStep, dump == nullptr ? 0 : dump->context ? 2 : 1};
+  c.local = local_ != nullptr ? &entries : nullptr;
   if (channel_ != nullptr) {
     encode_step(entries, engine_.caps().taps_width, engine_.runtime().ops(), &payload_);
-    // arg: 0 no dump, 1 the drafter's, 2 that and the context
-    channel_->post({parallel::kOpStep, dump == nullptr ? 0 : dump->context ? 2 : 1,
-                    static_cast<int64_t>(payload_.size() * 8)});
-    comm_.broadcast(payload_.data(), payload_.size() * 8, 0);
+    c.bytes = static_cast<int64_t>(payload_.size() * 8);
   }
-  if (hook_) hook_();
-  return engine_.apply(entries, dump);
+  std::vector<model::DraftResult> results;
+  lead(c, [&] {
+    if (c.bytes > 0) comm_.broadcast(payload_.data(), payload_.size() * 8, 0);
+    if (hook_) hook_();
+    results = engine_.apply(entries, dump);
+  });
+  return results;
+}
+
+void LeaderGroup::lead(const parallel::Command& c, const std::function<void()>& mine) {
+  TPDRAFT_CHECK(broken_.empty(), "the drafter's ranks can no longer work together after an earlier failure: {}",
+                broken_);
+  if (channel_ != nullptr) channel_->post(c);
+  if (local_ == nullptr) return mine();
+  local_->post(c);
+  const std::exception_ptr first = local_->settle(attempt(comm_, mine));
+  if (first == nullptr) return;
+  // A failed rank aborted the group's communicator, so no rank can rely on it any more.
+  broken_ = message_of(first);
+  std::rethrow_exception(first);
 }
 
 void LeaderGroup::close() {
@@ -230,6 +129,7 @@ void LeaderGroup::close() {
 
 void follow(Engine& engine, parallel::Communicator& comm, parallel::CommandChannel& channel, const StepHook& hook) {
   std::vector<uint64_t> payload;
+  std::vector<StepEntry> received;
   for (;;) {
     const parallel::Command c = channel.wait();
     switch (c.op) {
@@ -237,19 +137,72 @@ void follow(Engine& engine, parallel::Communicator& comm, parallel::CommandChann
       case parallel::kOpOpen: engine.open_session(); break;
       case parallel::kOpClose: engine.close_session(c.arg); break;
       case parallel::kOpStep: {
-        TPDRAFT_CHECK(c.bytes >= 8 && c.bytes % 8 == 0, "a step payload of {} bytes from rank 0", c.bytes);
-        payload.assign(static_cast<size_t>(c.bytes / 8), 0);
-        comm.broadcast(payload.data(), payload.size() * 8, 0);
-        const auto entries = decode_step(payload, engine.caps().taps_width);
+        if (c.local == nullptr) {
+          TPDRAFT_CHECK(c.bytes >= 8 && c.bytes % 8 == 0, "a step payload of {} bytes from rank 0", c.bytes);
+          payload.assign(static_cast<size_t>(c.bytes / 8), 0);
+          comm.broadcast(payload.data(), payload.size() * 8, 0);
+          received = decode_step(payload, engine.caps().taps_width);
+        }
         StepDump dump;
         dump.context = c.arg == 2;
         if (hook) hook();
-        engine.apply(entries, c.arg != 0 ? &dump : nullptr);
+        engine.apply(c.local != nullptr ? *static_cast<const std::vector<StepEntry>*>(c.local) : received,
+                     c.arg != 0 ? &dump : nullptr);
         break;
       }
       default: TPDRAFT_FAIL("rank 0 sent an unknown command {}", c.op);
     }
   }
+}
+
+LocalGroup::LocalGroup(const model::ModelSource& source, const model::RuntimeOptions& options, int tp,
+                       int64_t max_open_sessions)
+    : mailbox_(std::max(tp, 1)) {
+  TPDRAFT_CHECK(tp >= 1, "tensor-parallel size must be at least 1, got {}", tp);
+  comms_ = tp == 1 ? std::vector<std::unique_ptr<parallel::Communicator>>{} : parallel::make_thread_group(tp);
+  if (tp == 1) comms_.push_back(parallel::make_single_rank());
+  engines_.resize(static_cast<size_t>(tp));
+  const auto build = [&](int r) {
+    engines_[static_cast<size_t>(r)] =
+        std::make_unique<Engine>(source, *comms_[static_cast<size_t>(r)], options, max_open_sessions);
+  };
+  threads_.reserve(static_cast<size_t>(tp - 1));
+  for (int r = 1; r < tp; ++r) {
+    try {
+      threads_.emplace_back([this, r, &build] { follower(r, build); });
+    } catch (const std::system_error& e) {
+      comms_[0]->abort("could not start all rank threads");  // the started ranks may wait in a collective
+      close();  // joins the rank threads that did start
+      TPDRAFT_FAIL("cannot start the thread of rank {} of {}: {} (lower tp, or raise the process's memory or thread "
+                   "limits)",
+                   r, tp, e.what());
+    }
+  }
+  if (const std::exception_ptr error = mailbox_.settle(attempt(*comms_[0], [&] { build(0); }))) {
+    close();
+    std::rethrow_exception(error);
+  }
+  lead_.emplace(*engines_[0], *comms_[0], nullptr, StepHook{}, tp > 1 ? &mailbox_ : nullptr);
+}
+
+void LocalGroup::follower(int rank, const std::function<void(int)>& build) {
+  log::set_thread_rank(rank, static_cast<int>(comms_.size()));
+  parallel::Communicator& comm = *comms_[static_cast<size_t>(rank)];
+  if (const std::exception_ptr error = attempt(comm, [&] { build(rank); })) {
+    mailbox_.fail(rank, error);  // the group is never used
+    return;
+  }
+  Engine& engine = *engines_[static_cast<size_t>(rank)];
+  const auto channel = mailbox_.channel(rank);
+  // Follows until the group closes; a failed command is reported, and the next one awaited.
+  while (const std::exception_ptr error = attempt(comm, [&] { follow(engine, comm, *channel, {}); }))
+    mailbox_.fail(rank, error);
+}
+
+void LocalGroup::close() {
+  mailbox_.post({parallel::kOpStop});
+  for (auto& t : threads_) t.join();
+  threads_.clear();
 }
 
 }  // namespace tpdraft::engine

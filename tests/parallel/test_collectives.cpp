@@ -1,7 +1,8 @@
 // The in-process communicator at N = 1, 2, 3, 4, 8 ranks: all-reduce, all-gather,
 // broadcast and barrier on exactly representable inputs checked value by value, bit-identical
 // results on random floats, exact counters, and the failure paths (abort, mismatched calls, a rank
-// that fails or leaves) which must raise errors naming the ranks instead of hanging.
+// that fails or leaves) which must raise errors naming the ranks instead of hanging; and the
+// in-process command channel, whose rank 0 waits for its followers.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "parallel/command.h"
 #include "parallel/communicator.h"
 #include "parallel/thread_comm.h"
 #include "support/collective_checks.h"
@@ -208,6 +210,45 @@ TEST(ThreadComm, RankThatLeavesEarlyDoesNotHangThePeers) {
 
 TEST(ThreadComm, GroupSizeMustBePositive) {
   EXPECT_THROW(make_thread_group(0), Error);
+}
+
+// The in-process command channel: every follower gets every command in order, and settle returns
+// only once each has finished the last one (its set-up first), with the first failure by rank.
+TEST(Mailbox, SettleWaitsForEveryFollowerAndReturnsTheFirstFailureByRank) {
+  Watchdog watchdog(10);
+  Mailbox box(3);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> followers;
+  for (int r = 1; r < 3; ++r)
+    followers.emplace_back([&, r] {
+      const auto channel = box.channel(r);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * r));  // a set-up, which settle waits for
+      ++finished;
+      for (int64_t expected = 1;; ++expected) {
+        const Command c = channel->wait();
+        if (c.op == kOpStop) return;
+        EXPECT_EQ(c.bytes, expected);
+        std::this_thread::sleep_for(std::chrono::milliseconds(10 * r));
+        ++finished;
+        const bool fails = (c.arg >> r & 1) != 0;  // arg: a bit per follower that fails the command
+        if (fails) box.fail(r, std::make_exception_ptr(std::runtime_error("rank " + std::to_string(r))));
+      }
+    });
+  auto message = [](const std::exception_ptr& e) { return e ? message_of(e) : std::string("none"); };
+  EXPECT_EQ(message(box.settle(nullptr)), "none");
+  EXPECT_EQ(finished, 2);
+  box.post({kOpStep, 0b110, 1});
+  EXPECT_EQ(message(box.settle(nullptr)), "rank 1");
+  EXPECT_EQ(finished, 4);
+  box.post({kOpStep, 0b100, 2});
+  EXPECT_EQ(message(box.settle(nullptr)), "rank 2");
+  box.post({kOpStep, 0b110, 3});
+  EXPECT_EQ(message(box.settle(std::make_exception_ptr(std::runtime_error("rank 0")))), "rank 0");
+  box.post({kOpStep, 0, 4});
+  EXPECT_EQ(message(box.settle(nullptr)), "none");  // a failure is reported once
+  EXPECT_EQ(finished, 10);
+  box.post({kOpStop});
+  for (auto& t : followers) t.join();
 }
 
 }  // namespace
