@@ -124,10 +124,7 @@ Source open_source(const InfoOpts& o) {
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
+  for (; b >= 1024 && u < 4; ++u) b /= 1024;
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
