@@ -228,7 +228,6 @@ double cpu_seconds(const std::vector<int64_t>& pids) {
 // `r` from rank 0's engine (`pids`: the job's other processes here, see job_processes_here).
 void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<engine::StepEntry>& entries,
                  const std::vector<int64_t>& pids, BenchResult* r) {
-  // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
   r->load = MachineLoad();
   const double others0 = cpu_seconds(pids);
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
