@@ -124,10 +124,12 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
 // What one bench run measured, and what it ran on (rank 0's runtime and the options): the JSON
 // and the table are both written from it.
 struct BenchResult {
-  const BenchOpts* o = nullptr;
-  model::RankRuntime* rt = nullptr;
-  const RankContext* ctx = nullptr;
-  int64_t context = 0, replayed = 0;
+  BenchResult(const BenchOpts& o, model::RankRuntime& rt, const RankContext& ctx, int64_t context)
+      : o(&o), rt(&rt), ctx(&ctx), context(context) {}
+  const BenchOpts* o;
+  model::RankRuntime* rt;
+  const RankContext* ctx;
+  int64_t context, replayed = 0;
   SampleSummary draft, layers, head, select;            // seconds
   SampleSummary comm_times, compute_times;              // seconds per draft in and out of collectives
   MachineLoad load;                                     // around the timed drafts; the job counts as ours
@@ -382,11 +384,7 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
                           int64_t context, const std::vector<int64_t>& pids, const BenchResult* first) {
   model::RankRuntime& rt = group.leader().runtime();
   const model::DrafterConfig& cfg = rt.config();
-  BenchResult r;
-  r.o = &o;
-  r.rt = &rt;
-  r.ctx = &ctx;
-  r.context = context;
+  BenchResult r(o, rt, ctx, context);
   std::vector<int64_t> sessions;
   for (int64_t s = 0; s < o.batch; ++s) sessions.push_back(group.open_session());
   r.settle_seconds = settle_sessions(o, context, group, sessions);
