@@ -72,20 +72,6 @@ Workload make_workload(const model::DrafterConfig& cfg, int64_t context) {
   return w;
 }
 
-struct Timed {
-  double seconds = 0;
-  uint64_t allocations = 0;
-};
-
-template <typename F>
-Timed timed(F&& f) {
-  const uint64_t a0 = allocations_so_far();
-  const auto t0 = Clock::now();
-  f();
-  const double s = seconds_since(t0);
-  return {s, allocations_so_far() - a0};
-}
-
 // The C ABI: a handle on the checkpoint with one session holding the context.
 class AbiPath {
  public:
@@ -183,13 +169,10 @@ class EnginePaths {
   std::vector<model::DraftResult> results_, raw_results_;
 };
 
+// One path's timed steps: the seconds of each, and the allocations of all.
 struct Series {
   SampleSummary seconds{100000};
   uint64_t allocations = 0;
-  void add(const Timed& t) {
-    seconds.add(t.seconds);
-    allocations += t.allocations;
-  }
 };
 
 struct Measured {
@@ -212,12 +195,18 @@ SampleSummary run_round(Path path, int64_t first, int64_t count, const Workload&
                         EnginePaths& eng, Series* series, std::vector<std::vector<int64_t>>* tokens) {
   SampleSummary round(static_cast<size_t>(count));
   for (int64_t i = first; i < first + count; ++i) {
-    Timed t;
-    if (path == kAbi) t = timed([&] { abi.step(w, i, vocab); });
-    if (path == kEngine) t = timed([&] { eng.engine_step(w, i, vocab); });
-    if (path == kDrafter) t = timed([&] { eng.drafter_step(w, i, vocab); });
-    if (series != nullptr) series->add(t);
-    round.add(t.seconds);
+    const uint64_t a0 = allocations_so_far();
+    const auto t0 = Clock::now();
+    if (path == kAbi) abi.step(w, i, vocab);
+    if (path == kEngine) eng.engine_step(w, i, vocab);
+    if (path == kDrafter) eng.drafter_step(w, i, vocab);
+    const double seconds = seconds_since(t0);
+    const uint64_t allocations = allocations_so_far() - a0;
+    if (series != nullptr) {
+      series->seconds.add(seconds);
+      series->allocations += allocations;
+    }
+    round.add(seconds);
     tokens->push_back(path == kAbi ? abi.tokens() : path == kEngine ? eng.engine_tokens() : eng.drafter_tokens());
   }
   return round;

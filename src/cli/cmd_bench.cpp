@@ -45,8 +45,7 @@ struct BenchOpts {
   std::vector<int64_t> ctx{1024};  // a sweep when several
   int64_t batch = 1, repeat = 10, warmup = 2;
   int64_t token_map_size = 0;  // a random draft vocabulary of this many ids (timing)
-  uint64_t seed = 0;
-  model::SamplingParams sampling;  // of the timed drafts; its seed is --seed
+  model::SamplingParams sampling;  // of the timed drafts; its seed (--seed) also seeds the weights and taps
   bool json = false, gather_logits = false;
   RankOptions ranks;
   std::string graphs = "auto";
@@ -113,7 +112,7 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
   const model::DrafterConfig cfg = model::DrafterConfig::from_file(o.config);
   model::ShardPlan::make(cfg, ctx.comm.rank(), ctx.comm.size());
   model::RandomCheckpointOptions ro;
-  ro.seed = o.seed;
+  ro.seed = o.sampling.seed;
   ro.dtype = dtype;
   ro.threads = ctx.threads;
   if (ctx.leader()) TPDRAFT_LOG_INFO("generating random {} weights for {}", o.dtype, o.config);
@@ -125,10 +124,12 @@ model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DTyp
 // What one bench run measured, and what it ran on (rank 0's runtime and the options): the JSON
 // and the table are both written from it.
 struct BenchResult {
-  const BenchOpts* o = nullptr;
-  model::RankRuntime* rt = nullptr;
-  const RankContext* ctx = nullptr;
-  int64_t context = 0, replayed = 0;
+  BenchResult(const BenchOpts& o, model::RankRuntime& rt, const RankContext& ctx, int64_t context)
+      : o(&o), rt(&rt), ctx(&ctx), context(context) {}
+  const BenchOpts* o;
+  model::RankRuntime* rt;
+  const RankContext* ctx;
+  int64_t context, replayed = 0;
   SampleSummary draft, layers, head, select;            // seconds
   SampleSummary comm_times, compute_times;              // seconds per draft in and out of collectives
   MachineLoad load;                                     // around the timed drafts; the job counts as ours
@@ -168,7 +169,7 @@ double settle_sessions(const BenchOpts& o, int64_t rows, engine::Group& group, c
   model::RankRuntime& rt = group.leader().runtime();
   double seconds = 0;
   for (size_t s = 0; s < sessions.size(); ++s) {
-    const std::vector<float> taps = model::random_taps(rt.config(), rows, o.seed + s);
+    const std::vector<float> taps = model::random_taps(rt.config(), rows, o.sampling.seed + s);
     engine::StepEntry e;
     e.session = sessions[s];
     e.n_new = rows;
@@ -229,7 +230,6 @@ double cpu_seconds(const std::vector<int64_t>& pids) {
 // `r` from rank 0's engine (`pids`: the job's other processes here, see job_processes_here).
 void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<engine::StepEntry>& entries,
                  const std::vector<int64_t>& pids, BenchResult* r) {
-  // Bounded summaries: a long --repeat keeps a few KiB per series, not every sample.
   r->load = MachineLoad();
   const double others0 = cpu_seconds(pids);
   for (int64_t i = 0; i < o.warmup + o.repeat; ++i) {
@@ -384,11 +384,7 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
                           int64_t context, const std::vector<int64_t>& pids, const BenchResult* first) {
   model::RankRuntime& rt = group.leader().runtime();
   const model::DrafterConfig& cfg = rt.config();
-  BenchResult r;
-  r.o = &o;
-  r.rt = &rt;
-  r.ctx = &ctx;
-  r.context = context;
+  BenchResult r(o, rt, ctx, context);
   std::vector<int64_t> sessions;
   for (int64_t s = 0; s < o.batch; ++s) sessions.push_back(group.open_session());
   r.settle_seconds = settle_sessions(o, context, group, sessions);
@@ -442,7 +438,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
   agree_on(ctx.world, kExitInput, [&] {
     model::ModelSource source = bench_source(o, ctx, dtype);
     if (o.token_map_size > 0)
-      model::apply_token_map(source, model::random_token_ids(source.config.vocab, o.token_map_size, o.seed),
+      model::apply_token_map(source, model::random_token_ids(source.config.vocab, o.token_map_size, o.sampling.seed),
                              fmt::format("--token-map-size {}", o.token_map_size));
     apply_load_options(source, o.ranks);
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
@@ -496,7 +492,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--repeat", o->repeat, "Timed drafts")->capture_default_str()->check(whole_number(1));
   cmd->add_option("--warmup", o->warmup, "Untimed drafts first")->capture_default_str()->check(whole_number(0));
   cmd->add_option("--dtype", o->dtype, "Random weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the random weights, taps and sampling noise")->check(seed_number());
+  cmd->add_option("--seed", o->sampling.seed, "Seed of the random weights, taps and sampling noise")->check(seed_number());
   add_sampling_options(cmd, &o->sampling);
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--gather-logits", o->gather_logits,
@@ -517,7 +513,6 @@ void add_bench(CLI::App& app) {
       throw CLI::ValidationError("bench", "give either --config FILE (random weights) or --drafter DIR and --target DIR");
     if (o->token_map_size > 0 && !o->ranks.token_map.empty())
       throw CLI::ValidationError("bench", "give --token-map FILE or --token-map-size N, not both");
-    o->sampling.seed = o->seed;
     run_ranks(o->ranks, [&](const RankContext& ctx) { run_bench(*o, ctx); });
   });
 }

@@ -124,10 +124,7 @@ Source open_source(const InfoOpts& o) {
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
+  for (; b >= 1024 && u < 4; ++u) b /= 1024;
   return fmt::format("{:.2f} {}", b, units[u]);
 }
 
@@ -178,11 +175,9 @@ void print_parameters(const Source& src) {
 }
 
 // Every drafter tensor a rank loads into backend memory: its format and the bytes each rank holds.
-void print_shares(const Source& src, int tp) {
-  const std::string ranks = tp > 1 ? ", ranks 0.." + std::to_string(tp - 1) : "";
+void print_shares(const Source& src, const std::vector<model::ShardPlan>& plans) {
+  const std::string ranks = plans.size() > 1 ? ", ranks 0.." + std::to_string(plans.size() - 1) : "";
   std::printf("tensor shares (format, shape, bytes per rank%s)\n", ranks.c_str());
-  std::vector<model::ShardPlan> plans;
-  for (int r = 0; r < tp; ++r) plans.push_back(model::ShardPlan::make(src.cfg, r, tp));
   for (const auto& [name, shape] : model::expected_drafter_tensors(src.cfg)) {
     std::string bytes;
     for (const auto& plan : plans) {
@@ -199,13 +194,12 @@ void print_shares(const Source& src, int tp) {
   }
 }
 
-void print_ranks(const Source& src, int tp) {
-  for (int r = 0; r < tp; ++r) {
-    const auto plan = model::ShardPlan::make(src.cfg, r, tp);
+void print_ranks(const Source& src, const std::vector<model::ShardPlan>& plans) {
+  for (const model::ShardPlan& plan : plans) {
     const model::RankMemory m = src.memory(plan);
     const std::string assumed = src.head_from_target || src.cfg.quant.head.quantized() ? "" : fmt::format(" ({} assumed)", dtype_name(src.head_dtype));
     const std::string head = human_bytes(m.head) + assumed;
-    std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", r, tp,
+    std::printf("rank %d/%d    sharded %s + head %s + replicated %s = %s; context %s per position  (%s)\n", plan.rank, plan.tp,
                 human_bytes(m.sharded).c_str(), head.c_str(), human_bytes(m.replicated).c_str(),
                 human_bytes(m.total()).c_str(),
                 human_bytes(static_cast<double>(model::context_bytes_per_position(src.cfg, plan))).c_str(),
@@ -225,9 +219,8 @@ nlohmann::json work_json(const model::WorkCount& w) {
 }
 
 // One rank's plan, memory, work per draft and per settled row, and collectives per draft.
-nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
+nlohmann::json rank_json(const Source& src, const InfoOpts& o, const model::ShardPlan& plan) {
   const model::DrafterConfig& cfg = src.cfg;
-  const auto plan = model::ShardPlan::make(cfg, r, o.tp);
   const model::RankMemory m = src.memory(plan);
   const double wb = src.weight_bytes();
   const model::WorkCount settle = model::settle_work(cfg, plan, 1, wb);
@@ -238,7 +231,7 @@ nlohmann::json rank_json(const Source& src, const InfoOpts& o, int r) {
   }
   const model::SamplingParams sampled{1.0};  // temperature 1, no top-k / top-p
   return {
-      {"rank", r},
+      {"rank", plan.rank},
       {"plan", {{"q_heads", range_json(plan.q_heads)}, {"kv_heads", range_json(plan.kv_heads)},
                 {"ffn", range_json(plan.ffn)}, {"vocab", range_json(plan.vocab)}}},
       {"bytes", {{"sharded", m.sharded}, {"head", m.head}, {"replicated", m.replicated}, {"total", m.total()},
@@ -261,27 +254,27 @@ nlohmann::json geometry_json(const model::DrafterConfig& c) {
           {"conv_group", c.conv_group}, {"selector_rank", c.selector_rank}, {"selector_top_k", c.selector_topk}};
 }
 
-void print_json(const Source& src, const InfoOpts& o) {
-  const auto plan0 = model::ShardPlan::make(src.cfg, 0, o.tp);  // checks tp before anything is printed
+void print_json(const Source& src, const InfoOpts& o, const std::vector<model::ShardPlan>& plans) {
   nlohmann::json j = {
       {"source", src.store ? "checkpoint" : "config"}, {"path", src.path}, {"architecture", src.cfg.arch_name},
       {"layout", src.cfg.layout == model::Layout::Speculators ? "speculators" : "dflash"},
       {"dflash2", src.cfg.is_dflash2()}, {"geometry", geometry_json(src.cfg)}, {"tp", o.tp},
-      {"vocab_padded", plan0.vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
+      {"vocab_padded", plans[0].vocab_padded}, {"sessions", o.sessions}, {"context", o.ctx},
       {"weight_dtype", src.format_of("layers.0.self_attn.q_proj.weight")},
       {"head_dtype", dtype_name(src.head_dtype)}, {"head_dtype_assumed", !src.head_from_target},
       {"head_format", src.cfg.quant.head.quantized() ? src.cfg.quant.head.describe() : dtype_name(src.head_dtype)},
       {"sampled_mode", "temperature > 0, no top-k / top-p"}};
-  for (int r = 0; r < o.tp; ++r) j["ranks"].push_back(rank_json(src, o, r));
+  for (const model::ShardPlan& plan : plans) j["ranks"].push_back(rank_json(src, o, plan));
   std::printf("%s\n", j.dump().c_str());
 }
 
 void run_info(const InfoOpts& o) {
   const Source src = open_source(o);
-  // A tp the geometry cannot take is refused before anything is printed.
-  for (int r = 0; r < o.tp; ++r) model::ShardPlan::make(src.cfg, r, o.tp);
+  // Every rank's plan: a tp the geometry cannot take is refused before anything is printed.
+  std::vector<model::ShardPlan> plans;
+  for (int r = 0; r < o.tp; ++r) plans.push_back(model::ShardPlan::make(src.cfg, r, o.tp));
   if (o.json) {
-    print_json(src, o);
+    print_json(src, o, plans);
     return;
   }
   print_geometry(src);
@@ -298,8 +291,8 @@ void run_info(const InfoOpts& o) {
                                 : "quantization_config, " + src.cfg.quant.format;
     std::printf("quantized   %s (%s)\n", list.c_str(), how.c_str());
   }
-  print_ranks(src, o.tp);
-  if (o.tensors) print_shares(src, o.tp);
+  print_ranks(src, plans);
+  if (o.tensors) print_shares(src, plans);
 }
 
 }  // namespace

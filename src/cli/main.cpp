@@ -41,14 +41,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tpdraft " TPDRAFT_VERSION_STRING);
   app.footer(exit_status_help());
   app.require_subcommand(1);
-  add_init(app);
-  add_info(app);
-  add_draft(app);
-  add_bench(app);
-  add_serve(app);
-  add_quantize(app);
-  add_vocab(app);
-  add_keys(app);
+  for (auto add : {add_init, add_info, add_draft, add_bench, add_serve, add_quantize, add_vocab, add_keys}) add(app);
   int status = kExitOk;
   try {
     parallel::launch(&argc, &argv);

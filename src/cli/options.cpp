@@ -52,8 +52,6 @@ CLI::Validator real_number(double lo, double hi) {
   return finite_number(bound_text(lo, hi), [lo, hi](double v) { return v >= lo && v <= hi; });
 }
 
-CLI::Validator kept_mass() { return finite_number("in (0, 1]", [](double v) { return v > 0 && v <= 1; }); }
-
 CLI::Validator seed_number() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
@@ -71,7 +69,8 @@ CLI::Validator seed_number() {
 void add_sampling_options(CLI::App* cmd, model::SamplingParams* s) {
   cmd->add_option("--temperature", s->temperature, "0: greedy; > 0: seeded sampling")->check(real_number(0));
   cmd->add_option("--top-k", s->top_k, "Keep the k best tokens before sampling (DFlash only)")->check(whole_number(0));
-  cmd->add_option("--top-p", s->top_p, "Nucleus mass to keep before sampling (DFlash only)")->check(kept_mass());
+  cmd->add_option("--top-p", s->top_p, "Nucleus mass to keep before sampling (DFlash only)")
+      ->check(finite_number("in (0, 1]", [](double v) { return v > 0 && v <= 1; }));
 }
 
 DType weight_dtype(const std::string& name) {

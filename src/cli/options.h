@@ -18,8 +18,6 @@ CLI::Validator whole_number(long long lo, long long hi = std::numeric_limits<lon
                             const std::string& why = "");
 // A finite number in [lo, hi].
 CLI::Validator real_number(double lo, double hi = std::numeric_limits<double>::max());
-// A probability mass to keep, in (0, 1].
-CLI::Validator kept_mass();
 // A seed: a whole number in 0..2^64 - 1 (written without a sign; "-1" is not 2^64 - 1).
 CLI::Validator seed_number();
 

@@ -3,7 +3,9 @@
 // that no size reaches an allocation or a product unchecked.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 
 namespace tpdraft {
 
@@ -21,7 +23,7 @@ constexpr int kTapLog2Bound = 30;
 constexpr double kMinTemperature = 1e-6;
 
 // This machine's cores (at least 1), and the CPU threads one rank may be given: 8 per core.
-int machine_cores();
-int max_threads_per_rank();
+inline int machine_cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+inline int max_threads_per_rank() { return 8 * machine_cores(); }
 
 }  // namespace tpdraft

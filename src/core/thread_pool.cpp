@@ -7,6 +7,7 @@
 #include <exception>
 #include <system_error>
 
+#include "core/bounds.h"
 #include "core/error.h"
 
 namespace tpdraft {
@@ -25,7 +26,7 @@ inline void cpu_relax() {
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = machine_cores();
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
     try {
@@ -66,6 +67,7 @@ void ThreadPool::run_chunk(int chunk, int worker) {
   const int64_t begin = chunk * chunk_;
   const int64_t end = std::min(n_, begin + chunk_);
   if (begin < end) (*job_)(begin, end, worker);
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t grain) {
@@ -93,13 +95,10 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   // stops it claiming more and waits for theirs before it leaves, or fn would die under them.
   std::exception_ptr failure;
   try {
-    for (int c = claim(generation); c >= 0; c = claim(generation)) {
-      run_chunk(c, 0);
-      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    for (int c = claim(generation); c >= 0; c = claim(generation)) run_chunk(c, 0);
   } catch (...) {
     failure = std::current_exception();
-    unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+    unfinished_.fetch_sub(1, std::memory_order_acq_rel);  // run_chunk counts only the chunks that return
   }
   while (unfinished_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
   if (failure) std::rethrow_exception(failure);
@@ -122,10 +121,7 @@ void ThreadPool::worker_loop(int index) {
     seen = generation_.load(std::memory_order_acquire);
     // The region's fields were written before its generation; a claim succeeds only while that
     // generation is current, and the caller waits for every claimed chunk before the next.
-    for (int c = claim(seen); c >= 0; c = claim(seen)) {
-      run_chunk(c, index);
-      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    for (int c = claim(seen); c >= 0; c = claim(seen)) run_chunk(c, index);
   }
 }
 
