@@ -20,13 +20,6 @@ namespace {
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
-// Codebook rows for the selector walk, straight from the host mapping.
-struct CodebookRows {
-  const DrafterWeights& w;
-  void predecessor(int64_t token, float* out) const { w.predecessor_row(token, out); }
-  void successor(int64_t token, float* out) const { w.successor_row(token, out); }
-};
-
 }  // namespace
 
 Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& ops, parallel::Communicator& comm,
@@ -515,7 +508,7 @@ std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, con
         const auto row = head.selector.begin() + static_cast<std::ptrdiff_t>((s * rows + r) * static_cast<size_t>(R));
         p[r].assign(row, row + R);
       }
-      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling, want ? &supports : nullptr);
+      mine = selector_walk(req.anchor_token, c, p, *weights_, R, req.sampling, want ? &supports : nullptr);
     } else if (req.sampling.greedy()) {
       for (size_t r = 0; r < rows; ++r) {
         const auto& c = head.candidates[s * rows + r];

@@ -394,9 +394,9 @@ void DrafterWeights::embedding_row(int64_t token, float* out) const {
   TPDRAFT_CHECK(token >= 0 && token < cfg_.vocab, "token id {} outside [0, vocab_size = {})", token, cfg_.vocab);
   row_to_f32(*embed_, token, out, embed_store_ == drafter_.get() ? "drafter embedding" : "target embedding");
 }
-void DrafterWeights::predecessor_row(int64_t token, float* out) const {
+void DrafterWeights::predecessor(int64_t token, float* out) const {
   row_to_f32(*pred_, token, out, "predecessor codebook");
 }
-void DrafterWeights::successor_row(int64_t token, float* out) const { row_to_f32(*succ_, token, out, "successor codebook"); }
+void DrafterWeights::successor(int64_t token, float* out) const { row_to_f32(*succ_, token, out, "successor codebook"); }
 
 }  // namespace tpdraft::model
