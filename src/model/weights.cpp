@@ -7,6 +7,8 @@
 #include <chrono>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "checkpoint/quant_tensors.h"
 #include "core/checked.h"
 #include "core/error.h"
@@ -148,12 +150,10 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   for (const auto& n : d.names())
     if (!known.count(n) && !(ends_with(n, ".weight") && known.count(n.substr(0, n.size() - 7))))
       unknown.push_back(n);
-  if (!unknown.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
+  if (!unknown.empty())
     TPDRAFT_LOG_WARN("{}: {} tensor(s) not used by a {} drafter: {}{}", d.source(), unknown.size(), cfg.arch_name,
-                     list, unknown.size() > 8 ? ", ..." : "");
-  }
+                     fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 8), ", "),
+                     unknown.size() > 8 ? ", ..." : "");
 
   std::string head_name;
   const TensorInfo& head_info = check_tensors(&head_name);
