@@ -84,8 +84,6 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
 }
 
-Drafter::~Drafter() = default;
-
 size_t Drafter::context_bytes_per_position() const {
   return model::context_bytes_per_position(cfg_, weights_->plan(), dtype_size(limits_.kv_dtype));
 }
