@@ -25,6 +25,9 @@ const char* kLayerSuffixes[] = {"self_attn.q_proj.weight", "self_attn.k_proj.wei
                                 "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
                                 "mlp.down_proj.weight"};
 
+// compressed-tensors' names of the weight strategies, in QuantScheme::Strategy order.
+constexpr const char* kStrategyNames[] = {"tensor", "channel", "group"};
+
 bool is_attn(const std::string& t) {
   return ends_with(t, "_proj.weight") && t.find("self_attn.") != std::string::npos;
 }
@@ -85,18 +88,15 @@ QuantScheme parse_weights(const json& w, const std::string& format, const std::s
     TPDRAFT_CHECK(dyn->is_boolean() && !dyn->get<bool>(), "{}: {}.weights.dynamic must be false", source, where);
   const json* strategy = find_key(w, "strategy");
   const std::string st = strategy && strategy->is_string() ? strategy->get<std::string>() : "tensor";
-  if (st == "group") {
+  const auto known = std::find(std::begin(kStrategyNames), std::end(kStrategyNames), st);
+  TPDRAFT_CHECK(known != std::end(kStrategyNames), "{}: {}: weight strategy '{}' is not supported (tensor, channel or "
+                "group)", source, where, st);
+  s.strategy = static_cast<QuantScheme::Strategy>(known - std::begin(kStrategyNames));
+  if (s.strategy == QuantScheme::Strategy::Group) {
     const json* g = find_key(w, "group_size");
     TPDRAFT_CHECK(g && g->is_number_integer() && g->get<int64_t>() > 0,
                   "{}: {}: strategy 'group' needs a positive integer group_size", source, where);
-    s.strategy = QuantScheme::Strategy::Group;
     s.group = g->get<int64_t>();
-  } else if (st == "channel") {
-    s.strategy = QuantScheme::Strategy::Channel;
-  } else if (st == "tensor") {
-    s.strategy = QuantScheme::Strategy::Tensor;
-  } else {
-    TPDRAFT_FAIL("{}: {}: weight strategy '{}' is not supported (tensor, channel or group)", source, where, st);
   }
   if (t == "int") {
     TPDRAFT_CHECK(format == "pack-quantized", "{}: {}: int weights in format '{}' are not supported (only "
@@ -123,15 +123,8 @@ QuantScheme parse_weights(const json& w, const std::string& format, const std::s
 std::string QuantScheme::describe() const {
   if (kind == Kind::None) return "float";
   const std::string base = kind == Kind::Fp8 ? "fp8" : fmt::format("int{}", bits);
-  switch (strategy) {
-    case Strategy::Group:
-      return fmt::format("{} g{}", base, group);
-    case Strategy::Channel:
-      return base + " per-channel";
-    case Strategy::Tensor:
-      return base + " per-tensor";
-  }
-  return base;
+  if (strategy == Strategy::Group) return fmt::format("{} g{}", base, group);
+  return base + " per-" + kStrategyNames[static_cast<size_t>(strategy)];
 }
 
 bool quantizable_tensor(const std::string& t) {
@@ -200,10 +193,8 @@ json QuantConfig::to_json() const {
               {"dynamic", false},
               {"actorder", nullptr},
               {"observer", "minmax"}};
-    const bool grouped = s.strategy == QuantScheme::Strategy::Group;
-    const bool channel = s.strategy == QuantScheme::Strategy::Channel;
-    w["strategy"] = grouped ? "group" : channel ? "channel" : "tensor";
-    w["group_size"] = grouped ? json(s.group) : json(nullptr);
+    w["strategy"] = kStrategyNames[static_cast<size_t>(s.strategy)];
+    w["group_size"] = s.strategy == QuantScheme::Strategy::Group ? json(s.group) : json(nullptr);
     groups_json[g.name] = {{"targets", g.targets},
                            {"weights", w},
                            {"input_activations", nullptr},

@@ -15,7 +15,7 @@ namespace tpdraft::model {
 // How the weights of one Linear module are stored.
 struct QuantScheme {
   enum class Kind : uint8_t { None, Int, Fp8 };
-  enum class Strategy : uint8_t { Tensor, Channel, Group };
+  enum class Strategy : uint8_t { Tensor, Channel, Group };  // kStrategyNames (quant_config.cpp) follows this order
   Kind kind = Kind::None;
   int bits = 0;  // Int: 4 or 8; Fp8: 8
   Strategy strategy = Strategy::Channel;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <set>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/checked.h"
@@ -293,15 +294,6 @@ std::vector<IndexEntry> read_index(const std::string& index_path) {
   return out;
 }
 
-// The *.safetensors files directly inside dir, sorted.
-std::vector<std::string> safetensors_in(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors") out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // A shard named by an index must lie inside the index's directory: a relative path that never
 // climbs out with '..' (a shard elsewhere would let a downloaded index read any file).
 void check_shard_inside(const std::string& index_path, const fs::path& dir, const IndexEntry& e) {
@@ -342,44 +334,34 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_index_shards(const std::strin
   return files;
 }
 
-// What a path names: an index file, or the safetensors files to open.
-struct Resolved {
-  std::string index_path;
-  std::vector<std::string> files;
-};
-
-Resolved resolve(const std::string& path) {
+// The files a path names: the shards of an index, or one safetensors file.
+std::vector<std::unique_ptr<SafetensorsFile>> open_files(const std::string& path) {
   std::error_code ec;
   TPDRAFT_CHECK(fs::exists(path, ec), "{}: no such file or directory (expected a model directory, a .safetensors "
                                       "file or a .safetensors.index.json file)", path);
-  Resolved r;
+  std::string file = path;
   if (!fs::is_directory(path, ec)) {
-    if (ends_with(path, ".index.json")) {
-      r.index_path = path;
-    } else if (ends_with(path, ".safetensors")) {
-      r.files.push_back(path);
-    } else {
-      TPDRAFT_FAIL("{}: expected a model directory, a .safetensors file or a .safetensors.index.json file", path);
-    }
-    return r;
-  }
-  const fs::path dir(path);
-  if (fs::exists(dir / "model.safetensors.index.json", ec)) {
-    r.index_path = (dir / "model.safetensors.index.json").string();
+    if (ends_with(path, ".index.json")) return open_index_shards(path);
+    TPDRAFT_CHECK(ends_with(path, ".safetensors"),
+                  "{}: expected a model directory, a .safetensors file or a .safetensors.index.json file", path);
+  } else if (const fs::path dir(path); fs::exists(dir / "model.safetensors.index.json", ec)) {
+    return open_index_shards((dir / "model.safetensors.index.json").string());
   } else if (fs::exists(dir / "model.safetensors", ec)) {
-    r.files.push_back((dir / "model.safetensors").string());
+    file = (dir / "model.safetensors").string();
   } else {
-    r.files = safetensors_in(dir);
-    TPDRAFT_CHECK(!r.files.empty(), "{}: no model.safetensors.index.json, model.safetensors or *.safetensors file",
+    std::vector<std::string> names;  // of the *.safetensors files directly inside, sorted
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    TPDRAFT_CHECK(!names.empty(), "{}: no model.safetensors.index.json, model.safetensors or *.safetensors file",
                   path);
-    if (r.files.size() > 1) {
-      std::string list;
-      for (const auto& f : r.files) list += (list.empty() ? "" : ", ") + fs::path(f).filename().string();
-      TPDRAFT_FAIL("{}: several .safetensors files ({}) and no model.safetensors.index.json to say which to use",
-                   path, list);
-    }
+    TPDRAFT_CHECK(names.size() == 1, "{}: several .safetensors files ({}) and no model.safetensors.index.json to say "
+                  "which to use", path, fmt::join(names, ", "));
+    file = (dir / names.front()).string();
   }
-  return r;
+  std::vector<std::unique_ptr<SafetensorsFile>> out;
+  out.push_back(std::make_unique<SafetensorsFile>(file));
+  return out;
 }
 
 }  // namespace
@@ -387,12 +369,7 @@ Resolved resolve(const std::string& path) {
 std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
   auto store = std::make_shared<TensorStore>();
   store->source_ = path;
-  Resolved r = resolve(path);
-  if (!r.index_path.empty()) {
-    store->files_ = open_index_shards(r.index_path);
-  } else {
-    for (const auto& f : r.files) store->files_.push_back(std::make_unique<SafetensorsFile>(f));
-  }
+  store->files_ = open_files(path);
   for (const auto& file : store->files_) {
     for (const auto& name : file->names()) {
       const TensorInfo* info = file->find(name);

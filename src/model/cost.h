@@ -4,7 +4,6 @@
 // projections (bench/scaling) read them instead of counting again.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>

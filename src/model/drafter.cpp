@@ -20,13 +20,6 @@ namespace {
 
 size_t f32_bytes(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
-// Codebook rows for the selector walk, straight from the host mapping.
-struct CodebookRows {
-  const DrafterWeights& w;
-  void predecessor(int64_t token, float* out) const { w.predecessor_row(token, out); }
-  void successor(int64_t token, float* out) const { w.successor_row(token, out); }
-};
-
 }  // namespace
 
 Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& ops, parallel::Communicator& comm,
@@ -90,8 +83,6 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   positions_.resize(static_cast<size_t>(C));
   settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
 }
-
-Drafter::~Drafter() = default;
 
 size_t Drafter::context_bytes_per_position() const {
   return model::context_bytes_per_position(cfg_, weights_->plan(), dtype_size(limits_.kv_dtype));
@@ -515,7 +506,7 @@ std::vector<Pick> Drafter::choose(const std::vector<DraftRequest>& requests, con
         const auto row = head.selector.begin() + static_cast<std::ptrdiff_t>((s * rows + r) * static_cast<size_t>(R));
         p[r].assign(row, row + R);
       }
-      mine = selector_walk(req.anchor_token, c, p, CodebookRows{*weights_}, R, req.sampling, want ? &supports : nullptr);
+      mine = selector_walk(req.anchor_token, c, p, *weights_, R, req.sampling, want ? &supports : nullptr);
     } else if (req.sampling.greedy()) {
       for (size_t r = 0; r < rows; ++r) {
         const auto& c = head.candidates[s * rows + r];

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "kernels/buffer.h"
@@ -66,7 +65,6 @@ class Drafter {
  public:
   Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& ops, parallel::Communicator& comm,
           DrafterLimits limits);
-  ~Drafter();
 
   const DrafterConfig& config() const { return cfg_; }
   const DrafterLimits& limits() const { return limits_; }

@@ -53,23 +53,20 @@ std::vector<int64_t> kept_set(const float* logits, int64_t vocab, const Sampling
 }
 
 Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s) {
-  check_sampling(s);
+  // The Gumbel-max draw over the kept set (ties to the lower id), with the support's probability.
+  const Support support = support_from_logits(logits, vocab, s);
   const double inv_t = 1.0 / s.temperature;
-  const std::vector<int64_t> kept = kept_set(logits, vocab, s);
-  double mx = -INFINITY, best_key = -INFINITY;
-  int64_t best = -1;
-  for (int64_t id : kept) {
-    const double z = logits[id] * inv_t;
-    mx = std::max(mx, z);
-    const double key = z + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id));
-    if (key > best_key || (key == best_key && id < best)) {
+  double best_key = -INFINITY;
+  size_t best = 0;
+  for (size_t i = 0; i < support.size(); ++i) {
+    const int64_t id = support[i].first;
+    const double key = logits[id] * inv_t + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id));
+    if (key > best_key || (key == best_key && id < support[best].first)) {
       best_key = key;
-      best = id;
+      best = i;
     }
   }
-  double z = 0;
-  for (int64_t id : kept) z += std::exp(logits[id] * inv_t - mx);
-  return {best, static_cast<float>(std::exp(logits[best] * inv_t - mx) / z)};
+  return {support[best].first, static_cast<float>(support[best].second)};
 }
 
 Support support_from_logits(const float* logits, int64_t vocab, const SamplingParams& s) {

@@ -48,12 +48,10 @@ std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Ca
       }
       double z = 0;
       for (size_t j = 0; j < c.size(); ++j) z += std::exp(score[j] / s.temperature - mx);
-      pick = {c[best].id, static_cast<float>(std::exp(score[best] / s.temperature - mx) / z)};
-      if (supports != nullptr) {
-        Support row_support;
-        for (size_t j = 0; j < c.size(); ++j) row_support.push_back({c[j].id, std::exp(score[j] / s.temperature - mx) / z});
-        supports->push_back(std::move(row_support));
-      }
+      Support row_support;  // softmax(score / T) over the candidates; the pick's is its probability
+      for (size_t j = 0; j < c.size(); ++j) row_support.push_back({c[j].id, std::exp(score[j] / s.temperature - mx) / z});
+      pick = {c[best].id, static_cast<float>(row_support[best].second)};
+      if (supports != nullptr) supports->push_back(std::move(row_support));
     }
     picks.push_back(pick);
     prev = pick.token;

@@ -37,17 +37,12 @@ ShardPlan ShardPlan::make(const DrafterConfig& cfg, int rank, int tp) {
   ShardPlan p;
   p.rank = rank;
   p.tp = tp;
-  const int64_t qh = cfg.n_q / tp;
-  p.q_heads = {rank * qh, (rank + 1) * qh};
-  if (cfg.n_kv >= tp) {
-    const int64_t kh = cfg.n_kv / tp;
-    p.kv_heads = {rank * kh, (rank + 1) * kh};
-  } else {
-    const int64_t head = static_cast<int64_t>(rank) * cfg.n_kv / tp;
-    p.kv_heads = {head, head + 1};
-  }
-  const int64_t f = cfg.ffn / tp;
-  p.ffn = {rank * f, (rank + 1) * f};
+  // The rank's part of n split evenly.
+  auto part = [&](int64_t n) { return Range{rank * (n / tp), (rank + 1) * (n / tp)}; };
+  p.q_heads = part(cfg.n_q);
+  const int64_t kv_head = static_cast<int64_t>(rank) * cfg.n_kv / tp;  // the one it replicates when tp > Nk
+  p.kv_heads = cfg.n_kv >= tp ? part(cfg.n_kv) : Range{kv_head, kv_head + 1};
+  p.ffn = part(cfg.ffn);
   // The head's rows: the vocabulary, or the draft vocabulary (docs/model.md).
   const int64_t rows = cfg.head_vocab();
   p.vocab_padded = (rows + tp - 1) / tp * tp;

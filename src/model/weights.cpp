@@ -1,11 +1,13 @@
 // Loading a rank's share of the drafter: every tensor's shape checked (docs/checkpoint.md), only the
-// rows / columns tensor_share() assigns the rank copied (in chunks of ~64 MiB, so a rank never
+// rows / columns tensor_share() assigns the rank copied (in chunks of ~16 MiB, so a rank never
 // stages a whole matrix).
 #include "model/weights.h"
 
 #include <algorithm>
 #include <chrono>
 #include <set>
+
+#include <fmt/ranges.h>
 
 #include "checkpoint/quant_tensors.h"
 #include "core/checked.h"
@@ -75,6 +77,22 @@ void check_finite(const TensorInfo& t, const void* staged, int64_t n, int64_t wi
                t.file, t.name, row0 + i / width, col0 + i % width);
 }
 
+// A buffer of `rows` rows of `row_bytes` in backend memory, filled through ~kStageBytes of host
+// memory: fill(r, n, stage) writes rows [r, r + n) into the stage, which is then copied in.
+template <typename Fill>
+kernels::Buffer upload_staged(kernels::Ops& ops, int64_t rows, size_t row_bytes, const Fill& fill) {
+  kernels::Buffer buf(ops, static_cast<size_t>(rows) * row_bytes);
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / std::max<size_t>(1, row_bytes)));
+  std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(rows, 1))) * row_bytes);
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    fill(r, n, stage.data());
+    ops.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * row_bytes, stage.data(),
+                  static_cast<size_t>(n) * row_bytes);
+  }
+  return buf;
+}
+
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
   const size_t esize = dtype_size(t.dtype);
@@ -132,12 +150,10 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   for (const auto& n : d.names())
     if (!known.count(n) && !(ends_with(n, ".weight") && known.count(n.substr(0, n.size() - 7))))
       unknown.push_back(n);
-  if (!unknown.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unknown.size() && i < 8; ++i) list += (i ? ", " : "") + unknown[i];
+  if (!unknown.empty())
     TPDRAFT_LOG_WARN("{}: {} tensor(s) not used by a {} drafter: {}{}", d.source(), unknown.size(), cfg.arch_name,
-                     list, unknown.size() > 8 ? ", ..." : "");
-  }
+                     fmt::join(unknown.begin(), unknown.begin() + std::min<size_t>(unknown.size(), 8), ", "),
+                     unknown.size() > 8 ? ", ..." : "");
 
   std::string head_name;
   const TensorInfo& head_info = check_tensors(&head_name);
@@ -281,31 +297,18 @@ kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std:
     if (scheme.quantized()) return load_quantized(store, name, shape, share, scheme);
   }
   const TensorInfo& info = store.require(name, shape);
-  const size_t esize = dtype_size(info.dtype);
-  const int64_t full_cols = info.cols();
-  kernels::Matrix m;
-  m.dtype = info.dtype;
   const Range rows = share.rows, cols = share.cols;
-  m.rows = rows.size();
-  m.cols = cols.size();
-  const size_t out_row_bytes = static_cast<size_t>(m.cols) * esize;
-  kernels::Buffer buf(ops_, static_cast<size_t>(m.rows) * out_row_bytes);
-  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / std::max<size_t>(1, out_row_bytes)));
-  std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * out_row_bytes);
-  for (int64_t r = 0; r < m.rows; r += chunk) {
-    const int64_t n = std::min(chunk, m.rows - r);
+  const size_t row_bytes = static_cast<size_t>(cols.size()) * dtype_size(info.dtype);
+  kernels::Buffer buf = upload_staged(ops_, rows.size(), row_bytes, [&](int64_t r, int64_t n, std::byte* stage) {
     const TensorInfo src = row_view(info, rows.begin + r, n);
-    if (cols.begin == 0 && cols.end == full_cols) copy_rows(src, 0, n, info.dtype, stage.data());
-    else copy_cols(src, cols.begin, cols.size(), info.dtype, stage.data());
-    check_finite(info, stage.data(), n, m.cols, rows.begin + r, cols.begin);
+    if (cols.begin == 0 && cols.end == info.cols()) copy_rows(src, 0, n, info.dtype, stage);
+    else copy_cols(src, cols.begin, cols.size(), info.dtype, stage);
+    check_finite(info, stage, n, cols.size(), rows.begin + r, cols.begin);
     // The source pages are done with: drop them so a rank's resident memory stays its share
     // (a tied head's table stays mapped for embedding lookups).
     if (&info != embed_) release_pages(src);
-    ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * out_row_bytes, stage.data(),
-                   static_cast<size_t>(n) * out_row_bytes);
-  }
-  m.data = keep(std::move(buf));
-  return m;
+  });
+  return {info.dtype, rows.size(), cols.size(), keep(std::move(buf))};
 }
 
 kernels::Matrix DrafterWeights::load_head(const std::string& name, const TensorInfo& info, const TensorShare& share) {
@@ -316,12 +319,7 @@ kernels::Matrix DrafterWeights::load_head(const std::string& name, const TensorI
     return keep_quantized(quantize_share(info, cfg_.quant.head, share.rows, share.cols, rows), name, cfg_.quant.head);
   TPDRAFT_CHECK(share.cols.begin == 0 && share.cols.end == info.cols(), "the head is split by rows only");
   const size_t row_bytes = static_cast<size_t>(info.cols()) * dtype_size(info.dtype);
-  kernels::Matrix m{info.dtype, share.rows.size(), info.cols(), nullptr};
-  kernels::Buffer buf(ops_, static_cast<size_t>(m.rows) * row_bytes);
-  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStageBytes / std::max<size_t>(1, row_bytes)));
-  std::vector<std::byte> stage(static_cast<size_t>(std::min(chunk, std::max<int64_t>(m.rows, 1))) * row_bytes);
-  for (int64_t r = 0; r < m.rows; r += chunk) {
-    const int64_t n = std::min(chunk, m.rows - r);
+  kernels::Buffer buf = upload_staged(ops_, share.rows.size(), row_bytes, [&](int64_t r, int64_t n, std::byte* stage) {
     // Consecutive source rows are copied as one run: the whole chunk for a full head.
     for (int64_t j = 0, run = 1; j < n; j += run) {
       const int64_t row = src(r + j);
@@ -329,16 +327,13 @@ kernels::Matrix DrafterWeights::load_head(const std::string& name, const TensorI
       TPDRAFT_CHECK(row >= 0 && row + run <= info.rows(), "{}: head rows [{}, {}) outside tensor '{}' ({} rows)",
                     info.file, row, row + run, info.name, info.rows());
       const TensorInfo part = row_view(info, row, run);
-      std::byte* at = stage.data() + static_cast<size_t>(j) * row_bytes;
+      std::byte* at = stage + static_cast<size_t>(j) * row_bytes;
       copy_rows(part, 0, run, info.dtype, at);
-      check_finite(info, at, run, m.cols, row, 0);
+      check_finite(info, at, run, info.cols(), row, 0);
       if (&info != embed_) release_pages(part);
     }
-    ops_.to_device(static_cast<std::byte*>(buf.get()) + static_cast<size_t>(r) * row_bytes, stage.data(),
-                   static_cast<size_t>(n) * row_bytes);
-  }
-  m.data = keep(std::move(buf));
-  return m;
+  });
+  return {info.dtype, share.rows.size(), info.cols(), keep(std::move(buf))};
 }
 
 kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const std::string& name,
@@ -394,9 +389,9 @@ void DrafterWeights::embedding_row(int64_t token, float* out) const {
   TPDRAFT_CHECK(token >= 0 && token < cfg_.vocab, "token id {} outside [0, vocab_size = {})", token, cfg_.vocab);
   row_to_f32(*embed_, token, out, embed_store_ == drafter_.get() ? "drafter embedding" : "target embedding");
 }
-void DrafterWeights::predecessor_row(int64_t token, float* out) const {
+void DrafterWeights::predecessor(int64_t token, float* out) const {
   row_to_f32(*pred_, token, out, "predecessor codebook");
 }
-void DrafterWeights::successor_row(int64_t token, float* out) const { row_to_f32(*succ_, token, out, "successor codebook"); }
+void DrafterWeights::successor(int64_t token, float* out) const { row_to_f32(*succ_, token, out, "successor codebook"); }
 
 }  // namespace tpdraft::model

@@ -55,10 +55,10 @@ class DrafterWeights {
   DType head_dtype = DType::BF16;    // the head's dtype in its checkpoint (also when quantized)
   kernels::Matrix selector_proj;     // [R, H] (DFlash 2)
 
-  // Host lookups (f32 out): target embedding row, selector codebook rows.
+  // Host lookups (f32 out): target embedding row, selector codebook rows (selector_walk's `rows`).
   void embedding_row(int64_t token, float* out) const;
-  void predecessor_row(int64_t token, float* out) const;
-  void successor_row(int64_t token, float* out) const;
+  void predecessor(int64_t token, float* out) const;
+  void successor(int64_t token, float* out) const;
 
   size_t backend_bytes() const { return backend_bytes_; }  // everything this rank copied in
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables

@@ -202,17 +202,17 @@ TEST(Weights, TableRowsAreCheckedWhenLookedUp) {
   std::vector<float> row(64);
   expect_error([&] { w->embedding_row(7, row.data()); },
                {ck.target_file(), "'model.embed_tokens.weight'", "row 7", "column 3", "non-finite"});
-  expect_error([&] { w->predecessor_row(11, row.data()); },
+  expect_error([&] { w->predecessor(11, row.data()); },
                {ck.drafter_file(), "'candidate_selector.predecessor_codebook'", "row 11", "column 2"});
-  expect_error([&] { w->successor_row(12, row.data()); },
+  expect_error([&] { w->successor(12, row.data()); },
                {ck.drafter_file(), "'candidate_selector.successor_codebook'", "row 12", "column 0"});
   // Their neighbours read back as written.
   auto target = TensorStore::open(ck.dir.file("target"));
   const std::vector<float> all = to_f32(*target->find("embed_tokens.weight"));
   w->embedding_row(8, row.data());
   EXPECT_EQ(row, std::vector<float>(all.begin() + 8 * 64, all.begin() + 9 * 64));
-  w->predecessor_row(12, row.data());
-  w->successor_row(11, row.data());
+  w->predecessor(12, row.data());
+  w->successor(11, row.data());
 }
 
 TEST(Weights, DraftFromANonFiniteEmbeddingRowFailsInsteadOfReturningGarbage) {
