@@ -66,9 +66,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
         fmt::format("options.timeout_seconds is {}, expected more than 0 (and at most 1e6)", o.timeout_seconds));
   if (o.shared_memory < -1 || o.shared_memory > 1)
     return refused(fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
-  serve::ClientOptions co{o.timeout_seconds, o.shared_memory, o.ring_bytes, {}};
-  if (o.server_key != nullptr) co.server_key = o.server_key;
-  return guarded("tpdraft_client_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = new tpdraft_client(address, co); });
+  return guarded("tpdraft_client_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = new tpdraft_client(address, o); });
 }
 
 void tpdraft_client_close(tpdraft_client* c) {

@@ -293,10 +293,10 @@ struct Client::Impl {
     return true;
   }
 
-  void open(const std::string& addr, const ClientOptions& o);
+  void open(const std::string& addr, const tpdraft_client_options& o);
 };
 
-void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
+void Client::Impl::open(const std::string& addr, const tpdraft_client_options& o) {
   auto failed = [](tpdraft_status status, const std::string& why) {
     throw ClientError(status, "tpdraft_client_open: " + why);
   };
@@ -309,9 +309,9 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
   if (want_ring && (o.ring_bytes < kMinRingBytes || o.ring_bytes > kMaxRingBytes))
     refused(fmt::format("options.ring_bytes is {}, expected {}..{}", o.ring_bytes, kMinRingBytes, kMaxRingBytes));
   std::string server_key;
-  if (o.server_key) {
+  if (o.server_key != nullptr) {
     try {
-      server_key = server_key_from(*o.server_key, "options.server_key");
+      server_key = server_key_from(o.server_key, "options.server_key");
     } catch (const std::exception& e) {
       refused(e.what());
     }
@@ -371,7 +371,7 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
   });
 }
 
-Client::Client(const std::string& address, const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
+Client::Client(const std::string& address, const tpdraft_client_options& options) : impl_(std::make_unique<Impl>()) {
   impl_->open(address, options);
 }
 
