@@ -432,7 +432,7 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
                                                               count));
       const int64_t width = c.caps.taps_width;
       const size_t n = static_cast<size_t>(rows);
-      std::vector<WireEntry> wire(count);
+      Writer out = begin(&c.frame, kStep, static_cast<uint32_t>(count));
       std::vector<std::pair<const void*, size_t>> inline_taps;
       size_t ring_at = kRingControlBytes, inline_at = 0;
       size_t reply = 64;
@@ -441,7 +441,7 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
         const std::string bad = check(e, i);
         if (!bad.empty()) throw ClientError(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
         validated = i + 1;
-        WireEntry& x = wire[i];
+        WireEntry x;
         fields_to_wire(e, &x);
         x.taps_dtype = static_cast<uint32_t>(e.taps_dtype);
         const size_t w = e.dist_width < 0 ? static_cast<size_t>(c.caps.vocab) : static_cast<size_t>(e.dist_width);
@@ -461,13 +461,12 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
           inline_taps.emplace_back(e.taps, bytes);
           inline_at += (bytes + 7) / 8 * 8;
         }
+        put_entry(out, x);
       }
-      Writer w = begin(&c.frame, kStep, static_cast<uint32_t>(count));
-      for (const auto& x : wire) put_entry(w, x);
       for (const auto& t : inline_taps) {
-        w.bytes(t.first, t.second);
+        out.bytes(t.first, t.second);
         static const char zeros[8] = {0};
-        w.bytes(zeros, (8 - t.second % 8) % 8);
+        out.bytes(zeros, (8 - t.second % 8) % 8);
       }
       c.ring_free = (ring_at + 63) / 64 * 64;
       c.reply_room = std::max<size_t>(reply, 8192);
