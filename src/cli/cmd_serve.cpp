@@ -12,6 +12,7 @@
 #include "cli/ranks.h"
 #include "core/bounds.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/group.h"
@@ -87,14 +88,16 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
     if (group != nullptr) mine.replace(0, std::min(endpoint.size(), kSlot - 1), endpoint.substr(0, kSlot - 1));
     std::string all(kSlot * static_cast<size_t>(ctx.world.size()), '\0');
     ctx.world.all_gather(mine.data(), all.data(), kSlot);
-    serve::AddressFile address_file;
+    serve::OwnedFile address_file;
     if (ctx.world.rank() == 0 && !o.address_file.empty()) {
       std::string text;
       for (int r = 0; r < ctx.world.size(); ++r) {
         const std::string a(all.c_str() + static_cast<size_t>(r) * kSlot);
         if (!a.empty()) text += a + "\n";
       }
-      address_file.write(o.address_file, text);
+      TPDRAFT_CHECK(write_file_whole(o.address_file, text), "--address-file {}: cannot write it (through {}.tmp)",
+                    o.address_file, o.address_file);
+      address_file.own(o.address_file);
     }
     if (group == nullptr) return;  // follows rank 0 from here
     std::printf("%s\n", endpoint.c_str());

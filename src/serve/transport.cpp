@@ -132,16 +132,6 @@ std::string replica_endpoint(const std::string& listen, int g, int replicas) {
   return listen.substr(0, colon + 1) + std::to_string(p + g);
 }
 
-AddressFile::~AddressFile() {
-  if (!path_.empty()) remove_if_same(path_, written_);
-}
-
-void AddressFile::write(const std::string& path, const std::string& text) {
-  TPDRAFT_CHECK(write_file_whole(path, text), "--address-file {}: cannot write it (through {}.tmp)", path, path);
-  path_ = path;
-  written_ = file_identity(path);
-}
-
 Transport::Transport(std::string listen, std::string curve_secret_key)
     : listen_(std::move(listen)), curve_secret_key_(std::move(curve_secret_key)) {}
 
@@ -149,8 +139,6 @@ Transport::~Transport() {
   for (auto& r : rings_) munmap(r.second.base, r.second.bytes);
   if (sock_ != nullptr) zmq_close(sock_);
   if (ctx_ != nullptr) zmq_ctx_term(ctx_);
-  // libzmq leaves the file of a bound ipc:// endpoint behind.
-  if (!ipc_path_.empty()) remove_if_same(ipc_path_, ipc_file_);
 }
 
 std::string Transport::bind(int64_t max_request_bytes) {
@@ -186,10 +174,7 @@ std::string Transport::bind(int64_t max_request_bytes) {
   size_t size = sizeof(endpoint) - 1;
   zmq_getsockopt(sock_, ZMQ_LAST_ENDPOINT, endpoint, &size);
   const std::string bound(endpoint);
-  if (starts_with(bound, "ipc://")) {
-    ipc_path_ = bound.substr(6);
-    ipc_file_ = file_identity(ipc_path_);
-  }
+  if (starts_with(bound, "ipc://")) ipc_file_.own(bound.substr(6));
   return published_endpoint(bound);
 }
 

@@ -26,20 +26,25 @@ std::string default_listen();
 // Replica g's address of `replicas` given `listen`: ipc paths get ".g", a fixed tcp port g more.
 std::string replica_endpoint(const std::string& listen, int g, int replicas);
 
-// A file naming the servers' addresses, written whole (through a rename) and removed when this
-// goes, however the server ends (but a kill), while it is still the file written (another server
-// may have written its own there since).
-class AddressFile {
+// A file the server made (the address file, an ipc:// socket's file), removed when this goes,
+// however the server ends (but a kill), while it is still the file made (another server may have
+// made its own there since).
+class OwnedFile {
  public:
-  AddressFile() = default;
-  AddressFile(const AddressFile&) = delete;
-  AddressFile& operator=(const AddressFile&) = delete;
-  ~AddressFile();
-  void write(const std::string& path, const std::string& text);
+  OwnedFile() = default;
+  OwnedFile(const OwnedFile&) = delete;
+  OwnedFile& operator=(const OwnedFile&) = delete;
+  ~OwnedFile() {
+    if (!path_.empty()) remove_if_same(path_, made_);
+  }
+  void own(const std::string& path) {
+    path_ = path;
+    made_ = file_identity(path);
+  }
 
  private:
   std::string path_;
-  FileIdentity written_;
+  FileIdentity made_;
 };
 
 // Where a request came from, so that its reply goes back the same way.
@@ -116,8 +121,7 @@ class Transport {
   void* ctx_ = nullptr;
   void* sock_ = nullptr;
   std::map<std::string, Ring> rings_;
-  std::string ipc_path_;  // the socket file this server made, removed when it closes (if still its own)
-  FileIdentity ipc_file_;
+  OwnedFile ipc_file_;  // libzmq leaves the file of a bound ipc:// endpoint behind
 };
 
 }  // namespace tpdraft::serve
