@@ -27,7 +27,7 @@ namespace {
 
 struct ServeOpts {
   std::string drafter, target, address_file, curve_key_file;
-  int64_t max_sessions = 8, max_context = 4096, max_memory = 0;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
   double spin_us = 2000, gather_us = 2000;
   serve::ServerOptions server;  // the rest of the options (its defaults are theirs)
   RankOptions ranks;
@@ -46,13 +46,13 @@ int64_t available_memory() {
 // sessions could not all fit, instead of being killed for memory later.
 void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
   const double per = static_cast<double>(e.runtime().drafter().session_bytes());
-  const double need = per * static_cast<double>(o.server.max_open_sessions) * ranks_here;
+  const double need = per * static_cast<double>(o.max_open_sessions) * ranks_here;
   const int64_t have = o.max_memory > 0 ? o.max_memory : available_memory();
   const double mib = 1024.0 * 1024.0;
   TPDRAFT_CHECK(have <= 0 || need <= static_cast<double>(have),
                 "--max-open-sessions {} sessions x {:.1f} MiB of context each (--max-context {}) x {} rank(s) here "
                 "need {:.0f} MiB, more than the {:.0f} MiB {}; lower --max-open-sessions or --max-context",
-                o.server.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
+                o.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
                 o.max_memory > 0 ? "--max-memory allows" : "this machine has available");
 }
 
@@ -66,7 +66,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.max_sessions;
     ro.limits.max_context = o.max_context;
-    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.server.max_open_sessions);
+    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.max_open_sessions);
     check_memory(o, *engine, ctx.process_ranks);
   });
   drive_group(ctx, *engine, [&](engine::Group* group) {
@@ -125,7 +125,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--address-file", o->address_file, "Write the address(es), one line per replica, to this file once listening; removed on exit");
   cmd->add_option("--max-sessions", o->max_sessions, "Entries one forward may hold (STEPs of many clients are batched up to this)")
       ->check(whole_number(1, kMaxStepEntries))->capture_default_str();
-  cmd->add_option("--max-open-sessions", o->server.max_open_sessions, "Sessions open at once, over every client")
+  cmd->add_option("--max-open-sessions", o->max_open_sessions, "Sessions open at once, over every client")
       ->check(whole_number(1, kMaxOpenSessions))->capture_default_str();
   cmd->add_option("--max-context", o->max_context, "Positions one session may hold")
       ->check(whole_number(1, kMaxContext))->capture_default_str();

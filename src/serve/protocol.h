@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve {
@@ -162,12 +163,9 @@ Header reply_header(const Header& request, uint32_t status = kOk, uint32_t count
 // Replies: an error reply is a header with a status and the message as the body.
 std::string error_reply(const Header& request, uint32_t status, const std::string& message);
 
-// The caps as HELLO's reply carries them.
-struct WireCaps {
-  std::string architecture, backend;
-  int64_t block = 0, tp = 0, taps_width = 0, hidden = 0, vocab = 0, draft_vocab = 0, mask_token = 0;
-  int64_t max_sessions = 0, max_open_sessions = 0, max_context = 0;
-  std::vector<int64_t> target_layers;
+// The caps as HELLO's reply carries them: the engine's, and the name of its backend.
+struct WireCaps : engine::Caps {
+  std::string backend;
 };
 void put_caps(Writer& w, const WireCaps& c);
 WireCaps get_caps(Reader& r);

@@ -147,10 +147,7 @@ struct Server::Impl {
     expect_end(r, "HELLO");
     const std::string note = transport.map_ring(route.client, c.name, ring_name, ring_bytes);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
-    const engine::Caps& k = caps();
-    const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
-                      k.draft_vocab, k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context,
-                      k.target_layers};
+    const WireCaps wc{caps(), engine.runtime().ops().name()};
     reply(h, [&](Writer& w) {
       put_caps(w, wc);
       w.put<double>(options.idle_timeout);
@@ -176,7 +173,7 @@ struct Server::Impl {
     if (pending.empty()) return;
     const int64_t S = caps().max_sessions;
     const int64_t client_entries = 2 * std::max<int64_t>(S, static_cast<int64_t>(c.sessions.size()));
-    const int64_t all_entries = 2 * std::max<int64_t>(S, options.max_open_sessions);
+    const int64_t all_entries = 2 * std::max<int64_t>(S, caps().max_open_sessions);
     const uint64_t client_bytes = options.max_queued_bytes / 4, all_bytes = options.max_queued_bytes;
     auto busy = [&](const std::string& what) {
       return Refusal{fmt::format("the server's queue is full ({}); the step was not taken: ask again once an "
@@ -305,7 +302,7 @@ struct Server::Impl {
           break;
         case kOpen: {
           const int64_t open = engine.open_sessions();
-          if (open >= options.max_open_sessions)
+          if (open >= caps().max_open_sessions)
             throw Refusal{fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
           const int64_t mine = static_cast<int64_t>(c.sessions.size());
           if (options.max_client_sessions > 0 && mine >= options.max_client_sessions)

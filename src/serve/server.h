@@ -17,7 +17,6 @@ struct ServerOptions {
   std::string listen;  // ipc://PATH or tcp://HOST:PORT (PORT may be *); empty: an ipc socket in $TMPDIR
   int replica = 0, replicas = 1;  // of several, replica g listens on PATH.g or PORT+g (serve/transport.h)
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
-  int64_t max_open_sessions = 64;
   double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
   // How long queued STEPs may wait for the clients of the last forward to ask again, at most
   // (and never more than a tenth of that forward's time): lock-stepped engines then share
