@@ -28,7 +28,6 @@ namespace {
 struct ServeOpts {
   std::string drafter, target, address_file, curve_key_file;
   int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
-  double spin_us = 2000, gather_us = 2000;
   serve::ServerOptions server;  // the rest of the options (its defaults are theirs)
   RankOptions ranks;
 };
@@ -77,8 +76,6 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
       serve::ServerOptions so = o.server;
       so.replica = ctx.replica;
       so.replicas = ctx.replicas;
-      so.spin_seconds = o.spin_us * 1e-6;
-      so.gather_seconds = o.gather_us * 1e-6;
       server = std::make_unique<serve::Server>(*group, so);
       endpoint = server->bind();
     });
@@ -131,11 +128,11 @@ void add_serve(CLI::App& app) {
       ->check(whole_number(1, kMaxContext))->capture_default_str();
   cmd->add_option("--idle-timeout", o->server.idle_timeout, "Close the sessions of a client silent this many seconds (0: never)")
       ->check(real_number(0, 1e7))->capture_default_str();
-  cmd->add_option("--spin-us", o->spin_us,
+  cmd->add_option("--spin-us", o->server.spin_us,
                   "Microseconds rank 0 keeps looking at the clients' shared-memory rings after a request before it "
                   "sleeps on the socket (0: sleep at once; a client then rings a doorbell)")
       ->check(real_number(0, 1e6))->capture_default_str();
-  cmd->add_option("--gather-us", o->gather_us,
+  cmd->add_option("--gather-us", o->server.gather_us,
                   "Microseconds queued STEPs may wait, at most (and never over a tenth of the last forward), for "
                   "the clients of the last forward to ask again, so that they share the next one (0: never wait)")
       ->check(real_number(0, 1e6))->capture_default_str();

@@ -358,7 +358,7 @@ struct Server::Impl {
 
   // Whether the queued STEPs should run now. The clients the last forward answered ask again
   // soon: wait until each of them has (or is gone), or the queue holds a full forward, or the
-  // first queued request has waited the gather time (options.gather_seconds, at most a tenth of
+  // first queued request has waited the gather time (options.gather_us, at most a tenth of
   // the last forward); the wait is never longer, so no session loses a forward to it.
   bool ready_to_run() const {
     if (pending.empty()) return false;
@@ -370,7 +370,7 @@ struct Server::Impl {
       return it == clients.end() || it->second.pending > 0;
     });
     if (all_back) return true;
-    return seconds_since(pending.front().arrived) >= std::min(options.gather_seconds, 0.1 * last_forward_seconds);
+    return seconds_since(pending.front().arrived) >= std::min(options.gather_us * 1e-6, 0.1 * last_forward_seconds);
   }
 
   void run_batch() {
@@ -515,7 +515,7 @@ void Server::run() {
       long wait_ms = 0;
       Transport& t = s.transport;
       const bool sleepy =
-          s.pending.empty() && !t.poll_rings(s.on_request_) && seconds_since(s.last_request) > s.options.spin_seconds;
+          s.pending.empty() && !t.poll_rings(s.on_request_) && seconds_since(s.last_request) > s.options.spin_us * 1e-6;
       if (sleepy) {
         t.set_sleeping(true);
         if (!t.poll_rings(s.on_request_)) wait_ms = 100;  // looked once more after saying so: nothing missed

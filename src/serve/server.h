@@ -17,11 +17,11 @@ struct ServerOptions {
   std::string listen;  // ipc://PATH or tcp://HOST:PORT (PORT may be *); empty: an ipc socket in $TMPDIR
   int replica = 0, replicas = 1;  // of several, replica g listens on PATH.g or PORT+g (serve/transport.h)
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
-  double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
-  // How long queued STEPs may wait for the clients of the last forward to ask again, at most
+  double spin_us = 2000;  // microseconds the server looks at the rings busily after a request
+  // Microseconds queued STEPs may wait for the clients of the last forward to ask again, at most
   // (and never more than a tenth of that forward's time): lock-stepped engines then share
   // forwards instead of splitting into two halves that alternate. 0: run what is queued at once.
-  double gather_seconds = 0.002;
+  double gather_us = 2000;
   int64_t max_client_sessions = 0;  // sessions one client may hold at once (0: max_open_sessions)
   // Bytes of request frames (inline taps) the queued STEPs may hold, over every client; one client
   // may hold a quarter (its first queued request excepted). An empty queue takes any request.
