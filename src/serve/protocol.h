@@ -115,11 +115,9 @@ class Reader {
   size_t at_ = 0;
 };
 
-// One STEP entry as it travels (the C ABI's tpdraft_step_entry without the output buffers).
-struct WireEntry {
-  int64_t session = 0, keep = -1, p0 = -1, n_new = 0, anchor = 0, dist_width = 0, top_k = 0;
-  double temperature = 0, top_p = 1;
-  uint64_t seed = 0;
+// One STEP entry as it travels: the engine's entry (its taps pointer unused), its taps' dtype and
+// where they lie instead.
+struct WireEntry : engine::StepEntry {
   uint32_t taps_dtype = 0;  // 0 f32, 1 bf16, 2 f16 (as tpdraft_dtype)
   uint32_t taps_where = kTapsNone;
   uint64_t taps_offset = 0;  // inline: from the start of the taps area; ring: from the ring's start
@@ -127,30 +125,6 @@ struct WireEntry {
 };
 void put_entry(Writer& w, const WireEntry& e);
 WireEntry get_entry(Reader& r);
-
-// An entry's fields beside its taps, each with its wire field, for an engine::StepEntry or a C
-// ABI tpdraft_step_entry (both use these names); where the taps are is the caller's business.
-template <typename Entry, typename Wire, typename F>
-void entry_pairs(Entry& e, Wire& x, F&& f) {
-  f(e.session, x.session);
-  f(e.keep, x.keep);
-  f(e.p0, x.p0);
-  f(e.n_new, x.n_new);
-  f(e.anchor, x.anchor);
-  f(e.dist_width, x.dist_width);
-  f(e.sampling.top_k, x.top_k);
-  f(e.sampling.temperature, x.temperature);
-  f(e.sampling.top_p, x.top_p);
-  f(e.sampling.seed, x.seed);
-}
-template <typename Entry>
-void fields_to_wire(const Entry& e, WireEntry* x) {
-  entry_pairs(e, *x, [](const auto& from, auto& to) { to = from; });
-}
-template <typename Entry>
-void fields_from_wire(const WireEntry& x, Entry* e) {
-  entry_pairs(*e, x, [](auto& to, const auto& from) { to = from; });
-}
 
 // The element type of a wire taps dtype code known to be valid (dtype_bytes(code) != 0).
 inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code == 1 ? DType::BF16 : DType::F16; }
