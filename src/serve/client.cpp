@@ -282,17 +282,6 @@ struct Client::Impl {
     });
   }
 
-  bool make_ring(int64_t bytes, std::string* name) {
-    static std::atomic<uint64_t> counter{0};
-    *name = fmt::format("{}{}-{}-{}", kRingNamePrefix, getpid(), counter++,
-                        std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-    void* p = map_shared_memory(name->c_str(), static_cast<size_t>(bytes), true);
-    if (p == nullptr) return false;
-    ring = static_cast<char*>(p);
-    ring_bytes = static_cast<size_t>(bytes);
-    return true;
-  }
-
   void open(const std::string& addr, const tpdraft_client_options& o);
 };
 
@@ -346,7 +335,14 @@ void Client::Impl::open(const std::string& addr, const tpdraft_client_options& o
     if (zmq_connect(sock, addr.c_str()) != 0)
       failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("cannot connect to {}: {}", addr, zmq_strerror(zmq_errno())));
     std::string ring_name;
-    if (want_ring && !make_ring(o.ring_bytes, &ring_name)) {
+    if (want_ring) {
+      static std::atomic<uint64_t> counter{0};
+      ring_name = fmt::format("{}{}-{}-{}", kRingNamePrefix, getpid(), counter++,
+                              Clock::now().time_since_epoch().count() % 1000000);
+      ring_bytes = static_cast<size_t>(o.ring_bytes);
+      ring = static_cast<char*>(map_shared_memory(ring_name.c_str(), ring_bytes, true));
+    }
+    if (want_ring && ring == nullptr) {
       if (o.shared_memory == 1)
         failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
