@@ -1,7 +1,6 @@
 // The C ABI's client of `tpdraft serve` over serve::Client (serve/client.h): argument checks, the
 // entries' buffers checked before anything is sent, and failures turned into a status and a
 // per-thread message, so that no exception crosses into the caller.
-#include <cstring>
 #include <string>
 
 #include "capi/caps.h"
@@ -15,30 +14,9 @@ struct tpdraft_client : serve::Client {
   using serve::Client::Client;
 };
 
-namespace {
-
 using tpdraft::capi::guarded;
 using tpdraft::capi::ok;
 using tpdraft::capi::refuse;
-
-// The entry's checks against the server's caps; the message names the entry.
-std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
-  const std::string missing = tpdraft::capi::missing_buffer(e, i);
-  if (!missing.empty()) return missing;
-  if (e.dist_width < -1 || e.dist_width > caps.vocab)
-    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
-                       "got {}", i, caps.vocab, e.dist_width);
-  if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
-  if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
-  if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
-  if (e.taps_dtype < 0 || e.taps_dtype > 2)
-    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, e.taps_dtype);
-  if (e.n_new > caps.max_context)
-    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, caps.max_context);
-  return "";
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -100,10 +78,8 @@ tpdraft_status tpdraft_client_session_length(tpdraft_client* c, tpdraft_session 
 tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entries, size_t count) {
   if (c == nullptr) return refuse("tpdraft_client_step: client is NULL");
   if (entries == nullptr && count > 0) return refuse("tpdraft_client_step: entries is NULL");
-  const serve::WireCaps& caps = c->caps();
-  return guarded("tpdraft_client_step", TPDRAFT_ERROR_RUNTIME, [&] {
-    c->step(entries, count, [&](const tpdraft_step_entry& e, size_t i) { return check_entry(e, i, caps); });
-  });
+  return guarded("tpdraft_client_step", TPDRAFT_ERROR_RUNTIME,
+                 [&] { c->step(entries, count, tpdraft::capi::missing_buffer); });
 }
 
 tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_times* out) {

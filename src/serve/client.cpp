@@ -39,6 +39,21 @@ tpdraft_status status_of(uint32_t wire) {
   }
 }
 
+// Why entry i cannot be sent to a server of these caps ("" when it can); the message names the entry.
+std::string entry_problem(const tpdraft_step_entry& e, size_t i, const WireCaps& caps) {
+  if (e.dist_width < -1 || e.dist_width > caps.vocab)
+    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
+                       "got {}", i, caps.vocab, e.dist_width);
+  if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
+  if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
+  if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
+  if (e.taps_dtype < 0 || e.taps_dtype > 2)
+    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, e.taps_dtype);
+  if (e.n_new > caps.max_context)
+    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, caps.max_context);
+  return "";
+}
+
 // Starts `frame` with a request header.
 Writer begin(std::string* frame, uint16_t kind, uint32_t count = 0) {
   frame->clear();
@@ -434,7 +449,8 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
       size_t reply = 64;
       for (size_t i = 0; i < count; ++i) {
         const tpdraft_step_entry& e = entries[i];
-        const std::string bad = check(e, i);
+        std::string bad = check(e, i);
+        if (bad.empty()) bad = entry_problem(e, i, c.caps);
         if (!bad.empty()) throw ClientError(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
         validated = i + 1;
         WireEntry x{{e.session, e.keep, e.p0, e.n_new, {}, e.anchor,
