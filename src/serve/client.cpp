@@ -453,9 +453,8 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
         if (bad.empty()) bad = entry_problem(e, i, c.caps);
         if (!bad.empty()) throw ClientError(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
         validated = i + 1;
-        WireEntry x{{e.session, e.keep, e.p0, e.n_new, {}, e.anchor,
-                     {e.sampling.temperature, e.sampling.top_k, e.sampling.top_p, e.sampling.seed}, e.dist_width},
-                    static_cast<uint32_t>(e.taps_dtype)};
+        WireEntry x{e.session, e.keep, e.p0, e.n_new, e.anchor, e.dist_width, e.sampling.top_k,
+                    e.sampling.temperature, e.sampling.top_p, e.sampling.seed, static_cast<uint32_t>(e.taps_dtype)};
         const size_t w = e.dist_width < 0 ? static_cast<size_t>(c.caps.vocab) : static_cast<size_t>(e.dist_width);
         reply += n * 12 + (e.dist_width == 0 ? 0 : n * w * (e.dist_width > 0 ? 12 : 4) + n * 4);
         const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * dtype_bytes(x.taps_dtype);

@@ -24,9 +24,8 @@ void header_fields(H& h, F&& f) {
 template <typename E, typename F>
 void entry_fields(E& e, F&& f) {
   f(e.session, "entry.session"); f(e.keep, "entry.keep"); f(e.p0, "entry.p0"); f(e.n_new, "entry.n_new");
-  f(e.anchor, "entry.anchor"); f(e.dist_width, "entry.dist_width"); f(e.sampling.top_k, "entry.top_k");
-  f(e.sampling.temperature, "entry.temperature"); f(e.sampling.top_p, "entry.top_p");
-  f(e.sampling.seed, "entry.seed");
+  f(e.anchor, "entry.anchor"); f(e.dist_width, "entry.dist_width"); f(e.top_k, "entry.top_k");
+  f(e.temperature, "entry.temperature"); f(e.top_p, "entry.top_p"); f(e.seed, "entry.seed");
   f(e.taps_dtype, "entry.taps_dtype"); f(e.taps_where, "entry.taps_where");
   f(e.taps_offset, "entry.taps_offset"); f(e.taps_bytes, "entry.taps_bytes");
 }

@@ -115,9 +115,11 @@ class Reader {
   size_t at_ = 0;
 };
 
-// One STEP entry as it travels: the engine's entry (its taps pointer unused), its taps' dtype and
-// where they lie instead.
-struct WireEntry : engine::StepEntry {
+// One STEP entry as it travels (the C ABI's tpdraft_step_entry without the output buffers).
+struct WireEntry {
+  int64_t session = 0, keep = -1, p0 = -1, n_new = 0, anchor = 0, dist_width = 0, top_k = 0;
+  double temperature = 0, top_p = 1;
+  uint64_t seed = 0;
   uint32_t taps_dtype = 0;  // 0 f32, 1 bf16, 2 f16 (as tpdraft_dtype)
   uint32_t taps_where = kTapsNone;
   uint64_t taps_offset = 0;  // inline: from the start of the taps area; ring: from the ring's start

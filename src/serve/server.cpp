@@ -215,8 +215,8 @@ struct Server::Impl {
       if (x.n_new < 0 || x.n_new > max_context)
         throw bad(fmt::format("n_new {} outside 0..{} (the max context)", x.n_new, max_context));
       const uint64_t need = static_cast<uint64_t>(x.n_new) * static_cast<uint64_t>(width) * db;
-      engine::StepEntry e = x;  // the engine's fields; its taps are set here
-      e.taps.dtype = wire_dtype(x.taps_dtype);
+      engine::StepEntry e{x.session, x.keep, x.p0, x.n_new, {nullptr, wire_dtype(x.taps_dtype)}, x.anchor,
+                          {x.temperature, x.top_k, x.top_p, x.seed}, x.dist_width};
       if (x.taps_where > kTapsRing)
         throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       if (x.taps_where == kTapsNone) {

@@ -383,7 +383,7 @@ TEST_F(Serve, MalformedAndWrongRequestsGetAnErrorNamingTheProblemAndChangeNothin
   const std::vector<float> huge(static_cast<size_t>(caps.taps_width), 3e38f);
   std::memcpy(&huge_area[0], huge.data(), huge_area.size());
   serve::WireEntry cold = fine;
-  cold.sampling.temperature = 1e-310;
+  cold.temperature = 1e-310;
   std::string bad_magic = frame(serve::kStats, 0, "");
   bad_magic[0] = 'X';
   const std::vector<Case> cases = {
