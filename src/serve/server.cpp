@@ -86,9 +86,7 @@ struct Server::Impl {
   engine::Group& group;
   engine::Engine& engine;
   ServerOptions options;
-  Transport transport{replica_endpoint(options.listen.empty() ? default_listen() : options.listen, options.replica,
-                                       options.replicas),
-                      options.curve_secret_key};
+  Transport transport{options.listen, options.replica, options.replicas, options.curve_secret_key};
   const Transport::Handler on_request_ = [this](Request& r) { on_request(r); };
   std::map<std::string, Client> clients;
   std::deque<Pending> pending;

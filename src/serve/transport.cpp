@@ -110,8 +110,6 @@ bool local_only(const std::string& listen) {
   return starts_with(host, "127.") || host == "localhost" || host == "[::1]" || host == "::1";
 }
 
-}  // namespace
-
 std::string default_listen() {
   const char* t = std::getenv("TMPDIR");
   return "ipc://" + std::string(t != nullptr && *t != '\0' ? t : "/tmp") + "/tpdraft-serve-" +
@@ -132,8 +130,11 @@ std::string replica_endpoint(const std::string& listen, int g, int replicas) {
   return listen.substr(0, colon + 1) + std::to_string(p + g);
 }
 
-Transport::Transport(std::string listen, std::string curve_secret_key)
-    : listen_(std::move(listen)), curve_secret_key_(std::move(curve_secret_key)) {}
+}  // namespace
+
+Transport::Transport(const std::string& listen, int replica, int replicas, std::string curve_secret_key)
+    : listen_(replica_endpoint(listen.empty() ? default_listen() : listen, replica, replicas)),
+      curve_secret_key_(std::move(curve_secret_key)) {}
 
 Transport::~Transport() {
   for (auto& r : rings_) munmap(r.second.base, r.second.bytes);

@@ -19,13 +19,6 @@
 
 namespace tpdraft::serve {
 
-// The address a server listens on when none is given: an ipc socket in $TMPDIR named for this
-// process.
-std::string default_listen();
-
-// Replica g's address of `replicas` given `listen`: ipc paths get ".g", a fixed tcp port g more.
-std::string replica_endpoint(const std::string& listen, int g, int replicas);
-
 // A file the server made (the address file, an ipc:// socket's file), removed when this goes,
 // however the server ends (but a kill), while it is still the file made (another server may have
 // made its own there since).
@@ -70,8 +63,10 @@ class Transport {
  public:
   using Handler = std::function<void(Request&)>;
 
-  // `listen`: ipc://PATH or tcp://HOST:PORT; `curve_secret_key`: Z85, non-empty for CURVE.
-  Transport(std::string listen, std::string curve_secret_key);
+  // `listen`: ipc://PATH or tcp://HOST:PORT, empty for an ipc socket in $TMPDIR named for this
+  // process; replica g of several listens on PATH.g or a fixed PORT + g. `curve_secret_key`: Z85,
+  // non-empty for CURVE.
+  Transport(const std::string& listen, int replica, int replicas, std::string curve_secret_key);
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   ~Transport();
