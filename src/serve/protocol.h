@@ -9,7 +9,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
