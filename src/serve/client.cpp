@@ -459,14 +459,12 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
         reply += n * 12 + (e.dist_width == 0 ? 0 : n * w * (e.dist_width > 0 ? 12 : 4) + n * 4);
         const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * dtype_bytes(x.taps_dtype);
         x.taps_bytes = bytes;
-        if (bytes == 0) {
-          x.taps_where = kTapsNone;
-        } else if (c.ring_on && bytes <= c.ring_bytes - ring_at) {
+        if (bytes > 0 && c.ring_on && bytes <= c.ring_bytes - ring_at) {
           x.taps_where = kTapsRing;
           x.taps_offset = ring_at;
           std::memcpy(c.ring + ring_at, e.taps, bytes);
           ring_at = std::min(c.ring_bytes, (ring_at + bytes + 63) / 64 * 64);
-        } else {
+        } else if (bytes > 0) {
           x.taps_where = kTapsInline;
           x.taps_offset = inline_at;
           inline_taps.emplace_back(e.taps, bytes);
