@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -60,7 +59,7 @@ struct Pending {
   Request request;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
-  uint64_t bytes = 0;                         // the frame's size (0 for a request in the ring)
+  uint64_t bytes = 0;                         // what it holds of the queue: its frame and taps copied out
   Clock::time_point arrived;
 };
 

@@ -346,8 +346,6 @@ bool Transport::ring_copy(const std::string& client, uint64_t offset, uint64_t n
   return false;
 }
 
-// The process at the other end of the unix socket a message came through (0 when unknown: tcp,
-// a ring request, or a process outside this pid namespace).
 pid_t Transport::peer_process(const Request& r) const {
   if (!r.frame || !starts_with(listen_, "ipc://")) return 0;
   const int fd = zmq_msg_get(&r.frame->msg, ZMQ_SRCFD);

@@ -94,7 +94,8 @@ class Transport {
   // Copies n bytes at `offset` of the client's ring (known to lie inside it) to `out`; false
   // when the ring faulted (the client shrank it), which unmaps it.
   bool ring_copy(const std::string& client, uint64_t offset, uint64_t n, void* out);
-  // The client's process over ipc:// (0: unknown), from the socket a request came through.
+  // The process at the other end of the unix socket a request came through (0 when unknown: tcp,
+  // a ring request, or a process outside this pid namespace).
   pid_t peer_process(const Request& r) const;
   // The client is gone: its ring is unmapped.
   void forget(const std::string& client);
