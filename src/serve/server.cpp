@@ -26,9 +26,9 @@
 
 namespace tpdraft::serve {
 
-std::atomic<bool> g_stop_requested{false};
-
 namespace {
+
+std::atomic<bool> g_stop_requested{false};  // set by SIGTERM / SIGINT
 
 extern "C" void on_stop_signal(int) { g_stop_requested = true; }
 

@@ -4,7 +4,6 @@
 // sessions closed, SIGTERM honoured between forwards.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,8 +28,7 @@ struct ServerOptions {
   std::string curve_secret_key;  // Z85; non-empty: CURVE on the socket (serve/keys.h)
 };
 
-// Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.
-extern std::atomic<bool> g_stop_requested;
+// From now on SIGTERM and SIGINT stop the server after the forward in flight.
 void install_stop_signals();
 
 class Server {
