@@ -8,10 +8,8 @@
 #include "serve/client.h"
 #include "tpdraft/tpdraft.h"
 
-namespace serve = tpdraft::serve;
-
-struct tpdraft_client : serve::Client {
-  using serve::Client::Client;
+struct tpdraft_client : tpdraft::serve::Client {
+  using tpdraft::serve::Client::Client;
 };
 
 using tpdraft::capi::guarded;
