@@ -1,7 +1,6 @@
 // The C ABI's client of `tpdraft serve` over serve::Client (serve/client.h): argument checks, the
 // entries' buffers checked before anything is sent, and failures turned into a status and a
 // per-thread message, so that no exception crosses into the caller.
-#include <cstring>
 #include <string>
 
 #include "capi/caps.h"
@@ -9,36 +8,13 @@
 #include "serve/client.h"
 #include "tpdraft/tpdraft.h"
 
-namespace serve = tpdraft::serve;
-
-struct tpdraft_client : serve::Client {
-  using serve::Client::Client;
+struct tpdraft_client : tpdraft::serve::Client {
+  using tpdraft::serve::Client::Client;
 };
-
-namespace {
 
 using tpdraft::capi::guarded;
 using tpdraft::capi::ok;
 using tpdraft::capi::refuse;
-
-// The entry's checks against the server's caps; the message names the entry.
-std::string check_entry(const tpdraft_step_entry& e, size_t i, const serve::WireCaps& caps) {
-  const std::string missing = tpdraft::capi::missing_buffer(e, i);
-  if (!missing.empty()) return missing;
-  if (e.dist_width < -1 || e.dist_width > caps.vocab)
-    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
-                       "got {}", i, caps.vocab, e.dist_width);
-  if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
-  if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
-  if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
-  if (e.taps_dtype < 0 || e.taps_dtype > 2)
-    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, e.taps_dtype);
-  if (e.n_new > caps.max_context)
-    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, caps.max_context);
-  return "";
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -66,9 +42,7 @@ tpdraft_status tpdraft_client_open(const char* address, const tpdraft_client_opt
         fmt::format("options.timeout_seconds is {}, expected more than 0 (and at most 1e6)", o.timeout_seconds));
   if (o.shared_memory < -1 || o.shared_memory > 1)
     return refused(fmt::format("options.shared_memory is {}, expected -1, 0 or 1", o.shared_memory));
-  serve::ClientOptions co{o.timeout_seconds, o.shared_memory, o.ring_bytes, {}};
-  if (o.server_key != nullptr) co.server_key = o.server_key;
-  return guarded("tpdraft_client_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = new tpdraft_client(address, co); });
+  return guarded("tpdraft_client_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = new tpdraft_client(address, o); });
 }
 
 void tpdraft_client_close(tpdraft_client* c) {
@@ -102,10 +76,8 @@ tpdraft_status tpdraft_client_session_length(tpdraft_client* c, tpdraft_session 
 tpdraft_status tpdraft_client_step(tpdraft_client* c, tpdraft_step_entry* entries, size_t count) {
   if (c == nullptr) return refuse("tpdraft_client_step: client is NULL");
   if (entries == nullptr && count > 0) return refuse("tpdraft_client_step: entries is NULL");
-  const serve::WireCaps& caps = c->caps();
-  return guarded("tpdraft_client_step", TPDRAFT_ERROR_RUNTIME, [&] {
-    c->step(entries, count, [&](const tpdraft_step_entry& e, size_t i) { return check_entry(e, i, caps); });
-  });
+  return guarded("tpdraft_client_step", TPDRAFT_ERROR_RUNTIME,
+                 [&] { c->step(entries, count, tpdraft::capi::missing_buffer); });
 }
 
 tpdraft_status tpdraft_client_last_step_times(tpdraft_client* c, tpdraft_step_times* out) {

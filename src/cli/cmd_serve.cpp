@@ -12,6 +12,7 @@
 #include "cli/ranks.h"
 #include "core/bounds.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "engine/group.h"
@@ -26,8 +27,7 @@ namespace {
 
 struct ServeOpts {
   std::string drafter, target, address_file, curve_key_file;
-  int64_t max_sessions = 8, max_context = 4096, max_memory = 0;
-  double spin_us = 2000, gather_us = 2000;
+  int64_t max_sessions = 8, max_open_sessions = 64, max_context = 4096, max_memory = 0;
   serve::ServerOptions server;  // the rest of the options (its defaults are theirs)
   RankOptions ranks;
 };
@@ -45,13 +45,13 @@ int64_t available_memory() {
 // sessions could not all fit, instead of being killed for memory later.
 void check_memory(const ServeOpts& o, engine::Engine& e, int ranks_here) {
   const double per = static_cast<double>(e.runtime().drafter().session_bytes());
-  const double need = per * static_cast<double>(o.server.max_open_sessions) * ranks_here;
+  const double need = per * static_cast<double>(o.max_open_sessions) * ranks_here;
   const int64_t have = o.max_memory > 0 ? o.max_memory : available_memory();
   const double mib = 1024.0 * 1024.0;
   TPDRAFT_CHECK(have <= 0 || need <= static_cast<double>(have),
                 "--max-open-sessions {} sessions x {:.1f} MiB of context each (--max-context {}) x {} rank(s) here "
                 "need {:.0f} MiB, more than the {:.0f} MiB {}; lower --max-open-sessions or --max-context",
-                o.server.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
+                o.max_open_sessions, per / mib, o.max_context, ranks_here, need / mib, have / mib,
                 o.max_memory > 0 ? "--max-memory allows" : "this machine has available");
 }
 
@@ -65,7 +65,7 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
     model::RuntimeOptions ro = runtime_options(o.ranks, ctx);
     ro.limits.max_sessions = o.max_sessions;
     ro.limits.max_context = o.max_context;
-    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.server.max_open_sessions);
+    engine = std::make_unique<engine::Engine>(source, ctx.comm, ro, o.max_open_sessions);
     check_memory(o, *engine, ctx.process_ranks);
   });
   drive_group(ctx, *engine, [&](engine::Group* group) {
@@ -76,8 +76,6 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
       serve::ServerOptions so = o.server;
       so.replica = ctx.replica;
       so.replicas = ctx.replicas;
-      so.spin_seconds = o.spin_us * 1e-6;
-      so.gather_seconds = o.gather_us * 1e-6;
       server = std::make_unique<serve::Server>(*group, so);
       endpoint = server->bind();
     });
@@ -87,14 +85,16 @@ void serve_on_rank(const ServeOpts& o, const RankContext& ctx) {
     if (group != nullptr) mine.replace(0, std::min(endpoint.size(), kSlot - 1), endpoint.substr(0, kSlot - 1));
     std::string all(kSlot * static_cast<size_t>(ctx.world.size()), '\0');
     ctx.world.all_gather(mine.data(), all.data(), kSlot);
-    serve::AddressFile address_file;
+    serve::OwnedFile address_file;
     if (ctx.world.rank() == 0 && !o.address_file.empty()) {
       std::string text;
       for (int r = 0; r < ctx.world.size(); ++r) {
         const std::string a(all.c_str() + static_cast<size_t>(r) * kSlot);
         if (!a.empty()) text += a + "\n";
       }
-      address_file.write(o.address_file, text);
+      TPDRAFT_CHECK(write_file_whole(o.address_file, text), "--address-file {}: cannot write it (through {}.tmp)",
+                    o.address_file, o.address_file);
+      address_file.own(o.address_file);
     }
     if (group == nullptr) return;  // follows rank 0 from here
     std::printf("%s\n", endpoint.c_str());
@@ -122,17 +122,17 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--address-file", o->address_file, "Write the address(es), one line per replica, to this file once listening; removed on exit");
   cmd->add_option("--max-sessions", o->max_sessions, "Entries one forward may hold (STEPs of many clients are batched up to this)")
       ->check(whole_number(1, kMaxStepEntries))->capture_default_str();
-  cmd->add_option("--max-open-sessions", o->server.max_open_sessions, "Sessions open at once, over every client")
+  cmd->add_option("--max-open-sessions", o->max_open_sessions, "Sessions open at once, over every client")
       ->check(whole_number(1, kMaxOpenSessions))->capture_default_str();
   cmd->add_option("--max-context", o->max_context, "Positions one session may hold")
       ->check(whole_number(1, kMaxContext))->capture_default_str();
   cmd->add_option("--idle-timeout", o->server.idle_timeout, "Close the sessions of a client silent this many seconds (0: never)")
       ->check(real_number(0, 1e7))->capture_default_str();
-  cmd->add_option("--spin-us", o->spin_us,
+  cmd->add_option("--spin-us", o->server.spin_us,
                   "Microseconds rank 0 keeps looking at the clients' shared-memory rings after a request before it "
                   "sleeps on the socket (0: sleep at once; a client then rings a doorbell)")
       ->check(real_number(0, 1e6))->capture_default_str();
-  cmd->add_option("--gather-us", o->gather_us,
+  cmd->add_option("--gather-us", o->server.gather_us,
                   "Microseconds queued STEPs may wait, at most (and never over a tenth of the last forward), for "
                   "the clients of the last forward to ask again, so that they share the next one (0: never wait)")
       ->check(real_number(0, 1e6))->capture_default_str();

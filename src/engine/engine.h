@@ -31,7 +31,7 @@ struct Caps {
   int64_t draft_vocab = 0; // N: target ids the head scores (a draft vocabulary), V when it scores all
   int64_t mask_token = 0;
   std::vector<int64_t> target_layers;  // the target layers whose outputs make a tap row, in order
-  int tp = 1;
+  int64_t tp = 1;
   int64_t max_sessions = 0;       // entries in one step
   int64_t max_context = 0;        // positions one session may hold
   int64_t max_open_sessions = 0;  // sessions open at once

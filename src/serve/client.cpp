@@ -39,6 +39,21 @@ tpdraft_status status_of(uint32_t wire) {
   }
 }
 
+// Why entry i cannot be sent to a server of these caps ("" when it can); the message names the entry.
+std::string entry_problem(const tpdraft_step_entry& e, size_t i, const WireCaps& caps) {
+  if (e.dist_width < -1 || e.dist_width > caps.vocab)
+    return fmt::format("entry {}: a distribution width must be 0, 1..{} or -1 (every token), "
+                       "got {}", i, caps.vocab, e.dist_width);
+  if (e.taps_on_device != 0) return fmt::format("entry {}: taps in device memory cannot be sent to a server", i);
+  if (e.n_new < 0) return fmt::format("entry {}: n_new {} is negative", i, e.n_new);
+  if (e.n_new > 0 && e.taps == nullptr) return fmt::format("entry {}: {} new rows but no taps", i, e.n_new);
+  if (e.taps_dtype < 0 || e.taps_dtype > 2)
+    return fmt::format("entry {}: taps_dtype {} is not TPDRAFT_F32, TPDRAFT_BF16 or TPDRAFT_F16", i, e.taps_dtype);
+  if (e.n_new > caps.max_context)
+    return fmt::format("entry {}: n_new {} is beyond the max context {}", i, e.n_new, caps.max_context);
+  return "";
+}
+
 // Starts `frame` with a request header.
 Writer begin(std::string* frame, uint16_t kind, uint32_t count = 0) {
   frame->clear();
@@ -282,21 +297,10 @@ struct Client::Impl {
     });
   }
 
-  bool make_ring(int64_t bytes, std::string* name) {
-    static std::atomic<uint64_t> counter{0};
-    *name = fmt::format("{}{}-{}-{}", kRingNamePrefix, getpid(), counter++,
-                        std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-    void* p = map_shared_memory(name->c_str(), static_cast<size_t>(bytes), true);
-    if (p == nullptr) return false;
-    ring = static_cast<char*>(p);
-    ring_bytes = static_cast<size_t>(bytes);
-    return true;
-  }
-
-  void open(const std::string& addr, const ClientOptions& o);
+  void open(const std::string& addr, const tpdraft_client_options& o);
 };
 
-void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
+void Client::Impl::open(const std::string& addr, const tpdraft_client_options& o) {
   auto failed = [](tpdraft_status status, const std::string& why) {
     throw ClientError(status, "tpdraft_client_open: " + why);
   };
@@ -309,9 +313,9 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
   if (want_ring && (o.ring_bytes < kMinRingBytes || o.ring_bytes > kMaxRingBytes))
     refused(fmt::format("options.ring_bytes is {}, expected {}..{}", o.ring_bytes, kMinRingBytes, kMaxRingBytes));
   std::string server_key;
-  if (o.server_key) {
+  if (o.server_key != nullptr) {
     try {
-      server_key = server_key_from(*o.server_key, "options.server_key");
+      server_key = server_key_from(o.server_key, "options.server_key");
     } catch (const std::exception& e) {
       refused(e.what());
     }
@@ -346,7 +350,14 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
     if (zmq_connect(sock, addr.c_str()) != 0)
       failed(TPDRAFT_ERROR_ARGUMENT, fmt::format("cannot connect to {}: {}", addr, zmq_strerror(zmq_errno())));
     std::string ring_name;
-    if (want_ring && !make_ring(o.ring_bytes, &ring_name)) {
+    if (want_ring) {
+      static std::atomic<uint64_t> counter{0};
+      ring_name = fmt::format("{}{}-{}-{}", kRingNamePrefix, getpid(), counter++,
+                              Clock::now().time_since_epoch().count() % 1000000);
+      ring_bytes = static_cast<size_t>(o.ring_bytes);
+      ring = static_cast<char*>(map_shared_memory(ring_name.c_str(), ring_bytes, true));
+    }
+    if (want_ring && ring == nullptr) {
       if (o.shared_memory == 1)
         failed(TPDRAFT_ERROR_RUNTIME, fmt::format("cannot make a shared-memory ring: {}", std::strerror(errno)));
       ring_name.clear();
@@ -371,7 +382,7 @@ void Client::Impl::open(const std::string& addr, const ClientOptions& o) {
   });
 }
 
-Client::Client(const std::string& address, const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
+Client::Client(const std::string& address, const tpdraft_client_options& options) : impl_(std::make_unique<Impl>()) {
   impl_->open(address, options);
 }
 
@@ -432,42 +443,39 @@ void Client::step(tpdraft_step_entry* entries, size_t count, const EntryCheck& c
                                                               count));
       const int64_t width = c.caps.taps_width;
       const size_t n = static_cast<size_t>(rows);
-      std::vector<WireEntry> wire(count);
+      Writer out = begin(&c.frame, kStep, static_cast<uint32_t>(count));
       std::vector<std::pair<const void*, size_t>> inline_taps;
       size_t ring_at = kRingControlBytes, inline_at = 0;
       size_t reply = 64;
       for (size_t i = 0; i < count; ++i) {
         const tpdraft_step_entry& e = entries[i];
-        const std::string bad = check(e, i);
+        std::string bad = check(e, i);
+        if (bad.empty()) bad = entry_problem(e, i, c.caps);
         if (!bad.empty()) throw ClientError(TPDRAFT_ERROR_ARGUMENT, "tpdraft_client_step: " + bad);
         validated = i + 1;
-        WireEntry& x = wire[i];
-        fields_to_wire(e, &x);
-        x.taps_dtype = static_cast<uint32_t>(e.taps_dtype);
+        WireEntry x{e.session, e.keep, e.p0, e.n_new, e.anchor, e.dist_width, e.sampling.top_k,
+                    e.sampling.temperature, e.sampling.top_p, e.sampling.seed, static_cast<uint32_t>(e.taps_dtype)};
         const size_t w = e.dist_width < 0 ? static_cast<size_t>(c.caps.vocab) : static_cast<size_t>(e.dist_width);
         reply += n * 12 + (e.dist_width == 0 ? 0 : n * w * (e.dist_width > 0 ? 12 : 4) + n * 4);
         const size_t bytes = static_cast<size_t>(e.n_new) * static_cast<size_t>(width) * dtype_bytes(x.taps_dtype);
         x.taps_bytes = bytes;
-        if (bytes == 0) {
-          x.taps_where = kTapsNone;
-        } else if (c.ring_on && bytes <= c.ring_bytes - ring_at) {
+        if (bytes > 0 && c.ring_on && bytes <= c.ring_bytes - ring_at) {
           x.taps_where = kTapsRing;
           x.taps_offset = ring_at;
           std::memcpy(c.ring + ring_at, e.taps, bytes);
           ring_at = std::min(c.ring_bytes, (ring_at + bytes + 63) / 64 * 64);
-        } else {
+        } else if (bytes > 0) {
           x.taps_where = kTapsInline;
           x.taps_offset = inline_at;
           inline_taps.emplace_back(e.taps, bytes);
           inline_at += (bytes + 7) / 8 * 8;
         }
+        put_entry(out, x);
       }
-      Writer w = begin(&c.frame, kStep, static_cast<uint32_t>(count));
-      for (const auto& x : wire) put_entry(w, x);
       for (const auto& t : inline_taps) {
-        w.bytes(t.first, t.second);
+        out.bytes(t.first, t.second);
         static const char zeros[8] = {0};
-        w.bytes(zeros, (8 - t.second % 8) % 8);
+        out.bytes(zeros, (8 - t.second % 8) % 8);
       }
       c.ring_free = (ring_at + 63) / 64 * 64;
       c.reply_room = std::max<size_t>(reply, 8192);

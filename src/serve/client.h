@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -17,14 +16,6 @@
 #include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve {
-
-struct ClientOptions {
-  double timeout_seconds = 10;
-  int shared_memory = -1;  // 1: the ring or fail; 0: never; -1: over ipc:// when the server maps it
-  int64_t ring_bytes = int64_t{64} << 20;
-  // CURVE with this server key: the key (Z85) or the file holding it (serve/keys.h).
-  std::optional<std::string> server_key;
-};
 
 // A failed call: the C ABI's status for it and the message.
 class ClientError : public Error {
@@ -38,8 +29,8 @@ class ClientError : public Error {
 // fails at once naming it.
 class Client {
  public:
-  // Checks the address against the options, connects and says HELLO.
-  Client(const std::string& address, const ClientOptions& options);
+  // Checks the address against the C ABI's options, connects and says HELLO.
+  Client(const std::string& address, const tpdraft_client_options& options);
   ~Client();
 
   // Tells the server to close this client's sessions now rather than at its idle timeout (a

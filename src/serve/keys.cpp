@@ -37,14 +37,15 @@ bool write_new(const std::string& path, const std::string& text, mode_t mode) {
   return ok;
 }
 
-}  // namespace
-
-bool curve_available() { return zmq_has("curve") == 1; }
-
+// Whether `text` is a key: 40 characters of the Z85 alphabet.
 bool is_curve_key(const std::string& text) {
   static const char* kZ85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
   return text.size() == kCurveKeyChars && text.find_first_not_of(kZ85) == std::string::npos;
 }
+
+}  // namespace
+
+bool curve_available() { return zmq_has("curve") == 1; }
 
 std::string read_curve_key(const std::string& path, bool secret, const std::string& option) {
   struct stat st {};

@@ -12,8 +12,6 @@ constexpr size_t kCurveKeyChars = 40;
 
 // Whether ZeroMQ here was built with CURVE (libsodium).
 bool curve_available();
-// Whether `text` is a key: 40 characters of the Z85 alphabet.
-bool is_curve_key(const std::string& text);
 // The key in the file at `path` (one line; surrounding whitespace ignored). A secret key's file
 // must not be readable by group or others. Throws tpdraft::Error naming `option` and the file.
 std::string read_curve_key(const std::string& path, bool secret, const std::string& option);

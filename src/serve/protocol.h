@@ -9,10 +9,10 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "tpdraft/tpdraft.h"
 
 namespace tpdraft::serve {
@@ -127,30 +127,6 @@ struct WireEntry {
 void put_entry(Writer& w, const WireEntry& e);
 WireEntry get_entry(Reader& r);
 
-// An entry's fields beside its taps, each with its wire field, for an engine::StepEntry or a C
-// ABI tpdraft_step_entry (both use these names); where the taps are is the caller's business.
-template <typename Entry, typename Wire, typename F>
-void entry_pairs(Entry& e, Wire& x, F&& f) {
-  f(e.session, x.session);
-  f(e.keep, x.keep);
-  f(e.p0, x.p0);
-  f(e.n_new, x.n_new);
-  f(e.anchor, x.anchor);
-  f(e.dist_width, x.dist_width);
-  f(e.sampling.top_k, x.top_k);
-  f(e.sampling.temperature, x.temperature);
-  f(e.sampling.top_p, x.top_p);
-  f(e.sampling.seed, x.seed);
-}
-template <typename Entry>
-void fields_to_wire(const Entry& e, WireEntry* x) {
-  entry_pairs(e, *x, [](const auto& from, auto& to) { to = from; });
-}
-template <typename Entry>
-void fields_from_wire(const WireEntry& x, Entry* e) {
-  entry_pairs(*e, x, [](auto& to, const auto& from) { to = from; });
-}
-
 // The element type of a wire taps dtype code known to be valid (dtype_bytes(code) != 0).
 inline DType wire_dtype(uint32_t code) { return code == 0 ? DType::F32 : code == 1 ? DType::BF16 : DType::F16; }
 
@@ -162,12 +138,9 @@ Header reply_header(const Header& request, uint32_t status = kOk, uint32_t count
 // Replies: an error reply is a header with a status and the message as the body.
 std::string error_reply(const Header& request, uint32_t status, const std::string& message);
 
-// The caps as HELLO's reply carries them.
-struct WireCaps {
-  std::string architecture, backend;
-  int64_t block = 0, tp = 0, taps_width = 0, hidden = 0, vocab = 0, draft_vocab = 0, mask_token = 0;
-  int64_t max_sessions = 0, max_open_sessions = 0, max_context = 0;
-  std::vector<int64_t> target_layers;
+// The caps as HELLO's reply carries them: the engine's, and the name of its backend.
+struct WireCaps : engine::Caps {
+  std::string backend;
 };
 void put_caps(Writer& w, const WireCaps& c);
 WireCaps get_caps(Reader& r);

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -27,9 +26,9 @@
 
 namespace tpdraft::serve {
 
-std::atomic<bool> g_stop_requested{false};
-
 namespace {
+
+std::atomic<bool> g_stop_requested{false};  // set by SIGTERM / SIGINT
 
 extern "C" void on_stop_signal(int) { g_stop_requested = true; }
 
@@ -60,7 +59,7 @@ struct Pending {
   Request request;
   std::vector<engine::StepEntry> entries;
   std::vector<std::vector<uint64_t>> staged;  // inline taps copied to aligned memory when misaligned
-  uint64_t bytes = 0;                         // the frame's size (0 for a request in the ring)
+  uint64_t bytes = 0;                         // what it holds of the queue: its frame and taps copied out
   Clock::time_point arrived;
 };
 
@@ -86,9 +85,7 @@ struct Server::Impl {
   engine::Group& group;
   engine::Engine& engine;
   ServerOptions options;
-  Transport transport{replica_endpoint(options.listen.empty() ? default_listen() : options.listen, options.replica,
-                                       options.replicas),
-                      options.curve_secret_key};
+  Transport transport{options.listen, options.replica, options.replicas, options.curve_secret_key};
   const Transport::Handler on_request_ = [this](Request& r) { on_request(r); };
   std::map<std::string, Client> clients;
   std::deque<Pending> pending;
@@ -147,10 +144,7 @@ struct Server::Impl {
     expect_end(r, "HELLO");
     const std::string note = transport.map_ring(route.client, c.name, ring_name, ring_bytes);
     if (!note.empty()) TPDRAFT_LOG_WARN("{}: no shared-memory ring: {}", c.name, note);
-    const engine::Caps& k = caps();
-    const WireCaps wc{k.architecture, engine.runtime().ops().name(), k.block, k.tp, k.taps_width, k.hidden, k.vocab,
-                      k.draft_vocab, k.mask_token, k.max_sessions, options.max_open_sessions, k.max_context,
-                      k.target_layers};
+    const WireCaps wc{caps(), engine.runtime().ops().name()};
     reply(h, [&](Writer& w) {
       put_caps(w, wc);
       w.put<double>(options.idle_timeout);
@@ -176,7 +170,7 @@ struct Server::Impl {
     if (pending.empty()) return;
     const int64_t S = caps().max_sessions;
     const int64_t client_entries = 2 * std::max<int64_t>(S, static_cast<int64_t>(c.sessions.size()));
-    const int64_t all_entries = 2 * std::max<int64_t>(S, options.max_open_sessions);
+    const int64_t all_entries = 2 * std::max<int64_t>(S, caps().max_open_sessions);
     const uint64_t client_bytes = options.max_queued_bytes / 4, all_bytes = options.max_queued_bytes;
     auto busy = [&](const std::string& what) {
       return Refusal{fmt::format("the server's queue is full ({}); the step was not taken: ask again once an "
@@ -218,9 +212,8 @@ struct Server::Impl {
       if (x.n_new < 0 || x.n_new > max_context)
         throw bad(fmt::format("n_new {} outside 0..{} (the max context)", x.n_new, max_context));
       const uint64_t need = static_cast<uint64_t>(x.n_new) * static_cast<uint64_t>(width) * db;
-      engine::StepEntry e;
-      fields_from_wire(x, &e);
-      e.taps.dtype = wire_dtype(x.taps_dtype);
+      engine::StepEntry e{x.session, x.keep, x.p0, x.n_new, {nullptr, wire_dtype(x.taps_dtype)}, x.anchor,
+                          {x.temperature, x.top_k, x.top_p, x.seed}, x.dist_width};
       if (x.taps_where > kTapsRing)
         throw bad(fmt::format("taps_where {} is not 0 (none), 1 (inline) or 2 (ring)", x.taps_where));
       if (x.taps_where == kTapsNone) {
@@ -305,7 +298,7 @@ struct Server::Impl {
           break;
         case kOpen: {
           const int64_t open = engine.open_sessions();
-          if (open >= options.max_open_sessions)
+          if (open >= caps().max_open_sessions)
             throw Refusal{fmt::format("all {} sessions allowed (--max-open-sessions) are open", open)};
           const int64_t mine = static_cast<int64_t>(c.sessions.size());
           if (options.max_client_sessions > 0 && mine >= options.max_client_sessions)
@@ -361,7 +354,7 @@ struct Server::Impl {
 
   // Whether the queued STEPs should run now. The clients the last forward answered ask again
   // soon: wait until each of them has (or is gone), or the queue holds a full forward, or the
-  // first queued request has waited the gather time (options.gather_seconds, at most a tenth of
+  // first queued request has waited the gather time (options.gather_us, at most a tenth of
   // the last forward); the wait is never longer, so no session loses a forward to it.
   bool ready_to_run() const {
     if (pending.empty()) return false;
@@ -373,7 +366,7 @@ struct Server::Impl {
       return it == clients.end() || it->second.pending > 0;
     });
     if (all_back) return true;
-    return seconds_since(pending.front().arrived) >= std::min(options.gather_seconds, 0.1 * last_forward_seconds);
+    return seconds_since(pending.front().arrived) >= std::min(options.gather_us * 1e-6, 0.1 * last_forward_seconds);
   }
 
   void run_batch() {
@@ -518,7 +511,7 @@ void Server::run() {
       long wait_ms = 0;
       Transport& t = s.transport;
       const bool sleepy =
-          s.pending.empty() && !t.poll_rings(s.on_request_) && seconds_since(s.last_request) > s.options.spin_seconds;
+          s.pending.empty() && !t.poll_rings(s.on_request_) && seconds_since(s.last_request) > s.options.spin_us * 1e-6;
       if (sleepy) {
         t.set_sleeping(true);
         if (!t.poll_rings(s.on_request_)) wait_ms = 100;  // looked once more after saying so: nothing missed

@@ -4,7 +4,6 @@
 // sessions closed, SIGTERM honoured between forwards.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,12 +16,11 @@ struct ServerOptions {
   std::string listen;  // ipc://PATH or tcp://HOST:PORT (PORT may be *); empty: an ipc socket in $TMPDIR
   int replica = 0, replicas = 1;  // of several, replica g listens on PATH.g or PORT+g (serve/transport.h)
   double idle_timeout = 300;   // seconds a client may stay silent before its sessions are closed
-  int64_t max_open_sessions = 64;
-  double spin_seconds = 0.002;  // how long the server looks at the rings busily after a request
-  // How long queued STEPs may wait for the clients of the last forward to ask again, at most
+  double spin_us = 2000;  // microseconds the server looks at the rings busily after a request
+  // Microseconds queued STEPs may wait for the clients of the last forward to ask again, at most
   // (and never more than a tenth of that forward's time): lock-stepped engines then share
   // forwards instead of splitting into two halves that alternate. 0: run what is queued at once.
-  double gather_seconds = 0.002;
+  double gather_us = 2000;
   int64_t max_client_sessions = 0;  // sessions one client may hold at once (0: max_open_sessions)
   // Bytes of request frames (inline taps) the queued STEPs may hold, over every client; one client
   // may hold a quarter (its first queued request excepted). An empty queue takes any request.
@@ -30,8 +28,7 @@ struct ServerOptions {
   std::string curve_secret_key;  // Z85; non-empty: CURVE on the socket (serve/keys.h)
 };
 
-// Set by SIGTERM / SIGINT (install_stop_signals); the server stops after the forward in flight.
-extern std::atomic<bool> g_stop_requested;
+// From now on SIGTERM and SIGINT stop the server after the forward in flight.
 void install_stop_signals();
 
 class Server {

@@ -110,8 +110,6 @@ bool local_only(const std::string& listen) {
   return starts_with(host, "127.") || host == "localhost" || host == "[::1]" || host == "::1";
 }
 
-}  // namespace
-
 std::string default_listen() {
   const char* t = std::getenv("TMPDIR");
   return "ipc://" + std::string(t != nullptr && *t != '\0' ? t : "/tmp") + "/tpdraft-serve-" +
@@ -132,25 +130,16 @@ std::string replica_endpoint(const std::string& listen, int g, int replicas) {
   return listen.substr(0, colon + 1) + std::to_string(p + g);
 }
 
-AddressFile::~AddressFile() {
-  if (!path_.empty()) remove_if_same(path_, written_);
-}
+}  // namespace
 
-void AddressFile::write(const std::string& path, const std::string& text) {
-  TPDRAFT_CHECK(write_file_whole(path, text), "--address-file {}: cannot write it (through {}.tmp)", path, path);
-  path_ = path;
-  written_ = file_identity(path);
-}
-
-Transport::Transport(std::string listen, std::string curve_secret_key)
-    : listen_(std::move(listen)), curve_secret_key_(std::move(curve_secret_key)) {}
+Transport::Transport(const std::string& listen, int replica, int replicas, std::string curve_secret_key)
+    : listen_(replica_endpoint(listen.empty() ? default_listen() : listen, replica, replicas)),
+      curve_secret_key_(std::move(curve_secret_key)) {}
 
 Transport::~Transport() {
   for (auto& r : rings_) munmap(r.second.base, r.second.bytes);
   if (sock_ != nullptr) zmq_close(sock_);
   if (ctx_ != nullptr) zmq_ctx_term(ctx_);
-  // libzmq leaves the file of a bound ipc:// endpoint behind.
-  if (!ipc_path_.empty()) remove_if_same(ipc_path_, ipc_file_);
 }
 
 std::string Transport::bind(int64_t max_request_bytes) {
@@ -186,10 +175,7 @@ std::string Transport::bind(int64_t max_request_bytes) {
   size_t size = sizeof(endpoint) - 1;
   zmq_getsockopt(sock_, ZMQ_LAST_ENDPOINT, endpoint, &size);
   const std::string bound(endpoint);
-  if (starts_with(bound, "ipc://")) {
-    ipc_path_ = bound.substr(6);
-    ipc_file_ = file_identity(ipc_path_);
-  }
+  if (starts_with(bound, "ipc://")) ipc_file_.own(bound.substr(6));
   return published_endpoint(bound);
 }
 
@@ -360,8 +346,6 @@ bool Transport::ring_copy(const std::string& client, uint64_t offset, uint64_t n
   return false;
 }
 
-// The process at the other end of the unix socket a message came through (0 when unknown: tcp,
-// a ring request, or a process outside this pid namespace).
 pid_t Transport::peer_process(const Request& r) const {
   if (!r.frame || !starts_with(listen_, "ipc://")) return 0;
   const int fd = zmq_msg_get(&r.frame->msg, ZMQ_SRCFD);

@@ -19,27 +19,25 @@
 
 namespace tpdraft::serve {
 
-// The address a server listens on when none is given: an ipc socket in $TMPDIR named for this
-// process.
-std::string default_listen();
-
-// Replica g's address of `replicas` given `listen`: ipc paths get ".g", a fixed tcp port g more.
-std::string replica_endpoint(const std::string& listen, int g, int replicas);
-
-// A file naming the servers' addresses, written whole (through a rename) and removed when this
-// goes, however the server ends (but a kill), while it is still the file written (another server
-// may have written its own there since).
-class AddressFile {
+// A file the server made (the address file, an ipc:// socket's file), removed when this goes,
+// however the server ends (but a kill), while it is still the file made (another server may have
+// made its own there since).
+class OwnedFile {
  public:
-  AddressFile() = default;
-  AddressFile(const AddressFile&) = delete;
-  AddressFile& operator=(const AddressFile&) = delete;
-  ~AddressFile();
-  void write(const std::string& path, const std::string& text);
+  OwnedFile() = default;
+  OwnedFile(const OwnedFile&) = delete;
+  OwnedFile& operator=(const OwnedFile&) = delete;
+  ~OwnedFile() {
+    if (!path_.empty()) remove_if_same(path_, made_);
+  }
+  void own(const std::string& path) {
+    path_ = path;
+    made_ = file_identity(path);
+  }
 
  private:
   std::string path_;
-  FileIdentity written_;
+  FileIdentity made_;
 };
 
 // Where a request came from, so that its reply goes back the same way.
@@ -65,8 +63,10 @@ class Transport {
  public:
   using Handler = std::function<void(Request&)>;
 
-  // `listen`: ipc://PATH or tcp://HOST:PORT; `curve_secret_key`: Z85, non-empty for CURVE.
-  Transport(std::string listen, std::string curve_secret_key);
+  // `listen`: ipc://PATH or tcp://HOST:PORT, empty for an ipc socket in $TMPDIR named for this
+  // process; replica g of several listens on PATH.g or a fixed PORT + g. `curve_secret_key`: Z85,
+  // non-empty for CURVE.
+  Transport(const std::string& listen, int replica, int replicas, std::string curve_secret_key);
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
   ~Transport();
@@ -94,7 +94,8 @@ class Transport {
   // Copies n bytes at `offset` of the client's ring (known to lie inside it) to `out`; false
   // when the ring faulted (the client shrank it), which unmaps it.
   bool ring_copy(const std::string& client, uint64_t offset, uint64_t n, void* out);
-  // The client's process over ipc:// (0: unknown), from the socket a request came through.
+  // The process at the other end of the unix socket a request came through (0 when unknown: tcp,
+  // a ring request, or a process outside this pid namespace).
   pid_t peer_process(const Request& r) const;
   // The client is gone: its ring is unmapped.
   void forget(const std::string& client);
@@ -116,8 +117,7 @@ class Transport {
   void* ctx_ = nullptr;
   void* sock_ = nullptr;
   std::map<std::string, Ring> rings_;
-  std::string ipc_path_;  // the socket file this server made, removed when it closes (if still its own)
-  FileIdentity ipc_file_;
+  OwnedFile ipc_file_;  // libzmq leaves the file of a bound ipc:// endpoint behind
 };
 
 }  // namespace tpdraft::serve

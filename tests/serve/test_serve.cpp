@@ -880,7 +880,7 @@ TEST(ServeClient, BusyLeavesTheClientOpen) {
       } else {
         w.header(serve::reply_header(h));
         if (h.kind == serve::kHello) {
-          serve::WireCaps caps{"DFlash2DraftModel", "cpu", 4, 1, 4, 4, 16, 0, 15, 2, 4, 64, {1}};
+          serve::WireCaps caps{{"DFlash2DraftModel", 4, 4, 4, 16, 0, 15, {1}, 1, 2, 64, 4}, "cpu"};
           serve::put_caps(w, caps);
           w.put<double>(0);
           w.put<uint32_t>(0);
