@@ -53,8 +53,6 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
 
@@ -69,7 +67,6 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
 };
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);

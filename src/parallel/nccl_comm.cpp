@@ -87,10 +87,9 @@ bool on_device(const void* p) {
 
 class HostStaged final : public Communicator {
  public:
-  HostStaged(Communicator& host, int device, cudaStream_t stream) : host_(host), device_(device), stream_(stream) {}
+  HostStaged(Communicator& host, int device, cudaStream_t stream)
+      : Communicator(host.rank(), host.size()), host_(host), device_(device), stream_(stream) {}
 
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
   std::string name() const override { return host_.name() + "+staging"; }
   // One rank moves nothing (the all-reduce of a device buffer returns at once), so a graph may
   // hold it; with more ranks the copies and the host collective run between graph segments.
@@ -249,7 +248,7 @@ double timeout_seconds() {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, int device, cudaStream_t stream)
-      : rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device), stream_(stream),
+      : Communicator(bootstrap.rank(), bootstrap.size()), device_(device), stream_(stream),
         timeout_(timeout_seconds()) {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
@@ -296,8 +295,6 @@ class NcclCommunicator final : public Communicator {
     cudaGetLastError();
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
   bool can_capture() const override { return true; }
   std::string all_reduce_path() const override { return path_; }
@@ -565,7 +562,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ncclComm_t comm_ = nullptr;
-  const int rank_, size_, device_;
+  const int device_;
   cudaStream_t stream_;
   const double timeout_;
   cuda::Workspace stage_a_, stage_b_, barrier_;
