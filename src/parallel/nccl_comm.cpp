@@ -184,29 +184,6 @@ using Clock = std::chrono::steady_clock;
 // draft of 8 sessions at H = 4096); larger ones are bandwidth bound, where the ring does well.
 constexpr size_t kWindowBytes = size_t{2} << 20;
 
-// Whether `device` supports CUDA's virtual memory management, asked of the driver through the
-// runtime's entry points (no link to libcuda); false where it cannot be asked.
-bool device_has_vmm(int device) {
-  using DeviceGet = CUresult (*)(CUdevice*, int);
-  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
-  void* get = nullptr;
-  void* attribute = nullptr;
-  cudaDriverEntryPointQueryResult found_get = cudaDriverEntryPointSymbolNotFound, found_attribute = found_get;
-  if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &found_get) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &attribute, 12000, cudaEnableDefault,
-                                       &found_attribute) != cudaSuccess ||
-      found_get != cudaDriverEntryPointSuccess || found_attribute != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  CUdevice handle = 0;
-  int vmm = 0;
-  return reinterpret_cast<DeviceGet>(get)(&handle, device) == CUDA_SUCCESS &&
-         reinterpret_cast<GetAttribute>(attribute)(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                                   handle) == CUDA_SUCCESS &&
-         vmm != 0;
-}
-
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
 #define TPDRAFT_NCCL_WINDOWS 1
 // NCCL's symmetric-memory functions, looked up without failing: the library loaded at run time
@@ -447,8 +424,8 @@ class NcclCommunicator final : public Communicator {
 #else
     const bool symbols = false;
 #endif
-    AllReducePath path =
-        choose_all_reduce_path(version, symbols, device_has_vmm(device_), std::getenv("TPDRAFT_NCCL_SYMMETRIC"));
+    AllReducePath path = choose_all_reduce_path(version, symbols, cuda::device_has_vmm(device_),
+                                                std::getenv("TPDRAFT_NCCL_SYMMETRIC"));
 #ifdef TPDRAFT_NCCL_WINDOWS
     if (!all_agree(path.symmetric, "the symmetric-window check")) {
       if (path.symmetric) path = {false, "ring (a peer rank cannot use symmetric windows)"};
