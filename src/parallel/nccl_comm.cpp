@@ -53,8 +53,10 @@ AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_
 
 #ifdef TPDRAFT_HAVE_CUDA
 
-#include <cuda.h>  // the driver's types and attribute names only: it is reached through the runtime
 #include <dlfcn.h>
+#ifdef TPDRAFT_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 #include <chrono>
 #include <cstdlib>
@@ -160,23 +162,21 @@ std::unique_ptr<Communicator> make_host_staged(Communicator& host, int device, c
   return std::make_unique<HostStaged>(host, device, stream);
 }
 
-}  // namespace tpdraft::parallel
-
-#endif  // TPDRAFT_HAVE_CUDA
-
 #ifdef TPDRAFT_HAVE_NCCL
 
-namespace tpdraft::parallel {
+namespace {
 
-void nccl_fail(const char* call, ncclResult_t code, const char* file, int line) {
+// NCCL_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
+// file:line, the device and NCCL's description of the error.
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+void nccl_check(ncclResult_t code, const char* call, const char* file, int line) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
   const char* slash = std::strrchr(file, '/');
   int device = -1;
   cudaGetDevice(&device);
   TPDRAFT_FAIL("{} failed at {}:{} on device {}: {} (NCCL error {})", call, slash ? slash + 1 : file, line, device,
                TPDRAFT_LAZY(nccl, ncclGetErrorString)(code), static_cast<int>(code));
 }
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -561,6 +561,8 @@ std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, cud
   return std::make_unique<NcclCommunicator>(bootstrap, device, stream);
 }
 
+#endif  // TPDRAFT_HAVE_NCCL
+
 }  // namespace tpdraft::parallel
 
-#endif  // TPDRAFT_HAVE_NCCL
+#endif  // TPDRAFT_HAVE_CUDA
