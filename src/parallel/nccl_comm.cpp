@@ -330,8 +330,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void do_all_gather(const void* send, void* recv, size_t bytes) override {
-    require_live("all_gather");
-    refuse_capture("all_gather");
+    require_live("all_gather", false);
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const size_t total = bytes * static_cast<size_t>(size_);
@@ -346,8 +345,7 @@ class NcclCommunicator final : public Communicator {
   void do_broadcast(void* data, size_t bytes, int root) override {
     TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
                   size_);
-    require_live("broadcast");
-    refuse_capture("broadcast");
+    require_live("broadcast", false);
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const bool staged = !on_device(data);
@@ -359,8 +357,7 @@ class NcclCommunicator final : public Communicator {
 
   // A one-element all-reduce: returns once every rank has reached it.
   void do_barrier() override {
-    require_live("barrier");
-    refuse_capture("barrier");
+    require_live("barrier", false);
     DeviceGuard guard(device_);
     float* one = barrier_.as<float>(1, stream_);
     CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));  // a defined sum, for the checkers
@@ -467,14 +464,11 @@ class NcclCommunicator final : public Communicator {
     TPDRAFT_FAIL("rank {}: NCCL {} {}; the communicator was aborted", rank_, what, why);
   }
 
-  void require_live(const char* what) const {
+  // Only all_reduce_sum on a device buffer may join a graph (capturable); the others wait on the
+  // stream, which a capture forbids (and the failed wait would abort the communicator).
+  void require_live(const char* what, bool capturable = true) const {
     TPDRAFT_CHECK(comm_ != nullptr, "rank {}: NCCL {} called after the communicator was aborted", rank_, what);
-  }
-
-  // Only all_reduce_sum on a device buffer may join a graph; the others wait on the stream,
-  // which a capture forbids (and the failed wait would abort the communicator).
-  void refuse_capture(const char* what) const {
-    TPDRAFT_CHECK(!cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
+    TPDRAFT_CHECK(capturable || !cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
                   rank_, what);
   }
 
