@@ -23,16 +23,11 @@ bool mpi_launched();
 
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
-#define MPI_CHECK(call)                                                                  \
-  do {                                                                                   \
-    const int mpi_check_rc_ = (call);                                                    \
-    if (mpi_check_rc_ != MPI_SUCCESS)                                                    \
-      ::tpdraft::parallel::mpi_fail(#call, mpi_check_rc_, __FILE__, __LINE__);           \
-  } while (0)
+#define MPI_CHECK(call) ::tpdraft::parallel::mpi_check((call), #call, __FILE__, __LINE__)
 
 namespace tpdraft::parallel {
 
-[[noreturn]] void mpi_fail(const char* call, int code, const char* file, int line);
+void mpi_check(int code, const char* call, const char* file, int line);
 // Tests the request until it completes: busily for `busy`, then between naps of `nap`.
 void wait_for(MPI_Request* req, std::chrono::microseconds busy, std::chrono::microseconds nap);
 
