@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cuda/cuda_check.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/attention_geometry.h"
 
 namespace tpdraft::kernels::cuda {
@@ -29,7 +30,7 @@ CudaOps::CudaOps(int device) : device_(device) {
     split_activations_ = m == "split";
   }
   if (const char* kernel = std::getenv("TPDRAFT_CUDA_ATTENTION")) set_attention_kernel(kernel);
-  const int count = cuda_device_count();
+  const int count = cuda_devices();
   TPDRAFT_CHECK(count > 0, "cuda backend: no CUDA device is available (cudaGetDeviceCount found none)");
   TPDRAFT_CHECK(device >= 0 && device < count, "cuda backend: device {} does not exist ({} device(s) visible)", device,
                 count);
@@ -359,16 +360,6 @@ void CudaOps::do_attention(const AttentionParams& p) {
 }  // namespace tpdraft::kernels::cuda
 
 namespace tpdraft::kernels {
-
-int cuda_device_count() {
-  int count = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&count);
-  if (rc != cudaSuccess) {
-    cudaGetLastError();  // no driver / no device: not an error for the caller
-    return 0;
-  }
-  return count;
-}
 
 std::unique_ptr<Ops> make_cuda_ops(int device) { return std::make_unique<cuda::CudaOps>(device); }
 

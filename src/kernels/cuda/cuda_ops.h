@@ -25,8 +25,6 @@ namespace tpdraft::kernels {
 
 // The CUDA backend on `device`. Throws tpdraft::Error when the device cannot be used.
 std::unique_ptr<Ops> make_cuda_ops(int device);
-// Devices the CUDA runtime sees; 0 when there is no driver or no device (never throws).
-int cuda_device_count();
 // GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on `dtype` (BF16 or F16) operands with f32
 // accumulation, on `device`, queued on `stream` (a backend's: Ops::device(), Ops::stream()): the
 // rate settle's GEMMs are quoted against.
