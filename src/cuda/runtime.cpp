@@ -1,5 +1,7 @@
-// DeviceGuard, Workspace and the capture query (runtime.h).
+// DeviceGuard, Workspace, the capture query and the memory-management query (runtime.h).
 #include "cuda/runtime.h"
+
+#include <cuda.h>  // the driver's types and attribute names only: it is reached through the runtime
 
 #include <algorithm>
 
@@ -10,9 +12,11 @@ namespace tpdraft::cuda {
 
 namespace {
 
-// cuDevicePrimaryCtxGetState through the runtime's driver entry points (no link to libcuda).
+// cuDevicePrimaryCtxGetState and cuDeviceGetAttribute through the runtime's driver entry points
+// (no link to libcuda).
 using PrimaryCtxGetState = int (*)(int device, unsigned int* flags, int* active);
 using DeviceGet = int (*)(int* device, int ordinal);
+using DeviceGetAttribute = int (*)(int* value, CUdevice_attribute attribute, int device);
 
 template <typename F>
 F driver_entry(const char* name) {
@@ -92,6 +96,14 @@ bool stream_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   return status != cudaStreamCaptureStatusNone;
+}
+
+bool device_has_vmm(int device) {
+  static const auto device_get = driver_entry<DeviceGet>("cuDeviceGet");
+  static const auto get_attribute = driver_entry<DeviceGetAttribute>("cuDeviceGetAttribute");
+  int handle = 0, vmm = 0;
+  return device_get != nullptr && get_attribute != nullptr && device_get(&handle, device) == 0 &&
+         get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle) == 0 && vmm != 0;
 }
 
 }  // namespace tpdraft::cuda

@@ -1,6 +1,7 @@
 // The CUDA runtime helpers the backend and the device communicators share: making a rank's
-// device current, grow-only device workspaces that captured graphs may keep using, and whether a
-// stream is being captured. Built only with TPDRAFT_HAVE_CUDA.
+// device current, grow-only device workspaces that captured graphs may keep using, whether a
+// stream is being captured, and whether a device has virtual memory management (NCCL's
+// symmetric windows need it). Built only with TPDRAFT_HAVE_CUDA.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,5 +59,8 @@ class Workspace {
 
 // Whether work issued to `stream` is being captured into a graph now.
 bool stream_capturing(cudaStream_t stream);
+
+// Whether `device` supports CUDA's virtual memory management; false where it cannot be asked.
+bool device_has_vmm(int device);
 
 }  // namespace tpdraft::cuda

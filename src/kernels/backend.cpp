@@ -11,10 +11,11 @@ namespace tpdraft::kernels {
 
 int cuda_devices() {
 #ifdef TPDRAFT_HAVE_CUDA
-  return cuda_device_count();
-#else
-  return 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess) return count;
+  cudaGetLastError();  // no driver / no device: not an error for the caller
 #endif
+  return 0;
 }
 
 bool cuda_device_available() { return cuda_devices() > 0; }
@@ -26,7 +27,7 @@ std::unique_ptr<Ops> make_ops(const std::string& backend, int threads, int local
   if (backend == "cpu") return make_cpu_ops(threads);
   TPDRAFT_CHECK(backend == "cuda", "unknown backend '{}': expected 'cpu', 'cuda' or 'auto'", backend);
 #ifdef TPDRAFT_HAVE_CUDA
-  const int count = cuda_device_count();
+  const int count = cuda_devices();
   TPDRAFT_CHECK(count > 0, "backend 'cuda': no CUDA device is available on this machine (no driver or no GPU)");
   TPDRAFT_CHECK(local_rank >= 0, "backend 'cuda': a rank's place on its machine must be >= 0, got {}", local_rank);
   return make_cuda_ops(local_rank % count);

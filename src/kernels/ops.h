@@ -116,6 +116,24 @@ Matrix quantized_matrix(const QuantizedRows& src, const void* packed);
 // What supports() is asked about: the ops that take weight matrices.
 enum class WeightOp : uint8_t { Matmul, Head };
 
+// The do_* functions every backend implements, listed once: Ops declares them with `= 0`, each
+// backend with `override`. do_add_rms_norm serves rms_norm too, with x null (no add; h only read).
+#define TPDRAFT_OPS_DO_FUNCTIONS(tail)                                                                             \
+  virtual void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) tail;            \
+  virtual void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim,          \
+                                 float eps, const int64_t* positions, double theta) tail;                          \
+  virtual void do_attention(const AttentionParams& p) tail;                                                        \
+  virtual void do_dyn_conv(const ConvParams& p) tail;                                                              \
+  virtual void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) tail;                        \
+  virtual void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,        \
+                               float eps) tail;                                                                    \
+  virtual void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len,               \
+                              float* dst) tail;                                                                    \
+  virtual void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,        \
+                             int64_t first_pos) tail;                                                              \
+  virtual void do_head_logits(const HeadParams& p, float* logits) tail;                                            \
+  virtual void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) tail;
+
 // Shaped like parallel::Communicator: the ops are public and non-virtual; they check their
 // arguments here, once for every backend (with the same messages whatever runs them), and hand
 // the work to the backend's do_* function, which adds only its own limits.
@@ -211,23 +229,10 @@ class Ops {
   virtual void do_widen_to_f32(DType dtype, const void* src, float* dst, int64_t n);
   virtual size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;
   virtual Matrix do_upload_quantized(const QuantizedRows& src, void* dst);
-  virtual void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) = 0;
-  virtual void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                                 const int64_t* positions, double theta) = 0;
-  virtual void do_attention(const AttentionParams& p) = 0;
-  virtual void do_dyn_conv(const ConvParams& p) = 0;
-  virtual void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) = 0;
-  // rms_norm too, with x null: no add, and h is only read.
-  virtual void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
-                               float eps) = 0;
-  virtual void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) = 0;
-  virtual void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                             int64_t first_pos) = 0;
   // A ring of a dtype other than F32 (store_context_rows hands F32 to do_store_rows).
   virtual void do_store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
                                      int64_t capacity, int64_t first_pos);
-  virtual void do_head_logits(const HeadParams& p, float* logits) = 0;
-  virtual void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) = 0;
+  TPDRAFT_OPS_DO_FUNCTIONS(= 0)
 
   // The session tables of attention (anchors and context views): checked by backends that can
   // read them on the host when the op runs.

@@ -14,11 +14,7 @@ Layout layout(int bits, int64_t rows, int64_t cols, int64_t group) {
   TPDRAFT_CHECK((bits == 4 || bits == 8) && rows > 0 && cols > 0 && group > 0 && cols % group == 0,
                 "quantized matrix [{}, {}], {} bits, group {}: bits 4 or 8, a group dividing the columns", rows,
                 cols, bits, group);
-  Layout l;
-  l.bits = bits;
-  l.rows = rows;
-  l.cols = cols;
-  l.group = group;
+  Layout l{bits, rows, cols, group};
   l.tiles_n = (rows + kTileN - 1) / kTileN;
   l.tiles_k = (cols + tile_k(bits) - 1) / tile_k(bits);
   l.rows_padded = checked_mul(l.tiles_n, int64_t{kTileN}, "quantized matrix [{}, {}]", rows, cols);

@@ -48,8 +48,8 @@ class ForwardRecorder;
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
   virtual std::string name() const = 0;
 
   // In place: data[i] = sum over ranks of data[i].
@@ -82,6 +82,7 @@ class Communicator {
   bool in_flight(const char** op, double* seconds) const;
 
  protected:
+  explicit Communicator(int rank = 0, int size = 1) : rank_(rank), size_(size) {}
   virtual void do_all_reduce_sum(float* data, size_t count) = 0;
   virtual void do_all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void do_broadcast(void* data, size_t bytes, int root) = 0;
@@ -89,6 +90,7 @@ class Communicator {
   // The collectives that only queued work on a device stream took `host` seconds to queue; they
   // ran for `device` seconds there (read from events once done): the counters take the latter.
   void retime(double host, double device) { stats_.seconds += device - host, stats_.timing = "events"; }
+  int rank_, size_;  // set once, as the implementation joins its group
 
  private:
   // Collectives captured into a graph run when it replays, not when they are issued: the class

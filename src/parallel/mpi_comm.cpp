@@ -84,7 +84,8 @@ void wait_for(MPI_Request* req, std::chrono::microseconds busy, std::chrono::mic
   }
 }
 
-void mpi_fail(const char* call, int code, const char* file, int line) {
+void mpi_check(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;

@@ -23,16 +23,11 @@ bool mpi_launched();
 
 // MPI_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
 // file:line, the world rank and MPI's own description of the error.
-#define MPI_CHECK(call)                                                                  \
-  do {                                                                                   \
-    const int mpi_check_rc_ = (call);                                                    \
-    if (mpi_check_rc_ != MPI_SUCCESS)                                                    \
-      ::tpdraft::parallel::mpi_fail(#call, mpi_check_rc_, __FILE__, __LINE__);           \
-  } while (0)
+#define MPI_CHECK(call) ::tpdraft::parallel::mpi_check((call), #call, __FILE__, __LINE__)
 
 namespace tpdraft::parallel {
 
-[[noreturn]] void mpi_fail(const char* call, int code, const char* file, int line);
+void mpi_check(int code, const char* call, const char* file, int line);
 // Tests the request until it completes: busily for `busy`, then between naps of `nap`.
 void wait_for(MPI_Request* req, std::chrono::microseconds busy, std::chrono::microseconds nap);
 
@@ -53,8 +48,6 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
 
@@ -69,7 +62,6 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1;
 };
 
 std::unique_ptr<Communicator> make_mpi(MPI_Comm comm);

@@ -53,8 +53,10 @@ AllReducePath choose_all_reduce_path(int version, bool has_symbols, bool device_
 
 #ifdef TPDRAFT_HAVE_CUDA
 
-#include <cuda.h>  // the driver's types and attribute names only: it is reached through the runtime
 #include <dlfcn.h>
+#ifdef TPDRAFT_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 #include <chrono>
 #include <cstdlib>
@@ -87,10 +89,9 @@ bool on_device(const void* p) {
 
 class HostStaged final : public Communicator {
  public:
-  HostStaged(Communicator& host, int device, cudaStream_t stream) : host_(host), device_(device), stream_(stream) {}
+  HostStaged(Communicator& host, int device, cudaStream_t stream)
+      : Communicator(host.rank(), host.size()), host_(host), device_(device), stream_(stream) {}
 
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.size(); }
   std::string name() const override { return host_.name() + "+staging"; }
   // One rank moves nothing (the all-reduce of a device buffer returns at once), so a graph may
   // hold it; with more ranks the copies and the host collective run between graph segments.
@@ -161,15 +162,15 @@ std::unique_ptr<Communicator> make_host_staged(Communicator& host, int device, c
   return std::make_unique<HostStaged>(host, device, stream);
 }
 
-}  // namespace tpdraft::parallel
-
-#endif  // TPDRAFT_HAVE_CUDA
-
 #ifdef TPDRAFT_HAVE_NCCL
 
-namespace tpdraft::parallel {
+namespace {
 
-void nccl_fail(const char* call, ncclResult_t code, const char* file, int line) {
+// NCCL_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
+// file:line, the device and NCCL's description of the error.
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+void nccl_check(ncclResult_t code, const char* call, const char* file, int line) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
   const char* slash = std::strrchr(file, '/');
   int device = -1;
   cudaGetDevice(&device);
@@ -177,36 +178,11 @@ void nccl_fail(const char* call, ncclResult_t code, const char* file, int line) 
                TPDRAFT_LAZY(nccl, ncclGetErrorString)(code), static_cast<int>(code));
 }
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
 // The symmetric window's size: the largest all-reduce that goes through it ([128, 4096] f32, a
 // draft of 8 sessions at H = 4096); larger ones are bandwidth bound, where the ring does well.
 constexpr size_t kWindowBytes = size_t{2} << 20;
-
-// Whether `device` supports CUDA's virtual memory management, asked of the driver through the
-// runtime's entry points (no link to libcuda); false where it cannot be asked.
-bool device_has_vmm(int device) {
-  using DeviceGet = CUresult (*)(CUdevice*, int);
-  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
-  void* get = nullptr;
-  void* attribute = nullptr;
-  cudaDriverEntryPointQueryResult found_get = cudaDriverEntryPointSymbolNotFound, found_attribute = found_get;
-  if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &found_get) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute", &attribute, 12000, cudaEnableDefault,
-                                       &found_attribute) != cudaSuccess ||
-      found_get != cudaDriverEntryPointSuccess || found_attribute != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  CUdevice handle = 0;
-  int vmm = 0;
-  return reinterpret_cast<DeviceGet>(get)(&handle, device) == CUDA_SUCCESS &&
-         reinterpret_cast<GetAttribute>(attribute)(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                                   handle) == CUDA_SUCCESS &&
-         vmm != 0;
-}
 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
 #define TPDRAFT_NCCL_WINDOWS 1
@@ -249,7 +225,7 @@ double timeout_seconds() {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, int device, cudaStream_t stream)
-      : rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device), stream_(stream),
+      : Communicator(bootstrap.rank(), bootstrap.size()), device_(device), stream_(stream),
         timeout_(timeout_seconds()) {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof(id));
@@ -296,8 +272,6 @@ class NcclCommunicator final : public Communicator {
     cudaGetLastError();
   }
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
   std::string name() const override { return "nccl"; }
   bool can_capture() const override { return true; }
   std::string all_reduce_path() const override { return path_; }
@@ -356,8 +330,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void do_all_gather(const void* send, void* recv, size_t bytes) override {
-    require_live("all_gather");
-    refuse_capture("all_gather");
+    require_live("all_gather", false);
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const size_t total = bytes * static_cast<size_t>(size_);
@@ -372,8 +345,7 @@ class NcclCommunicator final : public Communicator {
   void do_broadcast(void* data, size_t bytes, int root) override {
     TPDRAFT_CHECK(root >= 0 && root < size_, "rank {}: broadcast root {} is not a rank of a group of {}", rank_, root,
                   size_);
-    require_live("broadcast");
-    refuse_capture("broadcast");
+    require_live("broadcast", false);
     if (bytes == 0) return;
     DeviceGuard guard(device_);
     const bool staged = !on_device(data);
@@ -385,8 +357,7 @@ class NcclCommunicator final : public Communicator {
 
   // A one-element all-reduce: returns once every rank has reached it.
   void do_barrier() override {
-    require_live("barrier");
-    refuse_capture("barrier");
+    require_live("barrier", false);
     DeviceGuard guard(device_);
     float* one = barrier_.as<float>(1, stream_);
     CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));  // a defined sum, for the checkers
@@ -450,8 +421,8 @@ class NcclCommunicator final : public Communicator {
 #else
     const bool symbols = false;
 #endif
-    AllReducePath path =
-        choose_all_reduce_path(version, symbols, device_has_vmm(device_), std::getenv("TPDRAFT_NCCL_SYMMETRIC"));
+    AllReducePath path = choose_all_reduce_path(version, symbols, cuda::device_has_vmm(device_),
+                                                std::getenv("TPDRAFT_NCCL_SYMMETRIC"));
 #ifdef TPDRAFT_NCCL_WINDOWS
     if (!all_agree(path.symmetric, "the symmetric-window check")) {
       if (path.symmetric) path = {false, "ring (a peer rank cannot use symmetric windows)"};
@@ -493,14 +464,11 @@ class NcclCommunicator final : public Communicator {
     TPDRAFT_FAIL("rank {}: NCCL {} {}; the communicator was aborted", rank_, what, why);
   }
 
-  void require_live(const char* what) const {
+  // Only all_reduce_sum on a device buffer may join a graph (capturable); the others wait on the
+  // stream, which a capture forbids (and the failed wait would abort the communicator).
+  void require_live(const char* what, bool capturable = true) const {
     TPDRAFT_CHECK(comm_ != nullptr, "rank {}: NCCL {} called after the communicator was aborted", rank_, what);
-  }
-
-  // Only all_reduce_sum on a device buffer may join a graph; the others wait on the stream,
-  // which a capture forbids (and the failed wait would abort the communicator).
-  void refuse_capture(const char* what) const {
-    TPDRAFT_CHECK(!cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
+    TPDRAFT_CHECK(capturable || !cuda::stream_capturing(stream_), "rank {}: NCCL {} cannot be captured into a graph",
                   rank_, what);
   }
 
@@ -565,7 +533,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ncclComm_t comm_ = nullptr;
-  const int rank_, size_, device_;
+  const int device_;
   cudaStream_t stream_;
   const double timeout_;
   cuda::Workspace stage_a_, stage_b_, barrier_;
@@ -587,6 +555,8 @@ std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, cud
   return std::make_unique<NcclCommunicator>(bootstrap, device, stream);
 }
 
+#endif  // TPDRAFT_HAVE_NCCL
+
 }  // namespace tpdraft::parallel
 
-#endif  // TPDRAFT_HAVE_NCCL
+#endif  // TPDRAFT_HAVE_CUDA

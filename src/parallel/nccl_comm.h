@@ -58,27 +58,7 @@ namespace tpdraft::parallel {
 // one device. Host buffers go to `host` untouched.
 std::unique_ptr<Communicator> make_host_staged(Communicator& host, int device, cudaStream_t stream);
 
-}  // namespace tpdraft::parallel
-
-#endif  // TPDRAFT_HAVE_CUDA
-
 #ifdef TPDRAFT_HAVE_NCCL
-
-#include <nccl.h>
-
-// NCCL_CHECK(call): evaluates the call once; on failure throws tpdraft::Error naming the call,
-// file:line and NCCL's description of the error.
-#define NCCL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    const ncclResult_t nccl_check_rc_ = (call);                                               \
-    if (nccl_check_rc_ != ncclSuccess && nccl_check_rc_ != ncclInProgress)                    \
-      ::tpdraft::parallel::nccl_fail(#call, nccl_check_rc_, __FILE__, __LINE__);              \
-  } while (0)
-
-namespace tpdraft::parallel {
-
-[[noreturn]] void nccl_fail(const char* call, ncclResult_t code, const char* file, int line);
-
 // One NCCL rank per GPU: rank 0 of `bootstrap` creates the ncclUniqueId and broadcasts it over
 // `bootstrap` (host buffers, e.g. the MPI group), then every rank joins on `device`. Collectives
 // run on `stream` (the CUDA ops' stream, so they follow the kernels that produce their inputs)
@@ -86,7 +66,8 @@ namespace tpdraft::parallel {
 // seconds (default 120) the communicator is aborted and tpdraft::Error names the rank and the
 // operation. abort() aborts the NCCL communicator (not the bootstrap).
 std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device, cudaStream_t stream);
+#endif  // TPDRAFT_HAVE_NCCL
 
 }  // namespace tpdraft::parallel
 
-#endif  // TPDRAFT_HAVE_NCCL
+#endif  // TPDRAFT_HAVE_CUDA

@@ -8,8 +8,6 @@ namespace tpdraft::parallel {
 namespace {
 class SingleRank final : public Communicator {
  public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
   std::string name() const override { return "single"; }
   void abort(const std::string&) override {}
   bool can_capture() const override { return true; }  // nothing moves

@@ -148,11 +148,10 @@ class Group {
 
 class ThreadCommunicator final : public Communicator {
  public:
-  ThreadCommunicator(std::shared_ptr<Group> group, int rank) : group_(std::move(group)), rank_(rank) {}
+  ThreadCommunicator(std::shared_ptr<Group> group, int rank)
+      : Communicator(rank, group->size()), group_(std::move(group)) {}
   ~ThreadCommunicator() override { group_->depart(rank_); }
 
-  int rank() const override { return rank_; }
-  int size() const override { return group_->size(); }
   std::string name() const override { return "threads"; }
 
   void abort(const std::string& reason) override { group_->abort(rank_, reason); }
@@ -201,7 +200,6 @@ class ThreadCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Group> group_;
-  const int rank_;
 };
 
 }  // namespace

@@ -165,21 +165,9 @@ class CpuOps final : public Ops {
  protected:
   size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix do_upload_quantized(const QuantizedRows& src, void* dst) override;
-  void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
-  void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                         const int64_t* positions, double theta) override;
-  void do_attention(const AttentionParams& p) override;
-  void do_dyn_conv(const ConvParams& p) override;
-  void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
-  void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
-                       float eps) override;
-  void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
-  void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                     int64_t first_pos) override;
+  TPDRAFT_OPS_DO_FUNCTIONS(override)
   void do_store_context_rows(DType dtype, const float* src, int64_t rows, int64_t row_len, void* dst,
                              int64_t capacity, int64_t first_pos) override;
-  void do_head_logits(const HeadParams& p, float* logits) override;
-  void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
 
  private:
   // While a capture runs: appends the call (the op's do_* and a copy of its arguments) to the

@@ -35,11 +35,7 @@ detail::QuantLayout detail::quant_layout(WeightFormat format, int64_t rows, int6
                 weight_format_name(format));
   TPDRAFT_CHECK(rows > 0 && cols > 0 && group > 0 && cols % group == 0,
                 "quantized matrix [{}, {}] with group {}: the group must divide the columns", rows, cols, group);
-  QuantLayout l;
-  l.bits = format == WeightFormat::Int4 ? 4 : 8;
-  l.rows = rows;
-  l.cols = cols;
-  l.group = group;
+  QuantLayout l{format == WeightFormat::Int4 ? 4 : 8, rows, cols, group};
   l.kb = quant_block(group, cols);
   // int32 block sums stay exact: |sum| <= kb * 128 * 127 < 2^31.
   TPDRAFT_CHECK(l.kb <= 131000, "quantized matrix [{}, {}]: a block of {} columns could overflow its int32 sums",

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cuda/cuda_check.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/attention_geometry.h"
 
 namespace tpdraft::kernels::cuda {
@@ -29,7 +30,7 @@ CudaOps::CudaOps(int device) : device_(device) {
     split_activations_ = m == "split";
   }
   if (const char* kernel = std::getenv("TPDRAFT_CUDA_ATTENTION")) set_attention_kernel(kernel);
-  const int count = cuda_device_count();
+  const int count = cuda_devices();
   TPDRAFT_CHECK(count > 0, "cuda backend: no CUDA device is available (cudaGetDeviceCount found none)");
   TPDRAFT_CHECK(device >= 0 && device < count, "cuda backend: device {} does not exist ({} device(s) visible)", device,
                 count);
@@ -303,12 +304,6 @@ void CudaOps::do_store_rows(const float* src, int64_t rows, int64_t row_len, flo
 
 // ---- attention ---------------------------------------------------------------------------------------
 
-namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
-
 void CudaOps::set_attention_kernel(const std::string& kernel) {
   TPDRAFT_CHECK(kernel == "mma" || kernel == "simt",
                 "TPDRAFT_CUDA_ATTENTION must be 'mma' (tensor cores, head dims 64 and 128, the default) or 'simt' "
@@ -342,7 +337,8 @@ void CudaOps::do_attention(const AttentionParams& p) {
   // The session tables stay on the device, so the split is sized from max_context: as many chunks
   // as one wave of resident blocks holds (the occupancy API's figure), none shorter than 64 keys
   // at max_context.
-  const int64_t qgroups = ceil_div(ratio * p.block, attention_rows_per_block(kernel));
+  const int64_t rows_per_block = attention_rows_per_block(kernel);
+  const int64_t qgroups = (ratio * p.block + rows_per_block - 1) / rows_per_block;
   const int64_t row_blocks = S * p.n_kv * qgroups;
   const int64_t splits = attn_plan_splits(
       row_blocks, p.max_context, static_cast<int64_t>(attention_blocks_per_sm(kernel, p.head_dim, kv_bf16)) * sm_count_);
@@ -359,16 +355,6 @@ void CudaOps::do_attention(const AttentionParams& p) {
 }  // namespace tpdraft::kernels::cuda
 
 namespace tpdraft::kernels {
-
-int cuda_device_count() {
-  int count = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&count);
-  if (rc != cudaSuccess) {
-    cudaGetLastError();  // no driver / no device: not an error for the caller
-    return 0;
-  }
-  return count;
-}
 
 std::unique_ptr<Ops> make_cuda_ops(int device) { return std::make_unique<cuda::CudaOps>(device); }
 

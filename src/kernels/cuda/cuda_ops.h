@@ -25,8 +25,6 @@ namespace tpdraft::kernels {
 
 // The CUDA backend on `device`. Throws tpdraft::Error when the device cannot be used.
 std::unique_ptr<Ops> make_cuda_ops(int device);
-// Devices the CUDA runtime sees; 0 when there is no driver or no device (never throws).
-int cuda_device_count();
 // GFLOP/s of one plain cuBLAS GEMM [m, k] x [k, n] on `dtype` (BF16 or F16) operands with f32
 // accumulation, on `device`, queued on `stream` (a backend's: Ops::device(), Ops::stream()): the
 // rate settle's GEMMs are quoted against.
@@ -71,19 +69,7 @@ class CudaOps final : public Ops {
   void do_widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) override;
   size_t do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const override;
   Matrix do_upload_quantized(const QuantizedRows& src, void* dst) override;
-  void do_matmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias) override;
-  void do_head_norm_rope(float* x, const float* w, int64_t rows, int64_t heads, int64_t head_dim, float eps,
-                         const int64_t* positions, double theta) override;
-  void do_attention(const AttentionParams& p) override;
-  void do_dyn_conv(const ConvParams& p) override;
-  void do_silu_mul(const float* gate, const float* up, float* out, int64_t n) override;
-  void do_add_rms_norm(float* h, const float* x, const float* w, float* y, int64_t rows, int64_t n,
-                       float eps) override;
-  void do_gather_rows(const float* src, const int64_t* index, int64_t rows, int64_t row_len, float* dst) override;
-  void do_store_rows(const float* src, int64_t rows, int64_t row_len, float* dst, int64_t capacity,
-                     int64_t first_pos) override;
-  void do_head_logits(const HeadParams& p, float* logits) override;
-  void do_head_topk(const HeadParams& p, int k, int64_t id_base, float* values, int64_t* ids) override;
+  TPDRAFT_OPS_DO_FUNCTIONS(override)
 
  private:
   void check_not_capturing(const char* what) const;

@@ -22,9 +22,8 @@ constexpr int64_t kDequantBytes = int64_t{64} << 20;
 
 }  // namespace
 
+// Ops::quantized_bytes has refused a dense format already.
 size_t CudaOps::do_quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const {
-  TPDRAFT_CHECK(format == WeightFormat::Int8 || format == WeightFormat::Int4, "cuda backend: {} is not quantized",
-                weight_format_name(format));
   return static_cast<size_t>(qtile::layout(bits_of(format), rows, cols, group).total);
 }
 
