@@ -73,12 +73,10 @@ def main():
     launcher += shlex.split(A.mpirun_args)
     print(f"{os.path.basename(A.config)}, {A.steps} steps x {A.rounds} rounds, {os.cpu_count()} cores")
     phases = [int(b) for b in A.busy.split(",")]
-    results = []
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck")
         checkpoint(A.bin, os.path.join(REPO, A.config), ck)
-        for busy in phases:
-            results.append((busy, *timing.with_load(lambda: phase(launcher, ck, tmp, busy))))
+        results = [(busy, *timing.with_load(lambda: phase(launcher, ck, tmp, busy))) for busy in phases]
     print(f"{'phase':>8} {'server':>11} {'median ms':>10} {'p90 ms':>8} {'server median ms':>17} "
           f"{'server p90 ms':>14} {'mpirun / in-process':>20}")
     worst = 0.0

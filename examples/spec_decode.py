@@ -182,10 +182,7 @@ class SpeculativeDecoder:
             raise ValueError("prompt_held needs the sessions that hold them")
         self.cache = self.target.new_cache(len(prompts), max(map(len, prompts)) + n_tokens + self.block)
         sequences = self._prefill(prompts, rng, sessions, prompt_held)
-        while True:
-            active = [s for s in sequences if len(s.tokens) - s.prompt_length < n_tokens]
-            if not active:
-                break
+        while active := [s for s in sequences if len(s.tokens) - s.prompt_length < n_tokens]:
             self._round(active, rng)
         if sessions is None:
             for s in sequences:
@@ -392,10 +389,8 @@ AGREE_TOKEN = 5
 
 
 def find_program():
-    for path in (os.environ.get("TPDRAFT_BIN"), os.path.join(REPO, "build", "tpdraft")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return "tpdraft"
+    built = (os.environ.get("TPDRAFT_BIN"), os.path.join(REPO, "build", "tpdraft"))
+    return next((path for path in built if path and os.access(path, os.X_OK)), "tpdraft")
 
 
 def checkpoint_dirs(args, scratch):

@@ -156,16 +156,16 @@ void read_cuda_array_interface(const py::handle& tensor, const py::object& strea
 
 bool read_tensor_taps(const py::handle& tensor, const py::object& stream, const std::string& backend,
                       int64_t width, tpdraft_step_entry& t, TensorTaps* out) {
-  const Torch* torch = nullptr;
-  const bool dlpack = py::hasattr(tensor, "__dlpack__");
-  if (!dlpack) {
+  if (!py::hasattr(tensor, "__dlpack__")) {
     if (!py::hasattr(tensor, "__cuda_array_interface__")) return false;
     read_cuda_array_interface(tensor, stream, backend, width, t, out);
     return true;
   }
+  const Torch* torch = torch_if_loaded();
+  const bool from_torch = torch != nullptr && py::isinstance(tensor, torch->tensor);
   py::object capsule;
   intptr_t consumer_stream = stream.is_none() ? 0 : stream_pointer(stream);
-  if ((torch = torch_if_loaded()) != nullptr && py::isinstance(tensor, torch->tensor)) {
+  if (from_torch) {
     // torch's own export: a C call, where Tensor.__dlpack__ is Python.
     capsule = torch->to_dlpack(tensor);
   } else {
@@ -213,8 +213,7 @@ bool read_tensor_taps(const py::handle& tensor, const py::object& stream, const 
   if (!contiguous) throw py::value_error("entry 'taps' in device memory must be C-contiguous (call .contiguous())");
   t.taps_on_device = 1;
   out->device = dl.device.device_id;
-  if (consumer_stream == 0 && torch != nullptr && py::isinstance(tensor, torch->tensor))
-    consumer_stream = stream_pointer(torch->current_stream(tensor.attr("device")));
+  if (consumer_stream == 0 && from_torch) consumer_stream = stream_pointer(torch->current_stream(tensor.attr("device")));
   t.taps_stream = reinterpret_cast<void*>(consumer_stream);
   return true;
 }

@@ -398,6 +398,15 @@ const std::string& whole_string(const std::string& s, const char* name) {
   return s;
 }
 
+// An optional name: "" for None (the library's default), else the str; anything else is a
+// TypeError saying what `name` must be.
+std::string optional_name(const py::object& v, const char* name, const char* must_be) {
+  if (v.is_none()) return {};
+  if (!py::isinstance<py::str>(v))
+    throw py::type_error(std::string(name) + " must be " + must_be + ", got " + py::repr(v).cast<std::string>());
+  return whole_string(v.cast<std::string>(), name);
+}
+
 // A str or os.PathLike as the path it names; anything else is a TypeError saying what `name` must be.
 std::string path_or_str(const py::object& v, const char* name, const char* must_be) {
   if (!py::isinstance<py::str>(v) && !py::hasattr(v, "__fspath__"))
@@ -422,14 +431,9 @@ class Drafter : public Endpoint<InProcess> {
     o.max_context = max_context;
     o.max_open_sessions = max_open_sessions;
     o.graphs = tri_state(graphs, "graphs");
-    if (!quant.is_none() && !py::isinstance<py::str>(quant))
-      throw py::type_error("quant must be None or one of 'q8', 'q4', 'q8+head', 'q4+head', got " +
-                           py::repr(quant).cast<std::string>());
-    const std::string quant_name = quant.is_none() ? std::string() : whole_string(quant.cast<std::string>(), "quant");
+    const std::string quant_name = optional_name(quant, "quant", "None or one of 'q8', 'q4', 'q8+head', 'q4+head'");
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
-    if (!kv_dtype.is_none() && !py::isinstance<py::str>(kv_dtype))
-      throw py::type_error("kv_dtype must be None, 'f32' or 'bf16', got " + py::repr(kv_dtype).cast<std::string>());
-    const std::string kv_name = kv_dtype.is_none() ? std::string() : whole_string(kv_dtype.cast<std::string>(), "kv_dtype");
+    const std::string kv_name = optional_name(kv_dtype, "kv_dtype", "None, 'f32' or 'bf16'");
     o.kv_dtype = kv_dtype.is_none() ? nullptr : kv_name.c_str();
     // A path (str or os.PathLike) to a token map file, or the target ids themselves.
     std::string map_path;
@@ -501,7 +505,13 @@ void def_endpoint(py::class_<T>& cls, const char* step_doc, const char* seconds_
       .def("close", &T::close)
       .def("__enter__", [](T& x) -> T& { return x; }, py::return_value_policy::reference)
       .def("__exit__", [](T& x, py::object, py::object, py::object) { x.close(); })
-      .def("__repr__", [](const T& x) { return repr_endpoint(std::is_same_v<T, Drafter> ? "Drafter" : "Client", x); });
+      .def("__repr__", [](const T& x) {
+        const std::string name = std::string("<tpdraft.") + (std::is_same_v<T, Drafter> ? "Drafter" : "Client");
+        if (!x.open()) return name + " (closed)>";
+        const Caps& c = x.caps();
+        return name + " " + c.architecture + " on " + c.backend + ", tp " + std::to_string(c.tp) + ", block " +
+               std::to_string(c.block_size) + ", taps_width " + std::to_string(c.taps_width) + ">";
+      });
 }
 
 // The host's log callback: a Python callable taking (level, line), kept for the interpreter's
@@ -538,14 +548,6 @@ void set_log_callback(const py::object& callback) {
   }
   if (st != TPDRAFT_OK) *g_log_callback = std::move(previous);
   raise_for(st);
-}
-
-template <typename T>
-std::string repr_endpoint(const char* name, const T& x) {
-  if (!x.open()) return std::string("<tpdraft.") + name + " (closed)>";
-  const Caps& c = x.caps();
-  return std::string("<tpdraft.") + name + " " + c.architecture + " on " + c.backend + ", tp " + std::to_string(c.tp) +
-         ", block " + std::to_string(c.block_size) + ", taps_width " + std::to_string(c.taps_width) + ">";
 }
 
 }  // namespace

@@ -294,8 +294,7 @@ class Proposer:
         for (r, track), result in zip(part, results):
             track.held = track.base + track.rows()
             track.base, track.pending, track.fresh = track.held, [], False
-            out[r.id] = Proposal(result["tokens"], result["q"], result.get("dist_ids"), result.get("dist_probs"),
-                                 result.get("dist_rest"))
+            out[r.id] = Proposal(**result)  # tokens, q and the dist_* arrays asked for
         return out
 
     def _close(self, track):

@@ -39,16 +39,15 @@ def kernel_class(name):
 
 def read_totals(path):
     """{kernel: (calls, total_ns)} from the CUPTI trace or an nsys kernel summary."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
     out = {}
-    for r in rows:
-        if "kernel" in r:
-            name, calls, ns = r["kernel"], int(r["calls"]), float(r["total_ns"])
-        else:
-            name, calls, ns = r["Name"], int(r["Instances"]), float(r["Total Time (ns)"])
-        c0, n0 = out.get(name, (0, 0.0))
-        out[name] = (c0 + calls, n0 + ns)
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if "kernel" in r:
+                name, calls, ns = r["kernel"], int(r["calls"]), float(r["total_ns"])
+            else:
+                name, calls, ns = r["Name"], int(r["Instances"]), float(r["Total Time (ns)"])
+            c0, n0 = out.get(name, (0, 0.0))
+            out[name] = (c0 + calls, n0 + ns)
     return out
 
 
