@@ -31,8 +31,6 @@ const char* exit_status_help() {
          "taps file, or a tensor-parallel size the geometry cannot take).";
 }
 
-int job_rank() { return parallel::multi_process() ? log::rank() : 0; }
-
 void run_alone(const std::function<void()>& command) {
   agree_on(*parallel::world(), kExitInput, command);
 }

@@ -26,9 +26,6 @@ struct JobFailure {
   int status;
 };
 
-// This process's rank in the job (0 without mpirun).
-int job_rank();
-
 // Under mpirun: every rank must have been started with rank 0's arguments (a different
 // subcommand, --dump or --tp on one rank would hang it or split the ranks' tokens). Throws
 // JobFailure(kExitUsage) on every rank after the first differing rank named the argument.

@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
     check_command(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank got the same command line, so rank 0 speaks for all of them.
-    const int code = job_rank() == 0 ? app.exit(e) : e.get_exit_code();
+    // Every rank got the same command line, so rank 0 of the job speaks for all of them.
+    const int code = tpdraft::log::rank() == 0 ? app.exit(e) : e.get_exit_code();
     status = code == 0 ? kExitOk : kExitUsage;
   } catch (const JobFailure& f) {
     status = f.status;  // reported by the rank that met it; every rank ends cleanly

@@ -6,15 +6,13 @@
 
 #include <algorithm>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 
 namespace tpdraft {
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+std::string shape_string(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 namespace detail {
 

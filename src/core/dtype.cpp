@@ -179,29 +179,24 @@ Bits exponent_field(int log2, int bias, int shift, Bits mask) {
 }
 }  // namespace
 
-int64_t find_non_finite(DType t, const void* p, size_t n) {
-  const auto* bytes = static_cast<const std::byte*>(p);
-  switch (t) {
-    case DType::F64: return first_exponent_at_least<uint64_t>(bytes, n, 0x7ff0000000000000ull, 0x7ff0000000000000ull);
-    case DType::F32: return first_exponent_at_least<uint32_t>(bytes, n, 0x7f800000u, 0x7f800000u);
-    case DType::F16: return first_exponent_at_least<uint16_t>(bytes, n, 0x7c00u, 0x7c00u);
-    case DType::BF16: return first_exponent_at_least<uint16_t>(bytes, n, 0x7f80u, 0x7f80u);
-    case DType::F8E4M3: return first_exponent_at_least<uint8_t>(bytes, n, 0x7f, 0x7f);  // only NaN: no infinities
-    default: return -1;
-  }
-}
-
 int64_t find_out_of_range(DType t, const void* p, size_t n, int log2_bound) {
   const auto* bytes = static_cast<const std::byte*>(p);
   switch (t) {
+    case DType::F64: return first_exponent_at_least<uint64_t>(bytes, n, 0x7ff0000000000000ull, 0x7ff0000000000000ull);
     case DType::F32:
       return first_exponent_at_least<uint32_t>(bytes, n, 0x7f800000u, exponent_field<uint32_t>(log2_bound, 127, 23, 0x7f800000u));
     case DType::BF16:
       return first_exponent_at_least<uint16_t>(bytes, n, 0x7f80u, exponent_field<uint16_t>(log2_bound, 127, 7, 0x7f80u));
     case DType::F16:
       return first_exponent_at_least<uint16_t>(bytes, n, 0x7c00u, exponent_field<uint16_t>(log2_bound, 15, 10, 0x7c00u));
-    default: return find_non_finite(t, p, n);
+    case DType::F8E4M3: return first_exponent_at_least<uint8_t>(bytes, n, 0x7f, 0x7f);  // only NaN: no infinities
+    default: return -1;
   }
+}
+
+// A bound past every format's range: exponent_field caps it at all ones, so only non-finite values count.
+int64_t find_non_finite(DType t, const void* p, size_t n) {
+  return find_out_of_range(t, p, n, std::numeric_limits<int>::max());
 }
 
 }  // namespace tpdraft
