@@ -216,11 +216,7 @@ tpdraft_status tpdraft_session_open(tpdraft_drafter* d, tpdraft_session* out) {
   const int64_t open = d->group->leader().open_sessions();
   if (open >= d->caps.max_open_sessions)
     return refuse("tpdraft_session_open: all " + std::to_string(open) + " sessions allowed (max_open_sessions) are open");
-  tpdraft_session id = -1;
-  const tpdraft_status st =
-      guarded("tpdraft_session_open", TPDRAFT_ERROR_RUNTIME, [&] { id = d->group->open_session(); });
-  if (st == TPDRAFT_OK) *out = id;
-  return st;
+  return guarded("tpdraft_session_open", TPDRAFT_ERROR_RUNTIME, [&] { *out = d->group->open_session(); });
 }
 
 tpdraft_status tpdraft_session_close(tpdraft_drafter* d, tpdraft_session session) {
@@ -229,8 +225,7 @@ tpdraft_status tpdraft_session_close(tpdraft_drafter* d, tpdraft_session session
   const tpdraft_status st =
       guarded("tpdraft_session_close", TPDRAFT_ERROR_ARGUMENT, [&] { d->group->leader().check_open(session); });
   if (st != TPDRAFT_OK) return st;
-  return guarded("tpdraft_session_close", TPDRAFT_ERROR_RUNTIME,
-                 [&] { d->group->close_session(session); });
+  return guarded("tpdraft_session_close", TPDRAFT_ERROR_RUNTIME, [&] { d->group->close_session(session); });
 }
 
 tpdraft_status tpdraft_session_length(tpdraft_drafter* d, tpdraft_session session, int64_t* out) {

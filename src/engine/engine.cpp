@@ -47,18 +47,9 @@ Engine::Engine(const model::ModelSource& source, parallel::Communicator& group, 
     : rt_(std::make_unique<model::RankRuntime>(source, group, options)) {
   TPDRAFT_CHECK(max_open_sessions >= 1, "the sessions open at once must be at least 1, got {}", max_open_sessions);
   const model::DrafterConfig& cfg = rt_->config();
-  caps_.architecture = cfg.arch_name;
-  caps_.block = cfg.block;
-  caps_.taps_width = cfg.n_taps() * cfg.hidden;
-  caps_.hidden = cfg.hidden;
-  caps_.vocab = cfg.vocab;
-  caps_.draft_vocab = cfg.head_vocab();
-  caps_.mask_token = cfg.mask_token;
-  caps_.target_layers = cfg.taps;
-  caps_.tp = rt_->comm().size();
-  caps_.max_sessions = rt_->drafter().limits().max_sessions;
-  caps_.max_context = rt_->drafter().limits().max_context;
-  caps_.max_open_sessions = max_open_sessions;
+  const model::DrafterLimits& limits = rt_->drafter().limits();
+  caps_ = {cfg.arch_name, cfg.block, cfg.n_taps() * cfg.hidden, cfg.hidden, cfg.vocab, cfg.head_vocab(), cfg.mask_token,
+           cfg.taps, rt_->comm().size(), limits.max_sessions, limits.max_context, max_open_sessions};
 }
 
 int64_t Engine::open_session() {

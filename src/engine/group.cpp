@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <system_error>
+#include <utility>
 
 #include "core/bounds.h"
 #include "core/error.h"
@@ -44,21 +45,19 @@ size_t taps_bytes(const StepEntry& e, int64_t taps_width) {
 
 void encode_step(const std::vector<StepEntry>& entries, int64_t taps_width, kernels::Ops& ops,
                  std::vector<uint64_t>* out) {
-  size_t words = 1 + entries.size() * sizeof(StepEntry) / 8;
-  for (const StepEntry& e : entries) words += (taps_bytes(e, taps_width) + 7) / 8;
-  out->assign(words, 0);
+  out->assign(1 + entries.size() * sizeof(StepEntry) / 8, 0);
   (*out)[0] = entries.size();
   std::memcpy(static_cast<void*>(out->data() + 1), entries.data(), entries.size() * sizeof(StepEntry));
-  char* taps = reinterpret_cast<char*>(out->data() + 1 + entries.size() * sizeof(StepEntry) / 8);
   for (const StepEntry& e : entries) {
-    const size_t bytes = taps_bytes(e, taps_width);
+    const size_t bytes = taps_bytes(e, taps_width), at = out->size();
+    out->resize(at + (bytes + 7) / 8, 0);
+    char* taps = reinterpret_cast<char*>(out->data() + at);
     if (bytes > 0 && e.taps.on_device) {
       ops.wait_for(e.taps.stream);
       ops.to_host(taps, e.taps.data, bytes);
     } else if (bytes > 0) {
       std::memcpy(taps, e.taps.data, bytes);
     }
-    taps += (bytes + 7) / 8 * 8;
   }
 }
 
@@ -122,9 +121,7 @@ void LeaderGroup::lead(const parallel::Command& c, const std::function<void()>& 
 }
 
 void LeaderGroup::close() {
-  if (closed_) return;
-  closed_ = true;
-  if (channel_ != nullptr) channel_->post({parallel::kOpStop});
+  if (channel_ != nullptr && !std::exchange(closed_, true)) channel_->post({parallel::kOpStop});
 }
 
 void follow(Engine& engine, parallel::Communicator& comm, parallel::CommandChannel& channel, const StepHook& hook) {
