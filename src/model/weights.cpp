@@ -274,16 +274,11 @@ const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
-  const TensorInfo* info = drafter_->find(base);
-  if (info == nullptr) info = drafter_->find(base + ".weight");
-  TPDRAFT_CHECK(info != nullptr, "{}: tensor '{}' (or '{}.weight') is missing, expected [{}, {}]", drafter_->source(),
-                base, base, cfg_.vocab, cfg_.selector_rank);
-  TPDRAFT_CHECK(info->shape == std::vector<int64_t>({cfg_.vocab, cfg_.selector_rank}),
-                "{}: tensor '{}' has shape {}, expected [{}, {}]", info->file, base, info->shape_str(), cfg_.vocab,
-                cfg_.selector_rank);
-  TPDRAFT_CHECK(is_float_weight(info->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", info->file,
-                base, dtype_name(info->dtype));
-  return *info;
+  // Stored under its base name, or with a `.weight` suffix.
+  const std::string name = drafter_->find(base) != nullptr ? base : base + ".weight";
+  TPDRAFT_CHECK(drafter_->find(name) != nullptr, "{}: tensor '{}' (or '{}.weight') is missing, expected [{}, {}]",
+                drafter_->source(), base, base, cfg_.vocab, cfg_.selector_rank);
+  return drafter_->require(name, {cfg_.vocab, cfg_.selector_rank});
 }
 
 kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
