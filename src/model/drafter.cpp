@@ -403,12 +403,11 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
   publish(requests, &picks);
   times_.select = seconds_since(t2);
 
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t r = 0; r < B - 1; ++r) {
-      const Pick& p = picks[static_cast<size_t>(s * (B - 1) + r)];
-      results[static_cast<size_t>(s)].tokens.push_back(p.token);
-      results[static_cast<size_t>(s)].probs.push_back(p.prob);
-    }
+  for (size_t i = 0; i < picks.size(); ++i) {  // B-1 rows per session
+    DraftResult& result = results[i / static_cast<size_t>(B - 1)];
+    result.tokens.push_back(picks[i].token);
+    result.probs.push_back(picks[i].prob);
+  }
   if (dump != nullptr) {
     dump->hidden.resize(static_cast<size_t>(S * B * H));
     ops_.to_host(dump->hidden.data(), final_normed_.get(), dump->hidden.size() * sizeof(float));
