@@ -95,12 +95,9 @@ kernels::Buffer upload_staged(kernels::Ops& ops, int64_t rows, size_t row_bytes,
 
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
-  const size_t esize = dtype_size(t.dtype);
-  const int64_t cols = t.cols();
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
-                 static_cast<size_t>(cols));
+  copy_rows(t, row, 1, DType::F32, out);
   // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
-  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(t.cols()));
   TPDRAFT_CHECK_INPUT(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
                 "finite", t.file, t.name, row, bad);
 }
