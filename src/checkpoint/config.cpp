@@ -243,8 +243,7 @@ DrafterConfig speculators_from_json(const json& j, const std::string& source) {
 
   bool non_causal = false;
   read_bool(j, "sliding_window_non_causal", source, &non_causal);
-  c.causal.resize(c.sliding.size());
-  for (size_t l = 0; l < c.sliding.size(); ++l) c.causal[l] = c.sliding[l] && !non_causal;
+  c.causal = non_causal ? std::vector<bool>(c.sliding.size(), false) : c.sliding;
 
   if (find_key(j, "draft_vocab_size")) {
     const int64_t n = require_size(j, "draft_vocab_size", source);
@@ -400,8 +399,8 @@ json DrafterConfig::to_json() const {
     layer["hidden_act"] = "silu";
     std::vector<int64_t> aux;
     for (int64_t t : taps) aux.push_back(t + 1);
-    bool non_causal = false;
-    for (size_t l = 0; l < sliding.size(); ++l) non_causal = non_causal || (sliding[l] && !causal[l]);
+    // validate() leaves the sliding layers all causal or all not, and the full ones not.
+    const bool non_causal = causal != sliding;
     json j = {{"architectures", json::array({arch_name.empty() ? "DFlashSpeculator" : arch_name})},
               {"speculators_model_type", "dflash"}, {"transformer_layer_config", layer},
               {"draft_vocab_size", head_vocab()}, {"block_size", block}, {"aux_hidden_state_layer_ids", aux},

@@ -123,7 +123,6 @@ int64_t TensorInfo::numel() const { return checked_numel(shape, "{}: tensor '{}'
 int64_t TensorInfo::rows() const { return shape.size() >= 2 ? shape[0] : 1; }
 
 int64_t TensorInfo::cols() const {
-  if (shape.empty()) return 1;
   if (shape.size() == 1) return shape[0];
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n = checked_mul(n, shape[i], "{}: columns of tensor '{}'", file, name);

@@ -108,8 +108,7 @@ DraftCollectives sampling_exchanges(const DrafterConfig& c, int tp, const Sampli
   return d;
 }
 
-}  // namespace
-
+// How a draft ends at tp > 1.
 CollectiveCount end_of_draft_broadcast(const DrafterConfig& cfg, int tp, int64_t draft_rows, bool sampled) {
   const uint64_t rows = static_cast<uint64_t>(draft_rows);
   // Greedy DFlash picks come from the merged candidates, identical on every rank: nothing to send.
@@ -118,6 +117,8 @@ CollectiveCount end_of_draft_broadcast(const DrafterConfig& cfg, int tp, int64_t
   if (tp == 1 || !(cfg.is_dflash2() || sampled)) return {};
   return {1, rows * (sizeof(int64_t) + sizeof(float))};
 }
+
+}  // namespace
 
 DraftCollectives draft_collectives(const DrafterConfig& c, const ShardPlan& p, int64_t sessions,
                                    const SamplingParams& sampling, bool gather_logits) {

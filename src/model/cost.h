@@ -66,8 +66,4 @@ struct DraftCollectives {
 DraftCollectives draft_collectives(const DrafterConfig& cfg, const ShardPlan& plan, int64_t sessions,
                                    const SamplingParams& sampling, bool gather_logits = false);
 
-// How a draft ends at tp > 1: rank 0's tokens and probabilities broadcast to the other ranks when
-// they could differ (DFlash 2, sampling); the one place the model says so.
-CollectiveCount end_of_draft_broadcast(const DrafterConfig& cfg, int tp, int64_t draft_rows, bool sampled);
-
 }  // namespace tpdraft::model

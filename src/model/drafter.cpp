@@ -45,30 +45,21 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   ffn_local_ = plan.ffn.size();
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, B = cfg_.block;
   check_workspace_fits();
-  const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1);
-  normed_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  conv_out_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  partial_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  final_normed_ = kernels::Buffer(ops_, f32_bytes(M * H));
-  draft_rows_ = kernels::Buffer(ops_, f32_bytes(Md * H));
-  q_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
-  attn_ = kernels::Buffer(ops_, f32_bytes(M * nq_local_ * D));
-  k_ = kernels::Buffer(ops_, f32_bytes(M * nkv_local_ * D));
-  v_ = kernels::Buffer(ops_, f32_bytes(M * nkv_local_ * D));
-  gate_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
-  up_ = kernels::Buffer(ops_, f32_bytes(M * ffn_local_));
+  const int64_t M = limits_.max_sessions * B, Md = limits_.max_sessions * (B - 1), C = limits_.settle_chunk;
+  const int64_t kmax = std::max<int64_t>(1, cfg_.selector_topk);
+  // The f32 workspaces and their sizes in floats (the shapes drafter.h gives).
+  const std::pair<kernels::Buffer*, int64_t> workspaces[] = {
+      {&normed_, M * H}, {&conv_out_, M * H}, {&partial_, M * H}, {&final_normed_, M * H}, {&block_, M * H},
+      {&draft_rows_, Md * H}, {&q_, M * nq_local_ * D}, {&attn_, M * nq_local_ * D}, {&k_, M * nkv_local_ * D},
+      {&v_, M * nkv_local_ * D}, {&gate_, M * ffn_local_}, {&up_, M * ffn_local_}, {&top_values_, Md * kmax},
+      {&settle_taps_, C * cfg_.n_taps() * H}, {&settle_context_, C * H}, {&settle_k_, C * nkv_local_ * D},
+      {&settle_v_, C * nkv_local_ * D}};
+  for (const auto& [buffer, floats] : workspaces) *buffer = kernels::Buffer(ops_, f32_bytes(floats));
   if (cfg_.is_dflash2()) {
     conv_delta_ = kernels::Buffer(ops_, f32_bytes(M * 2 * cfg_.conv_kernel * cfg_.conv_groups()));
     selector_ = kernels::Buffer(ops_, f32_bytes(Md * cfg_.selector_rank));
   }
-  const int64_t kmax = std::max<int64_t>(1, cfg_.selector_topk);
-  top_values_ = kernels::Buffer(ops_, f32_bytes(Md * kmax));
   top_ids_ = kernels::Buffer(ops_, static_cast<size_t>(Md * kmax) * sizeof(int64_t));
-  const int64_t C = limits_.settle_chunk;
-  settle_taps_ = kernels::Buffer(ops_, f32_bytes(C * cfg_.n_taps() * H));
-  settle_context_ = kernels::Buffer(ops_, f32_bytes(C * H));
-  settle_k_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
-  settle_v_ = kernels::Buffer(ops_, f32_bytes(C * nkv_local_ * D));
   // The step table: positions [M], anchors [S], views [layers][S], the block's row table [M],
   // then the distinct input rows [1 + S, H] (64-byte aligned): the MASK row and each anchor's.
   const size_t S = static_cast<size_t>(limits_.max_sessions);
@@ -79,7 +70,6 @@ Drafter::Drafter(std::shared_ptr<const DrafterWeights> weights, kernels::Ops& op
   rows_offset_ = (table_end + 63) / 64 * 64;
   step_host_.assign(rows_offset_ + f32_bytes(static_cast<int64_t>(1 + S) * H), 0);
   step_ = kernels::Buffer(ops_, step_host_.size());
-  block_ = kernels::Buffer(ops_, f32_bytes(M * H));
   positions_.resize(static_cast<size_t>(C));
   settle_pos_ = kernels::Buffer(ops_, positions_.size() * sizeof(int64_t));
 }
@@ -403,12 +393,11 @@ std::vector<DraftResult> Drafter::draft(const std::vector<DraftRequest>& request
   publish(requests, &picks);
   times_.select = seconds_since(t2);
 
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t r = 0; r < B - 1; ++r) {
-      const Pick& p = picks[static_cast<size_t>(s * (B - 1) + r)];
-      results[static_cast<size_t>(s)].tokens.push_back(p.token);
-      results[static_cast<size_t>(s)].probs.push_back(p.prob);
-    }
+  for (size_t i = 0; i < picks.size(); ++i) {  // B-1 rows per session
+    DraftResult& result = results[i / static_cast<size_t>(B - 1)];
+    result.tokens.push_back(picks[i].token);
+    result.probs.push_back(picks[i].prob);
+  }
   if (dump != nullptr) {
     dump->hidden.resize(static_cast<size_t>(S * B * H));
     ops_.to_host(dump->hidden.data(), final_normed_.get(), dump->hidden.size() * sizeof(float));

@@ -53,20 +53,10 @@ std::vector<int64_t> kept_set(const float* logits, int64_t vocab, const Sampling
 }
 
 Pick sample_from_logits(const float* logits, int64_t vocab, int64_t row, const SamplingParams& s) {
-  // The Gumbel-max draw over the kept set (ties to the lower id), with the support's probability.
+  // The Gumbel-max draw over the kept set, with the support's probability.
   const Support support = support_from_logits(logits, vocab, s);
-  const double inv_t = 1.0 / s.temperature;
-  double best_key = -INFINITY;
-  size_t best = 0;
-  for (size_t i = 0; i < support.size(); ++i) {
-    const int64_t id = support[i].first;
-    const double key = logits[id] * inv_t + gumbel_noise(s.seed, static_cast<uint64_t>(row), static_cast<uint64_t>(id));
-    if (key > best_key || (key == best_key && id < support[best].first)) {
-      best_key = key;
-      best = i;
-    }
-  }
-  return {support[best].first, static_cast<float>(support[best].second)};
+  return gumbel_draw(support, [&](size_t i) { return logits[support[i].first]; }, 1.0 / s.temperature, s.seed,
+                     static_cast<uint64_t>(row));
 }
 
 Support support_from_logits(const float* logits, int64_t vocab, const SamplingParams& s) {

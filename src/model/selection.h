@@ -70,6 +70,11 @@ RowDistribution shape_distribution(Support support, int64_t width, int64_t vocab
 // The draw's distribution from one row's full logits: softmax(logits / T) over kept_set.
 Support support_from_logits(const float* logits, int64_t vocab, const SamplingParams& s);
 
+// The Gumbel-max draw over a support (keys logit / T plus the noise keyed by (seed, row, id), ties
+// to the lower id), with the pick's probability in the support; logit_of(i) is support[i]'s logit.
+template <typename LogitOf>
+Pick gumbel_draw(const Support& support, const LogitOf& logit_of, double inv_t, uint64_t seed, uint64_t row);
+
 // The DFlash 2 selector walk over rows r = 1..B-1 of one block.
 // cands[r-1]: the k_top candidates of row r in candidate order; proj[r-1]: s_r [R];
 // pred(token, out[R]) / succ(token, out[R]) fetch codebook rows. With `supports`, each row's

@@ -1,4 +1,5 @@
-// The selector walk, a template over the codebook row source so that both host tables and test
+// The templates of selection.h: the Gumbel-max draw over a support, whatever holds its logits,
+// and the selector walk, over the codebook row source so that both host tables and test
 // fixtures can feed it. Included by selection.h.
 #pragma once
 
@@ -6,6 +7,21 @@
 #include <vector>
 
 namespace tpdraft::model {
+
+template <typename LogitOf>
+Pick gumbel_draw(const Support& support, const LogitOf& logit_of, double inv_t, uint64_t seed, uint64_t row) {
+  double best_key = -INFINITY;
+  size_t best = 0;
+  for (size_t i = 0; i < support.size(); ++i) {
+    const int64_t id = support[i].first;
+    const double key = logit_of(i) * inv_t + gumbel_noise(seed, row, static_cast<uint64_t>(id));
+    if (key > best_key || (key == best_key && id < support[best].first)) {
+      best_key = key;
+      best = i;
+    }
+  }
+  return {support[best].first, static_cast<float>(support[best].second)};
+}
 
 template <typename Rows>
 std::vector<Pick> selector_walk(int64_t anchor, const std::vector<std::vector<Candidate>>& cands,

@@ -182,21 +182,6 @@ Support pool_support(const std::vector<Candidate>& cand, size_t keep, double inv
   return out;
 }
 
-// A draw among the first `keep` candidates by the keyed Gumbel noise over value / T (ties to
-// the lower id), and its probability.
-Pick draw_from(const std::vector<Candidate>& cand, size_t keep, double inv_t, uint64_t seed, uint64_t row) {
-  double best_key = -INFINITY;
-  size_t best = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    const double key = cand[i].value * inv_t + gumbel_noise(seed, row, static_cast<uint64_t>(cand[i].id));
-    if (key > best_key || (key == best_key && cand[i].id < cand[best].id)) {
-      best_key = key;
-      best = i;
-    }
-  }
-  return {cand[best].id, static_cast<float>(pool_support(cand, keep, inv_t)[best].second)};
-}
-
 }  // namespace
 
 std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first_row, const VocabSlice& slice,
@@ -222,8 +207,10 @@ std::vector<Pick> sample_sharded(const float* local, int64_t rows, int64_t first
       const auto& cand = x.pool[static_cast<size_t>(r)];
       keep[static_cast<size_t>(r)] = kept_prefix(cand, s, x.sums[static_cast<size_t>(r)], V);
       if (keep[static_cast<size_t>(r)] == 0) continue;
-      picks[static_cast<size_t>(r)] =
-          draw_from(cand, keep[static_cast<size_t>(r)], inv_t, s.seed, static_cast<uint64_t>(first_row + r));
+      // A draw among the kept candidates, keyed by their values.
+      picks[static_cast<size_t>(r)] = gumbel_draw(pool_support(cand, keep[static_cast<size_t>(r)], inv_t),
+                                                  [&](size_t i) { return cand[i].value; }, inv_t, s.seed,
+                                                  static_cast<uint64_t>(first_row + r));
     }
   }
   // Rows whose nucleus is wider than the pool, and whole distributions asked for, read the full

@@ -95,12 +95,9 @@ kernels::Buffer upload_staged(kernels::Ops& ops, int64_t rows, size_t row_bytes,
 
 void row_to_f32(const TensorInfo& t, int64_t row, float* out, const char* what) {
   TPDRAFT_CHECK(row >= 0 && row < t.rows(), "token id {} outside the {} ({} rows, {})", row, what, t.rows(), t.file);
-  const size_t esize = dtype_size(t.dtype);
-  const int64_t cols = t.cols();
-  convert_to_f32(t.dtype, t.data + static_cast<size_t>(row) * static_cast<size_t>(cols) * esize, out,
-                 static_cast<size_t>(cols));
+  copy_rows(t, row, 1, DType::F32, out);
   // These tables stay mapped and are read a row at a time, so each row is checked as it is read.
-  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(cols));
+  const int64_t bad = find_non_finite(DType::F32, out, static_cast<size_t>(t.cols()));
   TPDRAFT_CHECK_INPUT(bad < 0, "{}: tensor '{}' row {} holds a non-finite value (NaN or Inf) at column {}; weights must be "
                 "finite", t.file, t.name, row, bad);
 }
@@ -274,16 +271,11 @@ const TensorInfo& DrafterWeights::target_tables(std::string* head_name) {
 }
 
 const TensorInfo& DrafterWeights::codebook(const std::string& base) const {
-  const TensorInfo* info = drafter_->find(base);
-  if (info == nullptr) info = drafter_->find(base + ".weight");
-  TPDRAFT_CHECK(info != nullptr, "{}: tensor '{}' (or '{}.weight') is missing, expected [{}, {}]", drafter_->source(),
-                base, base, cfg_.vocab, cfg_.selector_rank);
-  TPDRAFT_CHECK(info->shape == std::vector<int64_t>({cfg_.vocab, cfg_.selector_rank}),
-                "{}: tensor '{}' has shape {}, expected [{}, {}]", info->file, base, info->shape_str(), cfg_.vocab,
-                cfg_.selector_rank);
-  TPDRAFT_CHECK(is_float_weight(info->dtype), "{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", info->file,
-                base, dtype_name(info->dtype));
-  return *info;
+  // Stored under its base name, or with a `.weight` suffix.
+  const std::string name = drafter_->find(base) != nullptr ? base : base + ".weight";
+  TPDRAFT_CHECK(drafter_->find(name) != nullptr, "{}: tensor '{}' (or '{}.weight') is missing, expected [{}, {}]",
+                drafter_->source(), base, base, cfg_.vocab, cfg_.selector_rank);
+  return drafter_->require(name, {cfg_.vocab, cfg_.selector_rank});
 }
 
 kernels::Matrix DrafterWeights::load_matrix(const TensorStore& store, const std::string& name,
@@ -359,7 +351,8 @@ kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::s
                 "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "
                 "checkpoint)", name, scheme.describe(), ops_.name());
   kernels::Buffer buf(ops_, ops_.quantized_bytes(format, q.rows, q.cols, q.group));
-  const kernels::Matrix m = ops_.upload_quantized(quantized_rows(q), buf.get());
+  const kernels::Matrix m =
+      ops_.upload_quantized({q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data()}, buf.get());
   keep(std::move(buf));
   return m;
 }

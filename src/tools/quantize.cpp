@@ -55,8 +55,7 @@ QuantizeSummary quantize_checkpoint(const std::string& drafter_dir, const std::s
     // Scales in the weights' own dtype: quantize_share rounded them there, so this is exact.
     std::vector<std::byte> scales(q.scales.size() * dtype_size(t.dtype));
     convert_from_f32(t.dtype, q.scales.data(), scales.data(), q.scales.size());
-    const std::vector<int64_t> scale_shape{q.rows, q.cols / q.group};
-    w.add(quant_part(name, "scale"), t.dtype, scale_shape, scales.data(), scales.size());
+    w.add(quant_part(name, "scale"), t.dtype, {q.rows, q.cols / q.group}, scales.data(), scales.size());
     const int64_t dims[2] = {q.rows, q.cols};
     w.add(quant_part(name, "shape"), DType::I64, {2}, dims, sizeof(dims));
     sum.bytes_after += words.size() * 4 + scales.size() + sizeof(dims);
