@@ -351,8 +351,7 @@ kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::s
                 "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "
                 "checkpoint)", name, scheme.describe(), ops_.name());
   kernels::Buffer buf(ops_, ops_.quantized_bytes(format, q.rows, q.cols, q.group));
-  const kernels::Matrix m =
-      ops_.upload_quantized({q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data()}, buf.get());
+  const kernels::Matrix m = ops_.upload_quantized(quantized_rows(q), buf.get());
   keep(std::move(buf));
   return m;
 }

@@ -105,4 +105,9 @@ class DrafterWeights {
 // Every tensor name a drafter checkpoint must hold, with its full shape (docs/checkpoint.md).
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& cfg);
 
+// A share read from a checkpoint, as the kernels take it.
+inline kernels::QuantizedRows quantized_rows(const QuantShare& q) {
+  return {q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data()};
+}
+
 }  // namespace tpdraft::model
