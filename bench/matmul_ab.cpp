@@ -14,7 +14,6 @@
 #include "checkpoint/config.h"
 #include "checkpoint/quant_tensors.h"
 #include "core/dtype.h"
-#include "core/error.h"
 #include "core/timing.h"
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"

@@ -8,14 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench_main.h"
 #include "checkpoint/quant_config.h"
-#include "core/error.h"
 #include "engine/runtime.h"
 #include "model/weights.h"
 #include "parallel/communicator.h"

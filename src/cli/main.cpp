@@ -1,7 +1,6 @@
 // `tpdraft`: init a random checkpoint, inspect one, draft from one, benchmark a geometry.
 // Errors end here, once per job: usage errors from rank 0, failures the ranks agreed on from the
 // rank that met them, and a fault on one rank while the others run ends the whole job.
-#include <cstdio>
 #include <string>
 
 #include <CLI/CLI.hpp>

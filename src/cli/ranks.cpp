@@ -9,7 +9,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <thread>
 
 #include "cli/job.h"
 #include "cli/options.h"

@@ -1,7 +1,6 @@
 // tpdraft quantize: plan, quantize each selected matrix whole, pack, write.
 #include "tools/quantize.h"
 
-#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>

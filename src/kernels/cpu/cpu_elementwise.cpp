@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
 #include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {

@@ -9,7 +9,6 @@
 #include <limits>
 
 #include "core/dtype.h"
-#include "core/error.h"
 #include "kernels/cpu/simd.h"
 
 namespace tpdraft::kernels::cpu {

@@ -5,7 +5,6 @@
 // differ by f32 rounding).
 #include <cmath>
 
-#include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tpdraft::kernels::cpu {

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/cuda_check.h"
 #include "cuda/runtime.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/qtile_layout.h"
