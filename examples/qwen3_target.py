@@ -1,6 +1,7 @@
-"""A small Qwen3-style causal language model in PyTorch (float64), the target of spec_decode.py:
-random decoder layers from a seed around the embedding and head of a target checkpoint, giving
-the logits of every position and the hidden states after chosen layers (a drafter's taps)."""
+"""A small Qwen3-style causal language model in PyTorch, the target of spec_decode.py: a trained
+Hugging Face Qwen3ForCausalLM checkpoint (Qwen3Target.from_pretrained; float32 or float64), or
+random decoder layers from a seed around the embedding and head of a target checkpoint (float64),
+giving the logits of every position and the hidden states after chosen layers (a drafter's taps)."""
 
 import json
 import math
@@ -82,7 +83,8 @@ def read_target_tables(target_dir):
 
 @dataclass
 class TargetConfig:
-    """The target's geometry: H, V, decoder layers, query and key/value heads (D = H / heads)."""
+    """The target's geometry: H, V, decoder layers, query and key/value heads, head dim (default
+    H / heads) and SwiGLU width (default 2H)."""
     hidden: int
     vocab: int
     layers: int
@@ -90,10 +92,47 @@ class TargetConfig:
     kv_heads: int = 2
     eps: float = 1e-6
     rope_theta: float = 10000.0
+    dim: int = 0
+    intermediate: int = 0
+    tied: bool = False
 
     @property
     def head_dim(self):
-        return self.hidden // self.heads
+        return self.dim or self.hidden // self.heads
+
+    @property
+    def ffn(self):
+        return self.intermediate or 2 * self.hidden
+
+    @classmethod
+    def from_json(cls, path):
+        """The geometry of a Qwen3ForCausalLM config.json; a missing or mistyped key is refused,
+        naming the file and the key."""
+        try:
+            with open(path) as f:
+                j = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the target's config ({e})") from None
+        arch = (j.get("architectures") or [None])[0]
+        if arch not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"):
+            raise ValueError(f"{path}: key 'architectures' names {arch!r}, expected Qwen3ForCausalLM")
+
+        def need(key, kind=int):
+            value = j.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+                    kind is int and value != int(value)):
+                raise ValueError(f"{path}: key '{key}' is {value!r}, expected a positive {kind.__name__}")
+            return kind(value)
+
+        heads = need("num_attention_heads")
+        kv_heads = need("num_key_value_heads") if "num_key_value_heads" in j else heads
+        if heads % kv_heads:
+            raise ValueError(f"{path}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
+        return cls(hidden=need("hidden_size"), vocab=need("vocab_size"), layers=need("num_hidden_layers"),
+                   heads=heads, kv_heads=kv_heads, eps=need("rms_norm_eps", float),
+                   rope_theta=need("rope_theta", float) if "rope_theta" in j else 10000.0,
+                   dim=need("head_dim") if "head_dim" in j else 0, intermediate=need("intermediate_size"),
+                   tied=bool(j.get("tie_word_embeddings", False)))
 
 
 def config_for(caps, extra_layers=1):
@@ -107,11 +146,12 @@ def rms_norm(x, weight, eps):
     return weight * (x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps))
 
 
-def rope_angles(positions, head_dim, theta):
-    """(cos, sin) [S, n, 1, D/2] of the angles p * theta^(-2i/D) at positions [S, n]."""
+def rope_angles(positions, head_dim, theta, dtype=torch.float64):
+    """(cos, sin) [S, n, 1, D/2] of the angles p * theta^(-2i/D) at positions [S, n] (computed
+    in float64, handed over in dtype)."""
     freqs = theta ** (-torch.arange(head_dim // 2, dtype=torch.float64) * 2 / head_dim)
     angles = (positions.to(torch.float64)[:, :, None] * freqs)[:, :, None, :]
-    return torch.cos(angles), torch.sin(angles)
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
 
 def rope(x, angles):
@@ -126,36 +166,79 @@ class KVCache:
     committed length are stale (refused drafts, padding): a forward writes its positions before
     reading them, and no query reads a position above its own, so nothing ever needs rolling back."""
 
-    def __init__(self, config, batch, capacity):
+    def __init__(self, config, batch, capacity, dtype=torch.float64):
         shape = (batch, config.kv_heads, capacity, config.head_dim)
-        self.keys = [torch.zeros(shape, dtype=torch.float64) for _ in range(config.layers)]
-        self.values = [torch.zeros(shape, dtype=torch.float64) for _ in range(config.layers)]
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(config.layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(config.layers)]
 
 
 class _Where:
     """Where a forward's rows go: cache rows, positions [S, n], their RoPE angles, the span of
     positions read, and which of them lie in each query's future (masked)."""
 
-    def __init__(self, shape, starts, rows, config):
+    def __init__(self, shape, starts, rows, config, dtype):
         self.rows = torch.arange(shape[0]) if rows is None else torch.as_tensor(np.asarray(rows), dtype=torch.long)
         self.positions = torch.as_tensor(np.asarray(starts), dtype=torch.long)[:, None] + torch.arange(shape[1])
-        self.angles = rope_angles(self.positions, config.head_dim, config.rope_theta)
+        self.angles = rope_angles(self.positions, config.head_dim, config.rope_theta, dtype)
         self.span = int(self.positions.max()) + 1
         future = torch.arange(self.span)[None, None, :] > self.positions[:, :, None]  # [S, n, span]
         self.future = future[:, None, None]
 
 
 class Qwen3Target:
-    """Decoder layers with random weights from `seed`; embedding and head given ([>= V, H] arrays)."""
+    """Decoder layers with random weights from `seed`; embedding and head given ([>= V, H] arrays).
+    from_pretrained() builds one from a trained checkpoint instead."""
 
-    def __init__(self, config, embed, head, seed=0):
-        self.config = config
-        self.embed = torch.from_numpy(np.asarray(embed[:config.vocab], dtype=np.float64))
-        self.head = torch.from_numpy(np.asarray(head[:config.vocab], dtype=np.float64))
-        gen = torch.Generator().manual_seed(seed)
-        self.layers = [self._random_layer(gen) for _ in range(config.layers)]
-        self.final_norm = self._norm_weight(gen, config.hidden)
+    def __init__(self, config, embed, head, seed=0, dtype=torch.float64, layers=None, final_norm=None):
+        self.config, self.dtype = config, dtype
+        self.embed = torch.from_numpy(np.asarray(embed[:config.vocab])).to(dtype)
+        self.head = torch.from_numpy(np.asarray(head[:config.vocab])).to(dtype)
+        if layers is None:
+            gen = torch.Generator().manual_seed(seed)
+            layers = [self._random_layer(gen) for _ in range(config.layers)]
+            final_norm = self._norm_weight(gen, config.hidden)
+        self.layers = [{k: v.to(dtype) for k, v in layer.items()} for layer in layers]
+        self.final_norm = final_norm.to(dtype)
         self.preference = None  # (token, bias, period): see make_agree
+
+    @classmethod
+    def from_pretrained(cls, target_dir, dtype=torch.float32):
+        """The trained Qwen3ForCausalLM in target_dir (config.json + model.safetensors, as
+        train/target.py writes it). A missing tensor or one of the wrong shape is refused, naming
+        the file and the tensor."""
+        config = TargetConfig.from_json(os.path.join(target_dir, "config.json"))
+        path = os.path.join(target_dir, "model.safetensors")
+        if not os.path.isfile(path):
+            raise SafetensorsError(f"{path}: the target's weights are missing")
+        tables = SafetensorsFile(path)
+        c, d = config, config.head_dim
+
+        def get(name, shape):
+            if name not in tables.tensors:
+                raise SafetensorsError(f"{path}: missing tensor '{name}' (expected shape {list(shape)})")
+            if list(tables.tensors[name]["shape"]) != list(shape):
+                raise SafetensorsError(f"{path}: tensor '{name}' has shape {tables.tensors[name]['shape']}, "
+                                       f"expected {list(shape)}")
+            return torch.from_numpy(tables.load(name))
+
+        embed = get("model.embed_tokens.weight", (c.vocab, c.hidden))
+        head = embed if c.tied or "lm_head.weight" not in tables.tensors else get("lm_head.weight", (c.vocab, c.hidden))
+        layers = []
+        for i in range(c.layers):
+            p = f"model.layers.{i}."
+            q, k, v = (get(p + f"self_attn.{n}_proj.weight", (rows * d, c.hidden))
+                       for n, rows in (("q", c.heads), ("k", c.kv_heads), ("v", c.kv_heads)))
+            gate, up = (get(p + f"mlp.{n}_proj.weight", (c.ffn, c.hidden)) for n in ("gate", "up"))
+            layers.append({"input_norm": get(p + "input_layernorm.weight", (c.hidden,)),
+                           "post_norm": get(p + "post_attention_layernorm.weight", (c.hidden,)),
+                           "qkv": torch.cat([q, k, v]).T.contiguous(),
+                           "o": get(p + "self_attn.o_proj.weight", (c.hidden, c.heads * d)).T.contiguous(),
+                           "q_norm": get(p + "self_attn.q_norm.weight", (d,)),
+                           "k_norm": get(p + "self_attn.k_norm.weight", (d,)),
+                           "gate_up": torch.cat([gate, up]).T.contiguous(),
+                           "down": get(p + "mlp.down_proj.weight", (c.hidden, c.ffn)).T.contiguous()})
+        return cls(config, embed.numpy(), head.numpy(), dtype=dtype, layers=layers,
+                   final_norm=get("model.norm.weight", (c.hidden,)))
 
     @staticmethod
     def _norm_weight(gen, n):
@@ -167,7 +250,7 @@ class Qwen3Target:
 
     def _random_layer(self, gen):
         c = self.config
-        h, d, ffn = c.hidden, c.head_dim, 2 * c.hidden
+        h, d, ffn = c.hidden, c.head_dim, c.ffn
         q, k, v = (self._linear(gen, n * d, h) for n in (c.heads, c.kv_heads, c.kv_heads))
         o = self._linear(gen, h, c.heads * d)
         q_norm, k_norm = self._norm_weight(gen, d), self._norm_weight(gen, d)
@@ -179,7 +262,7 @@ class Qwen3Target:
 
     def new_cache(self, batch, capacity):
         """An empty cache for `batch` sequences of up to `capacity` positions."""
-        return KVCache(self.config, batch, capacity)
+        return KVCache(self.config, batch, capacity, self.dtype)
 
     def _attention(self, layer, x, at, keys, values):
         """x [S, n, H]; writes its keys and values into the cache, then attends over every cached
@@ -208,9 +291,9 @@ class Qwen3Target:
     def forward(self, tokens, starts, cache, tap_layers, rows=None):
         """tokens [S, n] at positions starts[s] .. starts[s] + n - 1 of the cache's sequences `rows`
         (default: all) -> logits [S, n, V] and taps [S, n, T*H] (the hidden states after each tap
-        layer, side by side), as numpy float64."""
+        layer, side by side), as numpy arrays of the target's dtype."""
         tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-        at = _Where(tokens.shape, starts, rows, self.config)
+        at = _Where(tokens.shape, starts, rows, self.config, self.dtype)
         h = self.embed[tokens]
         after = []
         for index in range(len(self.layers)):

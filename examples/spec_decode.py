@@ -31,6 +31,8 @@ except ImportError:  # run from a source tree built into build/
     import tpdraft
 
 import qwen3_target  # noqa: E402  (beside this file)
+import trained_pair  # noqa: E402
+from trained_pair import find_program  # noqa: E402
 
 # One round of a sequence is docs/model.md's speculative round: the drafter's session holds
 # positions 0 .. held - 1, and one library step settles the tap rows of held .. a - 1 (from the
@@ -280,9 +282,9 @@ class Engine:
     of them: the output stays the target's, and acceptance lengths vary."""
 
     def __init__(self, target, proposer, sampling, rows, capacity, rng, preempt=0.0, drop=False, cap=False,
-                 verify_q=None, on_proposals=None):
+                 verify_q=None, on_proposals=None, tap_layers=None):
         self.target, self.proposer, self.sampling = target, proposer, sampling
-        self.layers = proposer.caps.target_layer_ids
+        self.layers = tap_layers or proposer.caps.target_layer_ids  # the target layers whose rows it hands over
         self.cache = target.new_cache(rows, capacity)
         self.free = list(range(rows))
         self.rng, self.preempt, self.drop, self.cap = rng, preempt, drop, cap
@@ -388,11 +390,6 @@ def target_decode(target, tap_layers, prompts, n_tokens, sampling, rng):
 AGREE_TOKEN = 5
 
 
-def find_program():
-    built = (os.environ.get("TPDRAFT_BIN"), os.path.join(REPO, "build", "tpdraft"))
-    return next((path for path in built if path and os.access(path, os.X_OK)), "tpdraft")
-
-
 def checkpoint_dirs(args, scratch):
     """(drafter_dir, target_dir): given, or made by `tpdraft init` from --drafter-config."""
     if args.drafter:
@@ -428,59 +425,154 @@ def print_table(rows):
         print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
-def run(args, scratch):
-    drafter_dir, target_dir = checkpoint_dirs(args, scratch)
-    with tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1) as first:
-        caps = first.caps
-    target, target_dir = build_target(args, caps, target_dir, scratch)
-    drafter = tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=args.threads, tp=args.tp,
-                              token_map=args.token_map, max_sessions=min(args.requests, 64),
-                              max_open_sessions=args.requests)
-    sampling = Sampling(args.temperature, args.top_k)
-    prompts = random_prompts(caps, args.requests, args.seed)
-    jobs = [Job(i, p, args.tokens) for i, p in enumerate(prompts)]
+class Served:
+    """`tpdraft serve` of the drafter for this run (--serve), on an ipc socket in `scratch`, and a
+    Client of it; stopped with SIGTERM at the end."""
 
+    def __init__(self, args, drafter_dir, target_dir, requests, scratch):
+        address_file = os.path.join(scratch, "serve.address")
+        self.log_path = os.path.join(scratch, "serve.log")
+        cmd = [find_program(), "serve", "--drafter", drafter_dir, "--target", target_dir, "--backend", "cpu",
+               "--listen", "ipc://" + os.path.join(scratch, "serve.sock"), "--address-file", address_file,
+               "--threads", str(args.threads), "--tp", str(args.tp), "--max-sessions", str(min(requests, 64)),
+               "--max-open-sessions", str(max(requests, 8))]
+        for flag, value in (("--quant", args.quant), ("--token-map", args.token_map), ("--kv-dtype", args.kv_dtype)):
+            if value:
+                cmd += [flag, value]
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(address_file) and open(address_file).read().strip()):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"tpdraft serve did not start:\n{open(self.log_path).read()}")
+            time.sleep(0.02)
+        self.client = tpdraft.Client(open(address_file).read().split()[0], timeout=60.0)
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def open_drafter(args, drafter_dir, target_dir, scratch):
+    """(the drafter the Proposer drives, what to close after): in process, or served (--serve)."""
+    if args.serve:
+        served = Served(args, drafter_dir, target_dir, args.requests, scratch)
+        return served.client, served
+    drafter = tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=args.threads, tp=args.tp,
+                              token_map=args.token_map, quant=args.quant, kv_dtype=args.kv_dtype,
+                              max_sessions=min(args.requests, 64), max_open_sessions=args.requests)
+    return drafter, drafter
+
+
+def setup(args, scratch):
+    """(caps, target, prompts, drafter dir, target dir, tap layers the target hands over, tokenizer)."""
+    if args.drafter or args.drafter_config:
+        drafter_dir, target_dir = checkpoint_dirs(args, scratch)
+        with tpdraft.Drafter(drafter_dir, target_dir, backend="cpu", threads=1) as first:
+            caps = first.caps
+        target, target_dir = build_target(args, caps, target_dir, scratch)
+        return caps, target, random_prompts(caps, args.requests, args.seed), drafter_dir, target_dir, \
+            list(caps.target_layer_ids), None
+    import torch
+    pair = trained_pair.Pair(args.pair, args.arch)
+    target = pair.target(torch.float64 if args.target_dtype == "f64" else torch.float32)
+    path = args.prompt_file or trained_pair.heldout_files(args.pair)[0]
+    prompts = trained_pair.prompts_from(trained_pair.read_source(path), pair.tokenizer, args.requests,
+                                        args.prompt_tokens, path)
+    layers = [t + args.tap_shift for t in pair.taps]
+    if not all(0 <= t < target.config.layers for t in layers):
+        raise trained_pair.PairError(f"--tap-shift {args.tap_shift}: the taps {layers} leave the target's "
+                                     f"{target.config.layers} layers")
+    with tpdraft.Drafter(pair.drafter_dir, pair.target_dir, backend="cpu", threads=1) as first:
+        caps = first.caps
+    return caps, target, prompts, pair.drafter_dir, pair.target_dir, layers, pair.tokenizer
+
+
+def measure(args, scratch):
+    """Runs the target alone and speculative decoding on the same prompts; returns the report."""
+    caps, target, prompts, drafter_dir, target_dir, layers, tokenizer = setup(args, scratch)
+    sampling = Sampling(args.temperature, args.top_k)
+    target_decode(target, layers, prompts[:1], 2, sampling, np.random.default_rng(args.seed))  # warm-up
     start = time.perf_counter()
-    want = target_decode(target, caps.target_layer_ids, prompts, args.tokens, sampling,
-                         np.random.default_rng(args.seed))
+    want = target_decode(target, layers, prompts, args.tokens, sampling, np.random.default_rng(args.seed))
     alone = time.perf_counter() - start
 
-    with make_proposer(drafter, drafter_dir, sampling, seed=args.seed) as proposer:
-        engine = Engine(target, proposer, sampling, args.requests, max(map(len, prompts)) + args.tokens + caps.block_size,
-                        np.random.default_rng(args.seed))
-        start = time.perf_counter()
-        got = engine.run(jobs)
-        speculative = time.perf_counter() - start
-        forwards = proposer.forwards
-    draft_vocab = drafter.caps.draft_vocab_size
-    drafter.close()
+    drafter, closing = open_drafter(args, drafter_dir, target_dir, scratch)
+    try:
+        with make_proposer(drafter, drafter_dir, sampling, seed=args.seed) as proposer:
+            engine = Engine(target, proposer, sampling, args.requests,
+                            max(map(len, prompts)) + args.tokens + caps.block_size, np.random.default_rng(args.seed),
+                            tap_layers=layers)
+            start = time.perf_counter()
+            got = engine.run([Job(i, p, args.tokens) for i, p in enumerate(prompts)])
+            speculative = time.perf_counter() - start
+            forwards = proposer.forwards
+        draft_vocab = drafter.caps.draft_vocab_size
+    finally:
+        closing.close()
 
     stats, generated = engine.stats, args.requests * args.tokens
     accepted = np.array(stats.accepted)
-    print(f"{caps.architecture}, B = {caps.block_size}, tp {args.tp}, drafting over {draft_vocab} of "
-          f"{caps.vocab_size} tokens: {args.requests} requests of {args.tokens} tokens")
+    block = caps.block_size
+    report = {
+        "architecture": caps.architecture, "block_size": block, "tp": args.tp, "requests": args.requests,
+        "tokens": args.tokens, "prompt_tokens": len(prompts[0]), "temperature": args.temperature,
+        "quant": args.quant, "token_map": args.token_map, "draft_vocab": draft_vocab, "vocab": caps.vocab_size, "kv_dtype": args.kv_dtype or "f32",
+        "served": args.serve, "tap_layers": layers, "threads": args.threads,
+        "tau": float(accepted.mean() + 1),
+        "accept_rate": [float((accepted >= i).mean()) for i in range(1, block)],
+        "accepted_counts": np.bincount(accepted, minlength=block).tolist(),  # blocks by drafts accepted, 0 .. B-1
+        "target_tokens_per_s": generated / alone, "spec_tokens_per_s": generated / speculative,
+        "speedup": alone / speculative, "target_seconds": alone, "spec_seconds": speculative,
+        "target_forwards": stats.forwards, "drafter_forwards": forwards,
+        "draft_share": stats.propose / (stats.propose + stats.verify),
+        "draft_ms": stats.propose / max(forwards, 1) * 1e3, "verify_ms": stats.verify / max(stats.forwards, 1) * 1e3,
+        "identical": all(got[i] == want[i] for i in range(len(prompts))) if sampling.greedy else None,
+    }
+    if tokenizer is not None:
+        report["sample"] = {"prompt_tail": tokenizer.decode(prompts[0][-24:]), "output": tokenizer.decode(got[0])}
+    return report
+
+
+def print_report(r):
+    print(f"{r['architecture']}, B = {r['block_size']}, tp {r['tp']}, drafting over {r['draft_vocab']} of "
+          f"{r['vocab']} tokens"
+          f"{' (served)' if r['served'] else ''}: {r['requests']} requests of {r['tokens']} tokens")
     print_table([("decoding", "tokens/s", "target forwards after the prefill", "seconds"),
-                 ("target alone", f"{generated / alone:.1f}", args.tokens - 1, f"{alone:.3f}"),
-                 ("speculative", f"{generated / speculative:.1f}", stats.forwards, f"{speculative:.3f}")])
-    print(f"mean acceptance length {accepted.mean() + 1:.2f} tokens per target forward "
-          f"({accepted.mean():.2f} drafts accepted of {caps.block_size - 1})")
-    print("acceptance lengths " + " ".join(f"{m}:{c}" for m, c in enumerate(np.bincount(accepted, minlength=caps.block_size))))
-    step = stats.propose + stats.verify
-    print(f"draft share of the step {stats.propose / step:.1%} ({stats.propose / forwards * 1e3:.3f} ms a drafter "
-          f"forward, {forwards} forwards; the target's verify {stats.verify / stats.forwards * 1e3:.3f} ms a step)")
-    if not sampling.greedy:
-        return 0
-    same = all(got[j.id] == want[j.id] for j in jobs)
-    print("identical to the target's own greedy decode:", "yes" if same else "NO")
-    return 0 if same else 1
+                 ("target alone", f"{r['target_tokens_per_s']:.1f}", r["tokens"] - 1, f"{r['target_seconds']:.3f}"),
+                 ("speculative", f"{r['spec_tokens_per_s']:.1f}", r["target_forwards"], f"{r['spec_seconds']:.3f}")])
+    print(f"mean acceptance length {r['tau']:.2f} tokens per target forward ({r['tau'] - 1:.2f} drafts accepted "
+          f"of {r['block_size'] - 1}); speed-up {r['speedup']:.2f}x")
+    print("acceptance lengths " + " ".join(f"{m}:{c}" for m, c in enumerate(r["accepted_counts"])))
+    print("accepted at block position " + " ".join(f"{i}:{a:.2f}" for i, a in enumerate(r["accept_rate"], 1)))
+    print(f"draft share of the step {r['draft_share']:.1%} ({r['draft_ms']:.3f} ms a drafter forward, "
+          f"{r['drafter_forwards']} forwards; the target's verify {r['verify_ms']:.3f} ms a step)")
+    if r["identical"] is not None:
+        print("identical to the target's own greedy decode:", "yes" if r["identical"] else "NO")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--drafter-config", help="a drafter config: `tpdraft init` makes a checkpoint in a temp dir")
-    source.add_argument("--drafter", help="a drafter checkpoint directory (with --target)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--pair", help="a trained pair directory (target/, dflash/, dflash2/; default: pair/, the "
+                        "shipped one): prompts cut from --prompt-file, tokenized with the target's tokenizer")
+    source.add_argument("--drafter-config", help="a drafter config: `tpdraft init` makes a random checkpoint in a temp "
+                        "dir and a random-layer target around its tables")
+    source.add_argument("--drafter", help="a drafter checkpoint directory (with --target), random target layers")
     p.add_argument("--target", help="the target checkpoint directory whose embedding and head the drafter reads")
+    p.add_argument("--arch", choices=("dflash2", "dflash"), default="dflash2", help="the pair's drafter")
+    p.add_argument("--prompt-file", help="the text prompts are cut from (default: the longest held-out file of "
+                   "the pair's corpus manifest)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="tokens in each prompt (pair)")
+    p.add_argument("--target-dtype", choices=("f32", "f64"), default="f32", help="the pair's target arithmetic")
+    p.add_argument("--tap-shift", type=int, default=0, help="hand the drafter the taps of layers shifted by this "
+                   "(a taps off-by-one, to see what it costs)")
     p.add_argument("--tokens", type=int, default=200, help="tokens each request generates")
     p.add_argument("--requests", type=int, default=8, help="requests decoded at once")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -492,14 +584,32 @@ def main(argv=None):
     p.add_argument("--token-map", help="a draft vocabulary: a token map file (a JSON list of target ids, or "
                    "safetensors with an I64 tensor 'token_ids'; `tpdraft vocab` writes one); the drafter drafts "
                    "those ids only")
+    p.add_argument("--quant", choices=("q8", "q4", "q8+head", "q4+head"), help="quantize the drafter while it loads")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16"), help="the drafter's context cache element type")
+    p.add_argument("--serve", action="store_true", help="draft through `tpdraft serve` (started for the run)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     if args.drafter and not args.target:
         p.error("--drafter needs --target")
-    if args.requests < 1 or args.tokens < 1:
-        p.error("--requests and --tokens must be at least 1")
+    if args.requests < 1 or args.tokens < 1 or args.prompt_tokens < 1:
+        p.error("--requests, --tokens and --prompt-tokens must be at least 1")
+    if args.agree and not (args.drafter or args.drafter_config):
+        p.error("--agree rigs a random target: it needs --drafter or --drafter-config")
+    if args.temperature < 0:
+        p.error("--temperature must be at least 0")
+    args.pair = args.pair or os.path.join(REPO, "pair")
     os.environ.setdefault("TPDRAFT_LOG_LEVEL", "warn")  # no load messages between the rounds
-    with tempfile.TemporaryDirectory() as scratch:
-        return run(args, scratch)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            report = measure(args, scratch)
+    except ValueError as e:  # a pair, file or option refused: one line naming it
+        print(f"spec_decode.py: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0 if report["identical"] is not False else 1
 
 
 if __name__ == "__main__":
