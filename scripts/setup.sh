@@ -39,7 +39,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libgtest-dev
           openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11 python3-numpy python3-pytest
-          python3-torch python3-zmq pkg-config libzmq3-dev iproute2 python3-sentencepiece libopenblas0-openmp)
+          python3-torch python3-zmq pkg-config libzmq3-dev iproute2 python3-sentencepiece python3-matplotlib libopenblas0-openmp)
 sanitize_packages=()  # clang and its runtimes, without the recommended LLVM development files
 ((sanitize)) && sanitize_packages=(clang libclang-rt-14-dev)
 not_installed() {
