@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwen3 import RMSNorm, apply_rope, rope_tables
+from qwen3 import MLP, RMSNorm, apply_rope, rope_tables
 
 
 class DynamicConv(nn.Module):
@@ -71,18 +71,6 @@ class Attention(nn.Module):
         scores = (q * (1.0 / math.sqrt(self.d))) @ keys.transpose(-1, -2) + mask
         out = torch.softmax(scores, dim=-1) @ values
         return self.o_proj(out.transpose(1, 2).reshape(b, m, self.nq * self.d))
-
-
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        h, f = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj = nn.Linear(h, f, bias=False)
-        self.up_proj = nn.Linear(h, f, bias=False)
-        self.down_proj = nn.Linear(f, h, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
