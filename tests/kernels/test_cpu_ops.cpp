@@ -389,6 +389,59 @@ TEST_F(CpuOps, AttentionLongContextsSplitAcrossThreadsMatchFloat64) {
   }
 }
 
+// A session's rows are the same bits whether it is attended alone or in a batch with sessions
+// of other lengths, on any number of threads: the chunks and tiles follow its own positions.
+TEST_F(CpuOps, AttentionRowsDoNotDependOnTheBatchOrThreads) {
+  std::mt19937_64 rng(35);
+  const int64_t B = 16, nq = 8, nkv = 2, D = 64, row_q = nq * D, row_kv = nkv * D;
+  const std::vector<int64_t> len{5000, 300, 2600}, cap{5200, 320, 2700}, begin{700, 0, 2000};
+  const int64_t S = static_cast<int64_t>(len.size());
+  const auto q = randn(S * B * row_q, rng), k = randn(S * B * row_kv, rng), v = randn(S * B * row_kv, rng);
+  std::vector<std::vector<float>> ck(S), cv(S);
+  std::vector<std::vector<uint8_t>> k16(S), v16(S);
+  std::vector<ContextView> views(S);
+  std::vector<int64_t> anchors(S);
+  for (int64_t s = 0; s < S; ++s) {
+    ck[s] = randn(cap[s] * row_kv, rng), cv[s] = randn(cap[s] * row_kv, rng);
+    k16[s] = make_weights(DType::BF16, ck[s], nullptr), v16[s] = make_weights(DType::BF16, cv[s], nullptr);
+    anchors[s] = begin[s] + len[s];
+  }
+  for (Isa isa : sweep.isas())
+    for (const int64_t window : {int64_t{0}, int64_t{2000}})
+      for (const DType kv : {DType::F32, DType::BF16}) {
+        cpu::force_isa(isa);
+        // Sessions [first, first + count) of the batch on `threads` threads: their output rows.
+        auto run = [&](int threads, int64_t first, int64_t count) {
+          for (int64_t s = 0; s < S; ++s) {
+            const bool b16 = kv == DType::BF16;
+            views[s] = {b16 ? reinterpret_cast<const float*>(k16[s].data()) : ck[s].data(),
+                        b16 ? reinterpret_cast<const float*>(v16[s].data()) : cv[s].data(), cap[s], begin[s],
+                        begin[s] + len[s]};
+          }
+          auto ops_t = make_cpu_ops(threads);
+          AttentionParams p;
+          p.q = q.data() + first * B * row_q, p.k = k.data() + first * B * row_kv, p.v = v.data() + first * B * row_kv;
+          p.sessions = count, p.block = B, p.n_q = nq, p.n_kv = nkv, p.head_dim = D;
+          p.anchor = anchors.data() + first, p.context = views.data() + first;
+          p.causal = window > 0, p.window = window, p.scale = 0.125f, p.kv_dtype = kv;
+          p.max_context = *std::max_element(len.begin() + first, len.begin() + first + count);
+          std::vector<float> out(static_cast<size_t>(count * B * row_q), kNaN);
+          p.out = out.data();
+          ops_t->attention(p);
+          return out;
+        };
+        const std::vector<float> batch = run(2, 0, S);
+        for (int64_t s = 0; s < S; ++s)
+          for (int threads : {1, 3}) {
+            const std::vector<float> alone = run(threads, s, 1);
+            const auto* from = batch.data() + s * B * row_q;
+            EXPECT_EQ(0, std::memcmp(alone.data(), from, alone.size() * sizeof(float)))
+                << "session " << s << " alone on " << threads << " thread(s), window " << window << ", "
+                << dtype_name(kv) << ", " << cpu::isa_name(isa);
+          }
+      }
+}
+
 // A bf16 cache against float64 of the f32 values it rounded: the bound docs/model.md gives.
 TEST_F(CpuOps, AttentionBf16CacheErrorIsBounded) {
   std::mt19937_64 rng(34);
