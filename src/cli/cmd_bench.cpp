@@ -3,10 +3,14 @@
 // draft, settle throughput (warm), and the achieved FLOP and byte rates beside this machine's
 // measured ceilings (read bandwidth, our GEMM rate) and the roofline they set, and whether the
 // machine was idle while the drafts ran. A list of contexts sweeps them on one loaded drafter.
+// The ceilings are measured before and after the drafts (the larger of each is used) and held
+// against the best this machine has recorded (ceilings_low, docs/model.md "Measured").
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -138,6 +142,8 @@ struct BenchResult {
   double settle_seconds = 0;
   double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
   std::vector<int64_t> tokens;
+  nlohmann::json ceilings;                // how the two ceilings were measured and judged
+  std::vector<std::string> ceilings_low;  // why they cannot be trusted; empty: they can
 
   const model::DrafterConfig& cfg() const { return rt->config(); }
   bool gpu() const { return !rt->ops().host_memory(); }
@@ -255,18 +261,119 @@ void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<eng
 }
 
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
-void measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t ctx, BenchResult* r) {
+struct Ceilings {
+  double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
+};
+
+Ceilings measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t ctx) {
   kernels::Ops& ops = rt.ops();
   const model::DrafterConfig& cfg = rt.config();
+  const bool gpu = !ops.host_memory();
+  Ceilings c;
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
-  r->read_gbps = r->gpu() ? measure_copy_gbps(ops) : measure_read_gbps(threads);
-  r->gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  c.read_gbps = gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
+  c.gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
-  if (r->gpu() && dtype != DType::F32) {
+  if (gpu && dtype != DType::F32) {
     const int64_t chunk = std::min<int64_t>(rt.drafter().limits().settle_chunk, std::max<int64_t>(1, ctx));
-    r->blas_settle_gflops = kernels::cublas_gemm_gflops(ops, dtype, chunk, cfg.hidden, cfg.n_taps() * cfg.hidden);
-    r->blas_peak_gflops = kernels::cublas_gemm_gflops(ops, dtype, 8192, 8192, 8192);
+    c.blas_settle_gflops = kernels::cublas_gemm_gflops(ops, dtype, chunk, cfg.hidden, cfg.n_taps() * cfg.hidden);
+    c.blas_peak_gflops = kernels::cublas_gemm_gflops(ops, dtype, 8192, 8192, 8192);
+  }
+  return c;
+}
+
+// The best ceilings recorded on this machine, one entry per (processor, backend, dtype, threads,
+// GEMM size), in bench-ceilings.json of the build folder the program runs from, or the file
+// TPDRAFT_CEILINGS_FILE names ("none": no record). Installed programs keep no record.
+std::string ceilings_file() {
+  if (const char* env = std::getenv("TPDRAFT_CEILINGS_FILE"); env != nullptr && *env != '\0')
+    return std::string(env) == "none" ? "" : env;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec || !std::filesystem::exists(dir / "CMakeCache.txt", ec)) return "";
+  return (dir / "bench-ceilings.json").string();
+}
+
+std::string processor_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
+      return line.substr(line.find(':') + 2);
+  return "unknown processor";
+}
+
+// A ceiling under this share of the recorded best, or other work above this many cores per core
+// of the machine (the load average before the run, or other processes' CPU during it), marks the
+// run's ceilings low: a roofline taken from them flatters every ratio.
+constexpr double kCeilingShare = 0.7, kLoadPerCore = 0.5;
+
+// Takes the larger of each ceiling measured before and after the drafts, compares them with the
+// record (which keeps the best ever seen) and with the machine's load over the whole run.
+void judge_ceilings(BenchResult& r, const Ceilings& before, const Ceilings& after, const MachineLoad& run_load) {
+  r.read_gbps = std::max(before.read_gbps, after.read_gbps);
+  r.gemm_gflops = std::max(before.gemm_gflops, after.gemm_gflops);
+  r.blas_settle_gflops = std::max(before.blas_settle_gflops, after.blas_settle_gflops);
+  r.blas_peak_gflops = std::max(before.blas_peak_gflops, after.blas_peak_gflops);
+  const double loadavg_before = run_load.to_json()["loadavg_before"][0].get<double>();
+  const std::string key = fmt::format("{} | {} | {} | {} threads | gemm {}", processor_name(), r.rt->ops().name(),
+                                      dtype_name(r.rt->weights().head_dtype), r.ctx->threads,
+                                      std::min<int64_t>(r.cfg().hidden, 2048));
+  const std::string file = ceilings_file();
+  nlohmann::json record = nlohmann::json::object();
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (in) {
+      try {
+        record = nlohmann::json::parse(in);
+        if (!record.is_object()) record = nlohmann::json::object();
+      } catch (const nlohmann::json::exception&) {
+        TPDRAFT_LOG_WARN("bench: {} is not a JSON object of ceilings; starting a new record", file);
+        record = nlohmann::json::object();
+      }
+    }
+  }
+  nlohmann::json& best = record[key];
+  if (!best.is_object()) best = nlohmann::json::object();
+  const double best_read = best.value("read_gbps", 0.0), best_gemm = best.value("gemm_gflops", 0.0);
+  const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  auto low_against = [&](const char* what, double now, double recorded, const char* unit) {
+    if (recorded > 0 && now < kCeilingShare * recorded)
+      r.ceilings_low.push_back(fmt::format("{} {:.1f} {} is under {:.0f}% of the {:.1f} recorded", what, now, unit,
+                                           100 * kCeilingShare, recorded));
+  };
+  low_against("GEMM", r.gemm_gflops, best_gemm, "GFLOP/s");
+  low_against("read", r.read_gbps, best_read, "GB/s");
+  if (loadavg_before > kLoadPerCore * cores)
+    r.ceilings_low.push_back(fmt::format("load average {:.2f} before the run on {:.0f} cores", loadavg_before, cores));
+  if (run_load.other_cores() > kLoadPerCore * cores)
+    r.ceilings_low.push_back(fmt::format("other processes kept {:.2f} of {:.0f} cores busy", run_load.other_cores(), cores));
+  r.ceilings = {{"gemm_gflops_before", before.gemm_gflops}, {"gemm_gflops_after", after.gemm_gflops},
+                {"read_gbps_before", before.read_gbps},   {"read_gbps_after", after.read_gbps},
+                {"recorded_gemm_gflops", best_gemm}, {"recorded_read_gbps", best_read},
+                {"record", file.empty() ? nlohmann::json(nullptr) : nlohmann::json(file)},
+                {"record_key", key},                 {"loadavg_before", loadavg_before},
+                {"other_cores", run_load.other_cores()}};
+  if (file.empty() || (r.gemm_gflops <= best_gemm && r.read_gbps <= best_read)) return;
+  best["gemm_gflops"] = std::max(best_gemm, r.gemm_gflops);
+  best["read_gbps"] = std::max(best_read, r.read_gbps);
+  // Written beside and renamed over, so that a reader never sees half a file.
+  const std::string tmp = fmt::format("{}.{}.tmp", file, getpid());
+  {
+    std::ofstream out(tmp);
+    out << record.dump(2) << "\n";
+    if (!out) {
+      TPDRAFT_LOG_WARN("bench: cannot write the ceilings record {}", tmp);
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) {
+    TPDRAFT_LOG_WARN("bench: cannot replace the ceilings record {}: {}", file, ec.message());
+    std::filesystem::remove(tmp, ec);
   }
 }
 
@@ -322,6 +429,9 @@ nlohmann::json to_json(const BenchResult& r) {
   j["machine_gemm_gflops"] = r.gemm_gflops;
   j["roofline_ms"] = r.roofline() * 1e3;
   j["roofline_ratio"] = r.draft.median() / r.roofline();
+  j["ceilings"] = r.ceilings;
+  j["ceilings_low"] = !r.ceilings_low.empty();
+  j["ceilings_low_because"] = r.ceilings_low;
   if (r.blas_peak_gflops > 0) {
     j["cublas_gemm_gflops_settle_shape"] = r.blas_settle_gflops;
     j["cublas_gemm_gflops_peak"] = r.blas_peak_gflops;
@@ -330,6 +440,19 @@ nlohmann::json to_json(const BenchResult& r) {
   j["machine_load"] = r.load.to_json();
   j["tokens"] = r.tokens;
   return j;
+}
+
+// "trusted (...)" or "LOW: why", for the tables.
+std::string ceilings_verdict(const BenchResult& r) {
+  const nlohmann::json& c = r.ceilings;
+  const std::string seen =
+      fmt::format("GEMM {:.1f} / {:.1f} GFLOP/s and read {:.1f} / {:.1f} GB/s before / after the drafts",
+                  c.value("gemm_gflops_before", 0.0), c.value("gemm_gflops_after", 0.0), c.value("read_gbps_before", 0.0),
+                  c.value("read_gbps_after", 0.0));
+  if (!r.ceilings_low.empty()) return fmt::format("LOW: {} ({})", fmt::join(r.ceilings_low, "; "), seen);
+  const double rec = c.value("recorded_gemm_gflops", 0.0);
+  return rec > 0 ? fmt::format("trusted ({}; best recorded GEMM {:.1f})", seen, rec)
+                 : fmt::format("trusted as far as known ({}; no earlier record)", seen);
 }
 
 // "N x B B" for a collective: calls per draft and bytes per call.
@@ -369,6 +492,7 @@ void print_table(const BenchResult& r) {
               100 * r.achieved_gbps() / r.read_gbps, r.gpu() ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
               r.roofline() * 1e3, r.gpu() ? "copy" : "read", r.draft.median() / r.roofline());
+  std::printf("  ceilings   %s\n", ceilings_verdict(r).c_str());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s), warm (after one untimed settle)\n", r.settle_rows_per_s(),
               r.settle_gflops());
   std::printf("  machine    %s\n", r.load.describe().c_str());
@@ -378,10 +502,9 @@ void print_table(const BenchResult& r) {
 }
 
 // Settles `context` rows into fresh sessions and times drafts over them, through the group (on
-// its rank 0). `first`: the sweep's first result, whose machine ceilings are reused (nullptr:
-// measure them).
+// its rank 0).
 BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Group& group, DType dtype,
-                          int64_t context, const std::vector<int64_t>& pids, const BenchResult* first) {
+                          int64_t context, const std::vector<int64_t>& pids) {
   model::RankRuntime& rt = group.leader().runtime();
   const model::DrafterConfig& cfg = rt.config();
   BenchResult r(o, rt, ctx, context);
@@ -406,15 +529,6 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   if (cfg.quant.any())
     r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
   r.settle_work = model::settle_work(cfg, rt.plan(), context * o.batch, wbytes);
-  if (!ctx.leader()) return r;  // the ceilings and the report come from one rank
-  if (first == nullptr) {
-    measure_ceilings(rt, dtype, ctx.threads, context, &r);
-  } else {  // measured once per run
-    r.read_gbps = first->read_gbps;
-    r.gemm_gflops = first->gemm_gflops;
-    r.blas_settle_gflops = first->blas_settle_gflops;
-    r.blas_peak_gflops = first->blas_peak_gflops;
-  }
   return r;
 }
 
@@ -457,17 +571,37 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     const int64_t warm = group->open_session();
     settle_sessions(o, std::min(o.ctx[0], engine->runtime().drafter().limits().settle_chunk), *group, {warm});
     group->close_session(warm);
+    // The ceilings (rank 0's) before the first context and after the last, the larger of each
+    // kept: a machine that slowed for part of the run does not set a low roofline.
+    model::RankRuntime& rt = group->leader().runtime();
+    MachineLoad run_load;
+    Ceilings before;
+    if (ctx.leader()) before = measure_ceilings(rt, dtype, ctx.threads, o.ctx[0]);
     std::vector<BenchResult> rows;
-    for (const int64_t context : o.ctx) {
-      rows.push_back(bench_context(o, ctx, *group, dtype, context, pids, rows.empty() ? nullptr : &rows[0]));
-      if (!ctx.leader()) continue;
-      if (o.json)
-        std::printf("%s\n", to_json(rows.back()).dump().c_str());
-      else if (o.ctx.size() == 1)
-        print_table(rows.back());
-      std::fflush(stdout);
+    for (const int64_t context : o.ctx) rows.push_back(bench_context(o, ctx, *group, dtype, context, pids));
+    if (!ctx.leader()) return;
+    const Ceilings after = measure_ceilings(rt, dtype, ctx.threads, o.ctx.back());
+    run_load.stop();
+    judge_ceilings(rows[0], before, after, run_load);
+    for (BenchResult& r : rows) {
+      r.read_gbps = rows[0].read_gbps, r.gemm_gflops = rows[0].gemm_gflops;
+      r.blas_settle_gflops = rows[0].blas_settle_gflops, r.blas_peak_gflops = rows[0].blas_peak_gflops;
+      r.ceilings = rows[0].ceilings, r.ceilings_low = rows[0].ceilings_low;
     }
-    if (ctx.leader() && !o.json && o.ctx.size() > 1) print_sweep(rows);
+    if (!rows[0].ceilings_low.empty())
+      TPDRAFT_LOG_WARN("bench: the ceilings are low ({}): every roofline ratio of this run is flattered",
+                       fmt::join(rows[0].ceilings_low, "; "));
+    for (const BenchResult& r : rows) {
+      if (o.json)
+        std::printf("%s\n", to_json(r).dump().c_str());
+      else if (o.ctx.size() == 1)
+        print_table(r);
+    }
+    if (!o.json && o.ctx.size() > 1) {
+      print_sweep(rows);
+      std::printf("  ceilings %s\n", ceilings_verdict(rows[0]).c_str());
+    }
+    std::fflush(stdout);
   });
 }
 
