@@ -1,7 +1,7 @@
 // The CPU backend of the ops interface: aligned host memory, a thread pool, and kernels picked at
 // run time for the widest instruction set present (AVX-512 + BF16, AVX-512, AVX2 + FMA + F16C,
 // portable C++). Every variant computes in f32; they agree to within f32 rounding.
-// Also declares the dot-product engine shared by matmul, attention and the head.
+// Also declares the dot-product engine shared by matmul and the head.
 #pragma once
 
 #include <cstdint>
