@@ -315,7 +315,7 @@ void judge_ceilings(BenchResult& r, const Ceilings& before, const Ceilings& afte
   r.gemm_gflops = std::max(before.gemm_gflops, after.gemm_gflops);
   r.blas_settle_gflops = std::max(before.blas_settle_gflops, after.blas_settle_gflops);
   r.blas_peak_gflops = std::max(before.blas_peak_gflops, after.blas_peak_gflops);
-  const double loadavg_before = run_load.to_json()["loadavg_before"][0].get<double>();
+  const double loadavg_before = run_load.loadavg_before();
   const std::string key = fmt::format("{} | {} | {} | {} threads | gemm {}", processor_name(), r.rt->ops().name(),
                                       dtype_name(r.rt->weights().head_dtype), r.ctx->threads,
                                       std::min<int64_t>(r.cfg().hidden, 2048));

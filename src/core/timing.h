@@ -50,6 +50,8 @@ class MachineLoad {
   void add_own_cpu(double seconds) { extra_cpu_ += seconds; }
 
   double other_cores() const;
+  // The 1-minute load average when the window opened (before the measured work began).
+  double loadavg_before() const { return before_.loadavg[0]; }
   double steal_share() const;
   // Why the machine was not idle; empty when it was.
   std::vector<std::string> reasons() const;
