@@ -39,7 +39,7 @@ def configurations():
             runs.append((f"dflash2 {label} tp{tp}", ["--temperature", str(temp), "--tp", str(tp)]))
     runs += [("dflash greedy tp1", ["--arch", "dflash"]), ("dflash T=1 tp1", ["--arch", "dflash", "--temperature", "1"])]
     runs += [(f"dflash2 greedy map{n // 1024}k", ["--token-map", f"{{map{n}}}"]) for n in MAP_SIZES]
-    runs += [(f"dflash2 greedy {q}", ["--quant", q]) for q in ("q8", "q4", "q8+head", "q4+head")]
+    runs += [(f"dflash2 greedy {q}", ["--quant", q]) for q in ("q8", "q4", "q8+head", "q4+head", "q8a16", "q4a16")]
     runs += [("dflash2 greedy kv-bf16", ["--kv-dtype", "bf16"]), ("dflash2 greedy served", ["--serve"])]
     return runs
 

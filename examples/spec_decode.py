@@ -584,7 +584,8 @@ def main(argv=None):
     p.add_argument("--token-map", help="a draft vocabulary: a token map file (a JSON list of target ids, or "
                    "safetensors with an I64 tensor 'token_ids'; `tpdraft vocab` writes one); the drafter drafts "
                    "those ids only")
-    p.add_argument("--quant", choices=("q8", "q4", "q8+head", "q4+head"), help="quantize the drafter while it loads")
+    p.add_argument("--quant", choices=[f"{b}{a}{h}" for h in ("", "+head") for a in ("", "a8", "a16") for b in ("q8", "q4")],
+                   help="quantize the drafter while it loads (a8 / a16: int8 or float activations; docs/quantization.md)")
     p.add_argument("--kv-dtype", choices=("f32", "bf16"), help="the drafter's context cache element type")
     p.add_argument("--serve", action="store_true", help="draft through `tpdraft serve` (started for the run)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

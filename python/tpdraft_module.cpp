@@ -431,7 +431,9 @@ class Drafter : public Endpoint<InProcess> {
     o.max_context = max_context;
     o.max_open_sessions = max_open_sessions;
     o.graphs = tri_state(graphs, "graphs");
-    const std::string quant_name = optional_name(quant, "quant", "None or one of 'q8', 'q4', 'q8+head', 'q4+head'");
+    const std::string quant_name = optional_name(quant, "quant",
+                                                  "None or one of 'q8', 'q4', 'q8a8', 'q4a8', 'q8a16', 'q4a16', "
+                                                  "each with or without '+head'");
     o.quant = quant.is_none() ? nullptr : quant_name.c_str();
     const std::string kv_name = optional_name(kv_dtype, "kv_dtype", "None, 'f32' or 'bf16'");
     o.kv_dtype = kv_dtype.is_none() ? nullptr : kv_name.c_str();
@@ -593,8 +595,9 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Drafter> drafter(m, "Drafter",
                               "A drafter in this process (__init__ has the options). kv_dtype: None or 'f32', or "
-                              "'bf16' (the context cache in bf16, cpu backend only); quant: None, 'q8', 'q4', 'q8+head' "
-                              "or 'q4+head' (quantize a float checkpoint while loading; +head: the target's head too); "
+                              "'bf16' (the context cache in bf16, cpu backend only); quant: None, 'q8' or 'q4', "
+                              "optionally with 'a8' or 'a16' (int8 or float activations) and '+head' (quantize a float "
+                              "checkpoint while loading; +head: the target's head too); "
                               "token_map: a token map file (JSON list of target ids, or safetensors with 'token_ids') "
                               "or a sequence of target ids: draft over those ids only");
   drafter.def(py::init<const std::string&, const std::string&, const std::string&, int, int, int, int64_t, int,

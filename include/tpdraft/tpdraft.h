@@ -86,8 +86,9 @@ typedef struct tpdraft_options {
   int32_t graphs;            /* capture the block forward and replay it: -1 auto (on for cuda), 0, 1 */
   const char* quant;         /* NULL: weights as stored; "q8" or "q4": quantize a float checkpoint while
                                 loading (q8: every matrix int8; q4: layer matrices int4, fc and the
-                                projections int8; cpu and cuda backends; docs/quantization.md); "q8+head",
-                                "q4+head": the target's head int8 as well */
+                                projections int8; cpu and cuda backends; docs/quantization.md); "a8" or
+                                "a16" after the bits picks int8 or float activations ("q8a8", "q4a16");
+                                a "+head" suffix holds the target's head int8 as well ("q8+head") */
   const char* token_map;     /* NULL: the head scores every token; else a token map file (a JSON list of
                                 target ids, or safetensors with an I64 'token_ids'; docs/checkpoint.md):
                                 draft over those ids only, the head cut to their rows at load */

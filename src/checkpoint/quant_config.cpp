@@ -209,26 +209,27 @@ json QuantConfig::to_json() const {
 }
 
 const std::vector<std::string>& quant_presets() {
-  static const std::vector<std::string> names{"q8", "q4", "q8+head", "q4+head"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const char* head : {"", "+head"})
+      for (const char* act : {"", "a8", "a16"})
+        for (const char* bits : {"q8", "q4"}) n.push_back(std::string(bits) + act + head);
+    return n;
+  }();
   return names;
 }
 
-std::string quant_preset_list() {
-  const auto& n = quant_presets();
-  std::string out;
-  for (size_t i = 0; i < n.size(); ++i) out += (i == 0 ? "" : i + 1 == n.size() ? " or " : ", ") + n[i];
-  return out;
-}
+std::string quant_preset_list() { return "q8, q4, q8a8, q4a8, q8a16 or q4a16, each with or without +head"; }
 
 QuantRequest QuantRequest::preset(const std::string& name) {
+  const auto& names = quant_presets();
+  TPDRAFT_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "unknown quantization '{}': expected {}",
+                name, quant_preset_list());
   QuantRequest r;  // the defaults: groups of 128 on every layer matrix, fc at aux_bits
-  const std::string suffix = "+head";
-  const bool head = name.size() > suffix.size() && ends_with(name, suffix);
-  const std::string layers = head ? name.substr(0, name.size() - suffix.size()) : name;
-  TPDRAFT_CHECK(layers == "q8" || layers == "q4", "unknown quantization '{}': expected {}", name, quant_preset_list());
-  r.bits = layers == "q8" ? 8 : 4;
+  r.bits = name[1] == '8' ? 8 : 4;
   r.aux_bits = 8;
-  r.head_bits = head ? 8 : 0;
+  r.head_bits = ends_with(name, "+head") ? 8 : 0;
+  r.activation_bits = name.compare(2, 3, "a16") == 0 ? 16 : name.compare(2, 2, "a8") == 0 ? 8 : 0;
   return r;
 }
 

@@ -1,7 +1,7 @@
 // Which drafter matrices are quantized, and how: the `quantization_config` of a checkpoint's
 // config.json (compressed-tensors: config groups with targets, an ignore list, the weights'
 // bits / type / strategy / group size), or a plan made to quantize a float checkpoint while it
-// loads (`--quant q8|q4`, with `+head` the target's head too) or into a new checkpoint (`tpdraft quantize`). docs/quantization.md.
+// loads (`--quant q8|q4`, `a8`/`a16` choosing the activations, `+head` the target's head too) or into a new checkpoint (`tpdraft quantize`). docs/quantization.md.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +48,11 @@ struct QuantConfig {
   // The target's head (lm_head, or the tied embedding): quantized only while loading (a `+head`
   // preset); a checkpoint's quantization_config covers drafter tensors only.
   QuantScheme head;
+  // What a quantized matrix multiplies: 0, the backend's own kernels (the CPU quantizes
+  // activations to int8, CUDA rounds them to bf16); 8, int8 activations (refused by a backend
+  // without such kernels); 16, float activations (a backend whose kernels quantize activations
+  // holds the weights dequantized, exactly, in f32). Chosen while loading (`--quant q8a8`, ...).
+  int activation_bits = 0;
 
   bool any() const { return source != Source::None; }
   // The scheme of drafter tensor `tensor` (e.g. "layers.0.mlp.down_proj.weight"): the first
@@ -74,9 +79,11 @@ struct QuantRequest {
   bool include_fc = false;
   int aux_bits = 0;
   int head_bits = 0;  // the target's head while loading (0: as stored)
+  int activation_bits = 0;  // QuantConfig::activation_bits
   // The --quant presets of draft / bench / open: "q8" (every matrix 8-bit) and "q4" (layer
-  // matrices 4-bit, fc and the projections 8-bit), groups of 128 where they fit; "q8+head" and
-  // "q4+head" hold the target's head in 8 bits as well (the largest matrix a draft reads).
+  // matrices 4-bit, fc and the projections 8-bit), groups of 128 where they fit; "a8" or "a16"
+  // after the bits picks the activations ("q8a8": int8, "q4a16": float; none: the backend's own);
+  // a "+head" suffix holds the target's head in 8 bits as well (the largest matrix a draft reads).
   static QuantRequest preset(const std::string& name);
   // The scheme of `bits` for a matrix of `cols` columns: groups of `group` where they divide the
   // columns, per channel otherwise.
@@ -86,7 +93,8 @@ struct QuantRequest {
 // j[key], or nullptr when the key is absent or null (HF configs write null for unset keys).
 const nlohmann::json* find_key(const nlohmann::json& j, const char* key);
 
-// The names preset() takes, and them as one phrase for messages ("q8, q4, q8+head or q4+head").
+// The names preset() takes, and them as one phrase for messages ("q8, q4, q8a8, ... or q4a16,
+// each optionally with +head").
 const std::vector<std::string>& quant_presets();
 std::string quant_preset_list();
 

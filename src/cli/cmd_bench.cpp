@@ -526,8 +526,15 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   r.work = model::draft_work(cfg, rt.plan(), o.batch, context, wbytes,
                              static_cast<double>(dtype_size(rt.drafter().limits().kv_dtype)));
   // Quantized matrices read fewer bytes than the head's dtype says.
-  if (cfg.quant.any())
+  if (rt.weights().dequantized()) {
+    // a16 on a backend with int8-activation kernels: every preset matrix is held in f32.
+    model::DrafterConfig held = cfg;
+    held.quant = {};
+    r.work.weight_bytes = model::draft_weight_bytes(held, rt.plan(), DType::F32,
+                                                    cfg.quant.head.quantized() ? DType::F32 : rt.weights().head_dtype);
+  } else if (cfg.quant.any()) {
     r.work.weight_bytes = model::draft_weight_bytes(cfg, rt.plan(), rt.weights().head_dtype, rt.weights().head_dtype);
+  }
   r.settle_work = model::settle_work(cfg, rt.plan(), context * o.batch, wbytes);
   return r;
 }

@@ -313,9 +313,12 @@ void add_info(CLI::App& app) {
       ->capture_default_str()->check(whole_number(1));
   cmd->add_option("--ctx", o->ctx, "Context positions per session, for the work of --json")
       ->capture_default_str()->check(whole_number(0));
+  std::vector<std::string> stored_presets;  // a16 is left out: the cpu backend holds its weights in f32
+  for (const auto& name : model::quant_presets())
+    if (name.find("a16") == std::string::npos) stored_presets.push_back(name);
   cmd->add_option("--quant", o->quant, "Count the weights as --quant q8|q4|q8+head|q4+head would hold them (a float "
-                  "checkpoint)")
-      ->check(CLI::IsMember(model::quant_presets()));
+                  "checkpoint; an a8 preset holds the same; for a16 on the cpu backend, count --dtype f32 instead)")
+      ->check(CLI::IsMember(stored_presets));
   cmd->add_option("--token-map", o->token_map, "Count the head as this token map cuts it (a JSON list of target ids "
                   "or a safetensors file with 'token_ids')")->check(CLI::ExistingFile);
   cmd->add_option("--token-map-size", o->token_map_size, "Count the head as a draft vocabulary of N target ids would "

@@ -72,8 +72,10 @@ void fault_point(const RankContext& ctx, const char* stage) {
 void add_rank_options(CLI::App* cmd, RankOptions* o) {
   cmd->add_option("--quant", o->quant,
                   "Quantize a float checkpoint while loading: q8 (every matrix int8) or q4 (layer matrices int4, fc "
-                  "and the projections int8); groups of 128 columns where they divide, else per channel; q8+head "
-                  "or q4+head: the target's head int8 too")
+                  "and the projections int8); groups of 128 columns where they divide, else per channel. a8 / a16 after "
+                  "the bits pick the activations (q8a8: int8; q8a16: float, which the cpu backend runs on weights "
+                  "dequantized to f32; neither: the backend's own, int8 on cpu, bf16 on cuda). +head: the target's "
+                  "head int8 too (q8+head, q4a8+head)")
       ->check(CLI::IsMember(model::quant_presets()));
   cmd->add_option("--token-map", o->token_map,
                   "Draft over these target ids only (a JSON list of ids, or a safetensors file with an I64 tensor "

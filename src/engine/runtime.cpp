@@ -71,6 +71,7 @@ QuantConfig quantization_on_load(const DrafterConfig& config, const std::string&
   QuantConfig q = plan_quantization(request, expected_drafter_tensors(config), QuantConfig::Source::OnLoad);
   // The head's rows are vocabulary entries of `hidden` columns.
   if (request.head_bits > 0) q.head = request.scheme(request.head_bits, config.hidden);
+  q.activation_bits = request.activation_bits;
   return q;
 }
 

@@ -39,7 +39,7 @@ struct ModelSource {
 void apply_token_map(ModelSource& source, const std::string& path);
 void apply_token_map(ModelSource& source, const std::vector<int64_t>& ids, const std::string& label);
 
-// The plan of --quant `mode` (QuantRequest::preset: "q8", "q4", "q8+head", "q4+head") for the float
+// The plan of --quant `mode` (QuantRequest::preset: "q8", "q4a8", "q8a16+head", ...) for the float
 // checkpoint of `config`, the `+head` presets' head scheme included; refuses a checkpoint that is
 // quantized already, naming `source`.
 QuantConfig quantization_on_load(const DrafterConfig& config, const std::string& mode, const std::string& source);

@@ -169,6 +169,10 @@ class Ops {
 
   // Whether this backend has kernels for weights of `format` in `op` (every backend: Dense).
   virtual bool supports(WeightFormat format, WeightOp op) const { (void)op; return format == WeightFormat::Dense; }
+  // The activations this backend's quantized kernels multiply the weights with: 8 (rounded to
+  // int8 per block, the CPU backend), 16 (rounded to bf16, the CUDA backend), 0 (no quantized
+  // kernels). QuantConfig::activation_bits asks for one of them.
+  virtual int quantized_activation_bits() const { return 0; }
   // Quantized weights (where supports(format, WeightOp::Matmul)). Bytes of backend memory a
   // quantized matrix takes in this backend's layout.
   size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;

@@ -154,6 +154,14 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
 
   std::string head_name;
   const TensorInfo& head_info = check_tensors(&head_name);
+  const int want_act = cfg.quant.activation_bits;
+  TPDRAFT_CHECK(want_act != 8 || ops.quantized_activation_bits() == 8,
+                "{}: an a8 quantization (int8 activations) was asked for, but backend '{}' multiplies quantized "
+                "weights with {} activations (use the preset without a8, or with a16)", d.source(), ops.name(),
+                ops.quantized_activation_bits() == 16 ? "bf16" : "float");
+  // Float activations on a backend whose quantized kernels round them to int8: the weights are
+  // held dequantized, exactly, in f32 and run by the float kernels.
+  dequantize_ = want_act == 16 && ops.quantized_activation_bits() == 8;
 
   fc = load_matrix(d, "fc.weight", {H, T * H});
   hidden_norm = load_vector(d, "hidden_norm.weight", {H});
@@ -346,6 +354,12 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
 
 kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::string& name,
                                                const QuantScheme& scheme) {
+  if (dequantize_) {
+    const std::vector<float> w = q.dequantized();  // q * scale: exact in f32
+    kernels::Buffer buf(ops_, w.size() * sizeof(float));
+    ops_.to_device(buf.get(), w.data(), buf.bytes());
+    return {DType::F32, q.rows, q.cols, keep(std::move(buf))};
+  }
   const kernels::WeightFormat format = kernels::quantized_format(q.bits);
   TPDRAFT_CHECK(ops_.supports(format, kernels::WeightOp::Matmul),
                 "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "

@@ -61,6 +61,9 @@ class DrafterWeights {
   void successor(int64_t token, float* out) const;
 
   size_t backend_bytes() const { return backend_bytes_; }  // everything this rank copied in
+  // Whether the quantized matrices are held dequantized in f32 (float activations asked of a
+  // backend whose quantized kernels use int8 ones: QuantConfig::activation_bits).
+  bool dequantized() const { return dequantize_; }
   int64_t target_vocab() const { return target_vocab_; }   // Vt, rows of the target tables
   // The draft vocabulary the head scores, or null (every id below V).
   const DraftVocab* draft_vocab() const { return vocab_.get(); }
@@ -96,6 +99,7 @@ class DrafterWeights {
   const TensorStore* head_store_ = nullptr;
   std::vector<kernels::Buffer> buffers_;
   size_t backend_bytes_ = 0;
+  bool dequantize_ = false;
   const TensorInfo* embed_ = nullptr;
   const TensorInfo* pred_ = nullptr;
   const TensorInfo* succ_ = nullptr;

@@ -831,6 +831,7 @@ def c_abi_cases(add):
         opening(f"max_open_sessions {v}", ["max_open_sessions", str(v)], max_open_sessions=v)
     opening("graphs 2", ["graphs"], graphs=2)
     opening("quant 'q3'", ["quant", "q3"], quant=b"q3")
+    opening("quant 'q8a4'", ["quant", "q8a4"], quant=b"q8a4")
     opening("kv_dtype 'f16'", ["kv_dtype", "f16"], kv_dtype=b"f16")
     opening("backend 'bogus'", ["bogus"], backend=b"bogus")
     opening("backend ''", ["backend"], backend=b"")
@@ -1332,6 +1333,7 @@ def python_cases(add):
     opt("graphs='yes'", {"graphs": "yes"}, TE, ["graphs"])
     opt("quant=5", {"quant": 5}, TE, ["quant"])
     opt("quant='q3'", {"quant": "q3"}, ("Error",), ["quant", "q3"])
+    opt("quant='q8a16+'", {"quant": "q8a16+"}, ("Error",), ["quant", "q8a16+"])
     opt("kv_dtype=5", {"kv_dtype": 5}, TE, ["kv_dtype"])
     opt("kv_dtype='f16'", {"kv_dtype": "f16"}, ("Error",), ["kv_dtype", "f16"])
     for key, value in [("threads", 100000), ("tp", 300), ("max_sessions", 5000), ("max_context", 2 ** 58),

@@ -133,7 +133,15 @@ TEST(QuantConfig, PlansAndPresets) {
   EXPECT_EQ(QuantRequest::preset("q4+head").bits, 4);
   EXPECT_EQ(QuantRequest::preset("q8+head").bits, 8);
   for (const char* bad : {"+head", "q8+", "q8+heads", "q3+head", "head"}) EXPECT_THROW(QuantRequest::preset(bad), Error) << bad;
-  EXPECT_EQ(quant_preset_list(), "q8, q4, q8+head or q4+head");
+  EXPECT_EQ(QuantRequest::preset("q8").activation_bits, 0);
+  EXPECT_EQ(QuantRequest::preset("q4a8").activation_bits, 8);
+  EXPECT_EQ(QuantRequest::preset("q4a8").bits, 4);
+  EXPECT_EQ(QuantRequest::preset("q8a16+head").activation_bits, 16);
+  EXPECT_EQ(QuantRequest::preset("q8a16+head").head_bits, 8);
+  EXPECT_EQ(QuantRequest::preset("q8a8+head").activation_bits, 8);
+  EXPECT_EQ(quant_presets().size(), 12u);
+  for (const char* bad : {"q8a", "q8a4", "q8+heada8", "q4a16+", "a8", "q8 ", "Q8"})
+    EXPECT_THROW(QuantRequest::preset(bad), Error) << bad;
 }
 
 // The shard plan: a tp whose row-parallel parts would cut a scale group is refused at start-up.

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/quant_tensors.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "engine/runtime.h"
 #include "model/drafter.h"
@@ -109,9 +110,9 @@ void expect_matches_reference(const DrafterConfig& cfg, const std::string& draft
 struct Ckpt {
   testing::TempDir dir;
   DrafterConfig cfg;
-  explicit Ckpt(DrafterConfig c) : cfg(std::move(c)) {
+  explicit Ckpt(DrafterConfig c, uint64_t seed = 9) : cfg(std::move(c)) {
     model::RandomCheckpointOptions o;
-    o.seed = 9;
+    o.seed = seed;
     o.threads = 2;
     model::write_random_checkpoint(cfg, dir.path(), o, 0);
   }
@@ -216,7 +217,10 @@ TEST(QuantDrafts, HandPackedCompressedTensorsCheckpoint) {
 // A copy of `target` whose head is RTN int8 (symmetric, per group of `group` columns or per row
 // when the group does not divide them) dequantized in float64 and stored as f32: the head that
 // --quant q8+head drafts with, made here independently of the library's quantizer.
-std::string dequantized_head_target(const std::string& target, const std::string& out, int64_t group) {
+// With `scale_in_dtype`, each scale is first rounded to the head's own dtype, as a stored scale is
+// (the exact weights --quant holds, for drafts that keep activations in float).
+std::string dequantized_head_target(const std::string& target, const std::string& out, int64_t group,
+                                    bool scale_in_dtype = false) {
   auto store = model::TensorStore::open(target);
   EXPECT_NE(store->find("lm_head.weight"), nullptr) << target << ": the test's targets have an untied head";
   model::SafetensorsWriter w;
@@ -232,7 +236,14 @@ std::string dequantized_head_target(const std::string& target, const std::string
       for (int64_t c0 = 0; c0 < cols; c0 += g) {
         double amax = 0;
         for (int64_t c = c0; c < c0 + g; ++c) amax = std::max(amax, std::fabs(static_cast<double>(v[r * cols + c])));
-        const double scale = amax / 127.0;
+        double scale = amax / 127.0;
+        if (scale_in_dtype) {
+          float f = static_cast<float>(amax) / 127.0f;
+          alignas(4) std::byte tmp[4];
+          convert_from_f32(t.dtype, &f, tmp, 1);
+          convert_to_f32(t.dtype, tmp, &f, 1);
+          scale = f;
+        }
         for (int64_t c = c0; c < c0 + g; ++c) {
           float& x = v[static_cast<size_t>(r * cols + c)];
           x = scale > 0 ? static_cast<float>(std::clamp(std::nearbyint(x / scale), -127.0, 127.0) * scale) : 0.0f;
@@ -282,6 +293,143 @@ TEST(QuantDrafts, QuantizeWhileLoadingEqualsTheQuantizedCopy) {
   // A quantized checkpoint refuses --quant.
   model::ModelSource src{qcfg, model::TensorStore::open(q), model::TensorStore::open(ck.target())};
   EXPECT_THROW(model::quantize_on_load(src, "q8"), Error);
+}
+
+// The activation choice of the presets: a8 is what the cpu backend's quantized kernels do anyway
+// (the same bits as the plain preset); a16 holds the weights dequantized in f32 and runs the float
+// kernels, so it sits on the reference of the dequantized weights as closely as a float drafter
+// does (about 1e-6), far closer than int8 activations (a few 1e-3).
+TEST(QuantDrafts, ActivationChoiceA8IsTheCpuKernelsAndA16IsTheDequantizedModel) {
+  Ckpt ck(testing::eight_heads_over_two("tiny-dflash2.json"));
+  const int64_t context = 37, anchor = ck.cfg.vocab / 3;
+  for (const char* bits : {"q8", "q4"}) {
+    const std::string copy = ck.dir.file(bits);
+    model::quantize_checkpoint(ck.drafter(), copy, model::QuantRequest::preset(bits));
+    reference::RefModel ref(copy, ck.target());
+    reference::RefContext rctx;
+    const auto taps = model::random_taps(ck.cfg, context, 21);
+    ref.settle(rctx, 0, std::vector<double>(taps.begin(), taps.end()), context);
+    const reference::RefDraft want = ref.draft(rctx, anchor, {});
+    for (int tp : {1, 2}) {
+      const std::string label = std::string(bits) + " tp " + std::to_string(tp);
+      const auto plain = draft_tp(ck.cfg, ck.drafter(), ck.target(), tp, context, anchor, bits);
+      const auto a8 = draft_tp(ck.cfg, ck.drafter(), ck.target(), tp, context, anchor, std::string(bits) + "a8");
+      const auto a16 = draft_tp(ck.cfg, ck.drafter(), ck.target(), tp, context, anchor, std::string(bits) + "a16");
+      EXPECT_EQ(a8[0].dump.logits, plain[0].dump.logits) << label;
+      const double e8 = testing::relative_error(a8[0].dump.logits, want.logits);
+      const double e16 = testing::relative_error(a16[0].dump.logits, want.logits);
+      EXPECT_LT(e16, 1e-5) << label;
+      EXPECT_LT(testing::relative_error(a16[0].dump.hidden, want.hidden), 1e-5) << label;
+      EXPECT_GT(e8, 20 * e16) << label << ": int8 activations should cost more than f32 rounding";
+      EXPECT_EQ(a16[0].result.tokens, want.tokens) << label;
+    }
+  }
+}
+
+// The head too: q8a16+head drafts on the dequantized int8 head in f32.
+TEST(QuantDrafts, A16WithHeadIsTheDequantizedHead) {
+  Ckpt ck(testing::eight_heads_over_two("tiny-dflash.json"));
+  const int64_t context = 37, anchor = ck.cfg.vocab / 3;
+  const std::string copy = ck.dir.file("q8");
+  model::quantize_checkpoint(ck.drafter(), copy, model::QuantRequest::preset("q8"));
+  const std::string deq = dequantized_head_target(ck.target(), ck.dir.file("target-deq"), 128, true);
+  reference::RefModel ref(copy, deq);
+  reference::RefContext rctx;
+  const auto taps = model::random_taps(ck.cfg, context, 21);
+  ref.settle(rctx, 0, std::vector<double>(taps.begin(), taps.end()), context);
+  const reference::RefDraft want = ref.draft(rctx, anchor, {});
+  const auto got = draft_tp(ck.cfg, ck.drafter(), ck.target(), 1, context, anchor, "q8a16+head");
+  EXPECT_LT(testing::relative_error(got[0].dump.logits, want.logits), 1e-5);
+  EXPECT_EQ(got[0].result.tokens, want.tokens);
+}
+
+// Top-1 agreement of int8-activation (W8A8) drafts with the float64 reference on the dequantized
+// weights, over many random cases: checkpoints of both architectures and two seeds, contexts of 5
+// to 124 positions, anchors across the vocabulary. Each drafted row's best logit is compared with
+// the reference's (rows are independent: a row's logits do not depend on the tokens drafted
+// before it). What docs/quantization.md states: every row whose reference lead exceeds twice the
+// largest logit error agrees; of all rows, about 98% agree on these tiny random models (whose
+// best two logits are often within the error; 1651 of 1680 when written), held here at 97% per
+// checkpoint and 98% overall; logits within 2% (relative L2). The same count between int4 drafts
+// and the int8 reference (weights moved by int4 rounding, an error like that of a broken
+// activation path) is 73-83%, held under 90%: the count can tell.
+struct Agreement {
+  int64_t rows = 0, same = 0;
+  int64_t clear = 0, clear_same = 0;  // rows whose reference lead exceeds twice the largest logit error
+  double worst_rel = 0;
+  double rate() const { return rows ? static_cast<double>(same) / static_cast<double>(rows) : 0; }
+};
+
+Agreement top1_agreement(const Ckpt& ck, const std::string& ref_drafter, const std::string& quant, int cases) {
+  reference::RefModel ref(ref_drafter, ck.target());
+  Agreement a;
+  const size_t V = static_cast<size_t>(ck.cfg.vocab);
+  parallel::run_ranks(1, [&](parallel::Communicator& comm) {
+    model::ModelSource source{ck.cfg, model::TensorStore::open(ck.drafter()), model::TensorStore::open(ck.target())};
+    model::quantize_on_load(source, quant);
+    model::RuntimeOptions ro = testing::backend("cpu", 1);
+    ro.limits.max_context = 128;
+    ro.limits.settle_chunk = 32;
+    model::RankRuntime rt(source, comm, ro);
+    for (int c = 0; c < cases; ++c) {
+      const int64_t context = 5 + (c * 29) % 120, anchor = (c * 37 + 11) % ck.cfg.vocab;
+      const auto taps = model::random_taps(ck.cfg, context, 1000 + static_cast<uint64_t>(c));
+      reference::RefContext rctx;
+      ref.settle(rctx, 0, std::vector<double>(taps.begin(), taps.end()), context);
+      const reference::RefDraft want = ref.draft(rctx, anchor, {});
+      auto session = rt.drafter().new_session();
+      rt.drafter().settle(*session, 0, taps.data(), context);
+      model::DraftDump dump;
+      rt.drafter().draft({{session.get(), anchor, {}}}, &dump);
+      a.worst_rel = std::max(a.worst_rel, testing::relative_error(dump.logits, want.logits));
+      double max_err = 0;
+      for (size_t i = 0; i < want.logits.size(); ++i)
+        max_err = std::max(max_err, std::fabs(dump.logits[i] - want.logits[i]));
+      for (size_t row = 0; row < want.tokens.size(); ++row) {
+        const auto from = static_cast<std::ptrdiff_t>(row * V), to = static_cast<std::ptrdiff_t>((row + 1) * V);
+        const auto best_ref = std::max_element(want.logits.begin() + from, want.logits.begin() + to);
+        const auto best_got = std::max_element(dump.logits.begin() + from, dump.logits.begin() + to);
+        const bool same = (best_ref - want.logits.begin()) == (best_got - dump.logits.begin());
+        std::vector<double> l(want.logits.begin() + from, want.logits.begin() + to);
+        std::nth_element(l.begin(), l.begin() + 1, l.end(), std::greater<>());
+        const bool clear = l[0] - l[1] > 2 * max_err;  // no error this size can change this row's best
+        ++a.rows;
+        a.same += same;
+        a.clear += clear;
+        a.clear_same += clear && same;
+      }
+    }
+  });
+  return a;
+}
+
+TEST(QuantDrafts, Int8ActivationsAgreeWithTheReferenceOnTop1) {
+  int64_t rows = 0, same = 0, clear = 0;
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"}) {
+    for (uint64_t seed : {9u, 31u}) {
+      Ckpt ck(testing::eight_heads_over_two(file), seed);
+      const std::string q8 = ck.dir.file("q8");
+      model::quantize_checkpoint(ck.drafter(), q8, model::QuantRequest::preset("q8"));
+      const Agreement a = top1_agreement(ck, q8, "q8a8", 60);
+      const std::string label = std::string(file) + " seed " + std::to_string(seed);
+      EXPECT_LT(a.worst_rel, kRelTol) << label;
+      EXPECT_GE(a.rate(), 0.97) << label << ": " << a.same << " of " << a.rows << " rows";
+      EXPECT_EQ(a.clear_same, a.clear) << label << ": a row clear of the error drafted another best token";
+      EXPECT_GE(a.clear, a.rows / 2) << label;
+      rows += a.rows;
+      same += a.same;
+      clear += a.clear;
+      if (seed == 9u) {
+        const Agreement control = top1_agreement(ck, q8, "q4a8", 60);
+        EXPECT_LT(control.rate(), 0.90) << label << ": int4 weights against the int8 reference, " << control.same
+                                        << " of " << control.rows << " rows";
+      }
+    }
+  }
+  EXPECT_GE(rows, 1500);
+  EXPECT_GE(static_cast<double>(same), 0.98 * static_cast<double>(rows)) << same << " of " << rows;
+  std::printf("W8A8 top-1 agreement with the float64 reference: %lld of %lld rows (%lld clear of the error, all "
+              "agreeing)\n", static_cast<long long>(same), static_cast<long long>(rows), static_cast<long long>(clear));
 }
 
 }  // namespace

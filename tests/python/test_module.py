@@ -245,7 +245,7 @@ def test_closing_while_another_thread_steps_waits_for_the_call(checkpoint):
             d.session_length(s)
 
 
-@pytest.mark.parametrize("quant", ["q8", "q4", "q4+head"])
+@pytest.mark.parametrize("quant", ["q8", "q4", "q4+head", "q4a16"])
 def test_quant_while_loading_equals_the_program(checkpoint, quant):
     # A float checkpoint quantized while it loads drafts as `tpdraft draft --quant` does; the
     # sampled probabilities show it is not the float model.

@@ -155,6 +155,7 @@ class CpuOps final : public Ops {
   void sync() override;
 
   bool supports(WeightFormat, WeightOp) const override { return true; }
+  int quantized_activation_bits() const override { return 8; }
   bool holds_context(DType dtype) const override { return dtype == DType::F32 || dtype == DType::BF16; }
 
   void begin_capture() override;

@@ -55,6 +55,7 @@ class CudaOps final : public Ops {
   void wait_for(void* stream) override;
   std::string foreign_memory(const void* p) const override;
   bool supports(WeightFormat, WeightOp) const override { return true; }
+  int quantized_activation_bits() const override { return 16; }
 
   void begin_capture() override;
   std::unique_ptr<OpGraph> end_capture() override;
