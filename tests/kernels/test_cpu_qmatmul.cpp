@@ -1,5 +1,6 @@
 // The CPU backend's matmul on int8 / int4 weights against float64 loops written here, for every
-// quantized kernel this processor can run (portable, AVX2, AVX-512 VNNI). Two references:
+// quantized kernel this processor can run (portable, AVX2, AVX-VNNI, AVX-512 VNNI, and the AVX-VNNI
+// kernel with its instruction emulated, which any AVX2 processor runs). Two references:
 // (1) the same arithmetic in float64 (activations quantized per block as docs/quantization.md
 // says), which the kernels must match to f32 rounding; (2) the dequantized weights against the
 // unquantized activations, which they must match within the bound the activation rounding
@@ -104,9 +105,23 @@ void check_case(Ops& ops, const QCase& c, std::mt19937_64& rng) {
 
   std::vector<float> first;
   const IsaSweep sweep;
-  for (Isa isa : sweep.isas()) {
+  // Every level the processor has (its own kernel each), then each kernel a level would not
+  // choose here: AVX2's when AVX-VNNI replaces it, and the AVX-VNNI kernel with its instruction
+  // emulated (where the processor has AVX2), which runs that kernel's code on any AVX2 machine.
+  std::vector<std::pair<Isa, int>> runs;
+  for (Isa isa : sweep.isas()) runs.emplace_back(isa, -1);
+  if (cpu::detected_isa() >= Isa::Avx2) {
+    runs.emplace_back(Isa::Avx2, static_cast<int>(cpu::QuantKernel::Avx2));
+    runs.emplace_back(Isa::Avx2, static_cast<int>(cpu::QuantKernel::AvxVnniEmulated));
+  }
+  struct Unforce {
+    ~Unforce() { cpu::force_quant_kernel(-1); }
+  } unforce;
+  for (const auto& [isa, forced] : runs) {
     cpu::force_isa(isa);
-    const std::string label = what + " on " + cpu::quant_kernel_name(cpu::quant_kernel(isa));
+    cpu::force_quant_kernel(forced);
+    const cpu::QuantKernel kernel = forced >= 0 ? static_cast<cpu::QuantKernel>(forced) : cpu::quant_kernel(isa);
+    const std::string label = what + " on " + cpu::quant_kernel_name(kernel);
     std::vector<float> y(static_cast<size_t>(c.m * c.n), kNaN);
     ops.matmul(mat, x.data(), c.m, y.data(), c.bias ? bias.data() : nullptr);
     size_t bad_same = 0, bad_exact = 0;

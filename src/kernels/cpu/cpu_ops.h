@@ -24,6 +24,7 @@
 #define TPDRAFT_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #define TPDRAFT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TPDRAFT_TARGET_VNNI __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define TPDRAFT_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 // A kernel's helpers and per-ISA bodies are always inlined into the kernel that calls them.
 #define TPDRAFT_INLINE inline __attribute__((always_inline))
 
@@ -53,11 +54,18 @@ void on_isa(Isa isa, A&&... a) {
   Body(std::forward<A>(a)...);
 }
 
-// Kernels for quantized weights (cpu_qmatmul.cpp): chosen from the active level, VNNI when the
-// processor has AVX-512 VNNI and the level is AVX-512 or above.
-enum class QuantKernel : int { Scalar = 0, Avx2 = 1, Avx512Vnni = 2 };
+// Kernels for quantized weights (cpu_qmatmul.cpp): chosen from the active level, AVX-512 VNNI
+// when the processor has it and the level is AVX-512 or above, else AVX-VNNI (vpdpbusd on 256-bit
+// registers) when the processor has it and the level is AVX2 or above. AvxVnniEmulated is the
+// AVX-VNNI kernel with vpdpbusd done by AVX2 instructions (exactly): never chosen, it lets the
+// suite run that kernel's code on a processor without AVX-VNNI (force_quant_kernel).
+enum class QuantKernel : int { Scalar = 0, Avx2 = 1, Avx512Vnni = 2, AvxVnni = 3, AvxVnniEmulated = 4 };
 QuantKernel quant_kernel(Isa isa);
 const char* quant_kernel_name(QuantKernel k);
+bool cpu_has_avx_vnni();
+// Every quantized matmul uses kernel `k` from now on (tests; the processor must run it), or, with
+// -1, the kernel of the active level again. Returns the previous setting (-1: none).
+int force_quant_kernel(int k);
 
 namespace detail {
 

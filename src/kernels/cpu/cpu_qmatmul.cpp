@@ -4,10 +4,12 @@
 // scale. The weights are repacked at load into groups of 16 interleaved rows: 64 bytes hold 4
 // consecutive columns of each of the 16 rows, so one broadcast of 4 activation bytes feeds all 16
 // rows and every 32-bit lane accumulates one row (no horizontal sums). Variants: portable C++,
-// AVX2 (maddubs + madd, 8 rows at a time), AVX-512 VNNI (vpdpbusd, 16 rows). The integer sums are exact and
+// AVX2 (maddubs + madd, 8 rows at a time), AVX-VNNI (vpdpbusd on 256 bits, 8 rows), AVX-512 VNNI
+// (vpdpbusd, 16 rows). The integer sums are exact and
 // the float steps are the same operations in the same order, so every variant gives bit-identical
 // results.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -262,6 +264,69 @@ TPDRAFT_TARGET_VNNI void vnni_group(const QuantLayout& l, const std::byte* wg, c
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * os, facc[i]);
 }
 
+// vpdpbusd on 256 bits: acc + the sums of 4 products of unsigned bytes of u and signed bytes of s.
+TPDRAFT_TARGET_AVXVNNI TPDRAFT_INLINE __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+}
+// The same sums from AVX2 instructions, exactly: bytes widened to int16 (u zero-, s sign-extended),
+// the even and the odd ones multiplied and paired by vpmaddwd (|u * s| <= 255 * 128 fits int16
+// products' int32 pair sums).
+TPDRAFT_TARGET_AVX2 TPDRAFT_INLINE __m256i dpbusd256_emulated(__m256i acc, __m256i u, __m256i s) {
+  const __m256i even_mask = _mm256_set1_epi16(0x00ff);
+  const __m256i u_even = _mm256_and_si256(u, even_mask), u_odd = _mm256_srli_epi16(u, 8);
+  const __m256i s_even = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), s_odd = _mm256_srai_epi16(s, 8);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u_even, s_even), _mm256_madd_epi16(u_odd, s_odd)));
+}
+
+// AVX-VNNI: each half of the row group (8 rows) in turn, as AVX2; one vpdpbusd per activation row
+// and 4 columns (int8) or two per 8 columns (int4), on the stored unsigned values, the offset
+// times the block's activation sum taken off as AVX-512 VNNI does. Defined twice, with the
+// instruction and with its emulation (a function may only use what its target attribute names).
+#define TPDRAFT_DP256_GROUP(NAME, TARGET, DOT)                                                                 \
+  template <int MR, int Bits>                                                                                  \
+  TARGET void NAME(const QuantLayout& l, const std::byte* wg, const int8_t* xq, int64_t xstride, const float* xs, \
+                   const int32_t* xsum, float* out, int64_t os) {                                              \
+    const __m256i low = _mm256_set1_epi8(0x0f);                                                                \
+    constexpr int offset = Bits == 8 ? 128 : 8;                                                                \
+    for (int h = 0; h < 2; ++h) {                                                                              \
+      const auto* scales = reinterpret_cast<const float*>(wg + l.scale_offset) + h * 8;                       \
+      __m256 facc[MR];                                                                                         \
+      for (int i = 0; i < MR; ++i) facc[i] = _mm256_setzero_ps();                                              \
+      for (int64_t b = 0; b < l.nb; ++b) {                                                                     \
+        const int8_t* xr[MR];                                                                                  \
+        for (int i = 0; i < MR; ++i) xr[i] = xq + i * xstride + b * l.kp;                                      \
+        __m256i acc[MR];                                                                                       \
+        for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_si256();                                          \
+        const std::byte* blk = wg + b * l.block_bytes + h * 32;                                                \
+        if constexpr (Bits == 8) {                                                                             \
+          for (int64_t k = 0; k < l.kp; k += 4) {                                                              \
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (k / 4) * kChunkBytes)); \
+            for (int i = 0; i < MR; ++i) acc[i] = DOT(acc[i], w, bcast4(xr[i] + k));                          \
+          }                                                                                                    \
+        } else {                                                                                               \
+          for (int64_t k = 0; k < l.kp; k += 8) {                                                              \
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (k / 8) * kChunkBytes)); \
+            const __m256i lo = _mm256_and_si256(w, low);                                                       \
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);                                 \
+            for (int i = 0; i < MR; ++i)                                                                       \
+              acc[i] = DOT(DOT(acc[i], lo, bcast4(xr[i] + k)), hi, bcast4(xr[i] + k + 4));                     \
+          }                                                                                                    \
+        }                                                                                                      \
+        const __m256 ws = _mm256_loadu_ps(scales + b * kQuantRows);                                            \
+        for (int i = 0; i < MR; ++i) {                                                                         \
+          const __m256i dot = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(offset * xsum[i * l.nb + b]));        \
+          facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(ws, _mm256_set1_ps(xs[i * l.nb + b])), \
+                                    facc[i]);                                                                  \
+        }                                                                                                      \
+      }                                                                                                        \
+      for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + i * os + h * 8, facc[i]);                            \
+    }                                                                                                          \
+  }
+
+TPDRAFT_DP256_GROUP(avxvnni_group, TPDRAFT_TARGET_AVXVNNI, dpbusd256)
+TPDRAFT_DP256_GROUP(avxvnni_emulated_group, TPDRAFT_TARGET_AVX2, dpbusd256_emulated)
+#undef TPDRAFT_DP256_GROUP
+
 using GroupFn = void (*)(const QuantLayout&, const std::byte*, const int8_t*, int64_t, const float*, const int32_t*,
                          float*, int64_t);
 // Activation rows per weight load. AVX2's 16 registers just hold 8 int32 sums beside the weights
@@ -269,13 +334,15 @@ using GroupFn = void (*)(const QuantLayout&, const std::byte*, const int8_t*, in
 // 4 for int8 (bench/matmul_ab) and the same for int4. AVX-512 (with VL) has 32.
 constexpr int kAvx2Mr = 8, kVnniMr = 8, kQuantMr = std::max(kAvx2Mr, kVnniMr);
 
-// The kernels for 1..kQuantMr activation rows: tables[vnni][int8] (AVX2 or VNNI, int4 or int8).
+// The kernels for 1..kQuantMr activation rows: tables[kernel - 1][int8] (int4 or int8).
 template <int... I>
-const GroupFn* group_table(bool vnni, bool int8, std::integer_sequence<int, I...>) {
-  static constexpr GroupFn tables[2][2][sizeof...(I)] = {
+const GroupFn* group_table(QuantKernel kernel, bool int8, std::integer_sequence<int, I...>) {
+  static constexpr GroupFn tables[4][2][sizeof...(I)] = {
       {{&avx2_group<I + 1, 4>...}, {&avx2_group<I + 1, 8>...}},
-      {{&vnni_group<I + 1, 4>...}, {&vnni_group<I + 1, 8>...}}};
-  return tables[vnni][int8];
+      {{&vnni_group<I + 1, 4>...}, {&vnni_group<I + 1, 8>...}},
+      {{&avxvnni_group<I + 1, 4>...}, {&avxvnni_group<I + 1, 8>...}},
+      {{&avxvnni_emulated_group<I + 1, 4>...}, {&avxvnni_emulated_group<I + 1, 8>...}}};
+  return tables[static_cast<int>(kernel) - 1][int8];
 }
 
 struct QJob {
@@ -296,8 +363,7 @@ void qmatmul_groups(const QJob& job, int64_t g0, int64_t g1) {
   const int64_t n = l.rows;
   const GroupFn* table = nullptr;
   if (job.kernel != QuantKernel::Scalar)
-    table = group_table(job.kernel == QuantKernel::Avx512Vnni, l.bits == 8,
-                        std::make_integer_sequence<int, kQuantMr>{});
+    table = group_table(job.kernel, l.bits == 8, std::make_integer_sequence<int, kQuantMr>{});
   const int64_t tile = job.kernel == QuantKernel::Avx512Vnni ? kVnniMr : kAvx2Mr;
   const int64_t mc = std::max<int64_t>(tile, (256 * 1024) / std::max<int64_t>(1, job.xstride) / tile * tile);
   float tmp[kQuantMr * kQuantRows];
@@ -335,16 +401,33 @@ bool cpu_has_vnni() {
 #endif
 }
 
+std::atomic<int> g_forced_kernel{-1};
+
 }  // namespace
+
+bool cpu_has_avx_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool avx_vnni = detected_isa() >= Isa::Avx2 && __builtin_cpu_supports("avxvnni");
+  return avx_vnni;
+#else
+  return false;
+#endif
+}
 
 QuantKernel quant_kernel(Isa isa) {
   if (isa >= Isa::Avx512 && cpu_has_vnni()) return QuantKernel::Avx512Vnni;
+  if (isa >= Isa::Avx2 && cpu_has_avx_vnni()) return QuantKernel::AvxVnni;
   if (isa >= Isa::Avx2) return QuantKernel::Avx2;
   return QuantKernel::Scalar;
 }
 
+int force_quant_kernel(int k) {
+  TPDRAFT_CHECK(k >= -1 && k <= static_cast<int>(QuantKernel::AvxVnniEmulated), "force_quant_kernel({})", k);
+  return g_forced_kernel.exchange(k);
+}
+
 const char* quant_kernel_name(QuantKernel k) {
-  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512-vnni"};
+  static constexpr const char* kNames[] = {"scalar", "avx2", "avx512-vnni", "avx-vnni", "avx-vnni-emulated"};
   const auto i = static_cast<size_t>(k);
   return i < std::size(kNames) ? kNames[i] : "?";
 }
@@ -370,7 +453,9 @@ void CpuOps::qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const
   int8_t* xq = qx_.get(static_cast<size_t>(m * xstride));
   float* xs = qscale_.get(static_cast<size_t>(m * l.nb));
   int32_t* xsum = qsum_.get(static_cast<size_t>(m * l.nb));
-  const QJob job{quant_kernel(active_isa()), l, static_cast<const std::byte*>(w.data), xq, xs, xsum, m, xstride, y,
+  const int forced = g_forced_kernel.load(std::memory_order_relaxed);
+  const QuantKernel kernel = forced >= 0 ? static_cast<QuantKernel>(forced) : quant_kernel(active_isa());
+  const QJob job{kernel, l, static_cast<const std::byte*>(w.data), xq, xs, xsum, m, xstride, y,
                  bias};
   pool_.parallel_for(
       m,
