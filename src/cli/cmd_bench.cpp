@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -109,6 +110,22 @@ double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
   return best_rate(ops, 5, 0, 2.0 * static_cast<double>(m * dim * dim), [&] { ops.matmul(mat, x.f32(), m, y.f32()); });
 }
 
+// Our matmul's rate on int8 or int4 weights (groups of 128 where they divide), on the same shape
+// as measure_gemm_gflops: the compute ceiling of the matrices a draft holds quantized.
+double measure_qgemm_gops(kernels::Ops& ops, int bits, int64_t dim) {
+  const int64_t m = ops.host_memory() ? 256 : 4096, group = dim % 128 == 0 ? 128 : dim;
+  std::vector<int8_t> q(static_cast<size_t>(dim * dim));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int8_t>(static_cast<int>(i * 7 % 15) - 7);
+  const std::vector<float> scales(static_cast<size_t>(dim * (dim / group)), 0.01f);
+  const kernels::WeightFormat format = kernels::quantized_format(bits);
+  kernels::Buffer w(ops, ops.quantized_bytes(format, dim, dim, group)), x(ops, static_cast<size_t>(m * dim) * 4),
+      y(ops, static_cast<size_t>(m * dim) * 4);
+  const kernels::Matrix mat = ops.upload_quantized({bits, dim, dim, group, q.data(), scales.data()}, w.get());
+  std::vector<float> xf(static_cast<size_t>(m * dim), 0.5f);
+  ops.to_device(x.get(), xf.data(), xf.size() * 4);
+  return best_rate(ops, 5, 0, 2.0 * static_cast<double>(m * dim * dim), [&] { ops.matmul(mat, x.f32(), m, y.f32()); });
+}
+
 // The checkpoint the bench drafts from: a directory pair, or random weights made in memory once
 // the geometry is known to shard at this tp (generating a large one takes a while).
 model::ModelSource bench_source(const BenchOpts& o, const RankContext& ctx, DType dtype) {
@@ -141,6 +158,9 @@ struct BenchResult {
   model::WorkCount work, settle_work;
   double settle_seconds = 0;
   double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
+  // The ceilings of the matrices held in int8 and int4 ([0], [1]; 0 where none is), and the
+  // FLOPs of a draft's that those matrices do.
+  std::array<double, 2> int_gops{0, 0}, int_flops{0, 0};
   std::vector<int64_t> tokens;
   nlohmann::json ceilings;                // how the two ceilings were measured and judged
   std::vector<std::string> ceilings_low;  // why they cannot be trusted; empty: they can
@@ -160,9 +180,19 @@ struct BenchResult {
     const model::SamplingParams& sp = o->sampling;
     return sp.greedy() ? "greedy" : fmt::format("temperature {}, top-k {}, top-p {}", sp.temperature, sp.top_k, sp.top_p);
   }
-  // The fastest a draft can be on this machine: its FLOPs at our GEMM rate or its bytes at the
-  // memory ceiling, whichever takes longer (seconds).
-  double roofline() const { return std::max(work.flops / (gemm_gflops * 1e9), work.bytes() / (read_gbps * 1e9)); }
+  // The fastest a draft can be on this machine: its FLOPs at our GEMM rates (those of the
+  // quantized matrices at our int8 / int4 matmul's rate, the rest at the float one) or its bytes
+  // at the memory ceiling, whichever takes longer (seconds).
+  double compute_seconds() const {
+    double float_flops = work.flops, t = 0;
+    for (size_t b = 0; b < 2; ++b)
+      if (int_gops[b] > 0) {
+        float_flops -= int_flops[b];
+        t += int_flops[b] / (int_gops[b] * 1e9);
+      }
+    return t + float_flops / (gemm_gflops * 1e9);
+  }
+  double roofline() const { return std::max(compute_seconds(), work.bytes() / (read_gbps * 1e9)); }
   double achieved_gflops() const { return work.flops / draft.median() / 1e9; }
   double achieved_gbps() const { return work.bytes() / draft.median() / 1e9; }
   double settle_rows_per_s() const { return static_cast<double>(context * o->batch) / settle_seconds; }
@@ -263,6 +293,7 @@ void time_drafts(const BenchOpts& o, engine::Group& group, const std::vector<eng
 // This machine's ceilings the achieved rates are quoted against (rank 0 only).
 struct Ceilings {
   double read_gbps = 0, gemm_gflops = 0, blas_settle_gflops = 0, blas_peak_gflops = 0;
+  std::array<double, 2> int_gops{0, 0};  // int8, int4: measured where the drafter holds such matrices
 };
 
 Ceilings measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int64_t ctx) {
@@ -273,6 +304,11 @@ Ceilings measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int6
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
   c.read_gbps = gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
   c.gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  if (!rt.weights().dequantized()) {
+    const std::array<double, 2> qf = model::draft_quantized_flops(cfg, rt.plan(), 1);
+    for (size_t b = 0; b < 2; ++b)
+      if (qf[b] > 0) c.int_gops[b] = measure_qgemm_gops(ops, b == 0 ? 8 : 4, std::min<int64_t>(cfg.hidden, 2048));
+  }
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
   if (gpu && dtype != DType::F32) {
@@ -315,6 +351,7 @@ void judge_ceilings(BenchResult& r, const Ceilings& before, const Ceilings& afte
   r.gemm_gflops = std::max(before.gemm_gflops, after.gemm_gflops);
   r.blas_settle_gflops = std::max(before.blas_settle_gflops, after.blas_settle_gflops);
   r.blas_peak_gflops = std::max(before.blas_peak_gflops, after.blas_peak_gflops);
+  for (size_t b = 0; b < 2; ++b) r.int_gops[b] = std::max(before.int_gops[b], after.int_gops[b]);
   const double loadavg_before = run_load.loadavg_before();
   const std::string key = fmt::format("{} | {} | {} | {} threads | gemm {}", processor_name(), r.rt->ops().name(),
                                       dtype_name(r.rt->weights().head_dtype), r.ctx->threads,
@@ -427,6 +464,10 @@ nlohmann::json to_json(const BenchResult& r) {
   j["machine_read_gbps"] = r.read_gbps;
   j["machine_memory_ceiling"] = r.gpu() ? "device copy (read + write)" : "host read";
   j["machine_gemm_gflops"] = r.gemm_gflops;
+  if (r.int_gops[0] > 0) j["machine_int8_gemm_gops"] = r.int_gops[0];
+  if (r.int_gops[1] > 0) j["machine_int4_gemm_gops"] = r.int_gops[1];
+  j["draft_int8_gflop"] = r.int_flops[0] / 1e9;
+  j["draft_int4_gflop"] = r.int_flops[1] / 1e9;
   j["roofline_ms"] = r.roofline() * 1e3;
   j["roofline_ratio"] = r.draft.median() / r.roofline();
   j["ceilings"] = r.ceilings;
@@ -492,6 +533,10 @@ void print_table(const BenchResult& r) {
               100 * r.achieved_gbps() / r.read_gbps, r.gpu() ? "device copy" : "read", r.read_gbps);
   std::printf("  roofline   %.2f ms (max of FLOPs / GEMM rate, bytes / %s rate): the draft takes %.2fx\n",
               r.roofline() * 1e3, r.gpu() ? "copy" : "read", r.draft.median() / r.roofline());
+  for (size_t b = 0; b < 2; ++b)
+    if (r.int_gops[b] > 0)
+      std::printf("             of it %.2f GFLOP on int%d weights, at our int%d matmul's %.1f GOP/s\n",
+                  r.int_flops[b] / 1e9, b == 0 ? 8 : 4, b == 0 ? 8 : 4, r.int_gops[b]);
   std::printf("  ceilings   %s\n", ceilings_verdict(r).c_str());
   std::printf("  settle     %.0f rows/s (%.1f GFLOP/s), warm (after one untimed settle)\n", r.settle_rows_per_s(),
               r.settle_gflops());
@@ -526,6 +571,7 @@ BenchResult bench_context(const BenchOpts& o, const RankContext& ctx, engine::Gr
   r.work = model::draft_work(cfg, rt.plan(), o.batch, context, wbytes,
                              static_cast<double>(dtype_size(rt.drafter().limits().kv_dtype)));
   // Quantized matrices read fewer bytes than the head's dtype says.
+  if (!rt.weights().dequantized()) r.int_flops = model::draft_quantized_flops(cfg, rt.plan(), o.batch);
   if (rt.weights().dequantized()) {
     // a16 on a backend with int8-activation kernels: every preset matrix is held in f32.
     model::DrafterConfig held = cfg;
@@ -593,6 +639,7 @@ void run_bench(const BenchOpts& o, const RankContext& ctx) {
     for (BenchResult& r : rows) {
       r.read_gbps = rows[0].read_gbps, r.gemm_gflops = rows[0].gemm_gflops;
       r.blas_settle_gflops = rows[0].blas_settle_gflops, r.blas_peak_gflops = rows[0].blas_peak_gflops;
+      r.int_gops = rows[0].int_gops;
       r.ceilings = rows[0].ceilings, r.ceilings_low = rows[0].ceilings_low;
     }
     if (!rows[0].ceilings_low.empty())

@@ -68,6 +68,25 @@ double draft_weight_bytes(const DrafterConfig& c, const ShardPlan& p, DType dtyp
   return bytes + head_bytes(c, p, head_dtype);
 }
 
+std::array<double, 2> draft_quantized_flops(const DrafterConfig& c, const ShardPlan& p, int64_t sessions) {
+  std::array<double, 2> flops{0, 0};
+  const double M = static_cast<double>(sessions * c.block), Md = static_cast<double>(sessions * (c.block - 1));
+  auto add = [&](const QuantScheme& q, double rows, const TensorShare& share) {
+    if (q.kind != QuantScheme::Kind::Int) return;
+    flops[q.bits == 8 ? 0 : 1] += 2 * rows * static_cast<double>(share.rows.size() * share.cols.size());
+  };
+  for (const auto& [name, shape] : expected_drafter_tensors(c)) {
+    // What draft_work counts: the layer matrices (the kernel projections included) for every
+    // block row, the selector's projection for the drafted rows (fc works in settle only).
+    const bool layer_matrix = starts_with(name, "layers.") && quantizable_tensor(name);
+    if (layer_matrix) add(c.quant.scheme_for(name), M, tensor_share(c, p, name, shape));
+    else if (name == "candidate_selector.hidden_projection.weight")
+      add(c.quant.scheme_for(name), Md, tensor_share(c, p, name, shape));
+  }
+  add(c.quant.head, Md, tensor_share(c, p, "lm_head.weight", {c.head_vocab(), c.hidden}));
+  return flops;
+}
+
 WorkCount settle_work(const DrafterConfig& c, const ShardPlan& p, int64_t rows, double wb) {
   const double H = static_cast<double>(c.hidden), D = static_cast<double>(c.head_dim);
   const double n = static_cast<double>(rows), nkv = static_cast<double>(p.kv_heads.size());

@@ -4,6 +4,8 @@
 // projections (bench/scaling) read them instead of counting again.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -39,6 +41,9 @@ struct RankMemory {
 // slice), with cfg.quant's matrices counted as packed values + f32 scales and the others in
 // `dtype`.
 double draft_weight_bytes(const DrafterConfig& cfg, const ShardPlan& plan, DType dtype, DType head_dtype);
+// Of one draft's FLOPs on a rank (draft_work's, for `sessions` sessions), those of the matrices
+// cfg.quant holds in int8 and in int4: [0] int8, [1] int4.
+std::array<double, 2> draft_quantized_flops(const DrafterConfig& cfg, const ShardPlan& plan, int64_t sessions);
 
 // dtype_of(name): how the checkpoint stores a drafter tensor (its file, or an assumption for a
 // bare config; not asked for the matrices cfg.quant quantizes, counted as packed values + f32

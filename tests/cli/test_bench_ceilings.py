@@ -1,6 +1,7 @@
 """`tpdraft bench` against its record of this machine's ceilings: the first run writes the record,
 a record far above what the machine does marks the run "ceilings_low" with the reason, and a
-record the run beats is raised to the new best. Usage: test_bench_ceilings.py TPDRAFT_BIN"""
+record the run beats is raised to the new best; a quantized drafter's roofline takes its int8 and
+int4 FLOPs at the quantized matmuls' own rates (recomputed here from the JSON). Usage: test_bench_ceilings.py TPDRAFT_BIN"""
 import json
 import os
 import subprocess
@@ -12,10 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = os.path.join(REPO, "configs", "tiny-dflash2.json")
 
 
-def bench(record):
+def bench(record, *extra):
     env = dict(os.environ, TPDRAFT_CEILINGS_FILE=record)
     out = subprocess.run([BIN, "bench", "--config", CONFIG, "--ctx", "64", "--repeat", "2", "--warmup", "0",
-                          "--threads", "1", "--json"], env=env, capture_output=True, text=True, timeout=300)
+                          "--threads", "1", "--json", *extra], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1, out.stdout
@@ -57,10 +58,28 @@ def main():
         # No record at all ("none"): judged on load alone, nothing written.
         none, _ = bench("none")
         check(none["ceilings"]["record"] is None, "TPDRAFT_CEILINGS_FILE=none still names a record")
+        # A float drafter does no integer FLOPs; q4a8 does int4 (layers) and int8 (projections) ones,
+        # each at its own measured rate; q8a16 holds f32 weights, so all its FLOPs are float ones.
+        check(none["draft_int8_gflop"] == 0 and none["draft_int4_gflop"] == 0, "a float drafter has integer FLOPs")
+        check("machine_int8_gemm_gops" not in none, "a float drafter measured an int8 ceiling")
+        for quant, ints in (("q4a8", (True, True)), ("q8a8+head", (True, False)), ("q8a16", (False, False))):
+            q, _ = bench("none", "--quant", quant)
+            int8 = q.get("machine_int8_gemm_gops", 0)
+            int4 = q.get("machine_int4_gemm_gops", 0)
+            check((int8 > 0, int4 > 0) == ints, f"{quant}: int ceilings {int8}, {int4}")
+            check((q["draft_int8_gflop"] > 0, q["draft_int4_gflop"] > 0) == ints,
+                  f"{quant}: int FLOPs {q['draft_int8_gflop']}, {q['draft_int4_gflop']}")
+            float_gflop = q["draft_gflop"] - q["draft_int8_gflop"] - q["draft_int4_gflop"]
+            compute_ms = float_gflop / q["machine_gemm_gflops"] * 1e3
+            compute_ms += q["draft_int8_gflop"] / int8 * 1e3 if int8 else 0
+            compute_ms += q["draft_int4_gflop"] / int4 * 1e3 if int4 else 0
+            bytes_ms = q["draft_gbytes"] / q["machine_read_gbps"] * 1e3
+            want = max(compute_ms, bytes_ms)
+            check(abs(q["roofline_ms"] - want) <= 1e-9 * want, f"{quant}: roofline {q['roofline_ms']} ms, want {want}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    print("bench ceilings: record written, low marked, record raised, none honoured")
+    print("bench ceilings: record written, low marked, record raised, none honoured, integer rates used")
     return 0
 
 

@@ -4,6 +4,7 @@
 // the memory it predicts must equal what the loader and the sessions allocate.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/ops.h"
 #include "model/cost.h"
 #include "model/drafter.h"
+#include "engine/runtime.h"
 #include "parallel/thread_comm.h"
 #include "support/rank.h"
 #include "support/test_support.h"
@@ -130,6 +132,37 @@ TEST(CostModel, GreedyDraftByHand) {
   EXPECT_EQ(d.all_gather.bytes, 14u * 4 * 16);      // 14 draft rows x 4 candidates x 16 bytes
   EXPECT_EQ(d.broadcast.calls, 1u);
   EXPECT_EQ(d.broadcast.bytes, 14u * (8 + 4));      // int64 tokens and f32 probabilities, packed
+}
+
+// The FLOPs a draft spends on int8 and int4 weights (the bench's roofline takes them at the
+// quantized matmuls' rates), by hand: q4 holds the layer matrices in int4, the kernel and selector
+// projections in int8; +head adds the head in int8; at tp 2 a rank does half of the split matrices.
+TEST(CostModel, QuantizedFlopsByHand) {
+  const DrafterConfig plain = DrafterConfig::from_file(testing::source_path("configs/tiny-dflash2.json"));
+  DrafterConfig cfg = plain;
+  const double H = static_cast<double>(cfg.hidden), D = static_cast<double>(cfg.head_dim);
+  const double L = static_cast<double>(cfg.layers), F = static_cast<double>(cfg.ffn);
+  const double nq = static_cast<double>(cfg.n_q), nkv = static_cast<double>(cfg.n_kv);
+  const int64_t sessions = 3;
+  const double M = static_cast<double>(sessions * cfg.block), Md = static_cast<double>(sessions * (cfg.block - 1));
+  const double layer = 2 * nq * D * H + 2 * nkv * D * H + 3 * F * H;
+  const double kernel_proj = 2 * (2.0 * static_cast<double>(cfg.conv_kernel * cfg.conv_groups())) * H;
+  const double selector = static_cast<double>(cfg.selector_rank) * H;
+  const auto plan1 = model::ShardPlan::make(cfg, 0, 1);
+  EXPECT_EQ(model::draft_quantized_flops(cfg, plan1, sessions), (std::array<double, 2>{0, 0}));  // a float drafter
+  cfg.quant = model::quantization_on_load(plain, "q4", "test");
+  auto f = model::draft_quantized_flops(cfg, plan1, sessions);
+  EXPECT_EQ(f[1], 2 * M * L * layer);
+  EXPECT_EQ(f[0], 2 * M * L * kernel_proj + 2 * Md * selector);
+  cfg.quant = model::quantization_on_load(plain, "q8a8+head", "test");
+  f = model::draft_quantized_flops(cfg, plan1, sessions);
+  EXPECT_EQ(f[1], 0);
+  EXPECT_EQ(f[0], 2 * M * L * (layer + kernel_proj) + 2 * Md * selector + 2 * Md * static_cast<double>(cfg.vocab) * H);
+  // tp 2 (one kv head, replicated): q, o and the FFN split in half, k and v whole.
+  cfg.quant = model::quantization_on_load(plain, "q4", "test");
+  ASSERT_EQ(cfg.n_kv, 1);
+  f = model::draft_quantized_flops(cfg, model::ShardPlan::make(cfg, 1, 2), sessions);
+  EXPECT_EQ(f[1], 2 * M * L * (nq * D * H + 2 * nkv * D * H + 1.5 * F * H));
 }
 
 // The bytes the model says a rank holds are the bytes the loader allocates; the split matrices
