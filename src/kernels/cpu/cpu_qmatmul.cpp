@@ -13,6 +13,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "core/checked.h"
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
@@ -407,7 +411,11 @@ std::atomic<int> g_forced_kernel{-1};
 
 bool cpu_has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool avx_vnni = detected_isa() >= Isa::Avx2 && __builtin_cpu_supports("avxvnni");
+  // CPUID leaf 7, subleaf 1: EAX bit 4 (not every compiler's __builtin_cpu_supports knows it).
+  static const bool avx_vnni = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return detected_isa() >= Isa::Avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 4)) != 0;
+  }();
   return avx_vnni;
 #else
   return false;
