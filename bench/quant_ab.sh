@@ -19,7 +19,8 @@ Usage: bench/quant_ab.sh [--config FILE] [--ctx N] [--batch LIST] [--threads N] 
 
 Prints, per batch and variant: weight bytes one draft reads, the median draft time, its layers'
 and head's parts, the speed relative to bf16 (draft and layers), the roofline the run reports
-(FLOPs over the measured f32 GEMM rate or bytes over the read rate, whichever is longer) and the
+(FLOPs over our measured GEMM rates, those of int8 and int4 matrices at the quantized matmul's,
+or bytes over the read rate, whichever is longer) and the
 draft's time against it. Runs whose ceilings came out low are counted and named.
 USAGE
 }
