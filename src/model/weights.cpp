@@ -342,24 +342,23 @@ kernels::Matrix DrafterWeights::load_quantized(const TensorStore& store, const s
   const bool stored = cfg_.quant.source == QuantConfig::Source::Checkpoint;
   if (scheme.kind == QuantScheme::Kind::Fp8) {
     // No FP8 kernels: the share is dequantized (exactly) and held as f32.
-    const std::vector<float> w = read_fp8_share(store, name, shape, scheme, share.rows, share.cols);
-    kernels::Buffer buf(ops_, w.size() * sizeof(float));
-    ops_.to_device(buf.get(), w.data(), buf.bytes());
-    return {DType::F32, share.rows.size(), share.cols.size(), keep(std::move(buf))};
+    return keep_f32(read_fp8_share(store, name, shape, scheme, share.rows, share.cols), share.rows.size(),
+                    share.cols.size());
   }
   return keep_quantized(stored ? read_packed_share(store, name, shape, scheme, share.rows, share.cols)
                                : quantize_share(store.require(name, shape), scheme, share.rows, share.cols),
                         name, scheme);
 }
 
+kernels::Matrix DrafterWeights::keep_f32(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  kernels::Buffer buf(ops_, w.size() * sizeof(float));
+  ops_.to_device(buf.get(), w.data(), buf.bytes());
+  return {DType::F32, rows, cols, keep(std::move(buf))};
+}
+
 kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::string& name,
                                                const QuantScheme& scheme) {
-  if (dequantize_) {
-    const std::vector<float> w = q.dequantized();  // q * scale: exact in f32
-    kernels::Buffer buf(ops_, w.size() * sizeof(float));
-    ops_.to_device(buf.get(), w.data(), buf.bytes());
-    return {DType::F32, q.rows, q.cols, keep(std::move(buf))};
-  }
+  if (dequantize_) return keep_f32(q.dequantized(), q.rows, q.cols);  // q * scale: exact in f32
   const kernels::WeightFormat format = kernels::quantized_format(q.bits);
   TPDRAFT_CHECK(ops_.supports(format, kernels::WeightOp::Matmul),
                 "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "

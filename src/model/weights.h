@@ -79,6 +79,8 @@ class DrafterWeights {
   // The rank's share of the head `info` (named `name` in messages): its vocabulary rows, gathered
   // through the draft vocabulary when there is one, quantized for a +head preset.
   kernels::Matrix load_head(const std::string& name, const TensorInfo& info, const TensorShare& share);
+  // Uploads rows x cols f32 weights (a share dequantized while loading) and holds them.
+  kernels::Matrix keep_f32(const std::vector<float>& w, int64_t rows, int64_t cols);
   // Uploads a quantized share and holds it.
   kernels::Matrix keep_quantized(const QuantShare& q, const std::string& name, const QuantScheme& scheme);
   const TensorInfo& codebook(const std::string& base) const;
