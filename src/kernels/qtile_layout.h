@@ -157,6 +157,43 @@ inline Split split_k(int64_t tiles_n, int64_t k, int64_t resident) {
   return p;
 }
 
+// ---- int8 activations (W8A8 / W4A8: src/kernels/cuda/cuda_qgemm_a8.cu) ----------------------
+// The same tiles feed mma.m16n8k32 with .s8 operands. A k32 step multiplies 32 inputs: int8 tiles
+// 2p and 2p + 1 (B register 0 holds the lane's word j of the first, register 1 of the second), or
+// one int4 tile (its k16 steps 0 and 1, widened by int4_s8_word). The k32 B layout puts input
+// 4 (lane % 4) + e of a k16 half in byte e, while a tile holds input frag_k(lane, e) there; a dot
+// product does not depend on the order of its terms, so the activations are stored in the tiles'
+// order instead: each 16 inputs of a quantized activation row permuted, input k at a8_pos(k).
+TPDRAFT_QTILE_HD int64_t a8_pos(int64_t k) {
+  const int k16 = static_cast<int>(k & 15);
+  return (k & ~int64_t{15}) + 4 * ((k16 & 7) >> 1) + ((k16 & 1) | ((k16 >> 3) << 1));
+}
+// A (m16 x k32, .s8): register r of a lane holds row s8_a_row(lane, r) and the 4 stored inputs
+// from s8_a_col(lane, r) of the step (bytes 0..3). B (k32 x n8): register r, byte e is input
+// 16 r + 4 (lane % 4) + e of column lane / 4. C (m16 x n8, s32): as c_row / c_col.
+TPDRAFT_QTILE_HD int s8_a_row(int lane, int r) { return (lane >> 2) + 8 * (r & 1); }
+TPDRAFT_QTILE_HD int s8_a_col(int lane, int r) { return 4 * (lane & 3) + 16 * (r >> 1); }
+// B register of k16 step s of an int4 tile's word: nibble 4 s + e (q + 8) into byte e as the
+// signed byte q. The nibbles are spread one per byte, then q's 4-bit two's complement (the
+// nibble with bit 3 flipped) is sign-extended: 0xf0 where that bit is set.
+TPDRAFT_QTILE_HD uint32_t int4_s8_word(uint32_t word, int s) {
+  uint32_t x = (word >> (16 * s)) & 0xffffu;
+  x = (x | (x << 8)) & 0x00ff00ffu;
+  x = (x | (x << 4)) & 0x0f0f0f0fu;
+  return (x ^ 0x08080808u) | ((~x & 0x08080808u) * 0x1eu);
+}
+// The k32 steps: kA8Steps per chunk of kChunk inputs; warp kw takes steps 2 kw and 2 kw + 1 of
+// each (a warp's steps are consecutive, so an activation block of 64 inputs is one warp's). Step t covers
+// inputs [32 t, 32 t + 32): int8 tiles 2 t and 2 t + 1, int4 tile t.
+constexpr int kA8Steps = kChunk / 32;
+TPDRAFT_QTILE_HD int64_t a8_step(int64_t chunk, int kw, int u) { return chunk * kA8Steps + 2 * kw + u; }
+// Whether activation blocks of kb inputs (kernels/int8_activations.h) in rows of `cols` suit the
+// kernel: every k32 step inside one block (kb a multiple of 32, or one block per row).
+TPDRAFT_QTILE_HD bool a8_blocks_fit(int64_t kb, int64_t cols) { return kb % 32 == 0 || kb >= cols; }
+// Bytes per quantized activation row: cols rounded up to whole k32 steps.
+TPDRAFT_QTILE_HD int64_t a8_row_bytes(int64_t cols) { return (cols + 31) / 32 * 32; }
+static_assert(kA8Steps == 2 * kWarpsK, "two k32 steps per warp and chunk");
+
 struct Layout {
   int bits = 8;
   int64_t rows = 0, cols = 0, group = 0;  // N, K and the scale group of the source

@@ -16,6 +16,7 @@
 
 #include "kernels/buffer.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/int8_activations.h"
 #include "kernels/kernel_cases.h"
 #include "support/test_support.h"
 
@@ -50,7 +51,7 @@ struct Refs {
 
 Refs reference(const QCase& c, const QuantWeights& w, const std::vector<float>& x,
                const std::vector<float>& bias) {
-  const int64_t kb = cpu::detail::quant_block(c.group, c.k);
+  const int64_t kb = activation_block(c.group, c.k);
   Refs r;
   const size_t out = static_cast<size_t>(c.m * c.n);
   for (std::vector<double>* v : {&r.same, &r.scale, &r.exact, &r.bound}) v->assign(out, 0.0);
@@ -170,12 +171,12 @@ TEST(CpuQuantMatmul, ManyRows) {
 }
 
 TEST(CpuQuantMatmul, LayoutAndBlocks) {
-  EXPECT_EQ(cpu::detail::quant_block(128, 1024), 128);
-  EXPECT_EQ(cpu::detail::quant_block(33, 33), 33);
-  EXPECT_EQ(cpu::detail::quant_block(600, 1200), 200);    // the largest divisor up to 256
-  EXPECT_EQ(cpu::detail::quant_block(1031, 2062), 1031);  // a prime: one block
-  EXPECT_EQ(cpu::detail::quant_block(4096, 8192), 256);
-  EXPECT_EQ(cpu::detail::quant_block(1031, 1031), 128);   // one scale per row: blocks of 128, the last short
+  EXPECT_EQ(activation_block(128, 1024), 128);
+  EXPECT_EQ(activation_block(33, 33), 33);
+  EXPECT_EQ(activation_block(600, 1200), 200);    // the largest divisor up to 256
+  EXPECT_EQ(activation_block(1031, 2062), 1031);  // a prime: one block
+  EXPECT_EQ(activation_block(4096, 8192), 256);
+  EXPECT_EQ(activation_block(1031, 1031), 128);   // one scale per row: blocks of 128, the last short
   const auto l = cpu::detail::quant_layout(WeightFormat::Int4, 29, 200, 40);
   EXPECT_EQ(l.kb, 40);
   EXPECT_EQ(l.nb, 5);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/int8_activations.h"
 #include "kernels/kernel_cases.h"
 #include "kernels/ops.h"
 #include "kernels/qtile_layout.h"
@@ -319,6 +320,202 @@ TEST(QTileLayout, MagicNumberConversionIsExact) {
         ASSERT_EQ(q, static_cast<float>(q_of_word(bits, word, idx))) << "bits " << bits << " idx " << idx << " v " << v;
         ASSERT_TRUE(bits == 8 ? (q >= -128 && q <= 127) : (q >= -8 && q <= 7));
       }
+}
+
+// ---- int8 activations (src/kernels/cuda/cuda_qgemm_a8.cu) --------------------------------------
+
+// The stored order of an activation row is a permutation of each 16 inputs that puts input
+// frag_k(lane, e) of a tile at the place the k32 B layout reads byte e of the lane from.
+TEST(QTileLayout, A8OrderIsThePermutationTheTilesHold) {
+  for (int64_t k0 : {0, 16, 4096}) {
+    std::vector<int> hits(16, 0);
+    for (int k = 0; k < 16; ++k) {
+      const int64_t p = a8_pos(k0 + k);
+      ASSERT_GE(p, k0);
+      ASSERT_LT(p, k0 + 16);
+      ++hits[static_cast<size_t>(p - k0)];
+    }
+    for (int h : hits) ASSERT_EQ(h, 1);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int e = 0; e < 4; ++e) ASSERT_EQ(a8_pos(k0 + frag_k(lane, e)), k0 + 4 * (lane & 3) + e);
+  }
+}
+
+// int4_s8_word gives byte e = the signed value of nibble 4 s + e, for every nibble in every place.
+TEST(QTileLayout, Int4NibblesWidenToSignedBytes) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 4096; ++trial) {
+    const uint32_t word = trial < 16 ? 0x11111111u * static_cast<uint32_t>(trial) : static_cast<uint32_t>(rng());
+    for (int st = 0; st < 2; ++st) {
+      const uint32_t b = int4_s8_word(word, st);
+      for (int e = 0; e < 4; ++e)
+        ASSERT_EQ(static_cast<int8_t>(static_cast<uint8_t>(b >> (8 * e))), q_of_word(4, word, 4 * st + e))
+            << std::hex << word << " step " << st << " byte " << e;
+    }
+  }
+}
+
+// mma.m16n8k32 on int8 as the PTX ISA tables place it, independently of qtile's helpers: A
+// element (row, col) is byte col % 4 of register row / 8 + 2 (col / 16) in lane
+// 4 (row % 8) + (col % 16) / 4; B element (k, n) byte k % 4 of register k / 16 in lane
+// 4 n + (k % 16) / 4; C (row, col) element 2 (row / 8) + col % 2 of lane 4 (row % 8) + col / 2.
+int8_t byte_of(uint32_t r, int b) { return static_cast<int8_t>(static_cast<uint8_t>(r >> (8 * b))); }
+void emulated_mma_s8(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], int64_t (&c)[32][4]) {
+  for (int row = 0; row < 16; ++row)
+    for (int col = 0; col < 8; ++col) {
+      int64_t sum = 0;
+      for (int k = 0; k < 32; ++k)
+        sum += int64_t{byte_of(a[4 * (row % 8) + (k % 16) / 4][row / 8 + 2 * (k / 16)], k % 4)} *
+               byte_of(b[4 * col + (k % 16) / 4][k / 16], k % 4);
+      c[4 * (row % 8) + col / 2][2 * (row / 8) + col % 2] += sum;
+    }
+}
+
+// The activations as the quantize kernel stores them: rows padded to 16, inputs in a8 order.
+struct A8Rows {
+  int64_t kb = 0, nb = 0, row_bytes = 0;
+  std::vector<int8_t> q;   // [rows, row_bytes]
+  std::vector<float> s;    // [rows, nb]
+  std::vector<int8_t> logical;  // [m, k] in input order, for the reference
+};
+A8Rows quantize_a8(const std::vector<float>& x, int64_t m, int64_t k, int64_t group) {
+  A8Rows a;
+  a.kb = activation_block(group, k);
+  a.nb = (k + a.kb - 1) / a.kb;
+  a.row_bytes = a8_row_bytes(k);
+  const int64_t rows = (m + 15) / 16 * 16;
+  a.q.assign(static_cast<size_t>(rows * a.row_bytes), 0);
+  a.s.assign(static_cast<size_t>(rows * a.nb), 0.0f);
+  a.logical.assign(static_cast<size_t>(m * k), 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const int64_t c0 = b * a.kb, c1 = std::min(k, c0 + a.kb);
+      float amax = 0;
+      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i * k + c)]));
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t c = c0; c < c1; ++c) {
+        const auto v = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[static_cast<size_t>(i * k + c)] * inv))));
+        a.q[static_cast<size_t>(i * a.row_bytes + a8_pos(c))] = v;
+        a.logical[static_cast<size_t>(i * k + c)] = v;
+      }
+      a.s[static_cast<size_t>(i * a.nb + b)] = amax / 127.0f;
+    }
+  return a;
+}
+
+// The int8-activation kernel's walk for one plan, lane by lane through qtile's helpers: every
+// warp's steps (a8_step), their A and B registers, the emulated mma and the flushes where the
+// warp's next step lies in another block. Returns the integer sums flushed, per row, output and
+// block (what the kernel scales), and fails on a step taken twice or a flush over two blocks.
+std::vector<int64_t> emulate_a8(const Packed& p, const A8Rows& a, int64_t m, const Split& sp) {
+  const Layout& l = p.l;
+  const int64_t steps = (l.tiles_k * tile_k(l.bits) + 31) / 32;
+  std::vector<int64_t> sums(static_cast<size_t>(m * l.rows * a.nb), 0);
+  std::vector<int> taken(static_cast<size_t>(steps * l.tiles_n), 0);
+  const int64_t mts = (m + 15) / 16;
+  for (int64_t nt = 0; nt < l.tiles_n; ++nt)
+    for (int split = 0; split < sp.splits; ++split)
+      for (int kw = 0; kw < kWarpsK; ++kw) {
+        const int64_t c0 = split * sp.chunks_per_split, c1 = std::min(sp.chunks, c0 + sp.chunks_per_split);
+        std::vector<int64_t> acc(static_cast<size_t>(mts * 4 * 32 * 4), 0);  // [mt][j][lane][i]
+        for (int64_t chunk = c0; chunk < c1; ++chunk)
+          for (int u = 0; u < 2; ++u) {
+            const int64_t step = a8_step(chunk, kw, u);
+            if (step >= steps) break;
+            ++taken[static_cast<size_t>(nt * steps + step)];
+            for (int64_t mt = 0; mt < mts; ++mt)
+              for (int j = 0; j < 4; ++j) {
+                uint32_t ar[32][4], br[32][2];
+                for (int lane = 0; lane < 32; ++lane) {
+                  for (int r = 0; r < 4; ++r) {
+                    const int64_t at = (mt * 16 + s8_a_row(lane, r)) * a.row_bytes + 32 * step + s8_a_col(lane, r);
+                    std::memcpy(&ar[lane][r], a.q.data() + at, 4);
+                  }
+                  for (int r = 0; r < 2; ++r) {
+                    const int64_t kt = l.bits == 8 ? 2 * step + r : step;
+                    const uint32_t w = kt < l.tiles_k ? word_at(p, nt, kt, lane, j) : 0u;
+                    br[lane][r] = l.bits == 8 ? w : int4_s8_word(w, r);
+                  }
+                }
+                int64_t c[32][4] = {};
+                emulated_mma_s8(ar, br, c);
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int i = 0; i < 4; ++i) acc[static_cast<size_t>(((mt * 4 + j) * 32 + lane) * 4 + i)] += c[lane][i];
+              }
+            const int64_t following = u == 0 ? step + 1 : a8_step(chunk + 1, kw, 0);
+            const bool last = following >= steps || (u == 1 && chunk + 1 >= c1);
+            const int64_t blk = 32 * step / a.kb;
+            if (!last && 32 * following / a.kb == blk) continue;
+            // The flushed sums must not include an earlier block's steps: every step since the
+            // last flush lies in blk (consecutive steps of a warp, blocks in order).
+            for (int64_t mt = 0; mt < mts; ++mt)
+              for (int j = 0; j < 4; ++j)
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int i = 0; i < 4; ++i) {
+                    int64_t& v = acc[static_cast<size_t>(((mt * 4 + j) * 32 + lane) * 4 + i)];
+                    const int64_t row = mt * 16 + c_row(lane, i), n = nt * kTileN + 8 * j + c_col(lane, i);
+                    if (row < m && n < l.rows) sums[static_cast<size_t>((row * l.rows + n) * a.nb + blk)] += v;
+                    else if (v != 0) ADD_FAILURE() << "padding row " << row << " or output " << n << " summed " << v;
+                    v = 0;
+                  }
+          }
+      }
+  for (int64_t t = 0; t < steps * l.tiles_n; ++t)
+    EXPECT_EQ(taken[static_cast<size_t>(t)], 1) << "k32 step " << t % steps << " of tile column " << t / steps;
+  return sums;
+}
+
+// Every block's integer sum, from the tiles, the stored activations and the emulated mma, equals
+// the sum over the block of source q times the activation's int8 value; so do the float results
+// built from them the way the kernel scales (float(sum) * (weight scale * activation scale)).
+TEST(QTileLayout, EmulatedInt8ActivationKernelSumsEveryBlockExactly) {
+  std::mt19937_64 rng(17);
+  int tried = 0;
+  for (const Shape& s : kShapes) {
+    const int64_t kb = activation_block(s.group, s.k);
+    if (!a8_blocks_fit(kb, s.k) || s.n * s.k > 100000) continue;
+    ++tried;
+    const Packed p = make(s, rng);
+    for (int64_t m : {1, 7, 17})
+      for (int64_t resident : {1, 264}) {
+        const std::vector<float> x = randn(static_cast<size_t>(m * s.k), rng);
+        const A8Rows a = quantize_a8(x, m, s.k, s.group);
+        const std::vector<int64_t> sums = emulate_a8(p, a, m, split_k(p.l.tiles_n, s.k, resident));
+        size_t bad = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t n = 0; n < s.n; ++n) {
+            double y = 0, ref = 0, mag = 0;
+            for (int64_t b = 0; b < a.nb; ++b) {
+              int64_t want = 0;
+              for (int64_t k = b * kb; k < std::min(s.k, (b + 1) * kb); ++k)
+                want += int64_t{source_q(p, n, k)} * a.logical[static_cast<size_t>(i * s.k + k)];
+              const int64_t got = sums[static_cast<size_t>((i * s.n + n) * a.nb + b)];
+              if (got != want && bad++ < 5)
+                ADD_FAILURE() << name_of(s) << " m " << m << ": row " << i << " output " << n << " block " << b
+                              << " sums to " << got << ", want " << want;
+              const float ws = p.scales[static_cast<size_t>(n * (s.k / s.group) + b * kb / s.group)];
+              const float as = a.s[static_cast<size_t>(i * a.nb + b)];
+              y += static_cast<double>(static_cast<float>(got)) * (ws * as);
+              ref += static_cast<double>(want) * ws * as;
+              mag += std::fabs(static_cast<double>(want) * ws * as);
+            }
+            EXPECT_NEAR(y, ref, 1e-6 * mag + 1e-30) << name_of(s) << " row " << i << " output " << n;
+          }
+        EXPECT_EQ(bad, 0u) << name_of(s) << " m " << m;
+      }
+  }
+  EXPECT_GE(tried, 8) << "too few shapes suit the kernel";
+}
+
+// The shapes the kernel refuses: a k32 step would span two activation blocks.
+TEST(QTileLayout, A8BlocksMustHoldWholeSteps) {
+  EXPECT_TRUE(a8_blocks_fit(activation_block(128, 4096), 4096));
+  EXPECT_TRUE(a8_blocks_fit(activation_block(32, 64), 64));
+  EXPECT_TRUE(a8_blocks_fit(activation_block(200, 200), 200));   // one scale per row: one block
+  EXPECT_TRUE(a8_blocks_fit(activation_block(1031, 1031), 1031));  // blocks of 128, the last short
+  EXPECT_FALSE(a8_blocks_fit(activation_block(33, 66), 66));
+  EXPECT_FALSE(a8_blocks_fit(activation_block(20, 40), 40));
+  EXPECT_FALSE(a8_blocks_fit(activation_block(8, 200), 200));
 }
 
 TEST(QTileLayout, RefusesBadShapes) {

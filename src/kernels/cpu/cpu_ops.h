@@ -71,7 +71,8 @@ namespace detail {
 
 // The CPU layout of a quantized matrix: groups of kQuantRows interleaved rows, each holding nb
 // blocks of kp (kb rounded up to 8) packed columns and then nb x kQuantRows f32 scales.
-// Activations are quantized in the same blocks of kb columns.
+// Activations are quantized in the same blocks of kb columns (activation_block,
+// kernels/int8_activations.h).
 constexpr int64_t kQuantRows = 16;
 struct QuantLayout {
   int bits = 8;
@@ -85,8 +86,6 @@ struct QuantLayout {
   int64_t rg_bytes = 0;     // one row group, 64-byte aligned
   int64_t total = 0;
 };
-// Columns per block for scale groups of `group` columns in rows of `cols`.
-int64_t quant_block(int64_t group, int64_t cols);
 QuantLayout quant_layout(WeightFormat format, int64_t rows, int64_t cols, int64_t group);
 // Rows of x [m, l.cols] to int8, per block: xq [m, nb * kp] (zero padded), scale xs [m, nb]
 // (amax / 127; x ~ xq * xs) and the sum of the block's int8 values xsum [m, nb].

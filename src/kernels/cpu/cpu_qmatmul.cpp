@@ -20,20 +20,9 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/int8_activations.h"
 
 namespace tpdraft::kernels::cpu {
-
-int64_t detail::quant_block(int64_t group, int64_t cols) {
-  // One scale per row: any block length works (the last block may be short); 128 keeps the
-  // activation scales local.
-  if (group == cols) return cols <= 256 ? cols : 128;
-  if (group <= 256) return group;
-  // The largest divisor of the group up to 256 (so that a block has one scale); a group with
-  // no divisor of at least 16 is taken whole.
-  for (int64_t d = 256; d >= 16; --d)
-    if (group % d == 0) return d;
-  return group;
-}
 
 detail::QuantLayout detail::quant_layout(WeightFormat format, int64_t rows, int64_t cols,
                                          int64_t group) {
@@ -42,7 +31,7 @@ detail::QuantLayout detail::quant_layout(WeightFormat format, int64_t rows, int6
   TPDRAFT_CHECK(rows > 0 && cols > 0 && group > 0 && cols % group == 0,
                 "quantized matrix [{}, {}] with group {}: the group must divide the columns", rows, cols, group);
   QuantLayout l{format == WeightFormat::Int4 ? 4 : 8, rows, cols, group};
-  l.kb = quant_block(group, cols);
+  l.kb = activation_block(group, cols);
   // int32 block sums stay exact: |sum| <= kb * 128 * 127 < 2^31.
   TPDRAFT_CHECK(l.kb <= 131000, "quantized matrix [{}, {}]: a block of {} columns could overflow its int32 sums",
                 rows, cols, l.kb);
