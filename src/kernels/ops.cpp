@@ -34,7 +34,7 @@ const char* weight_format_name(WeightFormat f) {
 }
 
 Matrix quantized_matrix(const QuantizedRows& src, const void* packed) {
-  return {DType::F32, src.rows, src.cols, packed, quantized_format(src.bits), src.group};
+  return {DType::F32, src.rows, src.cols, packed, quantized_format(src.bits), src.group, src.activation_bits};
 }
 
 void Ops::widen_to_f32(DType dtype, const void* src, float* dst, int64_t n) {
@@ -59,6 +59,9 @@ Matrix Ops::upload_quantized(const QuantizedRows& src, void* dst) {
   TPDRAFT_CHECK(supports(quantized_format(src.bits), WeightOp::Matmul),
                 "backend '{}' has no kernels for int{} weights; use the cpu backend or a float checkpoint", name(),
                 src.bits);
+  TPDRAFT_CHECK(offers_activation_bits(src.activation_bits),
+                "backend '{}' has no kernels for int{} weights with {}-bit activations", name(), src.bits,
+                src.activation_bits);
   return do_upload_quantized(src, dst);
 }
 

@@ -34,6 +34,9 @@ struct Matrix {
   const void* data = nullptr;
   WeightFormat format = WeightFormat::Dense;
   int64_t group = 0;  // Int8 / Int4: columns per scale (divides cols; cols: one scale per row)
+  // Int8 / Int4: the activations the backend multiplies it with (8: int8, 16: bf16), 0 for the
+  // backend's own (Ops::quantized_activation_bits).
+  int activation_bits = 0;
 
   bool quantized() const { return format != WeightFormat::Dense; }
 };
@@ -45,6 +48,7 @@ struct QuantizedRows {
   int64_t rows = 0, cols = 0, group = 0;
   const int8_t* q = nullptr;
   const float* scales = nullptr;
+  int activation_bits = 0;  // asked of the backend: Matrix::activation_bits
 };
 
 // One session's context for one layer and the local kv heads: a ring of `capacity` slots,
@@ -173,6 +177,9 @@ class Ops {
   // int8 per block, the CPU backend), 16 (rounded to bf16, the CUDA backend), 0 (no quantized
   // kernels). QuantConfig::activation_bits asks for one of them.
   virtual int quantized_activation_bits() const { return 0; }
+  // Whether upload_quantized takes QuantizedRows::activation_bits = bits (0: the backend's own).
+  // The CUDA backend offers both 16 and 8; the CPU backend its own 8 only.
+  virtual bool offers_activation_bits(int bits) const { return bits == 0 || bits == quantized_activation_bits(); }
   // Quantized weights (where supports(format, WeightOp::Matmul)). Bytes of backend memory a
   // quantized matrix takes in this backend's layout.
   size_t quantized_bytes(WeightFormat format, int64_t rows, int64_t cols, int64_t group) const;

@@ -155,13 +155,15 @@ DrafterWeights::DrafterWeights(const DrafterConfig& cfg, std::shared_ptr<const T
   std::string head_name;
   const TensorInfo& head_info = check_tensors(&head_name);
   const int want_act = cfg.quant.activation_bits;
-  TPDRAFT_CHECK(want_act != 8 || ops.quantized_activation_bits() == 8,
+  TPDRAFT_CHECK(want_act != 8 || ops.offers_activation_bits(8),
                 "{}: an a8 quantization (int8 activations) was asked for, but backend '{}' multiplies quantized "
-                "weights with {} activations (use the preset without a8, or with a16)", d.source(), ops.name(),
+                "weights with {} activations only (use the preset without a8, or with a16)", d.source(), ops.name(),
                 ops.quantized_activation_bits() == 16 ? "bf16" : "float");
-  // Float activations on a backend whose quantized kernels round them to int8: the weights are
-  // held dequantized, exactly, in f32 and run by the float kernels.
-  dequantize_ = want_act == 16 && ops.quantized_activation_bits() == 8;
+  // Float activations on a backend whose quantized kernels round them to int8 only: the weights
+  // are held dequantized, exactly, in f32 and run by the float kernels.
+  dequantize_ = want_act == 16 && ops.quantized_activation_bits() == 8 && !ops.offers_activation_bits(16);
+  // int8 activations asked of a backend whose own are not (CUDA): every quantized matrix says so.
+  activation_bits_ = want_act == 8 && ops.quantized_activation_bits() != 8 ? 8 : 0;
 
   fc = load_matrix(d, "fc.weight", {H, T * H});
   hidden_norm = load_vector(d, "hidden_norm.weight", {H});
@@ -364,7 +366,12 @@ kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::s
                 "tensor '{}' is {}: backend '{}' has no kernels for quantized weights (use the cpu backend or a float "
                 "checkpoint)", name, scheme.describe(), ops_.name());
   kernels::Buffer buf(ops_, ops_.quantized_bytes(format, q.rows, q.cols, q.group));
-  const kernels::Matrix m = ops_.upload_quantized(quantized_rows(q), buf.get());
+  kernels::Matrix m;
+  try {
+    m = ops_.upload_quantized(quantized_rows(q, activation_bits_), buf.get());
+  } catch (const Error& e) {  // a backend's refusal of this matrix's shape or activations
+    TPDRAFT_FAIL("tensor '{}' ({}): {}", name, scheme.describe(), e.what());
+  }
   keep(std::move(buf));
   return m;
 }

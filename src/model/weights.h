@@ -102,6 +102,7 @@ class DrafterWeights {
   std::vector<kernels::Buffer> buffers_;
   size_t backend_bytes_ = 0;
   bool dequantize_ = false;
+  int activation_bits_ = 0;  // asked of the backend for every quantized matrix (0: its own)
   const TensorInfo* embed_ = nullptr;
   const TensorInfo* pred_ = nullptr;
   const TensorInfo* succ_ = nullptr;
@@ -112,8 +113,8 @@ class DrafterWeights {
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_drafter_tensors(const DrafterConfig& cfg);
 
 // A share read from a checkpoint, as the kernels take it.
-inline kernels::QuantizedRows quantized_rows(const QuantShare& q) {
-  return {q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data()};
+inline kernels::QuantizedRows quantized_rows(const QuantShare& q, int activation_bits = 0) {
+  return {q.bits, q.rows, q.cols, q.group, q.q.data(), q.scales.data(), activation_bits};
 }
 
 }  // namespace tpdraft::model

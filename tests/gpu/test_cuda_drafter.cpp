@@ -162,6 +162,38 @@ TEST(CudaDrafter, DraftVocabulariesDraftAsTheCpu) {
   }
 }
 
+// int8 activations (--quant q8a8, q4a8+head) on CUDA against the CPU backend, whose own quantized
+// kernels they are: both hold the same weights and quantize activations in the same blocks with
+// the same rounding, so the drafts differ only where an f32 sum order moves a value across an
+// int8 rounding step in a later layer (one quantum of one activation). A wrong fragment, byte,
+// scale or block would move every logit, by as much as the logits themselves.
+TEST(CudaDrafter, Int8ActivationsDraftAsTheCpu) {
+  REQUIRE_GPUS(1);
+  for (const char* file : {"tiny-dflash.json", "tiny-dflash2.json"})
+    for (const char* quant : {"q8a8", "q4a8+head"}) {
+      const std::string what = std::string(file) + " " + quant;
+      SCOPED_TRACE(what);
+      const DrafterConfig cfg = tiny(file);
+      testing::TempDir dir;
+      const std::string ckpt = write_checkpoint(dir, cfg);
+      Scenario sc;
+      sc.contexts = {40, 75, 9};
+      sc.quant = quant;
+      const RankOutput want = run_cpu(ckpt, cfg, sc);
+      auto single = parallel::make_single_rank();
+      const RankOutput got = run_on(*single, testing::backend("cuda"), ckpt, cfg, sc);
+      const std::vector<double> l(want.dump.logits.begin(), want.dump.logits.end());
+      EXPECT_LT(testing::relative_error(got.dump.logits, l), 1e-2) << "logits";
+      size_t same = 0, total = 0;
+      for (size_t s = 0; s < want.results.size(); ++s)
+        for (size_t i = 0; i < want.results[s].tokens.size(); ++i) {
+          ++total;
+          same += i < got.results[s].tokens.size() && got.results[s].tokens[i] == want.results[s].tokens[i];
+        }
+      EXPECT_GE(static_cast<double>(same), 0.9 * static_cast<double>(total)) << same << " of " << total << " tokens";
+    }
+}
+
 TEST(CudaDrafter, WiderGeometryLongerContext) {
   REQUIRE_GPUS(1);
   DrafterConfig cfg = tiny("tiny-dflash2.json");

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -209,6 +210,37 @@ TEST(CpuQuantMatmul, CaptureAndReplay) {
   ops->replay(*graph);
   const Refs ref = reference(c, w, x, {});
   for (size_t o = 0; o < y.size(); ++o) EXPECT_NEAR(y[o], ref.same[o], 2e-6 * ref.scale[o] + 1e-30) << o;
+}
+
+// The activations a matrix is uploaded for: the CPU backend's own (int8, asked as 0 or 8) gives
+// the same matrix and the same bits; bf16 activations, which it has no kernels for, are refused,
+// naming the backend (the model holds a16 weights dequantized instead).
+TEST(CpuQuantMatmul, UploadTakesOnlyTheBackendsOwnActivations) {
+  auto ops = make_cpu_ops(1);
+  std::mt19937_64 rng(14);
+  const QCase c{8, 5, 64, 11, 32, false};
+  const QuantWeights w = random_weights(c, rng);
+  EXPECT_TRUE(ops->offers_activation_bits(0));
+  EXPECT_TRUE(ops->offers_activation_bits(8));
+  EXPECT_FALSE(ops->offers_activation_bits(16));
+  Buffer own(*ops, ops->quantized_bytes(WeightFormat::Int8, c.n, c.k, c.group));
+  Buffer a8(*ops, ops->quantized_bytes(WeightFormat::Int8, c.n, c.k, c.group));
+  const Matrix m0 = ops->upload_quantized({8, c.n, c.k, c.group, w.q.data(), w.scales.data()}, own.get());
+  const Matrix m8 = ops->upload_quantized({8, c.n, c.k, c.group, w.q.data(), w.scales.data(), 8}, a8.get());
+  EXPECT_EQ(m8.activation_bits, 8);
+  const std::vector<float> x = random_rows(c.m, c.k, rng);
+  std::vector<float> y0(static_cast<size_t>(c.m * c.n)), y8(y0.size());
+  ops->matmul(m0, x.data(), c.m, y0.data());
+  ops->matmul(m8, x.data(), c.m, y8.data());
+  EXPECT_EQ(y0, y8);
+  try {
+    ops->upload_quantized({8, c.n, c.k, c.group, w.q.data(), w.scales.data(), 16}, a8.get());
+    ADD_FAILURE() << "bf16 activations were taken by the cpu backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backend 'cpu' has no kernels for int8 weights with 16-bit activations"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A quantized head (--quant ...+head): head_logits are the matmul's dots through the logit

@@ -22,9 +22,11 @@ model::RuntimeOptions backend(const std::string& name, int threads) {
 }
 
 std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, const std::string& ckpt,
-                                              const model::DrafterConfig& cfg, const model::RuntimeOptions& options) {
-  const model::ModelSource source = model::ModelSource::from(cfg, model::TensorStore::open(ckpt + "/drafter"),
-                                                             model::TensorStore::open(ckpt + "/target"));
+                                              const model::DrafterConfig& cfg, const model::RuntimeOptions& options,
+                                              const std::string& quant) {
+  model::ModelSource source = model::ModelSource::from(cfg, model::TensorStore::open(ckpt + "/drafter"),
+                                                       model::TensorStore::open(ckpt + "/target"));
+  if (!quant.empty()) model::quantize_on_load(source, quant);
   return std::make_unique<model::RankRuntime>(source, group, options);
 }
 
@@ -54,7 +56,7 @@ std::string write_checkpoint(const TempDir& dir, const model::DrafterConfig& cfg
 ScenarioOutput run_scenario(parallel::Communicator& group, model::RuntimeOptions options, const std::string& ckpt,
                             const model::DrafterConfig& cfg, const Scenario& sc) {
   options.limits.max_sessions = static_cast<int64_t>(sc.contexts.size());
-  const auto rt = open_rank(group, ckpt, cfg, options);
+  const auto rt = open_rank(group, ckpt, cfg, options, sc.quant);
   model::Drafter& drafter = rt->drafter();
   std::vector<std::unique_ptr<model::Session>> sessions;
   std::vector<model::DraftRequest> reqs;

@@ -17,10 +17,12 @@ namespace tpdraft::testing {
 // Options for `name` ("cpu", "cuda") on `threads` CPU threads; the rest at their defaults.
 model::RuntimeOptions backend(const std::string& name, int threads = 1);
 
-// A runtime on `group` for CKPT/drafter and CKPT/target read with `cfg`.
+// A runtime on `group` for CKPT/drafter and CKPT/target read with `cfg`, quantized as it loads
+// with --quant `quant` unless that is empty.
 std::unique_ptr<model::RankRuntime> open_rank(parallel::Communicator& group, const std::string& ckpt,
                                               const model::DrafterConfig& cfg,
-                                              const model::RuntimeOptions& options = backend("cpu"));
+                                              const model::RuntimeOptions& options = backend("cpu"),
+                                              const std::string& quant = "");
 
 // fn on a group of n ranks as a run of that size has it: at n = 1 on the single-rank communicator
 // (which, unlike the in-process one, a captured graph can hold), else on n in-process ranks.
@@ -47,6 +49,7 @@ struct Scenario {
   std::vector<model::SamplingParams> sampling = {{}};
   bool rollback = false;
   bool dump = true;  // also gather the hidden states and full logits
+  std::string quant;  // --quant mode applied as the checkpoint loads ("" for none)
 };
 
 struct ScenarioOutput {

@@ -66,6 +66,27 @@ int qgemm_tc_blocks_per_sm(int bits, int64_t m, bool uniform);
 // out [rows, k] bf16 = rows [n0, n0 + rows) of the dequantized matrix (q * scale rounded to bf16).
 void launch_qdequant(const QuantTiles& w, int64_t n0, int64_t rows, void* out, cudaStream_t stream);
 
+// y [m, n] = the sum of partial sums [splits, m, n] in split order (+ bias[n]).
+void launch_sum_splits(const float* partials, int splits, int64_t m, int64_t n, const float* bias, float* y,
+                       cudaStream_t stream);
+
+// ---- cuda_qgemm_a8.cu: int8 activations (W8A8 / W4A8) ------------------------------------------
+// Rows of x [m, cols] to int8 in activation blocks of kb inputs (kernels/int8_activations.h):
+// xq [m rounded up to 16, qtile::a8_row_bytes(cols)] in the tiles' input order (qtile::a8_pos),
+// xs [m rounded up to 16, ceil(cols / kb)] the blocks' scales; the padding zero.
+void launch_quantize_a8(const float* x, int64_t m, int64_t cols, int64_t kb, int8_t* xq, float* xs,
+                        cudaStream_t stream);
+// y[i][n] = sum over blocks of the exact int32 block sums times weight scale x activation scale
+// (+ bias[n]), for any m >= 1 (64 rows per launch, one plan for all); where plan.splits > 1,
+// partials holds plan.splits * min(m, 64) * n floats. Needs qtile::a8_blocks_fit(kb, cols).
+void launch_qgemm_a8(const QuantTiles& w, const QTcPlan& plan, int64_t kb, const int8_t* xq, const float* xs,
+                     int64_t m, float* y, const float* bias, float* partials, cudaStream_t stream);
+// Blocks of the int8-activation kernel for `bits` one multiprocessor holds, asked of its 16-row
+// instantiation for every row count (the plan must not depend on the rows): a draft's 16 rows
+// fill the device in one wave, more rows take more waves (sm_90: 80 to 120 registers a thread
+// at 16 rows, 212 to 228 at 64).
+int qgemm_a8_blocks_per_sm(int bits);
+
 // ---- cuda_topk.cu -----------------------------------------------------------------------------
 // Per row of logits [m, n]: the k best (value desc, id asc), values copied bit for bit from
 // logits, ids + id_base; NaN logits never win; -inf / -1 past the last candidate. keys_a / keys_b hold

@@ -56,6 +56,7 @@ class CudaOps final : public Ops {
   std::string foreign_memory(const void* p) const override;
   bool supports(WeightFormat, WeightOp) const override { return true; }
   int quantized_activation_bits() const override { return 16; }
+  bool offers_activation_bits(int bits) const override { return bits == 0 || bits == 16 || bits == 8; }
 
   void begin_capture() override;
   std::unique_ptr<OpGraph> end_capture() override;
@@ -74,15 +75,18 @@ class CudaOps final : public Ops {
 
  private:
   void check_not_capturing(const char* what) const;
-  // Weight-only int8 / int4 matmul (cuda_quant.cpp, cuda_qgemm.cu).
+  // int8 / int4 matmul (cuda_quant.cpp): weight-only (cuda_qgemm.cu) or, for matrices uploaded
+  // with activation_bits 8, with int8 activations (cuda_qgemm_a8.cu).
   void qmatmul(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
+  void qmatmul_a8(const Matrix& w, const float* x, int64_t m, float* y, const float* bias);
   // y (ldy floats per row) [m, n] = x [m, k] . w^T, both bf16 row-major (w [n, k]), on cuBLAS
   // with f32 accumulation and output.
   void gemm_bf16_into(const void* w, int64_t n, int64_t k, const void* x, int64_t m, float* y, int64_t ldy);
   void free_deferred() noexcept;  // frees what release() put aside during a capture
   // Every workspace of this backend (for reset and pin).
-  std::array<Workspace*, 10> workspaces() {
-    return {&act_, &parts_, &logits_, &keys_a_, &keys_b_, &attn_acc_, &attn_ml_, &dequant_, &qhead_, &qhead_valid_};
+  std::array<Workspace*, 12> workspaces() {
+    return {&act_,     &parts_,   &logits_, &keys_a_,      &keys_b_, &attn_acc_,
+            &attn_ml_, &dequant_, &qhead_,  &qhead_valid_, &xq_,     &xs_};
   }
   // The slice's logits [m, valid_rows] (head_logits' output; head_topk's first pass).
   void head_logits_into(const HeadParams& p, float* logits);
@@ -104,6 +108,7 @@ class CudaOps final : public Ops {
   bool prefer_mma_attention_ = true;  // TPDRAFT_CUDA_ATTENTION=simt turns the tensor-core kernel off
   std::vector<std::pair<int, int>> attn_occupancy_;  // (head dim x 4 + mma x 2 + bf16, blocks per SM)
   int qgemm_occupancy_[2][kQgemmTcMaxRows / 16][2] = {};  // [int8][row tiles - 1][uniform]: blocks per SM, 0 unknown
+  int qgemm_a8_occupancy_[2] = {};  // [int8]: blocks per SM of the int8-activation kernel, 0 unknown
   bool capturing_ = false;
   std::vector<void*> deferred_free_;  // released during the capture
   Workspace act_;          // activations in the weight dtype
@@ -113,6 +118,7 @@ class CudaOps final : public Ops {
   Workspace attn_acc_, attn_ml_;
   Workspace dequant_;      // bf16 weights of quantized matrices for cuBLAS (many rows)
   Workspace qhead_, qhead_valid_;  // a quantized head's dots [m, rows], and its valid columns
+  Workspace xq_, xs_;      // int8 activations and their block scales (qmatmul_a8)
   double rope_theta_ = 0.0;
   int64_t rope_dim_ = 0;
   double* rope_inv_freq_ = nullptr;  // device [D/2], kept while theta and D repeat

@@ -259,10 +259,15 @@ void launch_qgemm_tc(const QuantTiles& w, const QTcPlan& plan, const float* x, i
   tc_kernel_for(w.l.bits, m, uniform)<<<grid, kThreads, 0, stream>>>(a);
   TPDRAFT_CHECK_LAUNCH("qgemm (tensor cores)");
   if (plan.splits > 1) {
-    sum_splits_kernel<<<stride_blocks(m * w.l.rows), kStrideThreads, 0, stream>>>(partials, plan.splits, m, w.l.rows,
-                                                                                   bias, y);
-    TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
+    launch_sum_splits(partials, plan.splits, m, w.l.rows, bias, y, stream);
   }
+}
+
+void launch_sum_splits(const float* partials, int splits, int64_t m, int64_t n, const float* bias, float* y,
+                       cudaStream_t stream) {
+  if (m * n <= 0) return;
+  sum_splits_kernel<<<stride_blocks(m * n), kStrideThreads, 0, stream>>>(partials, splits, m, n, bias, y);
+  TPDRAFT_CHECK_LAUNCH("qgemm (split-K sum)");
 }
 
 int qgemm_tc_blocks_per_sm(int bits, int64_t m, bool uniform) {
