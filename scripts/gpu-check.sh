@@ -25,6 +25,8 @@ PLAN=(
   "bench-q8       30  checkpoint,gpu         int8 layer weights (quantized while loading)"
   "bench-q4       30  checkpoint,gpu         int4 layer weights"
   "bench-q4+head  30  checkpoint,gpu         int4 layers, int8 head"
+  "bench-q8a8     30  checkpoint,gpu         int8 layers with int8 activations (W8A8 tensor cores)"
+  "bench-q4a8+head 30 checkpoint,gpu        int4 layers, int8 head, int8 activations"
   "bench-tp2      45  checkpoint,gpu         tp 2: two in-process ranks sharing the GPU (host staging)"
   "bench-dflash2  45  build-cli,gpu          DFlash 2 (configs/bench-dflash2-2048.json, random weights)"
   "attention      60  checkpoint,gpu         old and new attention kernels at ctx 4096 and 32768"
@@ -243,6 +245,7 @@ tables() {
   echo "-- drafts (bench-graph, bench-op, torch)"
   python3 scripts/lib/gpu-table.py "$LOGS"
   echo "draft ms bf16 q8 q4 q4+head  $(table --draft-ms bench-graph=bf16 bench-q8=q8 bench-q4=q4 bench-q4+head=q4+head)"
+  echo "draft ms int8 activations   $(table --draft-ms bench-graph=bf16 bench-q8a8=q8a8 bench-q4a8+head=q4a8+head)"
   echo "draft ms greedy, sampled $(table --draft-ms bench-graph=greedy bench-sampled=sampled)"
   echo "draft ms by context      $(table --by-context bench-graph bench-context)"
   echo "draft ms tp 2, DFlash 2  $(table --draft-ms bench-graph=tp1 bench-tp2=tp2 bench-dflash2=dflash2-2048)"
@@ -297,7 +300,7 @@ run_step gpu-tests ctest --test-dir "$BUILD" -L gpu -V --timeout 100 || true
 skipped=$(grep -c "\[  SKIPPED \] .*(" "$LOGS/gpu-tests.out" 2>/dev/null || true)
 [ "${state[gpu-tests]:-}" = ok ] && record "skipped GPU cases" "${skipped:-0} (a case needing 2 GPUs skips on one)"
 
-for quant in q8 q4 q4+head; do
+for quant in q8 q4 q4+head q8a8 q4a8+head; do
   run_step "bench-$quant" "${bench[@]}" --graphs on --quant "$quant" --ctx "$CTX" --repeat 20 \
     --warmup 3 || true
 done

@@ -399,7 +399,7 @@ class Script(unittest.TestCase):
         start = script.index("run_step build-tests")
         build = script[start:script.index("|| true", start)]
         self.assertIn("test_cuda_qmatmul", build)
-        for quant in ("q8", "q4", "q4+head"):
+        for quant in ("q8", "q4", "q4+head", "q8a8", "q4a8+head"):
             self.assertIn("bench-$quant", script)
             self.assertIn(quant, script[script.index("for quant in"):])
         self.assertIn('--quant "$quant"', script)
