@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/timing.h"
 #include "kernels/buffer.h"
+#include "kernels/ceilings.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 
@@ -34,18 +35,6 @@ std::vector<float> randn(size_t n, std::mt19937_64& rng) {
   std::vector<float> v(n);
   for (float& x : v) x = normal(rng);
   return v;
-}
-
-// Our matmul's rate on a compute-bound shape (GFLOP/s, best of 5).
-double gemm_rate(kernels::Ops& ops, int64_t dim) {
-  const int64_t m = 256;
-  std::vector<float> wf(static_cast<size_t>(dim * dim), 0.01f);
-  std::vector<uint16_t> wb(wf.size());
-  convert_from_f32(DType::BF16, wf.data(), wb.data(), wf.size());
-  std::vector<float> x(static_cast<size_t>(m * dim), 0.5f), y(x.size());
-  const kernels::Matrix mat{DType::BF16, dim, dim, wb.data()};
-  const SampleSummary s = time_runs(1, 5, [&](int64_t) { ops.matmul(mat, x.data(), m, y.data()); });
-  return 2.0 * static_cast<double>(m * dim * dim) / s.min() / 1e9;
 }
 
 int run(const Args& a) {
@@ -70,7 +59,7 @@ int run(const Args& a) {
   MachineLoad load;
   double gemm = 0;
   for (int r = 0; r < a.rounds; ++r) {
-    gemm = std::max(gemm, gemm_rate(*ops, std::min<int64_t>(c.hidden, 2048)));
+    gemm = std::max(gemm, kernels::measure_gemm_gflops(*ops, DType::BF16, std::min<int64_t>(c.hidden, 2048)));
     for (size_t li = 0; li < levels.size(); ++li) {
       cpu::force_isa(levels[li]);
       for (size_t ci = 0; ci < a.ctx.size(); ++ci) {

@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -29,12 +28,12 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/summary.h"
-#include "core/thread_pool.h"
 #include "core/timing.h"
 #include "engine/group.h"
 #include "engine/runtime.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
+#include "kernels/ceilings.h"
 #include "kernels/ops.h"
 #include "model/cost.h"
 #include "model/draft_vocab.h"
@@ -55,76 +54,6 @@ struct BenchOpts {
   RankOptions ranks;
   std::string graphs = "auto";
 };
-
-// Read bandwidth ceiling: the best of a few parallel passes summing a buffer far larger than
-// the caches (what streaming weights costs at best).
-double measure_read_gbps(int threads) {
-  const size_t n = size_t{1} << 27;  // 512 MiB of floats
-  std::vector<float> buf(n, 1.0f);
-  ThreadPool pool(threads);
-  std::vector<double> sums(static_cast<size_t>(pool.size()), 0.0);
-  const SampleSummary s = time_runs(0, 4, [&](int64_t) {
-    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int w) {
-      float acc[16] = {0};
-      for (int64_t i = b; i + 16 <= e; i += 16)
-        for (int j = 0; j < 16; ++j) acc[j] += buf[static_cast<size_t>(i + j)];
-      double s = 0;
-      for (float a : acc) s += a;
-      sums[static_cast<size_t>(w)] = s;
-    }, 4096);
-  });
-  if (sums[0] < 0) std::printf(" ");  // keep the sums alive
-  return static_cast<double>(n * sizeof(float)) / s.min() / 1e9;
-}
-
-// The best rate, `work` / seconds / 1e9, of `reps` runs of f between two syncs of `ops`; the first
-// `skip` runs only warm up.
-double best_rate(kernels::Ops& ops, int reps, int skip, double work, const std::function<void()>& f) {
-  ops.sync();
-  return work / time_runs(skip, reps - skip, [&](int64_t) {
-           f();
-           ops.sync();
-         }).min() / 1e9;
-}
-
-// Device memory ceiling: the best of a few device-to-device copies of 1 GiB (store_rows of one
-// row is a plain copy), counting the bytes read and written.
-double measure_copy_gbps(kernels::Ops& ops) {
-  const int64_t n = int64_t{1} << 28;  // floats
-  kernels::Buffer a(ops, static_cast<size_t>(n) * 4), b(ops, static_cast<size_t>(n) * 4);
-  return best_rate(ops, 5, 1, 2.0 * static_cast<double>(n) * 4, [&] { ops.store_rows(a.f32(), 1, n, b.f32(), 1, 0); });
-}
-
-// GEMM ceiling: our matmul on a compute-bound shape with the bench's weight dtype (more rows on
-// a GPU, where 256 rows finish within the launch overhead).
-double measure_gemm_gflops(kernels::Ops& ops, DType dtype, int64_t dim) {
-  const int64_t m = ops.host_memory() ? 256 : 4096;
-  std::vector<float> wf(static_cast<size_t>(dim * dim), 0.01f);
-  std::vector<std::byte> wbytes(wf.size() * dtype_size(dtype));
-  convert_from_f32(dtype, wf.data(), wbytes.data(), wf.size());
-  kernels::Buffer w(ops, wbytes.size()), x(ops, static_cast<size_t>(m * dim) * 4), y(ops, static_cast<size_t>(m * dim) * 4);
-  ops.to_device(w.get(), wbytes.data(), wbytes.size());
-  std::vector<float> xf(static_cast<size_t>(m * dim), 0.5f);
-  ops.to_device(x.get(), xf.data(), xf.size() * 4);
-  const kernels::Matrix mat{dtype, dim, dim, w.get()};
-  return best_rate(ops, 5, 0, 2.0 * static_cast<double>(m * dim * dim), [&] { ops.matmul(mat, x.f32(), m, y.f32()); });
-}
-
-// Our matmul's rate on int8 or int4 weights (groups of 128 where they divide), on the same shape
-// as measure_gemm_gflops: the compute ceiling of the matrices a draft holds quantized.
-double measure_qgemm_gops(kernels::Ops& ops, int bits, int64_t dim) {
-  const int64_t m = ops.host_memory() ? 256 : 4096, group = dim % 128 == 0 ? 128 : dim;
-  std::vector<int8_t> q(static_cast<size_t>(dim * dim));
-  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int8_t>(static_cast<int>(i * 7 % 15) - 7);
-  const std::vector<float> scales(static_cast<size_t>(dim * (dim / group)), 0.01f);
-  const kernels::WeightFormat format = kernels::quantized_format(bits);
-  kernels::Buffer w(ops, ops.quantized_bytes(format, dim, dim, group)), x(ops, static_cast<size_t>(m * dim) * 4),
-      y(ops, static_cast<size_t>(m * dim) * 4);
-  const kernels::Matrix mat = ops.upload_quantized({bits, dim, dim, group, q.data(), scales.data()}, w.get());
-  std::vector<float> xf(static_cast<size_t>(m * dim), 0.5f);
-  ops.to_device(x.get(), xf.data(), xf.size() * 4);
-  return best_rate(ops, 5, 0, 2.0 * static_cast<double>(m * dim * dim), [&] { ops.matmul(mat, x.f32(), m, y.f32()); });
-}
 
 // The checkpoint the bench drafts from: a directory pair, or random weights made in memory once
 // the geometry is known to shard at this tp (generating a large one takes a while).
@@ -302,12 +231,12 @@ Ceilings measure_ceilings(model::RankRuntime& rt, DType dtype, int threads, int6
   const bool gpu = !ops.host_memory();
   Ceilings c;
   // The memory ceiling: host read bandwidth for the CPU, device copy bandwidth for a GPU.
-  c.read_gbps = gpu ? measure_copy_gbps(ops) : measure_read_gbps(threads);
-  c.gemm_gflops = measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
+  c.read_gbps = gpu ? kernels::measure_copy_gbps(ops) : kernels::measure_read_gbps(threads);
+  c.gemm_gflops = kernels::measure_gemm_gflops(ops, dtype, std::min<int64_t>(cfg.hidden, 2048));
   if (!rt.weights().dequantized()) {
     const std::array<double, 2> qf = model::draft_quantized_flops(cfg, rt.plan(), 1);
     for (size_t b = 0; b < 2; ++b)
-      if (qf[b] > 0) c.int_gops[b] = measure_qgemm_gops(ops, b == 0 ? 8 : 4, std::min<int64_t>(cfg.hidden, 2048));
+      if (qf[b] > 0) c.int_gops[b] = kernels::measure_qgemm_gops(ops, b == 0 ? 8 : 4, std::min<int64_t>(cfg.hidden, 2048));
   }
   // A GPU's settle is quoted against plain cuBLAS on 16-bit operands: the rate at the shape of
   // its largest GEMM (fc: settle chunk x T*H -> H) and at a large square one.
