@@ -15,6 +15,7 @@ command that made it and its machine load; the table goes to stdout."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from trained_pair import find_program  # noqa: E402
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 MAP_SIZES = (1024, 2048, 4096, 8192)
+INT4_GROUPS = (128, 64, 32)  # scale groups of the int4 drafters made with tpdraft quantize
 EOS = 2  # the tokenizer's </s>: every map keeps it, so a drafted end of file stays draftable
 
 
@@ -40,8 +42,21 @@ def configurations():
     runs += [("dflash greedy tp1", ["--arch", "dflash"]), ("dflash T=1 tp1", ["--arch", "dflash", "--temperature", "1"])]
     runs += [(f"dflash2 greedy map{n // 1024}k", ["--token-map", f"{{map{n}}}"]) for n in MAP_SIZES]
     runs += [(f"dflash2 greedy {q}", ["--quant", q]) for q in ("q8", "q4", "q8+head", "q4+head", "q8a16", "q4a16")]
+    runs += [(f"dflash2 greedy int4 g{g}", ["--pair", f"{{int4g{g}}}"]) for g in INT4_GROUPS]
     runs += [("dflash2 greedy kv-bf16", ["--kv-dtype", "bf16"]), ("dflash2 greedy served", ["--serve"])]
     return runs
+
+
+def int4_pair(pair, scratch, group):
+    """A pair in `scratch` whose DFlash 2 drafter has every layer matrix int4 in scale groups of
+    `group` inputs (`tpdraft quantize --bits 4 --group G`; fc stays bf16, the target is linked)."""
+    out = os.path.join(scratch, f"int4-g{group}")
+    os.makedirs(out)
+    os.symlink(os.path.abspath(os.path.join(pair, "target")), os.path.join(out, "target"))
+    shutil.copy(os.path.join(pair, "corpus-manifest.json"), out)
+    subprocess.run([find_program(), "quantize", "--drafter", os.path.join(pair, "dflash2"), "--bits", "4", "--group",
+                    str(group), "--out", os.path.join(out, "dflash2")], check=True, stdout=subprocess.DEVNULL)
+    return out
 
 
 def token_maps(pair, scratch):
@@ -126,21 +141,27 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="tpdraft-pair-") as scratch:
         needs_maps = wanted is None or "head" in wanted or any("map" in n for n in wanted)
         maps = token_maps(a.pair, scratch) if needs_maps else {}
+        made = {f"map{n}": path for n, path in maps.items()}
+        made.update({f"int4g{g}": int4_pair(a.pair, scratch, g) for g in INT4_GROUPS
+                     if wanted is None or f"dflash2 greedy int4 g{g}" in wanted})
+
+        def shown_as(cmd):  # scratch files by their names
+            return [c if not c.startswith(scratch) else os.path.basename(c) for c in cmd]
+
         for i, (name, args) in enumerate(runs):
             if wanted is not None and name not in wanted:
                 continue
-            args = [x.format(**{f"map{n}": path for n, path in maps.items()}) for x in args]
+            args = [x.format(**made) for x in args]
             cmd = [PY, os.path.join(REPO, "examples", "spec_decode.py"), "--pair", a.pair, "--tokens", str(a.tokens),
                    "--requests", str(a.requests), "--threads", str(a.threads), *args, "--json"]
             print(f"pair.py: [{i + 1}/{len(runs)}] {name}", file=sys.stderr)
             report, load = run_json(cmd)
-            shown = [c if not c.startswith(scratch) else "map-" + c.rsplit("-", 1)[1] for c in cmd]
-            results[name] = {"report": report, "command": shown, "machine_load": load}
+            results[name] = {"report": report, "command": shown_as(cmd), "machine_load": load}
         if wanted is None or "head" in wanted:
             print("pair.py: head times (tpdraft bench)", file=sys.stderr)
             heads = head_times(a.pair, maps, a.requests, a.threads)
             for h in heads.values():
-                h["command"] = [c if not c.startswith(scratch) else "map-" + c.rsplit("-", 1)[1] for c in h["command"]]
+                h["command"] = shown_as(h["command"])
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"runs": results, "head": heads, "tokens": a.tokens, "requests": a.requests}, f, indent=1)
