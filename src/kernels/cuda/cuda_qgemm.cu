@@ -20,23 +20,20 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/qgemm_block.cuh"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
 using qtile::kChunk;
-using qtile::kColumns;
-using qtile::kTileN;
-using qtile::kWarps;
-using qtile::kWarpsK;
 
-constexpr int kThreads = kWarps * 32;
+constexpr int kThreads = kQgemmThreads;
 constexpr int kStride = kChunk + 8;  // bf16 per staged row: rows 4 words apart, no bank conflicts
 
 template <int MT>
 __host__ __device__ constexpr int smem_bytes() {
-  constexpr int stage = MT * 16 * kStride * 2, reduce = kColumns * MT * 16 * kTileN * 4;
+  constexpr int stage = MT * 16 * kStride * 2, reduce = sum_bytes<MT>();
   return stage > reduce ? stage : reduce;
 }
 
@@ -94,13 +91,11 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
   __shared__ __align__(16) unsigned char smem[smem_bytes<MT>()];
   auto* xs = reinterpret_cast<__nv_bfloat16*>(smem);
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int column = warp / kWarpsK, kw = warp % kWarpsK;
-  const int64_t tile_n = static_cast<int64_t>(blockIdx.x) * kColumns + column, n_tile0 = tile_n * kTileN;
-  const bool live = tile_n < a.tiles_n;  // the last block column may reach past N's tiles
-  const int64_t c_begin = blockIdx.y * a.chunks_per_split;
-  const int64_t c_end = c_begin + a.chunks_per_split < a.chunks ? c_begin + a.chunks_per_split : a.chunks;
-  const uint4* tiles = a.tiles + (live ? tile_n : 0) * a.tiles_k * 32 + lane;
+  const WarpSpot spot = warp_spot(a.tiles_n, a.chunks, a.chunks_per_split);
+  const int lane = spot.lane, kw = spot.kw;
+  const int64_t n_tile0 = spot.n_tile0, c_begin = spot.c_begin, c_end = spot.c_end;
+  const bool live = spot.live;
+  const uint4* tiles = a.tiles + (live ? spot.tile_n : 0) * a.tiles_k * 32 + lane;
 
   float acc[MT][4][4];
 #pragma unroll
@@ -153,34 +148,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_tc_kernel(TcArgs a) {
     for (int u = 0; u < kLoads; ++u) cur[u] = next[u];
   }
 
-  // Sum each tile column's warps in shared memory, kw = 0 first, then in order.
-  auto* red = reinterpret_cast<float*>(smem) + column * (MT * 16 * kTileN);
-  for (int r = 0; r < kWarpsK; ++r) {
-    if (kw == r) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float& v = red[(mt * 16 + qtile::c_row(lane, i)) * kTileN + 8 * j + qtile::c_col(lane, i)];
-            v = r == 0 ? acc[mt][j][i] : __fadd_rn(v, acc[mt][j][i]);
-          }
-    }
-    __syncthreads();
-  }
-  // Row by row over the block's 128 outputs, so that consecutive threads write consecutive floats.
-  const auto* sums = reinterpret_cast<const float*>(smem);
-  for (int p = threadIdx.x; p < MT * 16 * kColumns * kTileN; p += kThreads) {
-    const int row = p / (kColumns * kTileN), cc = p % (kColumns * kTileN);
-    const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumns * kTileN + cc;
-    if (row >= a.m || col >= a.n) continue;
-    const float v = sums[((cc / kTileN) * MT * 16 + row) * kTileN + cc % kTileN];
-    if (a.splits == 1)
-      a.out[row * a.n + col] = a.bias != nullptr ? __fadd_rn(v, a.bias[col]) : v;
-    else
-      a.out[(blockIdx.y * a.m + row) * a.n + col] = v;
-  }
+  store_sums<MT>(reinterpret_cast<float*>(smem), acc, spot, a.m, a.n, a.bias, a.out, a.splits);
 }
 
 // y = sum over the splits of the partial sums, in split order (+ bias).

@@ -20,17 +20,13 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/qgemm_block.cuh"
 #include "kernels/qtile_layout.h"
 
 namespace tpdraft::kernels::cuda {
 namespace {
 
-using qtile::kColumns;
-using qtile::kTileN;
-using qtile::kWarps;
-using qtile::kWarpsK;
-
-constexpr int kThreads = kWarps * 32;
+constexpr int kThreads = kQgemmThreads;
 
 // One warp per (row, block): the block's largest |x| (a butterfly max, exact in any order), then
 // its values rounded as the CPU backend rounds them. xq and xs were zeroed (padding).
@@ -72,15 +68,12 @@ struct A8Args {
 template <int BITS, int MT>
 __global__ void __launch_bounds__(kThreads) qgemm_a8_kernel(A8Args a) {
   constexpr int kLoads = BITS == 8 ? 4 : 2;  // per warp and chunk: two steps of two int8 tiles or one int4 tile
-  __shared__ __align__(16) float red[kColumns * MT * 16 * kTileN];
+  __shared__ __align__(16) float sums[sum_bytes<MT>() / 4];
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int column = warp / kWarpsK, kw = warp % kWarpsK;
-  const int64_t tile_n = static_cast<int64_t>(blockIdx.x) * kColumns + column, n_tile0 = tile_n * kTileN;
-  const bool live = tile_n < a.tiles_n;  // the last block column may reach past N's tiles
-  const int64_t c_begin = blockIdx.y * a.chunks_per_split;
-  const int64_t c_end = c_begin + a.chunks_per_split < a.chunks ? c_begin + a.chunks_per_split : a.chunks;
-  const uint4* tiles = a.tiles + (live ? tile_n : 0) * a.tiles_k * 32 + lane;
+  const WarpSpot spot = warp_spot(a.tiles_n, a.chunks, a.chunks_per_split);
+  const int lane = spot.lane, kw = spot.kw;
+  const int64_t n_tile0 = spot.n_tile0, c_begin = spot.c_begin, c_end = spot.c_end;
+  const uint4* tiles = a.tiles + (spot.live ? spot.tile_n : 0) * a.tiles_k * 32 + lane;
 
   int32_t iacc[MT][4][4];
   float facc[MT][4][4];
@@ -120,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_a8_kernel(A8Args a) {
       }
   };
 
-  if (live) {
+  if (spot.live) {
     uint4 cur[kLoads] = {}, next[kLoads] = {};
     if (c_begin < c_end) load(c_begin, cur);
     for (int64_t chunk = c_begin; chunk < c_end; ++chunk) {
@@ -158,32 +151,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_a8_kernel(A8Args a) {
     }
   }
 
-  // Sum each tile column's warps in shared memory, kw = 0 first, then in order.
-  float* mine = red + column * (MT * 16 * kTileN);
-  for (int r = 0; r < kWarpsK; ++r) {
-    if (kw == r) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float& v = mine[(mt * 16 + qtile::c_row(lane, i)) * kTileN + 8 * j + qtile::c_col(lane, i)];
-            v = r == 0 ? facc[mt][j][i] : __fadd_rn(v, facc[mt][j][i]);
-          }
-    }
-    __syncthreads();
-  }
-  for (int p = threadIdx.x; p < MT * 16 * kColumns * kTileN; p += kThreads) {
-    const int row = p / (kColumns * kTileN), cc = p % (kColumns * kTileN);
-    const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumns * kTileN + cc;
-    if (row >= a.m || col >= a.n) continue;
-    const float v = red[((cc / kTileN) * MT * 16 + row) * kTileN + cc % kTileN];
-    if (a.splits == 1)
-      a.out[row * a.n + col] = a.bias != nullptr ? __fadd_rn(v, a.bias[col]) : v;
-    else
-      a.out[(blockIdx.y * a.m + row) * a.n + col] = v;
-  }
+  store_sums<MT>(sums, facc, spot, a.m, a.n, a.bias, a.out, a.splits);
 }
 
 template <int BITS>
