@@ -369,7 +369,9 @@ kernels::Matrix DrafterWeights::keep_quantized(const QuantShare& q, const std::s
   kernels::Matrix m;
   try {
     m = ops_.upload_quantized(quantized_rows(q, activation_bits_), buf.get());
-  } catch (const Error& e) {  // a backend's refusal of this matrix's shape or activations
+  } catch (const InputError& e) {  // a backend's refusal of this matrix, naming it, of the same kind
+    throw_input_error(fmt::format("tensor '{}' ({}): {}", name, scheme.describe(), e.what()));
+  } catch (const Error& e) {
     TPDRAFT_FAIL("tensor '{}' ({}): {}", name, scheme.describe(), e.what());
   }
   keep(std::move(buf));
