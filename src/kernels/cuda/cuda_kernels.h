@@ -73,7 +73,7 @@ void launch_sum_splits(const float* partials, int splits, int64_t m, int64_t n, 
 // ---- cuda_qgemm_a8.cu: int8 activations (W8A8 / W4A8) ------------------------------------------
 // Rows of x [m, cols] to int8 in activation blocks of kb inputs (kernels/int8_activations.h):
 // xq [m rounded up to 16, qtile::a8_row_bytes(cols)] in the tiles' input order (qtile::a8_pos),
-// xs [m rounded up to 16, ceil(cols / kb)] the blocks' scales; the padding zero.
+// xs [m rounded up to 16, ceil(cols / kb)] the blocks' scales; the padding written as zeros.
 void launch_quantize_a8(const float* x, int64_t m, int64_t cols, int64_t kb, int8_t* xq, float* xs,
                         cudaStream_t stream);
 // y[i][n] = sum over blocks of the exact int32 block sums times weight scale x activation scale

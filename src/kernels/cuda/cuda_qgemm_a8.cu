@@ -28,23 +28,27 @@ namespace {
 
 constexpr int kThreads = kQgemmThreads;
 
-// One warp per (row, block): the block's largest |x| (a butterfly max, exact in any order), then
-// its values rounded as the CPU backend rounds them. xq and xs were zeroed (padding).
-__global__ void quantize_a8_kernel(const float* x, int64_t m, int64_t cols, int64_t kb, int64_t nb,
+// One warp per (row, block) of the rows padded to 16: the block's largest |x| (a butterfly max,
+// exact in any order), then its values rounded as the CPU backend rounds them. Rows past m, and
+// the inputs past cols in the last block, are written as zeros (no separate clearing launch).
+__global__ void quantize_a8_kernel(const float* x, int64_t m, int64_t rows, int64_t cols, int64_t kb, int64_t nb,
                                    int64_t row_bytes, int8_t* xq, float* xs) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = grid_step() / 32;
-  for (int64_t w = grid_first() / 32; w < m * nb; w += warps) {
+  for (int64_t w = grid_first() / 32; w < rows * nb; w += warps) {
     const int64_t row = w / nb, b = w % nb;
     const int64_t c0 = b * kb, c1 = c0 + kb < cols ? c0 + kb : cols;
+    const int64_t c_pad = b + 1 == nb ? row_bytes : c1;  // the last block also clears the tail
+    const bool real = row < m;
     const float* xr = x + row * cols;
     float amax = 0.0f;
-    for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(xr[c]));
+    if (real)
+      for (int64_t c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(xr[c]));
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
     int8_t* qr = xq + row * row_bytes;
-    for (int64_t c = c0 + lane; c < c1; c += 32) {
-      const float v = fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(xr[c], inv))));
+    for (int64_t c = c0 + lane; c < c_pad; c += 32) {
+      const float v = real && c < c1 ? fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(xr[c], inv)))) : 0.0f;
       qr[qtile::a8_pos(c)] = static_cast<int8_t>(v);
     }
     if (lane == 0) xs[row * nb + b] = __fdiv_rn(amax, 127.0f);
@@ -172,10 +176,8 @@ void launch_quantize_a8(const float* x, int64_t m, int64_t cols, int64_t kb, int
                         cudaStream_t stream) {
   if (m <= 0) return;
   const int64_t nb = (cols + kb - 1) / kb, rows = (m + 15) / 16 * 16;
-  CUDA_CHECK(cudaMemsetAsync(xq, 0, static_cast<size_t>(rows * qtile::a8_row_bytes(cols)), stream));
-  CUDA_CHECK(cudaMemsetAsync(xs, 0, static_cast<size_t>(rows * nb) * sizeof(float), stream));
-  quantize_a8_kernel<<<stride_blocks(m * nb * 32), kStrideThreads, 0, stream>>>(x, m, cols, kb, nb,
-                                                                                qtile::a8_row_bytes(cols), xq, xs);
+  quantize_a8_kernel<<<stride_blocks(rows * nb * 32), kStrideThreads, 0, stream>>>(
+      x, m, rows, cols, kb, nb, qtile::a8_row_bytes(cols), xq, xs);
   TPDRAFT_CHECK_LAUNCH("qgemm (quantize activations to int8)");
 }
 
