@@ -528,15 +528,19 @@ class Raw:
     def recv(self, wait=REPLY_S, want_id=None):
         """The next reply (with id want_id when given), or None within `wait` seconds."""
         deadline = time.monotonic() + wait
+        gone = False
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or self.x.server_gone():
-                return None
-            if not self.sock.poll(int(min(left, 0.1) * 1000) + 1):
+            # A server that replies and then ends at once (SHUTDOWN) may be gone before this
+            # poll: what it sent is read first, and a last look follows the end it was seen to.
+            if self.sock.poll(int(min(max(left, 0), 0.1) * 1000) + 1):
+                r = Reply(self.p, self.sock.recv())
+                if want_id is None or r.h.get("id") == want_id:
+                    return r
                 continue
-            r = Reply(self.p, self.sock.recv())
-            if want_id is None or r.h.get("id") == want_id:
-                return r
+            if left <= 0 or gone:
+                return None
+            gone = self.x.server_gone()
 
     def ask(self, kind, body=b"", wait=REPLY_S, **header):
         self.send(self.frame(kind, body, **header))
