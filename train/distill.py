@@ -94,9 +94,7 @@ def run(argv=None):
     if bad:
         fail(f"--taps: layer {bad[0]} does not exist; the target ({a.target}/config.json, "
              f"num_hidden_layers) has layers 0 .. {layers - 1}")
-    if not os.path.isfile(a.tokens):
-        fail(f"{a.tokens}: the train split's token ids are missing (train/target.py writes them)")
-    stream = np.load(a.tokens)
+    stream = train_tokens(np, a)
     os.makedirs(a.out, exist_ok=True)
     meta_path = os.path.join(a.out, "meta.json")
     meta = {"sequences": a.sequences, "batch": a.batch, "generate": a.generate, "taps": a.taps, "seed": a.seed,
@@ -126,6 +124,20 @@ def run(argv=None):
             progress.update(index + 1, clock.total(), prompt=prompt, sampled=int(sampled))
     print(f"distill.py: {a.out}: {a.sequences} sequences, {clock.total() / 60:.1f} CPU minutes", file=sys.stderr)
     return 0
+
+
+def train_tokens(np, a):
+    """The train split as token ids: the cache train/target.py writes, or, where a fresh checkout
+    has none, the split tokenized again from the corpus manifest with the target's own tokenizer."""
+    if os.path.isfile(a.tokens):
+        return np.load(a.tokens)
+    import corpus
+    from target import token_stream
+    tokenizer = os.path.join(a.target, "tokenizer.model")
+    if not os.path.isfile(tokenizer):
+        fail(f"{a.tokens}: the train split's token ids are missing, and {tokenizer} is not there to make them")
+    print(f"distill.py: tokenizing the train split into {a.tokens}", file=sys.stderr)
+    return token_stream(np, corpus.load_manifest(corpus.MANIFEST), tokenizer, "train", a.tokens)
 
 
 def fill_batch(torch, np, model, prompt_tokens, a, sampled, gen, arrays, row):
